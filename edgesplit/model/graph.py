@@ -1,0 +1,123 @@
+"""The ModelGraph: an exact, static picture of an ONNX model for the later stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import onnx
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor of the graph with a static shape.
+
+    Attributes:
+        name: The ONNX value name.
+        shape: Static shape (every dimension known).
+        dtype: numpy dtype name, e.g. ``"float32"``.
+        nbytes: Size in bytes.
+        is_weight: True for initializers (they live with the part that reads them).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    is_weight: bool = False
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operator with its static costs.
+
+    Attributes:
+        name: Unique, stable name (generated as ``<OpType>_<index>`` where the model has none).
+        op_type: ONNX op type.
+        domain: ONNX domain ('' for the default domain).
+        inputs: Names of the tensors read, weights included; optional inputs left out are dropped.
+        outputs: Names of the tensors written.
+        flops: Floating-point (or integer) operations, multiply-add counted as 2.
+        bytes_read: Bytes of all inputs, weights included.
+        bytes_written: Bytes of all outputs.
+        weight_nbytes: Bytes of the initializers this node reads.
+    """
+
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    flops: int
+    bytes_read: int
+    bytes_written: int
+    weight_nbytes: int
+
+
+@dataclass(frozen=True)
+class ModelGraph:
+    """A loaded, shape-folded model.
+
+    Invariants: ``nodes`` are in topological order with unique names; every tensor a node
+    reads or writes is in ``tensors`` with a static shape; ``model`` is the simplified ONNX
+    model whose node names equal ``nodes[i].name`` (later stages split and compile it).
+    """
+
+    path: str
+    sha256: str
+    model: onnx.ModelProto = field(repr=False, compare=False)
+    nodes: tuple[Node, ...]
+    tensors: dict[str, TensorInfo] = field(repr=False)
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """A short name: the file name without its extension."""
+        base = self.path.replace("\\", "/").rsplit("/", 1)[-1]
+        return base[:-5] if base.endswith(".onnx") else base
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Node name -> position in ``nodes``."""
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
+    def producer(self) -> dict[str, int]:
+        """Tensor name -> index of the node that writes it (graph inputs and weights absent)."""
+        return {t: i for i, n in enumerate(self.nodes) for t in n.outputs}
+
+    @cached_property
+    def consumers(self) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> indices of the nodes that read it, in order."""
+        out: dict[str, list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            for t in dict.fromkeys(n.inputs):
+                out.setdefault(t, []).append(i)
+        return {t: tuple(v) for t, v in out.items()}
+
+    @cached_property
+    def edges(self) -> tuple[tuple[int, int, str], ...]:
+        """Data edges ``(src, dst, tensor)`` between nodes, one per consumer of a tensor."""
+        return tuple(
+            (self.producer[t], d, t)
+            for t, ds in self.consumers.items()
+            if t in self.producer
+            for d in ds
+        )
+
+    @property
+    def total_flops(self) -> int:
+        return sum(n.flops for n in self.nodes)
+
+    @property
+    def weight_nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values() if t.is_weight)
+
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Graph input name -> static shape."""
+        return {name: self.tensors[name].shape for name in self.inputs}
+
+    def is_chain(self) -> bool:
+        """True when every node feeds only the next one (Neurosurgeon's setting)."""
+        return all(d == s + 1 for s, d, _ in self.edges)
