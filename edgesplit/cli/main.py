@@ -1,0 +1,83 @@
+"""The ``edgesplit`` command: a group whose subcommands live one per module, imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from edgesplit.errors import EdgesplitError
+
+# name -> module; each module defines a click command called ``command``. Heavy imports stay
+# inside the commands, so ``edgesplit --help`` is fast.
+SUBCOMMANDS: dict[str, str] = {
+    "zoo": "edgesplit.cli.zoo",
+    "devices": "edgesplit.cli.devices",
+    "profile": "edgesplit.cli.profile",
+    "partition": "edgesplit.cli.partition",
+    "explain": "edgesplit.cli.explain",
+    "compile": "edgesplit.cli.compile",
+    "run": "edgesplit.cli.run",
+    "deploy": "edgesplit.cli.deploy",
+    "serve": "edgesplit.cli.serve",
+    "export-triton": "edgesplit.cli.export_triton",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [n for n, m in SUBCOMMANDS.items() if importlib.util.find_spec(m) is not None]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        module = SUBCOMMANDS.get(name)
+        if module is None or importlib.util.find_spec(module) is None:
+            return None
+        return importlib.import_module(module).command
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("EDGESPLIT_DEBUG", "") not in ("", "0")
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show full tracebacks (or set EDGESPLIT_DEBUG=1).")
+@click.version_option(package_name="edgesplit")
+def cli(debug: bool) -> None:
+    """Split a neural network across the processors of an edge device and a server."""
+    if debug:
+        os.environ["EDGESPLIT_DEBUG"] = "1"
+
+
+def abort(message: str, code: int) -> None:
+    """The one way out on error: a one-line message on stderr and an exit code."""
+    click.echo(f"edgesplit: error: {message}", err=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script: maps errors to exit codes and one-line messages."""
+    if "--debug" in (argv if argv is not None else sys.argv[1:]):
+        os.environ["EDGESPLIT_DEBUG"] = "1"
+    try:
+        cli.main(args=argv, prog_name="edgesplit", standalone_mode=False)
+    except click.exceptions.Abort:
+        abort("interrupted", 130)
+    except click.UsageError as e:
+        if debug_enabled():
+            raise
+        abort(e.format_message().replace("\n", " "), 2)
+    except click.ClickException as e:
+        abort(e.format_message(), e.exit_code)
+    except EdgesplitError as e:
+        if debug_enabled():
+            raise
+        abort(str(e).replace("\n", " "), e.exit_code)
+    except KeyboardInterrupt:
+        abort("interrupted", 130)
+    except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback without --debug
+        if debug_enabled():
+            raise
+        abort(f"{type(e).__name__}: {e} (run with --debug for the traceback)".replace("\n", " "), 1)
+    sys.exit(0)

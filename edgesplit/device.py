@@ -1,0 +1,424 @@
+"""DeviceSpec: the processors of a device, the servers it can reach, and the links between them.
+
+Specs live in the top-level ``devices/`` folder as YAML and are validated with a JSON schema;
+every error names the file and the key. ``host`` is this machine, detected at run time.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgesplit.errors import DeviceSpecError
+
+DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
+"""Where the shipped specs live (a source checkout); ``EDGESPLIT_DEVICES`` adds folders."""
+
+KINDS = ("cpu", "gpu", "npu", "dsp")
+
+_NUM = {"type": "number", "exclusiveMinimum": 0}
+_NUM0 = {"type": "number", "minimum": 0}
+_OPS = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+_BACKEND = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["runtime"],
+    "properties": {
+        "runtime": {"enum": ["ort", "tvm"]},
+        "provider": {"type": "string"},
+        "options": {"type": "object"},
+        "target": {"type": "object", "required": ["kind"]},
+        "ops": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"only": _OPS, "exclude": _OPS},
+        },
+    },
+}
+_PROCESSOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["kind", "backends", "peak_gflops", "mem_bandwidth_gbps", "active_w", "idle_w"],
+    "properties": {
+        "kind": {"enum": list(KINDS)},
+        "description": {"type": "string"},
+        "backends": {"type": "array", "minItems": 1, "items": _BACKEND},
+        "ops": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"only": _OPS, "exclude": _OPS},
+        },
+        "dtypes": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "cores": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+        "threads": {"type": "integer", "minimum": 1},
+        "cpu_quota_pct": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+        "peak_gflops": _NUM,
+        "mem_bandwidth_gbps": _NUM,
+        "launch_overhead_ms": _NUM0,
+        "memory_mb": _NUM,
+        "active_w": _NUM0,
+        "idle_w": _NUM0,
+    },
+}
+_LINK = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["between", "bandwidth_gbps", "latency_ms"],
+    "properties": {
+        "between": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2},
+        "bandwidth_gbps": _NUM,
+        "latency_ms": _NUM0,
+    },
+}
+_NETWORK = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["up_mbps", "down_mbps", "rtt_ms", "tx_power_w", "rx_power_w"],
+    "properties": {
+        "description": {"type": "string"},
+        "up_mbps": _NUM,
+        "down_mbps": _NUM,
+        "rtt_ms": _NUM0,
+        "tx_power_w": _NUM0,
+        "rx_power_w": _NUM0,
+    },
+}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "kind"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+        "kind": {"enum": ["device", "server", "links"]},
+        "description": {"type": "string"},
+        "detect": {"type": "boolean"},
+        "local": {"type": "boolean"},
+        "memory_mb": _NUM,
+        "processors": {"type": "object", "minProperties": 1, "additionalProperties": _PROCESSOR,
+                       "propertyNames": {"pattern": "^[A-Za-z0-9_]+$"}},
+        "links": {"type": "array", "items": _LINK},
+        "default_link": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["bandwidth_gbps", "latency_ms"],
+            "properties": {"bandwidth_gbps": _NUM, "latency_ms": _NUM0},
+        },
+        "presets": {"type": "object", "minProperties": 1, "additionalProperties": _NETWORK},
+        "servers": {"type": "array", "items": {"type": "string"}},
+    },
+    "allOf": [
+        {"if": {"properties": {"kind": {"const": "links"}}},
+         "then": {"required": ["presets"]},
+         "else": {"required": ["processors"]}},
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How a processor runs a part: an ORT execution provider, or a TVM target.
+
+    ``ops_only`` / ``ops_exclude`` narrow the processor's op support for this backend alone
+    (TVM has no LSTM converter, for example).
+    """
+
+    runtime: str  # "ort" | "tvm"
+    provider: str = "CPUExecutionProvider"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    target: Mapping[str, Any] | None = None
+    ops_only: frozenset[str] | None = None
+    ops_exclude: frozenset[str] = frozenset()
+
+    @property
+    def key(self) -> str:
+        """Short name used in profiles and plans: ``ort`` or ``tvm``."""
+        return self.runtime
+
+    def supports(self, op_type: str) -> bool:
+        if self.ops_only is not None and op_type not in self.ops_only:
+            return False
+        return op_type not in self.ops_exclude
+
+
+@dataclass(frozen=True)
+class Processor:
+    """One processor: a CPU cluster, a GPU, an NPU or DSP, on a device or a server."""
+
+    name: str
+    kind: str
+    backends: tuple[Backend, ...]
+    peak_gflops: float
+    mem_bandwidth_gbps: float
+    active_w: float
+    idle_w: float
+    launch_overhead_ms: float = 0.01
+    memory_mb: float | None = None
+    ops_only: frozenset[str] | None = None
+    ops_exclude: frozenset[str] = frozenset()
+    dtypes: tuple[str, ...] | None = None
+    cores: tuple[int, ...] | None = None
+    threads: int | None = None
+    cpu_quota_pct: float | None = None
+    server: str | None = None  # name of the server spec when the processor is remote
+    description: str = ""
+
+    @property
+    def is_remote(self) -> bool:
+        return self.server is not None
+
+    def supports(self, op_type: str, dtypes: tuple[str, ...] = ()) -> bool:
+        """Whether any backend of this processor can run ``op_type`` on these dtypes."""
+        if self.ops_only is not None and op_type not in self.ops_only:
+            return False
+        if op_type in self.ops_exclude:
+            return False
+        if self.dtypes is not None and any(d not in self.dtypes for d in dtypes):
+            return False
+        return any(b.supports(op_type) for b in self.backends)
+
+    def backend(self, key: str) -> Backend:
+        for b in self.backends:
+            if b.key == key:
+                return b
+        raise DeviceSpecError(f"processor '{self.name}' has no '{key}' backend")
+
+
+@dataclass(frozen=True)
+class NetworkLink:
+    """A network link between the device and a server (Wi-Fi, LTE, 5G, or given by flags)."""
+
+    name: str
+    up_mbps: float
+    down_mbps: float
+    rtt_ms: float
+    tx_power_w: float
+    rx_power_w: float
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A device (or server): its processors and the on-chip links between them.
+
+    Attributes:
+        links: ``(a, b) -> (bandwidth_gbps, latency_ms)`` for on-chip copies; pairs not listed use
+            ``default_link``.
+        local: True when the processors are on this machine and can be measured here.
+    """
+
+    name: str
+    kind: str
+    processors: tuple[Processor, ...]
+    path: str = ""
+    description: str = ""
+    memory_mb: float | None = None
+    links: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    default_link: tuple[float, float] = (10.0, 0.02)
+    servers: tuple[str, ...] = ()
+    local: bool = False
+
+    def processor(self, name: str) -> Processor:
+        for p in self.processors:
+            if p.name == name:
+                return p
+        names = ", ".join(p.name for p in self.processors)
+        raise DeviceSpecError(f"{self.path or self.name}: unknown processor '{name}' (processors: {names})")
+
+    @property
+    def processor_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.processors)
+
+    def onchip_link(self, a: str, b: str) -> tuple[float, float]:
+        """``(bandwidth_gbps, latency_ms)`` of a copy between two processors of this device."""
+        return self.links.get((a, b)) or self.links.get((b, a)) or self.default_link
+
+    def with_server(self, server: DeviceSpec) -> DeviceSpec:
+        """This device plus a server's processors, named ``<server>.<processor>``."""
+        remote = tuple(
+            replace(p, name=f"{server.name}.{p.name}", server=server.name) for p in server.processors
+        )
+        return replace(self, processors=self.processors + remote)
+
+
+def search_dirs() -> list[Path]:
+    extra = [Path(p) for p in os.environ.get("EDGESPLIT_DEVICES", "").split(os.pathsep) if p]
+    return [*extra, DEVICES_DIR]
+
+
+def list_specs() -> list[Path]:
+    """Every spec file in the search folders, by name."""
+    seen: dict[str, Path] = {}
+    for d in search_dirs():
+        for p in sorted(d.glob("*.yaml")):
+            seen.setdefault(p.stem, p)
+    return [seen[k] for k in sorted(seen)]
+
+
+def resolve(name_or_path: str | os.PathLike) -> Path:
+    """A spec name (``snapdragon-8gen2``) or a path to a YAML file -> the file."""
+    text = str(name_or_path)
+    p = Path(text)
+    if p.suffix in (".yaml", ".yml") or os.sep in text or p.is_file():
+        if not p.is_file():
+            raise DeviceSpecError(f"{text}: no such device spec file")
+        return p
+    for d in search_dirs():
+        cand = d / f"{text}.yaml"
+        if cand.is_file():
+            return cand
+    names = ", ".join(q.stem for q in list_specs())
+    raise DeviceSpecError(f"unknown device '{text}' (known: {names})")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" line {where.line + 1}" if where else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise DeviceSpecError(f"{path}:{line} not valid YAML ({problem})") from e
+    except OSError as e:
+        raise DeviceSpecError(f"{path}: cannot read ({e.strerror})") from e
+    if not isinstance(data, dict):
+        raise DeviceSpecError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
+    return data
+
+
+def validate(data: dict[str, Any], path: Path | str) -> None:
+    """Check a spec against the schema; the error names the file and every bad key."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        msgs = []
+        for e in errors[:5]:
+            key = ".".join(str(k) for k in e.absolute_path) or "(top)"
+            msgs.append(f"{key}: {e.message}")
+        more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise DeviceSpecError(f"{path}: " + "; ".join(msgs) + more)
+
+
+def _ops(d: Mapping[str, Any] | None) -> tuple[frozenset[str] | None, frozenset[str]]:
+    d = d or {}
+    only = frozenset(d["only"]) if "only" in d else None
+    return only, frozenset(d.get("exclude", ()))
+
+
+def _processor(name: str, d: Mapping[str, Any], path: Path) -> Processor:
+    backends = []
+    for i, b in enumerate(d["backends"]):
+        if b["runtime"] == "tvm" and "target" not in b:
+            raise DeviceSpecError(f"{path}: processors.{name}.backends.{i}.target: a tvm backend needs a target")
+        only, excl = _ops(b.get("ops"))
+        backends.append(Backend(
+            runtime=b["runtime"],
+            provider=b.get("provider", "CPUExecutionProvider"),
+            options=dict(b.get("options", {})),
+            target=b.get("target"),
+            ops_only=only,
+            ops_exclude=excl,
+        ))
+    only, excl = _ops(d.get("ops"))
+    return Processor(
+        name=name,
+        kind=d["kind"],
+        backends=tuple(backends),
+        peak_gflops=float(d["peak_gflops"]),
+        mem_bandwidth_gbps=float(d["mem_bandwidth_gbps"]),
+        active_w=float(d["active_w"]),
+        idle_w=float(d["idle_w"]),
+        launch_overhead_ms=float(d.get("launch_overhead_ms", 0.01)),
+        memory_mb=d.get("memory_mb"),
+        ops_only=only,
+        ops_exclude=excl,
+        dtypes=tuple(d["dtypes"]) if "dtypes" in d else None,
+        cores=tuple(d["cores"]) if "cores" in d else None,
+        threads=d.get("threads"),
+        cpu_quota_pct=d.get("cpu_quota_pct"),
+        description=d.get("description", ""),
+    )
+
+
+def load_device(name_or_path: str | os.PathLike) -> DeviceSpec:
+    """Load and validate a device or server spec by name or path.
+
+    Raises:
+        DeviceSpecError: naming the file and the key at fault.
+    """
+    path = resolve(name_or_path)
+    data = _read_yaml(path)
+    validate(data, path)
+    if data["kind"] == "links":
+        raise DeviceSpecError(f"{path}: is a link preset file, not a device")
+    if data.get("detect"):
+        from edgesplit.hostinfo import detect_host
+
+        data = detect_host(data)
+    procs = tuple(_processor(n, d, path) for n, d in data["processors"].items())
+    names = {p.name for p in procs}
+    links: dict[tuple[str, str], tuple[float, float]] = {}
+    for i, link in enumerate(data.get("links", [])):
+        a, b = link["between"]
+        for end in (a, b):
+            if end not in names:
+                raise DeviceSpecError(f"{path}: links.{i}.between: unknown processor '{end}'")
+        links[(a, b)] = (float(link["bandwidth_gbps"]), float(link["latency_ms"]))
+    dl = data.get("default_link", {"bandwidth_gbps": 10.0, "latency_ms": 0.02})
+    return DeviceSpec(
+        name=data["name"],
+        kind=data["kind"],
+        processors=procs,
+        path=str(path),
+        description=data.get("description", ""),
+        memory_mb=data.get("memory_mb"),
+        links=links,
+        default_link=(float(dl["bandwidth_gbps"]), float(dl["latency_ms"])),
+        servers=tuple(data.get("servers", ())),
+        local=bool(data.get("local", False)),
+    )
+
+
+def load_links(path: str | os.PathLike | None = None) -> dict[str, NetworkLink]:
+    """The network link presets (``devices/links.yaml``): wifi, lte, 5g ..."""
+    p = Path(path) if path else resolve("links")
+    data = _read_yaml(p)
+    validate(data, p)
+    if data["kind"] != "links":
+        raise DeviceSpecError(f"{p}: kind: expected 'links', got '{data['kind']}'")
+    return {
+        name: NetworkLink(name=name, description=d.get("description", ""), **{
+            k: float(d[k]) for k in ("up_mbps", "down_mbps", "rtt_ms", "tx_power_w", "rx_power_w")
+        })
+        for name, d in data["presets"].items()
+    }
+
+
+def network_link(preset: str | None, *, bandwidth_mbps: float | None = None,
+                 rtt_ms: float | None = None) -> NetworkLink:
+    """A preset, overridden by flags; with no preset, flags alone (radio power of Wi-Fi)."""
+    presets = load_links()
+    if preset is not None and preset not in presets:
+        raise DeviceSpecError(f"unknown link '{preset}' (presets: {', '.join(presets)})")
+    base = presets[preset or "wifi"]
+    if bandwidth_mbps is not None:
+        if bandwidth_mbps <= 0:
+            raise DeviceSpecError(f"--bandwidth-mbps must be positive, got {bandwidth_mbps}")
+        base = replace(base, name=f"{base.name}@{bandwidth_mbps:g}mbps", up_mbps=bandwidth_mbps,
+                       down_mbps=bandwidth_mbps)
+    if rtt_ms is not None:
+        if rtt_ms < 0:
+            raise DeviceSpecError(f"--rtt-ms must not be negative, got {rtt_ms}")
+        base = replace(base, rtt_ms=rtt_ms)
+    return base
+
+
+def machine_summary() -> str:
+    return f"{platform.node()} {platform.machine()} {os.cpu_count()} cores"
