@@ -21,7 +21,7 @@ from edgesplit.errors import (
 )
 from edgesplit.model.graph import ModelGraph, Node, TensorInfo
 from edgesplit.model.load import load_model
-from edgesplit.profile.store import NodeCost, Profile, ProcessorProfile, load_profile
+from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile, load_profile
 
 __all__ = [
     # model

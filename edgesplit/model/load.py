@@ -185,7 +185,16 @@ def _cycle_nodes(g: onnx.GraphProto) -> list[str]:
             missing[u] -= 1
             if missing[u] == 0:
                 ready.append(u)
-    return [g.node[i].name or f"#{i}" for i, m in enumerate(missing) if m > 0]
+    stuck = {i for i, m in enumerate(missing) if m > 0}
+    # Drop the nodes that only wait on the cycle (no stuck user) to name the cycle itself.
+    changed = True
+    while changed:
+        changed = False
+        for i in list(stuck):
+            if not any(u in stuck for u in users[i]):
+                stuck.discard(i)
+                changed = True
+    return [g.node[i].name or f"#{i}" for i in sorted(stuck)]
 
 
 def _topological(g: onnx.GraphProto) -> list[onnx.NodeProto]:

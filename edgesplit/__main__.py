@@ -1,0 +1,3 @@
+from edgesplit.cli.main import main
+
+main()

@@ -1,0 +1,235 @@
+"""Profile a model on ONNX Runtime with ORT's own per-kernel profiler.
+
+ORT rewrites the graph before it runs it (fusions such as Conv+Relu, NCHWc layouts with inserted
+reorders), so the profiler's kernels are not the model's nodes. We save the optimised graph from
+the same session, group its nodes into regions joined by tensors the original model does not have,
+and map each region back to the original nodes between its inputs and outputs. A region's time
+is shared among the nodes it covers in proportion to their roofline cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edgesplit.device import Backend, Processor
+from edgesplit.model.feeds import random_inputs
+from edgesplit.model.graph import ModelGraph
+from edgesplit.profile.predict import roofline_ms
+from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
+
+Progress = Callable[[str, int, int], None]
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    arr = np.asarray(values, dtype=float)
+    return float(np.median(arr)), float(np.percentile(arr, 90))
+
+
+@contextlib.contextmanager
+def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
+    """Pin the calling thread (and the threads it creates) to ``cores`` for the block."""
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, set(cores) & before or before)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def session_options(processor: Processor, backend: Backend, **extra):
+    """ORT session options for a processor: threads, affinity, full graph optimisation."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    threads = processor.threads or (len(processor.cores) if processor.cores else 0)
+    if threads:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    if processor.cores and threads > 1:
+        # 1-based logical processor ids, one group per extra thread (DESIGN.md, measured facts).
+        groups = [str(c + 1) for c in processor.cores[1:threads]]
+        so.add_session_config_entry("session.intra_op_thread_affinities", ";".join(groups))
+    for k, v in extra.items():
+        setattr(so, k, v)
+    return so
+
+
+def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, backend: Backend, **extra):
+    import onnxruntime as ort
+
+    so = session_options(processor, backend, **extra)
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    providers = [(backend.provider, dict(backend.options))]
+    if backend.provider != "CPUExecutionProvider":
+        providers.append(("CPUExecutionProvider", {}))
+    return ort.InferenceSession(data, so, providers=providers)
+
+
+def time_runs(fn: Callable[[], object], runs: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _regions(optimized: onnx.GraphProto, known: set[str]) -> list[list[int]]:
+    """Group optimised nodes joined by tensors the original graph does not have (union-find)."""
+    parent = list(range(len(optimized.node)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    producer = {t: i for i, n in enumerate(optimized.node) for t in n.output if t}
+    for i, n in enumerate(optimized.node):
+        for t in n.input:
+            if t and t not in known and t in producer:
+                parent[find(i)] = find(producer[t])
+    groups: dict[int, list[int]] = {}
+    for i in range(len(optimized.node)):
+        groups.setdefault(find(i), []).append(i)
+    return list(groups.values())
+
+
+def _covered(graph: ModelGraph, outputs: set[str], inputs: set[str]) -> set[int]:
+    """Original nodes between a region's inputs and outputs (backward walk from the outputs)."""
+    seen: set[int] = set()
+    stack = [graph.producer[t] for t in outputs if t in graph.producer]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        for t in graph.nodes[i].inputs:
+            if t not in inputs and t in graph.producer:
+                stack.append(graph.producer[t])
+    return seen
+
+
+def map_regions(graph: ModelGraph, optimized: onnx.GraphProto) -> list[tuple[list[str], list[int]]]:
+    """``[(optimised node names, original node indices)]``, one pair per region."""
+    known = set(graph.tensors)
+    out = []
+    for region in _regions(optimized, known):
+        names = [optimized.node[i].name for i in region]
+        produced = {t for i in region for t in optimized.node[i].output if t}
+        consumed = {t for i in region for t in optimized.node[i].input if t}
+        outs = {t for t in produced if t in known}
+        ins = {t for t in consumed - produced if t in known}
+        out.append((names, sorted(_covered(graph, outs, ins))))
+    return out
+
+
+def _kernel_times(trace_path: str) -> dict[str, list[float]]:
+    """Per-kernel durations in ms, in run order, from ORT's Chrome-trace profile."""
+    events = json.loads(Path(trace_path).read_text())
+    times: dict[str, list[float]] = {}
+    for ev in events:
+        if ev.get("cat") != "Node" or not ev.get("name", "").endswith("_kernel_time"):
+            continue
+        times.setdefault(ev["name"][: -len("_kernel_time")], []).append(ev["dur"] / 1e3)
+    return times
+
+
+def profile_ort(
+    graph: ModelGraph,
+    processor: Processor,
+    backend: Backend,
+    *,
+    runs: int = 20,
+    warmup: int = 5,
+    progress: Progress | None = None,
+) -> ProcessorProfile:
+    """Measure every node of ``graph`` on ORT with ``backend``'s execution provider.
+
+    Returns per-node median and p90 over ``runs`` timed runs after ``warmup`` runs, and the
+    whole-model latency measured without the profiler.
+    """
+    started = time.perf_counter()
+    feeds = random_inputs(graph)
+    unsupported = {n.name: f"{n.op_type} not supported by {processor.name}"
+                   for n in graph.nodes if not processor.supports(n.op_type)}
+    if unsupported:
+        return ProcessorProfile(processor.name, backend.key, MEASURED, {}, unsupported,
+                                note="some ops are not supported; measured per part only")
+    total = runs * 2 + warmup * 2
+    tick = _ticker(progress, f"{processor.name}/ort", total)
+    with pinned(processor.cores), tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp:
+        sess = make_session(graph.model, processor, backend)
+        whole = time_runs(lambda: (sess.run(None, feeds), tick()), runs, warmup)
+        del sess
+        opt_path = os.path.join(tmp, "optimized.onnx")
+        psess = make_session(graph.model, processor, backend, enable_profiling=True,
+                             profile_file_prefix=os.path.join(tmp, "trace"),
+                             optimized_model_filepath=opt_path)
+        time_runs(lambda: (psess.run(None, feeds), tick()), runs, warmup)
+        trace = psess.end_profiling()
+        kernels = _kernel_times(trace)
+        optimized = onnx.load(opt_path, load_external_data=False).graph
+    nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
+    med, p90 = _percentiles(whole)
+    return ProcessorProfile(
+        processor=processor.name, backend=backend.key, source=MEASURED, nodes=nodes,
+        whole_model_ms=med, whole_model_p90_ms=p90, elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _attribute(graph: ModelGraph, processor: Processor, optimized: onnx.GraphProto,
+               kernels: dict[str, list[float]], warmup: int, runs: int) -> dict[str, NodeCost]:
+    share: dict[int, np.ndarray] = {}
+    for names, covered in map_regions(graph, optimized):
+        per_run = np.zeros(runs)
+        for name in names:
+            d = kernels.get(name, [])[warmup:]
+            if len(d) >= runs:
+                per_run += np.asarray(d[:runs])
+            elif d:  # a kernel that ran a different number of times (control flow): spread it
+                per_run += float(np.sum(d)) / runs
+        if not covered:
+            continue
+        weights = np.array([roofline_ms(graph.nodes[i], processor) for i in covered]) + 1e-9
+        weights /= weights.sum()
+        for i, w in zip(covered, weights):
+            share[i] = share.get(i, np.zeros(runs)) + per_run * w
+    out = {}
+    for i, node in enumerate(graph.nodes):
+        samples = share.get(i, np.zeros(runs))
+        med, p90 = float(np.median(samples)), float(np.percentile(samples, 90))
+        energy = med * processor.active_w  # W * ms = mJ; modelled (no power rails here)
+        out[node.name] = NodeCost(round(med, 6), round(p90, 6), MEASURED, round(energy, 6), runs)
+    return out
+
+
+def _ticker(progress: Progress | None, label: str, total: int) -> Callable[[], None]:
+    count = [0]
+
+    def tick() -> None:
+        count[0] += 1
+        if progress is not None:
+            progress(label, count[0], total)
+
+    return tick

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create or reuse .venv in the repo root and install edgesplit with its test extra.
+# Also installs the system packages the tests use (OpenSSH server, a JDK and JUnit), when apt
+# is there and we are root. Idempotent: a stamp of pyproject.toml skips pip when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.edgesplit-setup
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c "import edgesplit, onnxruntime, tvm" >/dev/null
+  echo "$want" > "$stamp"
+fi
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=()
+  command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
+  command -v tc >/dev/null || [ -x /usr/sbin/tc ] || need+=(iproute2)
+  if [ ${#need[@]} -gt 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null 2>&1 \
+      || echo "setup: could not apt-get install ${need[*]}; the tests that need them will skip" >&2
+  fi
+fi

@@ -1,0 +1,81 @@
+"""Shared fixtures: tiny models built in code, the real PP-OCR models from a PyPI package."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_model(nodes, inputs, outputs, weights=(), opset=17, value_info=()) -> onnx.ModelProto:
+    """A model from onnx.helper pieces; inputs/outputs are (name, shape) or value infos."""
+    def vi(x):
+        if isinstance(x, onnx.ValueInfoProto):
+            return x
+        name, shape = x
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    inits = [w if isinstance(w, onnx.TensorProto) else numpy_helper.from_array(w[1], w[0]) for w in weights]
+    g = helper.make_graph(list(nodes), "g", [vi(i) for i in inputs], [vi(o) for o in outputs], inits,
+                          value_info=list(value_info))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def rand(*shape, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.1
+
+
+@pytest.fixture
+def tiny_conv(tmp_path) -> Path:
+    """Conv -> Relu -> (two branches) -> Add -> GlobalAveragePool -> Flatten -> Gemm."""
+    m = make_model(
+        [
+            helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+            helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+            helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+            helper.make_node("Sigmoid", ["r1"], ["s1"], name="sig"),
+            helper.make_node("Add", ["c2", "s1"], ["a"], name="add"),
+            helper.make_node("GlobalAveragePool", ["a"], ["p"], name="gap"),
+            helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+            helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, name="fc"),
+        ],
+        [("x", [1, 3, 16, 16])],
+        [("y", [1, 10])],
+        [("w1", rand(8, 3, 3, 3)), ("b1", rand(8)), ("w2", rand(8, 8, 3, 3, seed=1)),
+         ("wf", rand(10, 8, seed=2)), ("bf", rand(10, seed=3))],
+    )
+    p = tmp_path / "tiny.onnx"
+    onnx.save(m, p)
+    return p
+
+
+def ppocr_model(kind: str) -> Path:
+    """A real PP-OCR model shipped inside the rapidocr-onnxruntime wheel (installed by setup)."""
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("rapidocr-onnxruntime is not installed (scripts/setup.sh installs it)")
+    models = Path(next(iter(spec.submodule_search_locations))) / "models"
+    found = sorted(models.glob(f"*{kind}*.onnx"))
+    if not found:
+        pytest.skip(f"no PP-OCR {kind} model in {models}")
+    return found[0]
+
+
+PPOCR_SHAPES = {"det": "x=1,3,640,640", "rec": "x=1,3,48,320", "cls": "x=1,3,48,192"}
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real console script in a subprocess (exit codes and stderr as a user sees them)."""
+    exe = Path(sys.executable).with_name("edgesplit")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "edgesplit"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
