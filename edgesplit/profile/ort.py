@@ -181,7 +181,6 @@ def profile_ort(
     with pinned(processor.cores), tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp:
         sess = make_session(graph.model, processor, backend)
         whole = time_runs(lambda: (sess.run(None, feeds), tick()), runs, warmup)
-        del sess
         opt_path = os.path.join(tmp, "optimized.onnx")
         psess = make_session(graph.model, processor, backend, enable_profiling=True,
                              profile_file_prefix=os.path.join(tmp, "trace"),
