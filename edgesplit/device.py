@@ -113,7 +113,7 @@ SCHEMA: dict[str, Any] = {
         "servers": {"type": "array", "items": {"type": "string"}},
     },
     "allOf": [
-        {"if": {"properties": {"kind": {"const": "links"}}},
+        {"if": {"required": ["kind"], "properties": {"kind": {"const": "links"}}},
          "then": {"required": ["presets"]},
          "else": {"required": ["processors"]}},
     ],
@@ -286,6 +286,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise DeviceSpecError(f"{path}:{line} not valid YAML ({problem})") from e
     except OSError as e:
         raise DeviceSpecError(f"{path}: cannot read ({e.strerror})") from e
+    except UnicodeDecodeError as e:
+        raise DeviceSpecError(f"{path}: not a text file ({e.reason} at byte {e.start})") from e
     if not isinstance(data, dict):
         raise DeviceSpecError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
     return data
