@@ -1,0 +1,100 @@
+"""Split a model into its plan's parts with onnx's own extractor, and check each part.
+
+Each part is extracted with ``onnx.utils.Extractor`` between the tensors it reads and the tensors
+it writes. Then every part is run alone in ONNX Runtime on the intermediate tensors of one
+random whole-model run, and must reproduce the whole model's tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from edgesplit.errors import CompileError
+from edgesplit.model.feeds import random_inputs
+from edgesplit.model.graph import ModelGraph
+
+
+@dataclass(frozen=True)
+class PartModel:
+    """One extracted part: its ONNX model and the tensors crossing its boundary."""
+
+    name: str
+    model: onnx.ModelProto
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def extract_parts(graph: ModelGraph, parts: Sequence[tuple[str, Sequence[str], Sequence[str]]]) -> list[PartModel]:
+    """Extract ``(name, input tensors, output tensors)`` parts from the graph's model."""
+    extractor = onnx.utils.Extractor(graph.model)  # graph.model carries inferred value_info
+    out = []
+    for name, ins, outs in parts:
+        try:
+            sub = extractor.extract_model(list(ins), list(outs))
+        except Exception as e:  # noqa: BLE001 - onnx raises bare errors for bad boundaries
+            raise CompileError(f"part {name}: cannot extract between {list(ins)} and {list(outs)} ({e})") from e
+        sub.graph.name = f"{graph.name}_{name}"
+        del sub.metadata_props[:]
+        sub.metadata_props.add(key="edgesplit.part", value=name)
+        out.append(PartModel(name, sub, tuple(ins), tuple(outs)))
+    return out
+
+
+def reference_tensors(graph: ModelGraph, names: Sequence[str], seed: int = 0) -> dict[str, np.ndarray]:
+    """Values of the given tensors (and graph inputs) in one ORT run of the whole model."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(graph.model)
+    have = {o.name for o in probe.graph.output}
+    for n in names:
+        if n not in have and n not in graph.inputs:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(n))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feeds = random_inputs(graph, seed)
+    wanted = [o.name for o in sess.get_outputs()]
+    return {**feeds, **dict(zip(wanted, sess.run(wanted, feeds)))}
+
+
+def check_parts(graph: ModelGraph, parts: Sequence[PartModel], rtol: float = 1e-4, atol: float = 1e-5) -> dict[str, float]:
+    """Run each part alone in ORT on the whole model's tensors; return max relative error per part.
+
+    Raises:
+        CompileError: when a part does not reproduce the whole model's tensors.
+    """
+    import onnxruntime as ort
+
+    names = {t for p in parts for t in (*p.inputs, *p.outputs)}
+    ref = reference_tensors(graph, sorted(names))
+    errors = {}
+    for p in parts:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(p.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        got = sess.run(list(p.outputs), {t: ref[t] for t in p.inputs})
+        worst = 0.0
+        for t, value in zip(p.outputs, got):
+            expected = ref[t]
+            if value.shape != expected.shape:
+                raise CompileError(f"part {p.name}: output {t} has shape {value.shape}, whole model {expected.shape}")
+            worst = max(worst, rel_error(value, expected))
+            if not np.allclose(value, expected, rtol=rtol, atol=atol, equal_nan=True):
+                raise CompileError(f"part {p.name}: output {t} differs from the whole model (rel error {worst:.2e})")
+        errors[p.name] = worst
+    return errors
+
+
+def rel_error(got: np.ndarray, expected: np.ndarray) -> float:
+    if got.size == 0:
+        return 0.0
+    if got.dtype.kind not in "fc":
+        return float(np.any(got != expected))
+    scale = max(float(np.max(np.abs(expected))), 1e-12)
+    return float(np.max(np.abs(got.astype(np.float64) - expected.astype(np.float64)))) / scale

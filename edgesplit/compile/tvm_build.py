@@ -1,0 +1,108 @@
+"""Compile a part with Apache TVM for its processor's target and export a shared library.
+
+- host llvm: built and exported with the system compiler;
+- cross targets (``mtriple`` not this machine's): exported with ``<triple>-gcc``; a missing cross
+  toolchain is a clear error naming the package to install;
+- cuda: TVM's default GPU pipeline (dlight schedules).
+Optional MetaSchedule tuning uses a database cached per target and reused across runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from edgesplit.errors import CompileError
+
+_ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+
+
+def host_arch() -> str:
+    return _ARCH_ALIASES.get(platform.machine().lower(), platform.machine().lower())
+
+
+def target_arch(target: Mapping[str, Any]) -> str:
+    triple = target.get("mtriple")
+    return _ARCH_ALIASES.get(triple.split("-")[0], triple.split("-")[0]) if triple else host_arch()
+
+
+def runs_here(target: Mapping[str, Any]) -> bool:
+    """True when code for ``target`` can run on this machine (for checks and profiling)."""
+    return target.get("kind") in ("llvm", "c") and target_arch(target) == host_arch()
+
+
+def cross_compiler(target: Mapping[str, Any]) -> str | None:
+    """The C compiler to link the library with; None for the host compiler.
+
+    Raises:
+        CompileError: naming the missing cross toolchain.
+    """
+    if target.get("kind") not in ("llvm", "c") or target_arch(target) == host_arch():
+        return None
+    triple = target["mtriple"]
+    cc = f"{triple}-gcc"
+    if shutil.which(cc) is None:
+        pkg = f"gcc-{triple}"
+        raise CompileError(
+            f"target {json.dumps(dict(target))} needs the cross compiler {cc}, which is not installed "
+            f"(on Debian/Ubuntu: apt-get install {pkg})"
+        )
+    return cc
+
+
+def tuning_dir(target: Mapping[str, Any]) -> Path:
+    """Where MetaSchedule's database for this target lives (reused by later compiles)."""
+    root = Path(os.environ.get("EDGESPLIT_CACHE", Path.home() / ".cache" / "edgesplit"))
+    key = hashlib.sha256(json.dumps(dict(target), sort_keys=True).encode()).hexdigest()[:16]
+    return root / "tvm-tuning" / key
+
+
+def build_library(model: onnx.ModelProto, target: Mapping[str, Any], out: Path, *, tune_trials: int = 0) -> dict[str, Any]:
+    """Import, (tune,) compile and export ``model`` as a shared library at ``out``.
+
+    Returns facts for the manifest (target, tuning trials and database). Raises CompileError for a
+    missing toolchain; any TVM import or build error propagates for the caller to fall back on.
+    """
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    cc = cross_compiler(target)
+    tgt_dict = dict(target)
+    info: dict[str, Any] = {"target": tgt_dict, "tune_trials": tune_trials}
+    with contextlib.redirect_stdout(io.StringIO()):
+        mod = from_onnx(model, keep_params_in_input=False)
+        tgt = tvm.target.Target(tgt_dict)
+        if tune_trials > 0 or (tuning_dir(target) / "database_workload.json").exists():
+            work = tuning_dir(target)
+            work.mkdir(parents=True, exist_ok=True)
+            if "num-cores" not in tgt_dict and tgt_dict.get("kind") == "llvm":
+                tgt = tvm.target.Target({**tgt_dict, "num-cores": os.cpu_count() or 1})
+            mod = relax.pipeline.static_shape_tuning_pipeline(
+                total_trials=tune_trials, target=tgt, work_dir=str(work),
+                max_trials_per_task=max(1, min(64, tune_trials)) if tune_trials else None,
+            )(mod)
+            info["tuning_database"] = str(work)
+        ex = tvm.compile(mod, target=tgt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if cc:
+        ex.export_library(str(out), fcompile=_cross_fcompile(cc))
+    else:
+        ex.export_library(str(out))
+    return info
+
+
+def _cross_fcompile(cc: str):
+    import tvm
+
+    return tvm.support.cc.cross_compiler(cc) if hasattr(tvm.support, "cc") else cc

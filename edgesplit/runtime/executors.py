@@ -1,0 +1,147 @@
+"""Executors run one part of a bundle: ORT with an execution provider, or a TVM library.
+
+Contract: an executor is built on the thread that will call it (so thread affinity and the cgroup
+of a processor's worker apply to the runtime's own threads too); ``run`` takes a dict holding at
+least the part's inputs and returns a dict with exactly the part's outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from edgesplit.compile.bundle import PartArtifact
+from edgesplit.errors import BundleError
+
+
+class Executor(Protocol):
+    """Runs one part. Built and called on the processor's worker thread."""
+
+    part: PartArtifact
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+class OrtExecutor:
+    """An ONNX Runtime session on the part's ONNX file with its provider and thread count."""
+
+    def __init__(self, part: PartArtifact, bundle: Path, *, file: str | None = None,
+                 provider: str | None = None, options: Mapping | None = None):
+        import onnxruntime as ort
+
+        self.part = part
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        threads = part.threads or (len(part.cores) if part.cores else 0)
+        if threads:
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
+        if part.cores and threads > 1 and len(part.cores) >= threads:
+            so.add_session_config_entry(
+                "session.intra_op_thread_affinities", ";".join(str(c + 1) for c in part.cores[1:threads]))
+        provider = provider or part.provider
+        available = ort.get_available_providers()
+        if provider not in available:
+            raise BundleError(f"part {part.name}: this onnxruntime has no {provider} (has {', '.join(available)})")
+        providers: list = [(provider, dict(options if options is not None else part.provider_options))]
+        if provider != "CPUExecutionProvider":
+            providers.append(("CPUExecutionProvider", {}))
+        self._sess = ort.InferenceSession(str(bundle / (file or part.onnx_file)), so, providers=providers)
+        self._outputs = [o.name for o in part.outputs]
+        self._inputs = [i.name for i in part.inputs]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        got = self._sess.run(self._outputs, {k: feeds[k] for k in self._inputs})
+        return dict(zip(self._outputs, got))
+
+    def close(self) -> None:
+        self._sess = None
+
+
+class TvmExecutor:
+    """A TVM Relax VM over the part's compiled library (checksum verified by open_bundle)."""
+
+    def __init__(self, part: PartArtifact, bundle: Path):
+        import tvm
+        from tvm import relax
+
+        self.part = part
+        lib = tvm.runtime.load_module(str(bundle / part.file))
+        self._dev = tvm.cpu()
+        self._vm = relax.VirtualMachine(lib, self._dev)
+        self._tensor = tvm.runtime.tensor
+        self._inputs = [i.name for i in part.inputs]
+        self._outputs = [o.name for o in part.outputs]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        args = [self._tensor(np.ascontiguousarray(feeds[k]), self._dev) for k in self._inputs]
+        out = self._vm["main"](*args)
+        values = [out] if hasattr(out, "numpy") else list(out)
+        return {name: v.numpy() for name, v in zip(self._outputs, values)}
+
+    def close(self) -> None:
+        self._vm = None
+
+
+ExecutorFactory = Callable[..., Executor]
+
+# Explicit registry: backend name -> factory(part, bundle_dir, **options). The remote executor
+# (edgesplit.runtime.remote) registers itself here when the session is given a server.
+EXECUTORS: dict[str, ExecutorFactory] = {"ort": OrtExecutor, "tvm": TvmExecutor}
+
+
+def make_executor(part: PartArtifact, bundle: Path, **options) -> Executor:
+    factory = EXECUTORS.get("remote" if part.remote else part.backend)
+    if factory is None:
+        raise BundleError(f"part {part.name}: no executor for backend '{part.backend}'")
+    return factory(part, bundle, **options)
+
+
+def join_cpu_quota(name: str, quota_pct: float) -> str | None:
+    """Move the calling thread into a cgroup v1 CPU quota group; None on success, else why not.
+
+    A new thread inherits its creator's cgroup, so the runtime threads the executor creates
+    afterwards are throttled too.
+    """
+    root = Path(os.environ.get("EDGESPLIT_CGROUP_CPU", "/sys/fs/cgroup/cpu"))
+    group = root / f"edgesplit-{name}"
+    period_us = 100_000
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "cpu.cfs_period_us").write_text(str(period_us))
+        (group / "cpu.cfs_quota_us").write_text(str(int(period_us * quota_pct / 100)))
+        (group / "tasks").write_text(str(_tid()))
+    except OSError as e:
+        return f"cannot apply a {quota_pct:g}% CPU quota ({group}: {e.strerror or e})"
+    return None
+
+
+def _tid() -> int:
+    import threading
+
+    return threading.get_native_id()
+
+
+def pin_thread(cores: tuple[int, ...] | None) -> str | None:
+    """Pin the calling thread to ``cores``; None on success, else why not."""
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        os.sched_setaffinity(0, set(cores))
+    except OSError as e:
+        return f"cannot pin to cores {list(cores)} ({e.strerror})"
+    return None
+
+
+def timed(fn: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, (time.perf_counter() - t0) * 1e3
