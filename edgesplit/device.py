@@ -320,11 +320,16 @@ def _processor(name: str, d: Mapping[str, Any], path: Path) -> Processor:
         if b["runtime"] == "tvm" and "target" not in b:
             raise DeviceSpecError(f"{path}: processors.{name}.backends.{i}.target: a tvm backend needs a target")
         only, excl = _ops(b.get("ops"))
+        target = b.get("target")
+        if target is not None and target.get("mcpu") == "native":
+            from edgesplit.hostinfo import llvm_target
+
+            target = {**llvm_target(), **{k: v for k, v in target.items() if k != "mcpu"}}
         backends.append(Backend(
             runtime=b["runtime"],
             provider=b.get("provider", "CPUExecutionProvider"),
             options=dict(b.get("options", {})),
-            target=b.get("target"),
+            target=target,
             ops_only=only,
             ops_exclude=excl,
         ))

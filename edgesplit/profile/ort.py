@@ -9,17 +9,17 @@ is shared among the nodes it covers in proportion to their roofline cost.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from edgesplit.cpu import run_as_processor
 from edgesplit.device import Backend, Processor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
@@ -32,24 +32,6 @@ Progress = Callable[[str, int, int], None]
 def _percentiles(values: list[float]) -> tuple[float, float]:
     arr = np.asarray(values, dtype=float)
     return float(np.median(arr)), float(np.percentile(arr, 90))
-
-
-@contextlib.contextmanager
-def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
-    """Pin the calling thread (and the threads it creates) to ``cores`` for the block."""
-    if not cores or not hasattr(os, "sched_setaffinity"):
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, set(cores) & before or before)
-    except OSError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def session_options(processor: Processor, backend: Backend, **extra):
@@ -178,7 +160,20 @@ def profile_ort(
                                 note="some ops are not supported; measured per part only")
     total = runs * 2 + warmup * 2
     tick = _ticker(progress, f"{processor.name}/ort", total)
-    with pinned(processor.cores), tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp:
+    (whole, kernels, optimized), notes = run_as_processor(
+        processor.name, processor.cores, processor.cpu_quota_pct,
+        lambda: _measure(graph, processor, backend, feeds, runs, warmup, tick))
+    nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
+    med, p90 = _percentiles(whole)
+    return ProcessorProfile(
+        processor=processor.name, backend=backend.key, source=MEASURED, nodes=nodes,
+        whole_model_ms=med, whole_model_p90_ms=p90, elapsed_s=time.perf_counter() - started,
+        note="; ".join(notes),
+    )
+
+
+def _measure(graph, processor, backend, feeds, runs, warmup, tick):
+    with tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp:
         sess = make_session(graph.model, processor, backend)
         whole = time_runs(lambda: (sess.run(None, feeds), tick()), runs, warmup)
         opt_path = os.path.join(tmp, "optimized.onnx")
@@ -189,12 +184,7 @@ def profile_ort(
         trace = psess.end_profiling()
         kernels = _kernel_times(trace)
         optimized = onnx.load(opt_path, load_external_data=False).graph
-    nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
-    med, p90 = _percentiles(whole)
-    return ProcessorProfile(
-        processor=processor.name, backend=backend.key, source=MEASURED, nodes=nodes,
-        whole_model_ms=med, whole_model_p90_ms=p90, elapsed_s=time.perf_counter() - started,
-    )
+    return whole, kernels, optimized
 
 
 def _attribute(graph: ModelGraph, processor: Processor, optimized: onnx.GraphProto,

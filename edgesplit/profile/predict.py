@@ -48,7 +48,8 @@ def predict(graph: ModelGraph, processor: Processor, backend: Backend) -> Proces
     nodes: dict[str, NodeCost] = {}
     unsupported: dict[str, str] = {}
     for node in graph.nodes:
-        dtypes = tuple(dict.fromkeys(graph.tensors[t].dtype for t in node.inputs if t in graph.tensors))
+        dtypes = tuple(dict.fromkeys(graph.tensors[t].dtype for t in node.inputs
+                                     if t in graph.tensors and not graph.tensors[t].is_weight))
         if not processor.supports(node.op_type, dtypes):
             unsupported[node.name] = f"{node.op_type} is not supported by {processor.name}"
             continue

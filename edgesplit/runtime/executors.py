@@ -7,7 +7,6 @@ least the part's inputs and returns a dict with exactly the part's outputs.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -103,42 +102,6 @@ def make_executor(part: PartArtifact, bundle: Path, **options) -> Executor:
     if factory is None:
         raise BundleError(f"part {part.name}: no executor for backend '{part.backend}'")
     return factory(part, bundle, **options)
-
-
-def join_cpu_quota(name: str, quota_pct: float) -> str | None:
-    """Move the calling thread into a cgroup v1 CPU quota group; None on success, else why not.
-
-    A new thread inherits its creator's cgroup, so the runtime threads the executor creates
-    afterwards are throttled too.
-    """
-    root = Path(os.environ.get("EDGESPLIT_CGROUP_CPU", "/sys/fs/cgroup/cpu"))
-    group = root / f"edgesplit-{name}"
-    period_us = 100_000
-    try:
-        group.mkdir(exist_ok=True)
-        (group / "cpu.cfs_period_us").write_text(str(period_us))
-        (group / "cpu.cfs_quota_us").write_text(str(int(period_us * quota_pct / 100)))
-        (group / "tasks").write_text(str(_tid()))
-    except OSError as e:
-        return f"cannot apply a {quota_pct:g}% CPU quota ({group}: {e.strerror or e})"
-    return None
-
-
-def _tid() -> int:
-    import threading
-
-    return threading.get_native_id()
-
-
-def pin_thread(cores: tuple[int, ...] | None) -> str | None:
-    """Pin the calling thread to ``cores``; None on success, else why not."""
-    if not cores or not hasattr(os, "sched_setaffinity"):
-        return None
-    try:
-        os.sched_setaffinity(0, set(cores))
-    except OSError as e:
-        return f"cannot pin to cores {list(cores)} ({e.strerror})"
-    return None
 
 
 def timed(fn: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], float]:

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
+from edgesplit.cpu import configure_thread
 from edgesplit.errors import RunInputError
-from edgesplit.runtime.executors import Executor, join_cpu_quota, make_executor, pin_thread
+from edgesplit.runtime.executors import Executor, make_executor
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,7 @@ class _Worker:
 
     @staticmethod
     def _setup(processor: str, cores, quota_pct, notes: list[str]) -> None:
-        why = pin_thread(cores)
-        if why:
-            notes.append(f"{processor}: {why}")
-        if quota_pct is not None and quota_pct < 100:
-            why = join_cpu_quota(processor, quota_pct)
-            if why:
-                notes.append(f"{processor}: {why}")
+        notes.extend(configure_thread(processor, cores, quota_pct))
 
 
 class Session:
