@@ -19,7 +19,7 @@ from edgesplit.device import DeviceSpec, load_device
 from edgesplit.errors import CompileError, PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.model.load import load_model
-from edgesplit.util import atomic_dir
+from edgesplit.util import atomic_dir, sha256_file
 
 Progress = Callable[[str, int, int], None]
 
@@ -76,12 +76,10 @@ def compile_bundle(
     """
     pd = plan_dict(plan)
     shapes = input_shapes or {k: tuple(v) for k, v in (pd.get("input_shapes") or {}).items()}
+    if not isinstance(model, ModelGraph) and Path(model).is_file():
+        _check_plan_fits(pd, str(model), sha256_file(model))  # before the plan's shapes are applied
     graph = model if isinstance(model, ModelGraph) else load_model(model, shapes or None)
-    if pd.get("model_sha256") != graph.sha256:
-        raise PlanError(
-            f"plan for model {pd.get('model_name')!r} (sha256 {str(pd.get('model_sha256'))[:12]}...) does not "
-            f"fit {graph.path} (sha256 {graph.sha256[:12]}...)"
-        )
+    _check_plan_fits(pd, graph.path, graph.sha256)
     spec = _device_for(pd, device)
     parts_pd = pd["parts"]
     known = set(graph.index)
@@ -153,6 +151,14 @@ def compile_bundle(
     if progress:
         progress("compile", len(parts_pd), len(parts_pd))
     return manifest
+
+
+def _check_plan_fits(pd: Mapping[str, Any], path: str, sha256: str) -> None:
+    if pd.get("model_sha256") != sha256:
+        raise PlanError(
+            f"plan for model {pd.get('model_name')!r} (sha256 {str(pd.get('model_sha256'))[:12]}...) does not "
+            f"fit {path} (sha256 {sha256[:12]}...)"
+        )
 
 
 def _check_tvm(lib: Path, pm, graph: ModelGraph) -> float:

@@ -55,7 +55,8 @@ def reference_tensors(graph: ModelGraph, names: Sequence[str], seed: int = 0) ->
         if n not in have and n not in graph.inputs:
             probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(n))
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every tensor
+    # The same optimisations as the parts get; tensors named as outputs survive the fusions.
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
     sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
     feeds = random_inputs(graph, seed)
@@ -63,8 +64,12 @@ def reference_tensors(graph: ModelGraph, names: Sequence[str], seed: int = 0) ->
     return {**feeds, **dict(zip(wanted, sess.run(wanted, feeds)))}
 
 
-def check_parts(graph: ModelGraph, parts: Sequence[PartModel], rtol: float = 1e-4, atol: float = 1e-5) -> dict[str, float]:
+def check_parts(graph: ModelGraph, parts: Sequence[PartModel], rtol: float = 1e-3) -> dict[str, float]:
     """Run each part alone in ORT on the whole model's tensors; return max relative error per part.
+
+    The error is the largest absolute difference over the largest magnitude of the tensor. A wrong
+    boundary gives errors of order 1; fused kernels differ in the last bits (up to ~3e-4 seen on
+    PP-OCR det), hence the default tolerance.
 
     Raises:
         CompileError: when a part does not reproduce the whole model's tensors.
@@ -84,9 +89,10 @@ def check_parts(graph: ModelGraph, parts: Sequence[PartModel], rtol: float = 1e-
             expected = ref[t]
             if value.shape != expected.shape:
                 raise CompileError(f"part {p.name}: output {t} has shape {value.shape}, whole model {expected.shape}")
-            worst = max(worst, rel_error(value, expected))
-            if not np.allclose(value, expected, rtol=rtol, atol=atol, equal_nan=True):
-                raise CompileError(f"part {p.name}: output {t} differs from the whole model (rel error {worst:.2e})")
+            err = rel_error(value, expected)
+            worst = max(worst, err)
+            if err > rtol:
+                raise CompileError(f"part {p.name}: output {t} differs from the whole model (rel error {err:.2e})")
         errors[p.name] = worst
     return errors
 

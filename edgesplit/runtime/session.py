@@ -106,7 +106,7 @@ class Session:
         missing = [k for k in expected if k not in inputs]
         if unknown or missing:
             raise RunInputError(
-                f"inputs: expected {', '.join(expected)}; "
+                f"expected inputs {', '.join(expected)}; "
                 + (f"unknown {', '.join(unknown)}; " if unknown else "")
                 + (f"missing {', '.join(missing)}" if missing else "")
             )

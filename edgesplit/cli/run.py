@@ -1,0 +1,54 @@
+"""``edgesplit run``: run a bundle, print latency statistics and per-part timings."""
+
+from __future__ import annotations
+
+import click
+
+from edgesplit.cli.common import console
+
+
+@click.command("run")
+@click.argument("bundle", type=click.Path())
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input (default: random).")
+@click.option("--repeat", default=20, show_default=True, type=click.IntRange(1), help="Timed runs.")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0), help="Untimed runs first.")
+@click.option("--stream", default=0, type=click.IntRange(0), help="Also run a pipelined stream of N requests.")
+@click.option("--server", "server_url", default=None, help="Offload server URL for remote parts.")
+@click.option("--token", default=None, envvar="EDGESPLIT_TOKEN", help="Bearer token for the server.")
+@click.option("--output", "-o", type=click.Path(file_okay=False), help="Write the outputs as NAME.npy here.")
+def command(bundle, inputs, repeat, warmup, stream, server_url, token, output):
+    """Run BUNDLE on its processors and compare with the plan's predictions."""
+    from edgesplit.runtime.api import benchmark, load, read_inputs
+
+    options = {"remote": {"url": server_url, "token": token}} if server_url else None
+    with load(bundle, executor_options=options) as sess:
+        feeds = read_inputs(sess, inputs)
+        report = benchmark(sess, feeds, repeat=repeat, warmup=warmup, stream=stream)
+        if output:
+            report.save_outputs(output)
+    print_report(report)
+
+
+def print_report(report) -> None:
+    from rich.table import Table
+
+    st = report.stats
+    t = Table(title="per-part timings")
+    for col in ("part", "processor", "backend", "runs", "median ms", "p90 ms", "predicted ms", "measured/predicted"):
+        t.add_column(col)
+    for p in st.parts:
+        ratio = f"{p.median_ms / p.predicted_ms:.2f}" if p.predicted_ms else "-"
+        t.add_row(p.name, p.processor, p.executed_by, str(p.runs), f"{p.median_ms:.3f}", f"{p.p90_ms:.3f}",
+                  f"{p.predicted_ms:.3f}" if p.predicted_ms is not None else "-", ratio)
+    console.print(t)
+    s = Table(title="end to end")
+    for col in ("mode", "runs", "median ms", "p90 ms", "predicted ms", "throughput /s"):
+        s.add_column(col)
+    pred = f"{report.predicted_ms:.3f}" if report.predicted_ms is not None else "-"
+    s.add_row("single request", str(report.runs), f"{report.median_ms:.3f}", f"{report.p90_ms:.3f}", pred,
+              f"{1e3 / report.median_ms:.1f}")
+    if report.stream_per_s is not None:
+        s.add_row(f"stream of {report.stream_n}", str(report.stream_n), "-", "-", "-", f"{report.stream_per_s:.1f}")
+    console.print(s)
+    for n in st.notes:
+        console.print(f"note: {n}")

@@ -1,0 +1,74 @@
+"""Hand-made plans: cut a model into contiguous pieces of its topological order.
+
+The optimiser makes real plans; these are for checks and benchmarks that need a given number of
+parts on given processors (a contiguous cut of a topological order always has an acyclic part
+graph). Parts are balanced by FLOPs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from edgesplit.model.graph import ModelGraph
+
+
+def part_boundaries(graph: ModelGraph, groups: Sequence[Sequence[int]]) -> list[tuple[list[str], list[str]]]:
+    """For groups of node indices: (tensors read from outside, tensors used outside) of each."""
+    owner = {i: k for k, g in enumerate(groups) for i in g}
+    out = []
+    for k, g in enumerate(groups):
+        ins: dict[str, None] = {}
+        outs: dict[str, None] = {}
+        for i in g:
+            node = graph.nodes[i]
+            for t in node.inputs:
+                if graph.tensors[t].is_weight:
+                    continue
+                src = graph.producer.get(t)
+                if src is None or owner[src] != k:
+                    ins[t] = None
+            for t in node.outputs:
+                users = graph.consumers.get(t, ())
+                if t in graph.outputs or any(owner[u] != k for u in users):
+                    outs[t] = None
+        out.append((list(ins), list(outs)))
+    return out
+
+
+def contiguous_plan(graph: ModelGraph, device: str, sites: Sequence[tuple[str, str]],
+                    *, weights: Sequence[float] | None = None) -> dict[str, Any]:
+    """A plan with ``len(sites)`` parts: contiguous topological slices balanced by FLOPs.
+
+    Args:
+        sites: ``(processor, backend)`` of each part, in order.
+        weights: Relative share of the FLOPs for each part (default equal).
+    """
+    n = len(sites)
+    if n > len(graph.nodes):
+        raise ValueError(f"{n} parts for {len(graph.nodes)} nodes")
+    flops = np.array([max(nd.flops, 1) for nd in graph.nodes], dtype=float)
+    cum = np.cumsum(flops) / flops.sum()
+    w = np.asarray(weights if weights is not None else [1.0] * n, dtype=float)
+    targets = np.cumsum(w / w.sum())[:-1]
+    cuts = [0]
+    for t in targets:
+        c = int(np.searchsorted(cum, t)) + 1
+        c = min(max(c, cuts[-1] + 1), len(graph.nodes) - (n - len(cuts)))
+        cuts.append(c)
+    cuts.append(len(graph.nodes))
+    groups = [list(range(a, b)) for a, b in zip(cuts, cuts[1:])]
+    parts = []
+    for k, ((ins, outs), g, (proc, backend)) in enumerate(zip(part_boundaries(graph, groups), groups, sites)):
+        parts.append({"name": f"p{k}", "processor": proc, "backend": backend, "remote": "." in proc,
+                      "nodes": [graph.nodes[i].name for i in g], "inputs": ins, "outputs": outs})
+    return {
+        "format_version": 1, "model_sha256": graph.sha256, "model_name": graph.name, "model_path": graph.path,
+        "device": device, "objective": "manual", "input_shapes": {k: list(v) for k, v in graph.input_shapes().items()},
+        "assignment": {graph.nodes[i].name: {"processor": sites[k][0], "backend": sites[k][1]}
+                       for k, g in enumerate(groups) for i in g},
+        "parts": parts, "transfers": [], "predicted": {}, "baselines": [],
+        "solver": {"name": "manual", "time_s": 0.0, "optimal": False, "gap": None},
+    }

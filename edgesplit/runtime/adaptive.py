@@ -1,0 +1,146 @@
+"""Run-time adaptation: measure the link, and choose per remote part between server and device.
+
+What is built (the "simplest honest version"): the bundle's plan was made for one bandwidth; at
+run time each remote part compares two estimates and takes the faster one:
+
+* remote: ``rtt_ms + nbytes * 8 / bandwidth + server_ms``, from a :class:`LinkEstimator` fed by
+  every transfer the executors make anyway (and a few health pings), shared by the parts that talk
+  to the same server; before the link is known, the part's own measured remote time;
+* local: the measured time of the part's local fallback artifact (one calibration run at load).
+
+Shapes are static, so a part's payload ``nbytes`` is fixed and the choice reduces to comparing
+these two numbers, with a 10 % hysteresis so that noise does not flap it. While the part runs
+locally the server's side goes stale, so it is probed with a real request now and then; each
+probe that confirms the local choice doubles the interval (1 s up to 30 s), so a bad link costs
+little. Every estimate here is measured; nothing is taken from the plan except where no
+measurement exists yet.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LinkEstimate:
+    """What the link looks like so far.
+
+    Attributes:
+        rtt_ms: Round-trip time (smallest recent health-ping time), None before any ping.
+        bandwidth_mbps: Link rate: bytes over the wire time of transfers, with the RTT and the
+            server's own time taken out (exponentially weighted), None until a transfer was long
+            enough to tell.
+        goodput_mbps: All bytes moved over all transfer time (RTT included): what requests got.
+        transfers: Transfers seen.
+        nbytes: Bytes moved both ways.
+    """
+
+    rtt_ms: float | None
+    bandwidth_mbps: float | None
+    goodput_mbps: float | None
+    transfers: int
+    nbytes: int
+
+    def transfer_ms(self, nbytes: int) -> float | None:
+        """Predicted time to move ``nbytes`` (both ways together) in one exchange, or None."""
+        if self.rtt_ms is None or self.bandwidth_mbps is None:
+            return None
+        return self.rtt_ms + nbytes * 8 / (self.bandwidth_mbps * 1e3)
+
+
+class LinkEstimator:
+    """Thread-safe link measurements from pings and transfers."""
+
+    def __init__(self, alpha: float = 0.3, ping_window: int = 8):
+        self._alpha = alpha
+        self._window = ping_window
+        self._pings: list[float] = []
+        self._bw: float | None = None
+        self._nbytes = 0
+        self._transfer_ms = 0.0
+        self._transfers = 0
+        self._lock = threading.Lock()
+
+    def add_ping(self, rtt_ms: float) -> None:
+        with self._lock:
+            self._pings = (self._pings + [rtt_ms])[-self._window:]
+
+    def add_transfer(self, nbytes: int, elapsed_ms: float, server_ms: float) -> None:
+        """One exchange: ``nbytes`` both ways in ``elapsed_ms``, of which the server took ``server_ms``."""
+        transfer_ms = max(elapsed_ms - server_ms, 1e-3)
+        with self._lock:
+            self._nbytes += nbytes
+            self._transfer_ms += transfer_ms
+            self._transfers += 1
+            rtt = min(self._pings) if self._pings else None
+            if rtt is None:
+                return
+            wire_ms = transfer_ms - rtt
+            # Only transfers whose wire time stands out of the RTT's noise say anything about the rate.
+            if wire_ms > max(1.0, 0.25 * rtt):
+                sample = nbytes * 8 / (wire_ms * 1e3)
+                self._bw = sample if self._bw is None else (1 - self._alpha) * self._bw + self._alpha * sample
+
+    def estimate(self) -> LinkEstimate:
+        with self._lock:
+            goodput = self._nbytes * 8 / (self._transfer_ms * 1e3) if self._transfer_ms > 0 else None
+            return LinkEstimate(min(self._pings) if self._pings else None, self._bw, goodput,
+                                self._transfers, self._nbytes)
+
+
+class OffloadPolicy:
+    """Chooses ``"remote"`` or ``"local"`` for one part from measured costs (see the module doc)."""
+
+    def __init__(self, nbytes: int, local_ms: float | None, *, hysteresis: float = 0.1,
+                 probe_interval_s: float = 1.0, max_probe_interval_s: float = 30.0):
+        self.nbytes = nbytes
+        self.local_ms = local_ms
+        self.hysteresis = hysteresis
+        self.base_probe_s = probe_interval_s
+        self.max_probe_s = max_probe_interval_s
+        self.probe_s = probe_interval_s
+        self.mode = "remote"
+        self.switches = 0
+        self._remote_ms: float | None = None
+        self._server_ms: float | None = None
+        self._last_remote = float("-inf")
+        self._lock = threading.Lock()
+
+    def remote_estimate_ms(self, link: LinkEstimate) -> float | None:
+        wire = link.transfer_ms(self.nbytes)
+        if wire is not None and self._server_ms is not None:
+            return wire + self._server_ms
+        return self._remote_ms
+
+    def choose(self, link: LinkEstimate, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            remote, local = self.remote_estimate_ms(link), self.local_ms
+            if remote is None or local is None:
+                return "remote"  # learn the remote cost first; the local one is calibrated at load
+            want = self.mode
+            if self.mode == "remote" and remote > local * (1 + self.hysteresis):
+                want = "local"
+            elif self.mode == "local" and remote < local * (1 - self.hysteresis):
+                want = "remote"
+            if want != self.mode:
+                self.mode, self.switches, self.probe_s = want, self.switches + 1, self.base_probe_s
+            if self.mode == "local" and now - self._last_remote >= self.probe_s:
+                self.probe_s = min(self.probe_s * 2, self.max_probe_s)
+                self._last_remote = now  # one probe at a time
+                return "remote"
+            return self.mode
+
+    def observed_remote(self, total_ms: float, server_ms: float, now: float | None = None) -> None:
+        with self._lock:
+            self._last_remote = time.monotonic() if now is None else now
+            a = 0.3
+            self._remote_ms = total_ms if self._remote_ms is None else (1 - a) * self._remote_ms + a * total_ms
+            self._server_ms = server_ms if self._server_ms is None else (1 - a) * self._server_ms + a * server_ms
+
+    def observed_local(self, ms: float) -> None:
+        with self._lock:
+            a = 0.3
+            self.local_ms = ms if self.local_ms is None else (1 - a) * self.local_ms + a * ms

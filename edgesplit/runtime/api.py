@@ -1,0 +1,87 @@
+"""Helpers around a Session for the CLI and benchmarks: inputs from files, timing reports."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgesplit.errors import RunInputError
+from edgesplit.runtime.session import Session, SessionStats, load
+from edgesplit.util import atomic_write_bytes
+
+__all__ = ["load", "read_inputs", "random_feeds", "benchmark", "RunReport"]
+
+
+def random_feeds(sess: Session, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for spec in sess.input_specs:
+        dtype = np.dtype(spec.dtype)
+        if dtype.kind == "f":
+            out[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
+        else:
+            out[spec.name] = rng.integers(0, 8, size=spec.shape).astype(dtype)
+    return out
+
+
+def read_inputs(sess: Session, specs: Sequence[str]) -> dict[str, np.ndarray]:
+    """``NAME=FILE.npy`` strings -> arrays; inputs not given are random (seeded)."""
+    feeds = random_feeds(sess)
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            raise RunInputError(f"--input '{spec}' is not NAME=FILE.npy")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise RunInputError(f"{path}: cannot read a .npy array ({e})") from e
+    return feeds
+
+
+@dataclass(frozen=True)
+class RunReport:
+    stats: SessionStats
+    runs: int
+    median_ms: float
+    p90_ms: float
+    predicted_ms: float | None
+    stream_n: int
+    stream_per_s: float | None
+    outputs: dict[str, np.ndarray]
+
+    def save_outputs(self, folder: str | os.PathLike) -> None:
+        import io
+
+        for name, arr in self.outputs.items():
+            buf = io.BytesIO()
+            np.save(buf, arr, allow_pickle=False)
+            atomic_write_bytes(Path(folder) / f"{name.replace('/', '_')}.npy", buf.getvalue())
+
+
+def benchmark(sess: Session, feeds: dict[str, np.ndarray], *, repeat: int = 20, warmup: int = 3,
+              stream: int = 0) -> RunReport:
+    """Time ``repeat`` single requests (after ``warmup``), then optionally a stream of ``stream``."""
+    outputs = sess.run(feeds)
+    for _ in range(max(0, warmup - 1)):
+        sess.run(feeds)
+    sess.reset_stats()
+    lat = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        outputs = sess.run(feeds)
+        lat.append((time.perf_counter() - t0) * 1e3)
+    stats = sess.stats()
+    per_s = None
+    if stream:
+        t0 = time.perf_counter()
+        for _ in sess.run_stream(feeds for _ in range(stream)):
+            pass
+        per_s = stream / (time.perf_counter() - t0)
+    predicted = (sess.manifest.plan.get("predicted") or {}).get("latency_ms")
+    return RunReport(stats, repeat, float(np.median(lat)), float(np.percentile(lat, 90)), predicted,
+                     stream, per_s, outputs)

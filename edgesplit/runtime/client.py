@@ -1,0 +1,270 @@
+"""A small, strict Open Inference Protocol v2 client: keep-alive, binary tensors, deadlines, retries.
+
+Each thread keeps one persistent HTTP/1.1 connection per client (``http.client``; TCP_NODELAY so
+the JSON header and the tensor bytes are not held back by Nagle). Every call has one deadline
+that bounds the connect, the send, the wait and the read together, so a call never hangs: it
+returns or raises :class:`~edgesplit.errors.RemoteError` within ``timeout_s``. Transport failures
+(refused, reset, timed out, 502/503/504) are retried with exponential backoff while the deadline
+allows; a stale keep-alive connection is replaced at once. Answers the server gives on purpose
+(4xx, 500) are not retried; their error message is kept.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import numpy as np
+
+from edgesplit.errors import RemoteError
+from edgesplit.runtime import oip
+
+RETRY_STATUS = frozenset({502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What one call cost on the wire.
+
+    Attributes:
+        sent_nbytes / received_nbytes: HTTP bytes each way (headers and body).
+        elapsed_ms: From the first byte sent to the last byte received, connect excluded.
+        connect_ms: TCP connect time (0 on a reused connection).
+        server_ms: The server's own time for the request (its ``Server-Timing`` total; 0 if absent).
+        attempts: Tries it took (1 when the first one answered).
+    """
+
+    sent_nbytes: int
+    received_nbytes: int
+    elapsed_ms: float
+    connect_ms: float
+    server_ms: float
+    attempts: int
+
+
+def remote_error(message: str, *, status: int | None = None, transient: bool = False) -> RemoteError:
+    """A RemoteError carrying the HTTP ``status`` (None: no answer) and whether a retry may help."""
+    err = RemoteError(message)
+    err.status = status  # type: ignore[attr-defined]
+    err.transient = transient  # type: ignore[attr-defined]
+    return err
+
+
+class _Stale(Exception):
+    """A reused keep-alive connection the server had closed: retry at once on a new one."""
+
+
+class OipClient:
+    """A thread-safe OIP v2 REST client for one server (``http://host:port[/prefix]``)."""
+
+    def __init__(self, url: str, *, token: str | None = None, connect_timeout_s: float = 1.0,
+                 timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.05):
+        u = urlsplit(url if "://" in url else f"http://{url}")
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise remote_error(f"server URL {url!r}: expected http://HOST:PORT")
+        self.url = url
+        self._https = u.scheme == "https"
+        self._host = u.hostname
+        self._port = u.port or (443 if self._https else 80)
+        self._prefix = u.path.rstrip("/")
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self.connect_timeout_s = connect_timeout_s
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    # ---- public calls
+
+    def live(self, timeout_s: float | None = None) -> bool:
+        try:
+            status, _, _, _ = self._call("GET", "/v2/health/live", [], {}, timeout_s, raise_status=False)
+        except RemoteError:
+            return False
+        return status == 200
+
+    def ping(self, timeout_s: float | None = None) -> float:
+        """Round-trip time of a health request on the kept-alive connection (ms)."""
+        return self._call("GET", "/v2/health/live", [], {}, timeout_s)[3].elapsed_ms
+
+    def metadata(self, model: str, timeout_s: float | None = None) -> dict[str, Any]:
+        _, _, body, _ = self._call("GET", f"/v2/models/{quote(model)}", [], {}, timeout_s)
+        return json.loads(bytes(body))
+
+    def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str] | None = None,
+              *, binary: bool = True, timeout_s: float | None = None
+              ) -> tuple[dict[str, np.ndarray], Exchange]:
+        """Run ``model`` on the server; returns its outputs (writable arrays) and what the call cost."""
+        chunks, hlen = oip.encode_request(inputs, outputs, binary=binary)
+        headers = {"Content-Type": "application/octet-stream" if hlen is not None else "application/json"}
+        if hlen is not None:
+            headers[oip.HEADER_LENGTH] = str(hlen)
+        _, rheaders, body, ex = self._call("POST", f"/v2/models/{quote(model)}/infer", chunks, headers,
+                                           timeout_s)
+        try:
+            out_hlen = oip.parse_header_length(rheaders.get(oip.HEADER_LENGTH.lower()), len(body))
+            return oip.decode_response(body, out_hlen), ex
+        except Exception as e:  # a server that answers 200 with a body we cannot read
+            raise remote_error(f"{self.url}: malformed inference response ({e})") from e
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for c in conns:
+            c.close()
+
+    # ---- transport
+
+    def _call(self, method: str, path: str, chunks: list, headers: dict[str, str], timeout_s: float | None,
+              raise_status: bool = True) -> tuple[int, dict[str, str], bytearray, Exchange]:
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        attempt, failures = 0, 0
+        while True:
+            attempt += 1
+            try:
+                status, rheaders, body, ex = self._attempt(method, path, chunks, headers, deadline)
+            except _Stale:
+                continue  # not a failure of the server: the idle connection had been closed
+            except RemoteError as e:
+                failures += 1
+                pause = self.backoff_s * (2 ** (failures - 1))
+                if not getattr(e, "transient", False) or failures > self.retries \
+                        or time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                continue
+            if status >= 400 and raise_status:
+                msg = _error_message(body)
+                err = remote_error(f"{self.url}{path}: HTTP {status}: {msg}", status=status,
+                                   transient=status in RETRY_STATUS)
+                failures += 1
+                pause = self.backoff_s * (2 ** (failures - 1))
+                if status in RETRY_STATUS and failures <= self.retries and time.monotonic() + pause < deadline:
+                    time.sleep(pause)
+                    continue
+                raise err
+            return status, rheaders, body, Exchange(ex.sent_nbytes, ex.received_nbytes, ex.elapsed_ms,
+                                                    ex.connect_ms, ex.server_ms, attempt)
+
+    def _connection(self, deadline: float) -> tuple[http.client.HTTPConnection, float]:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and conn.sock is not None:
+            return conn, 0.0
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise remote_error(f"{self.url}: timed out before connecting", transient=True)
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=min(self.connect_timeout_s, remaining))
+        t0 = time.perf_counter()
+        try:
+            conn.connect()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise remote_error(f"cannot connect to {self.url} ({_why(e)})", transient=True) from e
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._local.conn = conn
+        with self._lock:
+            self._all.append(conn)
+        return conn, (time.perf_counter() - t0) * 1e3
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
+        with self._lock:
+            if conn in self._all:
+                self._all.remove(conn)
+
+    def _attempt(self, method: str, path: str, chunks: list, headers: dict[str, str], deadline: float
+                 ) -> tuple[int, dict[str, str], bytearray, Exchange]:
+        conn, connect_ms = self._connection(deadline)
+        reused = connect_ms == 0.0
+        body_nbytes = sum(len(c) for c in chunks)
+        all_headers = {"Host": f"{self._host}:{self._port}", "Content-Length": str(body_nbytes),
+                       **self._auth, **headers}
+        sent = len(method) + len(path) + 12 + sum(len(k) + len(v) + 4 for k, v in all_headers.items())
+        got_any = False
+        t0 = time.perf_counter()
+        try:
+            conn.sock.settimeout(max(1e-3, deadline - time.monotonic()))
+            conn.putrequest(method, self._prefix + path, skip_host=True, skip_accept_encoding=True)
+            for k, v in all_headers.items():
+                conn.putheader(k, v)
+            conn.endheaders()
+            for c in chunks:
+                conn.send(c)
+            conn.sock.settimeout(max(1e-3, deadline - time.monotonic()))
+            resp = conn.getresponse()
+            got_any = True
+            rheaders = {k.lower(): v for k, v in resp.getheaders()}
+            body = _read_body(conn, resp, deadline)
+        except TimeoutError as e:
+            self._drop(conn)
+            raise remote_error(f"{self.url}{path}: no answer within the deadline", transient=True) from e
+        except (OSError, http.client.HTTPException) as e:
+            self._drop(conn)
+            if reused and not got_any and isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError,
+                                                         BrokenPipeError)):
+                raise _Stale() from e
+            raise remote_error(f"{self.url}{path}: connection broke off ({_why(e)})", transient=True) from e
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+        if resp.will_close:
+            self._drop(conn)
+        received = len(body) + 17 + sum(len(k) + len(v) + 4 for k, v in rheaders.items())
+        return resp.status, rheaders, body, Exchange(sent + body_nbytes, received, elapsed_ms, connect_ms,
+                                                     _server_ms(rheaders.get("server-timing")), 1)
+
+
+def _read_body(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, deadline: float) -> bytearray:
+    length = resp.length
+    if length is None:  # chunked or close-delimited: read it all under the current timeout
+        return bytearray(resp.read())
+    body = bytearray(length)
+    view, pos = memoryview(body), 0
+    while pos < length:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("deadline passed while reading the body")
+        conn.sock.settimeout(remaining)
+        n = resp.readinto(view[pos:pos + (1 << 20)])
+        if not n:
+            raise http.client.IncompleteRead(bytes(0), length - pos)
+        pos += n
+    return body
+
+
+def _server_ms(value: str | None) -> float:
+    """The ``total`` (else the first) duration of a ``Server-Timing`` header, in ms."""
+    if not value:
+        return 0.0
+    found: dict[str, float] = {}
+    for metric in value.split(","):
+        name, *params = (p.strip() for p in metric.split(";"))
+        for p in params:
+            if p.startswith("dur="):
+                try:
+                    found[name] = float(p[4:])
+                except ValueError:
+                    pass
+    return found.get("total", next(iter(found.values()), 0.0))
+
+
+def _error_message(body: bytes | bytearray) -> str:
+    try:
+        msg = json.loads(bytes(body)).get("error")
+    except (ValueError, AttributeError):
+        msg = None
+    return str(msg) if msg else bytes(body[:200]).decode("utf-8", "replace").strip() or "no message"
+
+
+def _why(e: BaseException) -> str:
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__

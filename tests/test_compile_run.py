@@ -1,0 +1,186 @@
+"""Compile and run: bundles reproduce the whole model, bad bundles and inputs are refused."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import PPOCR_SHAPES, ppocr_model, run_cli
+
+from edgesplit.compile.api import compile_bundle
+from edgesplit.compile.manual import contiguous_plan
+from edgesplit.errors import BundleError, PlanError, RunInputError
+from edgesplit.model import zoo
+from edgesplit.model.load import load_model, parse_input_shapes
+from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.session import load
+
+ZOO = ["mobilenetv2", "resnet18", "squeezenet", "googlenet", "transformer", "transformer_large", "lstm",
+       "chain_shrink", "tiny_dag"]
+SITES = {1: [("big", "ort")], 2: [("big", "ort"), ("little", "ort")],
+         4: [("big", "ort"), ("little", "ort"), ("big", "ort"), ("little", "ort")]}
+
+
+def _whole(path, feeds):
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def _check_equal(got, want):
+    """Within 1e-4 of the tensor's largest magnitude (and 1e-6 absolute, for all-but-zero outputs)."""
+    assert set(got) == set(want)
+    for k in want:
+        err = float(np.max(np.abs(got[k] - want[k])))
+        assert err <= 1e-4 * float(np.max(np.abs(want[k]))) + 1e-6, (k, err)
+
+
+@pytest.fixture(scope="module")
+def zoo_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("zoo")
+    return {name: zoo.save(name, d / f"{name}.onnx") for name in ZOO}
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_bundle_equals_whole_model_for_1_2_4_parts(name, zoo_models, tmp_path):
+    graph = load_model(zoo_models[name])
+    for n, sites in SITES.items():
+        plan = contiguous_plan(graph, "host-biglittle", sites)
+        compile_bundle(graph, plan, tmp_path / f"b{n}")
+        with load(tmp_path / f"b{n}") as sess:
+            assert len(sess.manifest.parts) == n
+            feeds = random_feeds(sess, seed=n)
+            _check_equal(sess.run(feeds), _whole(zoo_models[name], feeds))
+
+
+def test_real_ppocr_model_bundles(tmp_path):
+    path = ppocr_model("det")
+    graph = load_model(path, parse_input_shapes([PPOCR_SHAPES["det"]]))
+    for n, sites in SITES.items():
+        compile_bundle(graph, contiguous_plan(graph, "host-biglittle", sites), tmp_path / f"b{n}")
+        with load(tmp_path / f"b{n}") as sess:
+            # an image-like input in [0, 1]: random normals drive the detector's output to ~0
+            feeds = {"x": np.random.default_rng(n).random((1, 3, 640, 640), dtype=np.float32)}
+            _check_equal(sess.run(feeds), _whole(path, feeds))
+
+
+def test_tvm_part_matches_and_concurrent_parts_run(zoo_models, tmp_path):
+    graph = load_model(zoo_models["tiny_dag"])
+    plan = contiguous_plan(graph, "host-biglittle", [("big", "tvm"), ("little", "ort")])
+    m = compile_bundle(graph, plan, tmp_path / "b")
+    assert m.parts[0].backend == "tvm" and m.parts[0].file.endswith(".so")
+    assert "max rel error vs ORT" in m.parts[0].note
+    with load(tmp_path / "b") as sess:
+        feeds = random_feeds(sess)
+        _check_equal(sess.run(feeds), _whole(zoo_models["tiny_dag"], feeds))
+        outs = list(sess.run_stream([feeds] * 6))
+        assert len(outs) == 6
+        st = sess.stats()
+        assert [p.runs for p in st.parts] == [7, 7] and st.runs == 7
+
+
+def test_tvm_failure_falls_back_to_ort_and_says_why(zoo_models, tmp_path):
+    graph = load_model(zoo_models["lstm"])  # TVM has no LSTM converter
+    plan = contiguous_plan(graph, "host-biglittle", [("big", "tvm")])
+    m = compile_bundle(graph, plan, tmp_path / "b")
+    assert m.parts[0].backend == "ort" and "TVM failed" in m.parts[0].note
+    assert any("runs on ORT instead" in n for n in m.notes)
+
+
+def test_missing_cross_toolchain_is_named(zoo_models, tmp_path):
+    import shutil
+
+    if shutil.which("aarch64-linux-gnu-gcc"):
+        pytest.skip("the aarch64 cross compiler is installed here")
+    spec = tmp_path / "arm.yaml"
+    spec.write_text("name: arm\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: 50, mem_bandwidth_gbps: 10,"
+                    " active_w: 2, idle_w: 0.1, backends: [{runtime: tvm, target: {kind: llvm,"
+                    " mtriple: aarch64-linux-gnu, mattr: [+neon]}}]}\n")
+    graph = load_model(zoo_models["tiny_dag"])
+    plan = contiguous_plan(graph, str(spec), [("cpu", "tvm")])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    r = run_cli("compile", str(zoo_models["tiny_dag"]), "--plan", str(tmp_path / "plan.json"),
+                "-o", str(tmp_path / "b"), "--device", str(spec))
+    assert r.returncode == 1 and "aarch64-linux-gnu-gcc" in r.stderr and "apt-get install gcc-aarch64-linux-gnu" in r.stderr
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.fixture
+def bundle(zoo_models, tmp_path):
+    graph = load_model(zoo_models["tiny_dag"])
+    plan = contiguous_plan(graph, "host-biglittle", [("big", "tvm"), ("little", "ort")])
+    compile_bundle(graph, plan, tmp_path / "b")
+    return tmp_path / "b"
+
+
+def _native_libs_loaded_after(bundle_dir) -> tuple[int, str]:
+    """Run `edgesplit run` in a subprocess; report whether it loaded the bundle's .so."""
+    code = (
+        "import sys, os\n"
+        "from edgesplit.cli.main import main\n"
+        "import atexit\n"
+        f"atexit.register(lambda: print('LOADED' if any('{bundle_dir}' in l for l in open('/proc/self/maps')) else 'CLEAN'))\n"
+        f"main(['run', '{bundle_dir}', '--repeat', '1'])\n"
+    )
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_tampered_library_is_refused_before_loading(bundle):
+    lib = bundle / "parts" / "p0.so"
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    lib.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="p0.so: checksum mismatch"):
+        load(bundle)
+    code, out = _native_libs_loaded_after(bundle)
+    assert code == 2 and "checksum mismatch" in out and "CLEAN" in out and "Traceback" not in out
+
+
+def test_missing_file_and_other_format_version(bundle):
+    (bundle / "parts" / "p1.onnx").unlink()
+    with pytest.raises(BundleError, match="p1.onnx: missing"):
+        load(bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    r = run_cli("run", str(bundle))
+    assert r.returncode == 2 and "format version 2" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plan_for_another_model(zoo_models, tmp_path):
+    plan = contiguous_plan(load_model(zoo_models["tiny_dag"]), "host-biglittle", [("big", "ort")])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(PlanError, match="does not fit"):
+        compile_bundle(zoo_models["squeezenet"], tmp_path / "plan.json", tmp_path / "b")
+    r = run_cli("compile", str(zoo_models["squeezenet"]), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "b"))
+    assert r.returncode == 2 and "does not fit" in r.stderr and not (tmp_path / "b").exists()
+
+
+def test_wrong_inputs_name_the_expected(bundle, tmp_path):
+    with load(bundle) as sess:
+        good = random_feeds(sess)
+        with pytest.raises(RunInputError, match="expected input.*unknown x"):
+            sess.run({"x": good["input"]})
+        with pytest.raises(RunInputError, match=r"shape \(1, 3, 8, 8\), expected \(1, 3, 32, 32\)"):
+            sess.run({"input": np.zeros((1, 3, 8, 8), np.float32)})
+        with pytest.raises(RunInputError, match="dtype float64, expected float32"):
+            sess.run({"input": good["input"].astype(np.float64)})
+    np.save(tmp_path / "bad.npy", np.zeros((2, 2), np.float32))
+    r = run_cli("run", str(bundle), "--input", f"input={tmp_path / 'bad.npy'}")
+    assert r.returncode == 2 and "expected (1, 3, 32, 32)" in r.stderr
+
+
+def test_cli_compile_and_run(zoo_models, tmp_path):
+    graph = load_model(zoo_models["tiny_dag"])
+    (tmp_path / "plan.json").write_text(json.dumps(contiguous_plan(graph, "host-biglittle", [("big", "ort"), ("little", "ort")])))
+    r = run_cli("compile", str(zoo_models["tiny_dag"]), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("run", str(tmp_path / "b"), "--repeat", "5", "--stream", "8", "-o", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert "per-part timings" in r.stdout and "stream of 8" in r.stdout
+    assert (tmp_path / "out" / "logits.npy").exists()
