@@ -3,9 +3,10 @@
 What is built (the "simplest honest version"): the bundle's plan was made for one bandwidth; at
 run time each remote part compares two estimates and takes the faster one:
 
-* remote: ``rtt_ms + nbytes * 8 / bandwidth + server_ms``, from a :class:`LinkEstimator` fed by
-  every transfer the executors make anyway (and a few health pings), shared by the parts that talk
-  to the same server; before the link is known, the part's own measured remote time;
+* remote: the part's own measured round trip (exponentially weighted: shapes are static, so its
+  payload never changes); before the part has been sent once, ``rtt_ms + nbytes * 8 / bandwidth``
+  from a :class:`LinkEstimator` fed by every transfer the executors make anyway and a few health
+  pings, shared by the parts that talk to the same server;
 * local: the measured time of the part's local fallback artifact (one calibration run at load).
 
 Shapes are static, so a part's payload ``nbytes`` is fixed and the choice reduces to comparing
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -29,9 +31,8 @@ class LinkEstimate:
 
     Attributes:
         rtt_ms: Round-trip time (smallest recent health-ping time), None before any ping.
-        bandwidth_mbps: Link rate: bytes over the wire time of transfers, with the RTT and the
-            server's own time taken out (exponentially weighted), None until a transfer was long
-            enough to tell.
+        bandwidth_mbps: Link rate: bytes over the wire time of the recent transfers, with the RTT
+            and the server's own time taken out; None before a ping and a transfer.
         goodput_mbps: All bytes moved over all transfer time (RTT included): what requests got.
         transfers: Transfers seen.
         nbytes: Bytes moved both ways.
@@ -51,13 +52,11 @@ class LinkEstimate:
 
 
 class LinkEstimator:
-    """Thread-safe link measurements from pings and transfers."""
+    """Thread-safe link measurements from pings and transfers (the last ``window`` of each)."""
 
-    def __init__(self, alpha: float = 0.3, ping_window: int = 8):
-        self._alpha = alpha
-        self._window = ping_window
-        self._pings: list[float] = []
-        self._bw: float | None = None
+    def __init__(self, window: int = 16):
+        self._pings: deque[float] = deque(maxlen=window)
+        self._recent: deque[tuple[int, float]] = deque(maxlen=window)  # (nbytes, transfer_ms)
         self._nbytes = 0
         self._transfer_ms = 0.0
         self._transfers = 0
@@ -65,7 +64,7 @@ class LinkEstimator:
 
     def add_ping(self, rtt_ms: float) -> None:
         with self._lock:
-            self._pings = (self._pings + [rtt_ms])[-self._window:]
+            self._pings.append(rtt_ms)
 
     def add_transfer(self, nbytes: int, elapsed_ms: float, server_ms: float) -> None:
         """One exchange: ``nbytes`` both ways in ``elapsed_ms``, of which the server took ``server_ms``."""
@@ -74,20 +73,18 @@ class LinkEstimator:
             self._nbytes += nbytes
             self._transfer_ms += transfer_ms
             self._transfers += 1
-            rtt = min(self._pings) if self._pings else None
-            if rtt is None:
-                return
-            wire_ms = transfer_ms - rtt
-            # Only transfers whose wire time stands out of the RTT's noise say anything about the rate.
-            if wire_ms > max(1.0, 0.25 * rtt):
-                sample = nbytes * 8 / (wire_ms * 1e3)
-                self._bw = sample if self._bw is None else (1 - self._alpha) * self._bw + self._alpha * sample
+            self._recent.append((nbytes, transfer_ms))
 
     def estimate(self) -> LinkEstimate:
         with self._lock:
             goodput = self._nbytes * 8 / (self._transfer_ms * 1e3) if self._transfer_ms > 0 else None
-            return LinkEstimate(min(self._pings) if self._pings else None, self._bw, goodput,
-                                self._transfers, self._nbytes)
+            rtt = min(self._pings) if self._pings else None
+            bw = None
+            if rtt is not None and self._recent:
+                # A ratio of sums over recent transfers: robust to the jitter of any single one.
+                wire_ms = sum(max(ms - rtt, 1e-3) for _, ms in self._recent)
+                bw = sum(n for n, _ in self._recent) * 8 / (wire_ms * 1e3)
+            return LinkEstimate(rtt, bw, goodput, self._transfers, self._nbytes)
 
 
 class OffloadPolicy:
@@ -109,10 +106,10 @@ class OffloadPolicy:
         self._lock = threading.Lock()
 
     def remote_estimate_ms(self, link: LinkEstimate) -> float | None:
+        if self._remote_ms is not None:
+            return self._remote_ms  # this very payload, measured: the best predictor there is
         wire = link.transfer_ms(self.nbytes)
-        if wire is not None and self._server_ms is not None:
-            return wire + self._server_ms
-        return self._remote_ms
+        return None if wire is None else wire + (self._server_ms or 0.0)
 
     def choose(self, link: LinkEstimate, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
