@@ -6,6 +6,9 @@ compile, run.
 
 from __future__ import annotations
 
+from edgesplit.compile.api import compile_bundle
+from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
+from edgesplit.deploy import deploy
 from edgesplit.device import DeviceSpec, NetworkLink, Processor, load_device, load_links
 from edgesplit.errors import (
     BundleError,
@@ -40,6 +43,17 @@ __all__ = [
     "ProcessorProfile",
     "NodeCost",
     "load_profile",
+    "profile_model",
+    # compile and run
+    "compile_bundle",
+    "open_bundle",
+    "Manifest",
+    "PartArtifact",
+    "load",
+    "Session",
+    "SessionStats",
+    "deploy",
+    "zoo_save",
     # errors
     "EdgesplitError",
     "InputError",
