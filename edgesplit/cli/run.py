@@ -15,13 +15,15 @@ from edgesplit.cli.common import console
 @click.option("--stream", default=0, type=click.IntRange(0), help="Also run a pipelined stream of N requests.")
 @click.option("--server", "server_url", default=None, help="Offload server URL for remote parts.")
 @click.option("--token", default=None, envvar="EDGESPLIT_TOKEN", help="Bearer token for the server.")
+@click.option("--adaptive", is_flag=True,
+              help="Per remote part, run on the server or the local fallback, whichever is measured faster.")
 @click.option("--output", "-o", type=click.Path(file_okay=False), help="Write the outputs as NAME.npy here.")
-def command(bundle, inputs, repeat, warmup, stream, server_url, token, output):
+def command(bundle, inputs, repeat, warmup, stream, server_url, token, adaptive, output):
     """Run BUNDLE on its processors and compare with the plan's predictions."""
     from edgesplit.runtime.api import benchmark, load, read_inputs
 
     options = {"remote": {"url": server_url, "token": token}} if server_url else None
-    with load(bundle, executor_options=options) as sess:
+    with load(bundle, executor_options=options, adaptive=adaptive) as sess:
         feeds = read_inputs(sess, inputs)
         report = benchmark(sess, feeds, repeat=repeat, warmup=warmup, stream=stream)
         if output:

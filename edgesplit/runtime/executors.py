@@ -92,9 +92,16 @@ class TvmExecutor:
 
 ExecutorFactory = Callable[..., Executor]
 
-# Explicit registry: backend name -> factory(part, bundle_dir, **options). The remote executor
-# (edgesplit.runtime.remote) registers itself here when the session is given a server.
-EXECUTORS: dict[str, ExecutorFactory] = {"ort": OrtExecutor, "tvm": TvmExecutor}
+
+def _remote_executor(part: PartArtifact, bundle: Path, **options) -> Executor:
+    from edgesplit.runtime.remote import RemoteExecutor  # imported on use: it builds on this module
+
+    return RemoteExecutor(part, bundle, **options)
+
+
+# Explicit registry: backend name -> factory(part, bundle_dir, **options). "remote" runs parts
+# with remote=True (edgesplit.runtime.remote: OIP v2 client with a local fallback).
+EXECUTORS: dict[str, ExecutorFactory] = {"ort": OrtExecutor, "tvm": TvmExecutor, "remote": _remote_executor}
 
 
 def make_executor(part: PartArtifact, bundle: Path, **options) -> Executor:

@@ -74,7 +74,8 @@ class _Worker:
 class Session:
     """A loaded bundle, ready to run. Build it with :func:`edgesplit.load`."""
 
-    def __init__(self, bundle: str | os.PathLike, *, executor_options: Mapping[str, Mapping] | None = None):
+    def __init__(self, bundle: str | os.PathLike, *, executor_options: Mapping[str, Mapping] | None = None,
+                 adaptive: bool = False):
         self.path = Path(bundle)
         self.manifest: Manifest = open_bundle(self.path)  # every checksum before any library loads
         self.notes: list[str] = []
@@ -87,9 +88,11 @@ class Session:
         self._executors: dict[str, Executor] = {}
         self._times: dict[str, list[float]] = {p.name: [] for p in self.manifest.parts}
         self._e2e: list[float] = []
-        opts = executor_options or {}
+        opts = dict(executor_options or {})
+        if adaptive:  # per remote part: server or local fallback, whichever is measured faster
+            opts["remote"] = {**opts.get("remote", {}), "adaptive": True}
         for p in self.manifest.parts:
-            key = "remote" if p.remote else p.processor
+            key = _worker_key(p)
             if key not in self._workers:
                 self._workers[key] = _Worker(key, None if p.remote else p.cores,
                                              None if p.remote else p.cpu_quota_pct, self.notes)
@@ -132,7 +135,7 @@ class Session:
         return req.done
 
     def _launch(self, part: PartArtifact, req: _Request) -> None:
-        worker = self._workers["remote" if part.remote else part.processor]
+        worker = self._workers[_worker_key(part)]
         ex = self._executors[part.name]
 
         def work() -> tuple[dict[str, np.ndarray], float]:
@@ -199,6 +202,10 @@ class Session:
         return SessionStats(tuple(parts), len(self._e2e), float(np.median(e)), float(np.percentile(e, 90)),
                             tuple(self.notes))
 
+    def remote_stats(self) -> dict:
+        """Per remote part: runs on the server and on the fallback, bytes, measured link (RemoteStats)."""
+        return {n: ex.stats() for n, ex in self._executors.items() if self._parts[n].remote and hasattr(ex, "stats")}
+
     def reset_stats(self) -> None:
         for v in self._times.values():
             v.clear()
@@ -219,6 +226,11 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _worker_key(part: PartArtifact) -> str:
+    # One worker per remote part: independent server parts wait on the network concurrently.
+    return f"remote:{part.name}" if part.remote else part.processor
 
 
 def load(bundle: str | os.PathLike, **kwargs) -> Session:
