@@ -124,6 +124,8 @@ class OffloadPolicy:
                 want = "remote"
             if want != self.mode:
                 self.mode, self.switches, self.probe_s = want, self.switches + 1, self.base_probe_s
+                if want == "local":
+                    self._last_remote = now  # the estimate that made us switch is fresh
             if self.mode == "local" and now - self._last_remote >= self.probe_s:
                 self.probe_s = min(self.probe_s * 2, self.max_probe_s)
                 self._last_remote = now  # one probe at a time
@@ -134,7 +136,10 @@ class OffloadPolicy:
         with self._lock:
             self._last_remote = time.monotonic() if now is None else now
             a = 0.3
-            self._remote_ms = total_ms if self._remote_ms is None else (1 - a) * self._remote_ms + a * total_ms
+            if self._remote_ms is None or self.mode == "local":
+                self._remote_ms = total_ms  # a probe: fresh news about a stale estimate, not one more sample
+            else:
+                self._remote_ms = (1 - a) * self._remote_ms + a * total_ms
             self._server_ms = server_ms if self._server_ms is None else (1 - a) * self._server_ms + a * server_ms
 
     def observed_local(self, ms: float) -> None:
