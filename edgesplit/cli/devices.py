@@ -1,10 +1,11 @@
-"""``edgesplit devices``: list the device specs, or show one."""
+"""``edgesplit devices``: list the device specs, show one, or draft one by probing a device."""
 
 from __future__ import annotations
 
 import click
 
 from edgesplit.cli.common import console
+from edgesplit.cli.profile import make_ssh_options, ssh_options
 
 
 @click.group("devices", invoke_without_command=True)
@@ -56,3 +57,48 @@ def show_cmd(name: str) -> None:
         table.add_row(p.name, p.kind, backends, f"{p.peak_gflops:g}", f"{p.mem_bandwidth_gbps:g}",
                       f"{p.active_w:g}", f"{p.idle_w:g}", ops)
     console.print(table)
+
+
+@command.command("detect")
+@click.option("--remote", metavar="USER@HOST[:PORT]", help="Probe this host over SSH (default: this machine).")
+@ssh_options
+@click.option("--name", help="The spec's name (default: the output file's stem, else the host name).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the spec here (default: print it).")
+def detect_cmd(remote, identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir,
+               connect_timeout, step_timeout, name, output) -> None:
+    """Draft a device spec from what a device has: CPU clusters, memory, GPU/NPU nodes, runtimes."""
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from edgesplit.profile.devspec import draft_spec, to_yaml
+    from edgesplit.util import atomic_write_text
+
+    if remote:
+        from edgesplit.profile.remote import detect_remote
+
+        ssh = make_ssh_options(identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir,
+                               connect_timeout, step_timeout)
+        facts = detect_remote(remote, ssh)
+    else:
+        from edgesplit.profile.detect import probe
+
+        facts = probe()
+    draft = draft_spec(facts, name or (Path(output).stem if output else None))
+    text = to_yaml(draft, output or "<detected spec>")
+    if not output:
+        click.echo(text, nl=False)
+        return
+    atomic_write_text(output, text)
+    table = Table(title=f"{draft.data['name']}: drafted from {facts.get('ssh_target') or facts.get('hostname')}")
+    for col in ("processor", "kind", "cores", "backends", "GFLOP/s (est.)", "description"):
+        table.add_column(col)
+    for key, p in draft.data["processors"].items():
+        backends = ", ".join(b.get("provider", "") if b["runtime"] == "ort" else "tvm" for b in p["backends"])
+        table.add_row(key, p["kind"], str(len(p.get("cores", []))) if "cores" in p else "-", backends,
+                      f"{p['peak_gflops']:g}", p.get("description", ""))
+    console.print(table)
+    for line in draft.header:
+        if "missing" in line or "install" in line:
+            console.print(f"note: {line}")
+    console.print(f"wrote {output}")

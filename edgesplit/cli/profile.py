@@ -1,12 +1,43 @@
-"""``edgesplit profile``: per-node latency on every processor of a device."""
+"""``edgesplit profile``: per-node latency on every processor of a device, here or over SSH."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
 
 from edgesplit.cli.common import console, device_option, input_shape_option, load_graph, progress_bar
+
+
+def ssh_options(f):
+    """The flags that say how to reach a remote host (shared with ``devices detect``)."""
+    opts = [
+        click.option("--identity", "-i", type=click.Path(dir_okay=False),
+                     help="Private key file (default: the SSH agent, then ~/.ssh/id_*). No passwords."),
+        click.option("--known-hosts", default="~/.ssh/known_hosts", show_default=True,
+                     help="known_hosts file the host key is checked against."),
+        click.option("--accept-new-host-key", is_flag=True,
+                     help="Trust and record an unknown host key (a changed key is always refused)."),
+        click.option("--remote-python", default="python3", show_default=True,
+                     help="Python interpreter on the remote host."),
+        click.option("--remote-tmpdir", metavar="DIR", help="Where the agent's private folder goes there "
+                     "(default $TMPDIR or /tmp)."),
+        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+                     help="Seconds for TCP connect, SSH banner, auth and channel opening, each."),
+        click.option("--step-timeout", type=click.FloatRange(min=1.0), default=120.0, show_default=True,
+                     help="Seconds the remote agent may stay silent before we give up."),
+    ]
+    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
+
+
+def make_ssh_options(identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir,
+                     connect_timeout, step_timeout):
+    from edgesplit.profile.ssh import SshOptions
+
+    return SshOptions(identity=identity, known_hosts=known_hosts, accept_new_host_key=accept_new_host_key,
+                      remote_python=remote_python, remote_tmpdir=remote_tmpdir,
+                      connect_timeout_s=connect_timeout, step_timeout_s=step_timeout)
 
 
 @click.command("profile")
@@ -18,24 +49,128 @@ from edgesplit.cli.common import console, device_option, input_shape_option, loa
 @click.option("--processor", "processors", multiple=True, help="Only these processors (repeatable).")
 @click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs.")
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(0, 10000), help="Untimed runs first.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Profile JSON (default MODEL.DEVICE.profile.json).")
+@click.option("-o", "--output", type=click.Path(), help="Profile JSON (default MODEL.DEVICE.profile.json); "
+              "with --hosts, the folder for one profile per host.")
+@click.option("--remote", metavar="USER@HOST[:PORT]", help="Profile on this host over SSH.")
+@click.option("--hosts", "fleet_file", type=click.Path(dir_okay=False),
+              help="Profile on every host of this fleet file (YAML), in parallel.")
+@click.option("--jobs", type=click.IntRange(1, 256), help="Hosts at a time with --hosts (default: the file's).")
+@click.option("--resume", is_flag=True, help="Keep the processor/backend pairs an interrupted run saved "
+              "(OUTPUT.partial) and measure only the rest.")
+@ssh_options
 @click.option("--top", default=10, show_default=True, help="Operators to show in the summary.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or table.")
-def command(model, device, input_shapes, backends, processors, runs, warmup, output, top, quiet):
-    """Measure (or predict) the latency of every node of MODEL on DEVICE."""
-    from edgesplit.device import load_device
-    from edgesplit.profile.run import profile_model
+def command(model, device, input_shapes, backends, processors, runs, warmup, output, remote, fleet_file, jobs,
+            resume, identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir, connect_timeout,
+            step_timeout, top, quiet):
+    """Measure (or predict) the latency of every node of MODEL on DEVICE.
 
-    graph = load_graph(model, input_shapes)
-    spec = load_device(device)
-    out = Path(output or f"{graph.name}.{spec.name}.profile.json")
-    with progress_bar(not quiet) as update:
-        prof = profile_model(graph, spec, backends=backends or None, processors=processors or None,
-                             runs=runs, warmup=warmup, progress=update)
-    prof.save(out)
+    With --remote, MODEL is profiled on that host over SSH (the device spec, by default the
+    host as detected there, describes it); with --hosts, on every host of a fleet file.
+    """
+    from edgesplit.errors import InputError
+
+    if remote and fleet_file:
+        raise InputError("--remote and --hosts exclude each other")
+    ssh = make_ssh_options(identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir,
+                           connect_timeout, step_timeout)
+    graph = load_graph(model, input_shapes)  # validate locally first: a bad model never travels
+    common = dict(backends=backends or None, processors=processors or None, runs=runs, warmup=warmup)
+    if fleet_file:
+        return run_fleet(model, graph, fleet_file, ssh, output, jobs=jobs, resume=resume, quiet=quiet,
+                         input_shapes=graph.input_shapes(), **common)
+    if remote:
+        from edgesplit.profile.remote import device_data, profile_remote
+        from edgesplit.profile.ssh import parse_target
+
+        target = parse_target(remote)
+        spec = device_data(device)
+        out = Path(output or f"{graph.name}.{target.host}.profile.json")
+        with progress_bar(not quiet) as update:
+            prof = profile_remote(model, target, ssh, output=out, device=spec, input_shapes=graph.input_shapes(),
+                                  resume=resume, progress=update, **common)
+    else:
+        prof, out = _local(graph, device, output, resume, quiet, **common)
     if not quiet:
         print_summary(graph, prof, top)
-    console.print(f"wrote {out}")
+    console.print(f"wrote {out} (energy: {prof.energy})")
+
+
+def _local(graph, device, output, resume, quiet, **common):
+    from edgesplit.device import load_device
+    from edgesplit.profile.steps import load_partial, partial_path, profile_steps, save_partial
+
+    spec = load_device(device)
+    out = Path(output or f"{graph.name}.{spec.name}.profile.json")
+    part = partial_path(out)
+    done = load_partial(part, graph.sha256) if resume else []
+    finished = list(done)
+
+    def checkpoint(entry) -> None:
+        finished.append(entry)
+        save_partial(part, graph.sha256, graph.name, spec.name, graph.input_shapes(), finished)
+
+    with progress_bar(not quiet) as update:
+        prof = profile_steps(graph, spec, progress=update, done=done, on_entry=checkpoint, **common)
+    prof.save(out)
+    part.unlink(missing_ok=True)
+    return prof, out
+
+
+def run_fleet(model, graph, fleet_file, ssh, output, *, jobs, resume, quiet, **common) -> None:
+    """Profile on every host of a fleet file: one progress row per host, then a status table."""
+    import threading
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from edgesplit.cli.common import err_console
+    from edgesplit.errors import EdgesplitError, InputError
+    from edgesplit.profile.fleet import load_fleet, profile_fleet
+
+    if not output:
+        raise InputError("--hosts needs -o DIR: one profile per host goes there")
+    fleet = load_fleet(fleet_file, ssh)
+    lock = threading.Lock()
+    with Progress(TextColumn("{task.description:<44}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
+        rows = {h.name: {"task": bar.add_task(f"{h.name}: queued", total=1.0), "pairs": 1, "done": 0}
+                for h in fleet.hosts}
+
+        def on_event(name: str, ev) -> None:
+            with lock:
+                row, kind = rows[name], ev.get("event")
+                task = row["task"]
+                if kind == "start":
+                    bar.update(task, description=f"{name}: connecting")
+                elif kind == "plan":
+                    row["pairs"], row["done"] = max(1, len(ev["pairs"])), len(ev.get("reused", []))
+                elif kind == "progress":
+                    frac = ev["done"] / max(1, ev["total"])
+                    if ev["label"] == "upload":
+                        bar.update(task, description=f"{name}: upload")
+                    else:
+                        bar.update(task, description=f"{name}: {ev['label']}",
+                                   completed=min(1.0, (row["done"] + frac) / row["pairs"]))
+                elif kind == "entry":
+                    row["done"] += 1
+                elif kind == "done":
+                    res = ev["result"]
+                    bar.update(task, description=f"{name}: {'done' if res.ok else 'FAILED'}",
+                               completed=1.0 if res.ok else bar.tasks[task].completed)
+
+        results = profile_fleet(model, fleet, output, jobs=jobs, resume=resume, on_event=on_event, **common)
+    table = Table(title=f"{graph.name} on {len(results)} hosts")
+    for col in ("host", "target", "status", "pairs", "reused", "energy", "time s", "profile or error"):
+        table.add_column(col, justify="right" if col in ("pairs", "reused", "time s") else "left",
+                         overflow="fold")
+    for r in results:
+        table.add_row(r.name, r.target, "ok" if r.ok else "FAILED", str(r.entries) if r.ok else "-",
+                      str(r.reused) if r.ok else "-", r.energy or "-", f"{r.elapsed_s:.1f}", r.output or r.error)
+    console.print(table)
+    failed = [r.name for r in results if not r.ok]
+    if failed:
+        raise EdgesplitError(f"{len(failed)} of {len(results)} hosts failed: {', '.join(failed)}")
 
 
 def print_summary(graph, prof, top: int) -> None:

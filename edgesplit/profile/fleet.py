@@ -1,0 +1,202 @@
+"""Profile one model on many remote devices at once: a fleet file and a bounded thread pool.
+
+A fleet file (YAML) lists the hosts; ``defaults`` apply to each, and each host may override them::
+
+    jobs: 4                          # at most this many hosts at a time
+    defaults:
+      identity: ~/.ssh/id_ed25519
+      remote_python: python3
+    hosts:
+      - name: pi4                    # the profile goes to DIR/pi4.profile.json
+        remote: pi@10.0.0.5
+      - name: phone
+        remote: u0_a123@192.168.1.20:8022
+        remote_python: /data/data/com.termux/files/usr/bin/python
+        device: snapdragon-8gen2     # a spec to profile with (default: host, detected there)
+
+One host failing does not stop the others; each gets a :class:`HostResult`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgesplit.errors import EdgesplitError, InputError, RemoteError
+from edgesplit.profile.ssh import SshOptions, Target, parse_target
+
+_OPTION_KEYS = {
+    "identity": {"type": "string"},
+    "known_hosts": {"type": "string"},
+    "accept_new_host_key": {"type": "boolean"},
+    "remote_python": {"type": "string"},
+    "remote_tmpdir": {"type": "string"},
+    "connect_timeout_s": {"type": "number", "exclusiveMinimum": 0},
+    "step_timeout_s": {"type": "number", "exclusiveMinimum": 0},
+    "device": {"type": "string"},
+}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["hosts"],
+    "properties": {
+        "jobs": {"type": "integer", "minimum": 1, "maximum": 256},
+        "defaults": {"type": "object", "additionalProperties": False, "properties": _OPTION_KEYS},
+        "hosts": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "additionalProperties": False, "required": ["name", "remote"],
+            "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+                           "remote": {"type": "string"}, **_OPTION_KEYS},
+        }},
+    },
+}
+
+FleetEvent = Callable[[str, Mapping[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class FleetHost:
+    name: str
+    target: Target
+    opts: SshOptions
+    device: str = "host"
+
+
+@dataclass(frozen=True)
+class Fleet:
+    path: str
+    hosts: tuple[FleetHost, ...]
+    jobs: int = 4
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """How one host went. ``exit_code`` is 0 on success."""
+
+    name: str
+    target: str
+    ok: bool
+    output: str = ""
+    error: str = ""
+    exit_code: int = 0
+    elapsed_s: float = 0.0
+    entries: int = 0
+    reused: int = 0
+    energy: str = ""
+
+
+def load_fleet(path: str | Path, base: SshOptions | None = None) -> Fleet:
+    """Read and validate a fleet file; every problem is reported at once, naming file and key.
+
+    ``base`` holds the options given on the command line; ``defaults`` and each host override them.
+    """
+    import jsonschema
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise InputError(f"{p}: cannot read the fleet file ({str(e).splitlines()[0]})") from e
+    errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data),
+                    key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        msgs = [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:5]]
+        raise InputError(f"{p}: " + "; ".join(msgs) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
+    names = [h["name"] for h in data["hosts"]]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise InputError(f"{p}: hosts: duplicate names {', '.join(dups)} (each names an output file)")
+    base = base or SshOptions()
+    defaults = data.get("defaults") or {}
+    hosts = []
+    problems = []
+    for i, h in enumerate(data["hosts"]):
+        merged = {**defaults, **h}
+        try:
+            target = parse_target(merged["remote"])
+        except InputError as e:
+            problems.append(f"hosts.{i}.remote: {e}")
+            continue
+        fields = {k: merged[k] for k in _OPTION_KEYS if k in merged and k != "device"}
+        hosts.append(FleetHost(h["name"], target, dataclasses.replace(base, **fields), merged.get("device", "host")))
+    if problems:
+        raise InputError(f"{p}: " + "; ".join(problems))
+    return Fleet(str(p), tuple(hosts), int(data.get("jobs", 4)))
+
+
+def profile_fleet(
+    model: str | Path,
+    fleet: Fleet,
+    out_dir: str | Path,
+    *,
+    jobs: int | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    backends: Sequence[str] | None = None,
+    processors: Sequence[str] | None = None,
+    runs: int = 20,
+    warmup: int = 5,
+    resume: bool = False,
+    on_event: FleetEvent | None = None,
+) -> list[HostResult]:
+    """Profile ``model`` on every host of ``fleet``, at most ``jobs`` at a time.
+
+    Writes ``out_dir/NAME.profile.json`` per host. ``on_event(name, event)`` sees each host's
+    agent events plus ``{"event": "start"}`` and ``{"event": "done", "result": HostResult}``.
+    Ctrl-C stops every host (each removes its remote folder) and is re-raised.
+    """
+    from edgesplit.profile.remote import device_data, profile_remote
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cancel = threading.Event()
+    specs = {h.device: device_data(h.device) for h in fleet.hosts}  # bad specs fail before any connection
+
+    def tell(name: str, ev: Mapping[str, Any]) -> None:
+        if cancel.is_set():
+            raise RemoteError(f"{name}: cancelled")
+        if on_event is not None:
+            on_event(name, ev)
+
+    def one(h: FleetHost) -> HostResult:
+        started = time.perf_counter()
+        tell(h.name, {"event": "start", "target": str(h.target)})
+        reused: list[str] = []
+        path = out / f"{h.name}.profile.json"
+        try:
+            prof = profile_remote(
+                model, h.target, h.opts, output=path, device=specs[h.device], input_shapes=input_shapes,
+                backends=backends, processors=processors, runs=runs, warmup=warmup, resume=resume,
+                on_event=lambda ev: (reused.extend(ev.get("reused", [])) if ev.get("event") == "plan" else None,
+                                     tell(h.name, ev)),
+            )
+            res = HostResult(h.name, str(h.target), True, str(path), elapsed_s=time.perf_counter() - started,
+                             entries=len(prof.entries), reused=len(reused), energy=prof.energy)
+        except EdgesplitError as e:
+            res = HostResult(h.name, str(h.target), False, error=str(e), exit_code=e.exit_code,
+                             elapsed_s=time.perf_counter() - started)
+        except Exception as e:  # noqa: BLE001 - one host's bug must not take the others down
+            res = HostResult(h.name, str(h.target), False, error=f"{type(e).__name__}: {e}", exit_code=1,
+                             elapsed_s=time.perf_counter() - started)
+        if on_event is not None:
+            on_event(h.name, {"event": "done", "result": res})
+        return res
+
+    workers = max(1, min(jobs or fleet.jobs, len(fleet.hosts)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleet") as pool:
+        futures = [pool.submit(one, h) for h in fleet.hosts]
+        try:
+            pending = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+        except BaseException:
+            cancel.set()  # each running host stops at its next event, cleaning up its remote folder
+            for f in futures:
+                f.cancel()
+            raise
+    return [f.result() for f in futures]
