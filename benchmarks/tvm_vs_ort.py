@@ -64,7 +64,7 @@ def main() -> None:
             graph = load_model(path)
             o = ort_ms(path, graph, args.runs)
             try:
-                build_library(graph.model, target, Path(tmp) / f"{name}.so")
+                build_library(graph.model, target, Path(tmp) / f"{name}.so", use_database=False)
                 u = tvm_ms(graph, Path(tmp) / f"{name}.so", args.runs)
             except Exception as e:  # noqa: BLE001 - report and go on
                 print(f"{name:<14}{o:>9.3f}  TVM failed: {str(e).strip().splitlines()[-1][:60]}")

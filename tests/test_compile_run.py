@@ -184,3 +184,25 @@ def test_cli_compile_and_run(zoo_models, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "per-part timings" in r.stdout and "stream of 8" in r.stdout
     assert (tmp_path / "out" / "logits.npy").exists()
+
+
+def test_metaschedule_tuning_database_is_cached_and_reused(tmp_path, monkeypatch):
+    """A few trials of real MetaSchedule tuning; a later build with 0 trials reuses the database."""
+    import onnx
+    from conftest import make_model, rand
+    from onnx import helper
+
+    from edgesplit.compile.tvm_build import build_library, tuning_dir
+    from edgesplit.hostinfo import llvm_target
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+    m = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [("x", [16, 32])], [("y", [16, 16])],
+                   [("w", rand(32, 16))])
+    onnx.checker.check_model(m)
+    target = llvm_target()
+    info = build_library(m, target, tmp_path / "a.so", tune_trials=4)
+    db = tuning_dir(target)
+    assert info["tuning_database"] == str(db) and (db / "database_tuning_record.json").stat().st_size > 0
+    again = build_library(m, target, tmp_path / "b.so", tune_trials=0)
+    assert again["tuning_database"] == str(db)
+    assert "tuning_database" not in build_library(m, target, tmp_path / "c.so", use_database=False)

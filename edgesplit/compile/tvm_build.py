@@ -67,10 +67,13 @@ def tuning_dir(target: Mapping[str, Any]) -> Path:
     return root / "tvm-tuning" / key
 
 
-def build_library(model: onnx.ModelProto, target: Mapping[str, Any], out: Path, *, tune_trials: int = 0) -> dict[str, Any]:
+def build_library(model: onnx.ModelProto, target: Mapping[str, Any], out: Path, *, tune_trials: int = 0,
+                  use_database: bool = True) -> dict[str, Any]:
     """Import, (tune,) compile and export ``model`` as a shared library at ``out``.
 
-    Returns facts for the manifest (target, tuning trials and database). Raises CompileError for a
+    With ``use_database`` (the default), schedules tuned earlier for this target are applied even
+    when ``tune_trials`` is 0. Returns facts for the manifest (target, tuning trials and database).
+    Raises CompileError for a
     missing toolchain; any TVM import or build error propagates for the caller to fall back on.
     """
     import tvm
@@ -83,7 +86,7 @@ def build_library(model: onnx.ModelProto, target: Mapping[str, Any], out: Path, 
     with contextlib.redirect_stdout(io.StringIO()):
         mod = from_onnx(model, keep_params_in_input=False)
         tgt = tvm.target.Target(tgt_dict)
-        if tune_trials > 0 or (tuning_dir(target) / "database_workload.json").exists():
+        if tune_trials > 0 or (use_database and (tuning_dir(target) / "database_workload.json").exists()):
             work = tuning_dir(target)
             work.mkdir(parents=True, exist_ok=True)
             if "num-cores" not in tgt_dict and tgt_dict.get("kind") == "llvm":
