@@ -1,0 +1,346 @@
+"""The cost model: what each node costs on each processor and what each crossing tensor costs.
+
+Built from a :class:`~edgesplit.profile.store.Profile` and a :class:`~edgesplit.device.DeviceSpec`
+(the server's processors appended with ``with_server``), plus a network link when a server is in
+play. Everything the solvers need is in plain numpy arrays indexed by node (``n``) and processor
+(``p``); the solvers never look at the profile, the device or the ONNX model again.
+
+The model, stated once (every solver, baseline and plan is priced by it):
+
+* **Nodes.** For each (node, processor) the fastest backend whose profile entry has the node is
+  used; the plan records that backend. An entry that has ``whole_model_ms`` and covers every node
+  is calibrated: its node latencies are scaled by ``whole_model_ms / sum(node latencies)``, which
+  spreads the per-kernel overhead (or fusion gain) the per-node figures miss. Active energy is the
+  entry's ``energy_mj`` (scaled alike) or ``active_w x latency``. A node missing from every entry of
+  a processor cannot run there.
+* **Transfers.** A tensor produced on ``p`` and read on ``q != p`` crosses once per destination
+  processor, however many nodes read it there. On-chip copies cost ``latency_ms + nbytes /
+  bandwidth`` (``bandwidth_gbps`` is in GB/s, like ``mem_bandwidth_gbps``). Device -> server costs
+  ``nbytes * 8 / up_mbps`` plus ``rtt_ms / 2`` (one-way propagation); server -> device uses
+  ``down_mbps``. Radio energy is ``tx_power_w`` (``rx_power_w``) times the serialisation time; the
+  propagation half-RTT is spent waiting, at idle power.
+* **Idle power.** While the device waits (for another processor, a copy, the network or the
+  server) each of its processors that is not running draws ``idle_w``: device energy is
+  ``active + radio + sum_p idle_w[p] * (T - busy_p)`` over the local processors, with ``T`` the
+  end-to-end latency. Server processors cost no device energy; their energy is not the device's.
+* **Graph inputs** start on the *home* processor (the first local processor of kind ``cpu``, else
+  the first local one) and **graph outputs** must end there, so a remote output is downloaded.
+* **Memory** (a documented upper bound, linear so the MILP can use it): a processor holds the
+  weights of its nodes, every activation its nodes write and every tensor it receives, as if
+  nothing were freed. It is checked against ``Processor.memory_mb`` and, summed over a side, against
+  the device's (and the server's) ``memory_mb``; MB is 10^6 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgesplit.device import DeviceSpec, NetworkLink, Processor
+from edgesplit.errors import PlanError
+from edgesplit.model.graph import ModelGraph
+from edgesplit.profile.store import Profile
+
+MB = 1e6
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A tensor that may cross processors: produced by node ``src`` (-1: a graph input, at home),
+    read by nodes ``dsts``; ``to_home`` when it is a graph output (it must reach home)."""
+
+    tensor: str
+    nbytes: int
+    src: int
+    dsts: tuple[int, ...]
+    to_home: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class CostModel:
+    """Costs of one model on the processors of a device (and server), as arrays.
+
+    Attributes:
+        nodes: Node names in topological order.
+        op_types: Op type per node.
+        processors: Processor names (device first, then ``<server>.<proc>``).
+        kinds: Processor kind per processor (cpu, gpu, npu, dsp).
+        remote: True for server processors.
+        home: Index of the processor where graph inputs start and outputs end.
+        node_ms: ``(N, P)`` latency; ``inf`` where the node cannot run.
+        node_mj: ``(N, P)`` active device energy (0 on server processors).
+        backend: ``backend[n][p]``: the backend key used for node n on processor p (or None).
+        allowed: ``(N, P)``: support and pins together.
+        flows: Tensors that may cross processors.
+        link_ms: ``(P, P)`` fixed latency per crossing (on-chip copy latency, or half the RTT).
+        link_ms_per_byte: ``(P, P)`` serialisation time per byte.
+        radio_w: ``(P, P)`` radio power while serialising (0 on chip).
+        channel: ``(P, P)`` id of the channel a crossing occupies (uplink, downlink, a chip link).
+        idle_w: ``(P,)`` idle power of device processors (0 for server processors).
+        mem_nbytes: ``(N,)`` weights plus activations written by each node.
+        mem_limit_nbytes: ``(P,)`` per-processor limit (``inf`` where none).
+        group_limits: ``(processor indices, limit_nbytes)`` for limits shared by several processors.
+    """
+
+    nodes: tuple[str, ...]
+    op_types: tuple[str, ...]
+    processors: tuple[str, ...]
+    kinds: tuple[str, ...]
+    remote: np.ndarray
+    home: int
+    node_ms: np.ndarray
+    node_mj: np.ndarray
+    backend: tuple[tuple[str | None, ...], ...]
+    allowed: np.ndarray
+    flows: tuple[Flow, ...]
+    link_ms: np.ndarray
+    link_ms_per_byte: np.ndarray
+    radio_w: np.ndarray
+    channel: np.ndarray
+    idle_w: np.ndarray
+    mem_nbytes: np.ndarray
+    mem_limit_nbytes: np.ndarray
+    group_limits: tuple[tuple[tuple[int, ...], float], ...] = ()
+    pins: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def n_procs(self) -> int:
+        return len(self.processors)
+
+    @property
+    def idle_total_w(self) -> float:
+        return float(self.idle_w.sum())
+
+    def proc_index(self, name: str) -> int:
+        try:
+            return self.processors.index(name)
+        except ValueError:
+            raise PlanError(f"unknown processor '{name}' (processors: {', '.join(self.processors)})") from None
+
+    def xfer_ms(self, p: int, q: int, nbytes: float) -> float:
+        """Latency of one crossing of ``nbytes`` from processor p to q (0 when p == q)."""
+        if p == q:
+            return 0.0
+        return float(self.link_ms[p, q] + nbytes * self.link_ms_per_byte[p, q])
+
+    def linear(self, objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The sequential objective as ``(a, alpha, beta)``.
+
+        Cost of an assignment ``x`` is ``sum_n a[n, x_n]`` plus, for each flow and each destination
+        processor ``q != src``, ``alpha[src, q] + nbytes * beta[src, q]``. ``latency`` sums every
+        node and crossing (nothing overlaps); ``energy`` is device energy over that duration.
+        """
+        ms = np.where(self.allowed, self.node_ms, np.inf)
+        if objective == "latency":
+            return ms, self.link_ms.copy(), self.link_ms_per_byte.copy()
+        if objective != "energy":
+            raise ValueError(f"no linear form for objective '{objective}'")
+        idle = self.idle_total_w
+        a = np.where(self.allowed, self.node_mj + self.node_ms * (idle - self.idle_w[None, :]), np.inf)
+        alpha = self.link_ms * idle
+        beta = self.link_ms_per_byte * (self.radio_w + idle)
+        return a, alpha, beta
+
+    def destinations(self, flow: Flow, assign: np.ndarray) -> set[int]:
+        dst = {int(assign[c]) for c in flow.dsts}
+        if flow.to_home:
+            dst.add(self.home)
+        return dst
+
+    def src_proc(self, flow: Flow, assign: np.ndarray) -> int:
+        return self.home if flow.src < 0 else int(assign[flow.src])
+
+
+def home_processor(device: DeviceSpec) -> int:
+    """Where graph inputs start: the first local processor of kind cpu, else the first local one."""
+    local = [i for i, p in enumerate(device.processors) if not p.is_remote]
+    if not local:
+        raise PlanError(f"device '{device.name}' has no local processor")
+    return next((i for i in local if device.processors[i].kind == "cpu"), local[0])
+
+
+def _node_costs(graph: ModelGraph, profile: Profile, procs: tuple[Processor, ...]):
+    n_nodes, n_procs = len(graph.nodes), len(procs)
+    ms = np.full((n_nodes, n_procs), np.inf)
+    mj = np.zeros((n_nodes, n_procs))
+    backend: list[list[str | None]] = [[None] * n_procs for _ in range(n_nodes)]
+    index = graph.index
+    for p, proc in enumerate(procs):
+        keys = {b.key: b for b in proc.backends}
+        for entry in profile.for_processor(proc.name):
+            be = keys.get(entry.backend)
+            if be is None:
+                continue
+            total = entry.sum_ms
+            covers = len(entry.nodes) == n_nodes and all(n.name in entry.nodes for n in graph.nodes)
+            scale = entry.whole_model_ms / total if entry.whole_model_ms and covers and total > 0 else 1.0
+            for name, cost in entry.nodes.items():
+                n = index.get(name)
+                if n is None:
+                    continue
+                node = graph.nodes[n]
+                dtypes = tuple(dict.fromkeys(graph.tensors[t].dtype for t in node.inputs if t in graph.tensors))
+                if not (proc.supports(node.op_type, dtypes) and be.supports(node.op_type)):
+                    continue
+                lat = cost.latency_ms * scale
+                if lat < ms[n, p]:
+                    ms[n, p] = lat
+                    energy = cost.energy_mj * scale if cost.energy_mj is not None else proc.active_w * lat
+                    mj[n, p] = 0.0 if proc.is_remote else energy
+                    backend[n][p] = entry.backend
+    return ms, mj, tuple(tuple(b) for b in backend)
+
+
+def _flows(graph: ModelGraph) -> tuple[Flow, ...]:
+    outputs = set(graph.outputs)
+    flows = []
+    for name in graph.inputs:
+        dsts = graph.consumers.get(name, ())
+        if dsts:
+            flows.append(Flow(name, graph.tensors[name].nbytes, -1, tuple(dsts), False))
+    for i, node in enumerate(graph.nodes):
+        for t in dict.fromkeys(node.outputs):
+            dsts = graph.consumers.get(t, ())
+            if dsts or t in outputs:
+                flows.append(Flow(t, graph.tensors[t].nbytes, i, tuple(dsts), t in outputs))
+    return tuple(flows)
+
+
+def _links(device: DeviceSpec, server: DeviceSpec | None, link: NetworkLink | None):
+    procs = device.processors
+    n = len(procs)
+    lat, per_byte, radio = np.zeros((n, n)), np.zeros((n, n)), np.zeros((n, n))
+    channel = np.zeros((n, n), dtype=np.int64)
+    if any(p.is_remote for p in procs) and link is None:
+        raise PlanError("a server was given without a network link (pass --link or --bandwidth-mbps)")
+    for a, pa in enumerate(procs):
+        for b, pb in enumerate(procs):
+            channel[a, b] = 2 + a * n + b
+            if a == b:
+                continue
+            if pa.is_remote and pb.is_remote:
+                short = (pa.name.split(".", 1)[-1], pb.name.split(".", 1)[-1])
+                gbps, ms = server.onchip_link(*short) if server is not None else device.default_link
+            elif not pa.is_remote and not pb.is_remote:
+                gbps, ms = device.onchip_link(pa.name, pb.name)
+            else:
+                assert link is not None
+                up = not pa.is_remote
+                mbps = link.up_mbps if up else link.down_mbps
+                lat[a, b] = link.rtt_ms / 2
+                per_byte[a, b] = 8e-3 / mbps
+                radio[a, b] = link.tx_power_w if up else link.rx_power_w
+                channel[a, b] = 0 if up else 1
+                continue
+            lat[a, b] = ms
+            per_byte[a, b] = 1e-6 / gbps
+    return lat, per_byte, radio, channel
+
+
+def _pins(graph: ModelGraph, procs: tuple[Processor, ...], pins: Mapping[str, str]) -> dict[int, int]:
+    names = [p.name for p in procs]
+    out, bad = {}, []
+    for node, proc in pins.items():
+        if node not in graph.index:
+            bad.append(f"unknown node '{node}'")
+        elif proc not in names:
+            bad.append(f"unknown processor '{proc}' for node '{node}' (processors: {', '.join(names)})")
+        else:
+            out[graph.index[node]] = names.index(proc)
+    if bad:
+        raise PlanError("--pin: " + "; ".join(bad))
+    return out
+
+
+def build_costs(
+    graph: ModelGraph,
+    profile: Profile,
+    device: DeviceSpec,
+    *,
+    server: DeviceSpec | None = None,
+    link: NetworkLink | None = None,
+    pins: Mapping[str, str] | None = None,
+) -> CostModel:
+    """Price ``graph`` on ``device`` (plus ``server``) from ``profile``.
+
+    Args:
+        device: The device; when ``server`` is given and the device has no server processors yet,
+            the server's processors are appended (``device.with_server(server)``).
+        server: The server spec (its on-chip links and memory are used).
+        link: The network link between device and server; required with a server.
+        pins: ``node name -> processor name`` to force.
+
+    Raises:
+        PlanError: for a profile of another model, unknown pins, a server without a link, and ops
+            that no processor supports (all of them listed in one message).
+    """
+    if profile.model_sha256 != graph.sha256:
+        raise PlanError(
+            f"the profile is for model {profile.model_sha256[:12]} ({profile.model_name}), "
+            f"not {graph.sha256[:12]} ({graph.name})"
+        )
+    if server is not None and not any(p.is_remote for p in device.processors):
+        device = device.with_server(server)
+    procs = device.processors
+    ms, mj, backend = _node_costs(graph, profile, procs)
+    supported = np.isfinite(ms)
+    missing = [i for i in range(len(graph.nodes)) if not supported[i].any()]
+    if missing:
+        by_op: dict[str, list[str]] = {}
+        for i in missing:
+            by_op.setdefault(graph.nodes[i].op_type, []).append(graph.nodes[i].name)
+        listed = "; ".join(
+            f"{op} ({', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''})" for op, ns in sorted(by_op.items())
+        )
+        raise PlanError(f"no processor of {device.name} supports {len(by_op)} op(s): {listed}")
+    allowed = supported.copy()
+    pin_idx = _pins(graph, procs, pins or {})
+    for n, p in pin_idx.items():
+        if not supported[n, p]:
+            raise PlanError(
+                f"--pin {graph.nodes[n].name}={procs[p].name}: {procs[p].name} cannot run "
+                f"{graph.nodes[n].op_type}"
+            )
+        allowed[n] = False
+        allowed[n, p] = True
+    lat, per_byte, radio, channel = _links(device, server, link)
+    mem_nodes = np.array([
+        n.weight_nbytes + sum(graph.tensors[t].nbytes for t in n.outputs if not graph.tensors[t].is_weight)
+        for n in graph.nodes
+    ], dtype=float)
+    limits = np.array([p.memory_mb * MB if p.memory_mb else np.inf for p in procs])
+    groups = []
+    local = tuple(i for i, p in enumerate(procs) if not p.is_remote)
+    remote = tuple(i for i, p in enumerate(procs) if p.is_remote)
+    if device.memory_mb:
+        groups.append((local, device.memory_mb * MB))
+    if server is not None and server.memory_mb and remote:
+        groups.append((remote, server.memory_mb * MB))
+    return CostModel(
+        nodes=tuple(n.name for n in graph.nodes),
+        op_types=tuple(n.op_type for n in graph.nodes),
+        processors=tuple(p.name for p in procs),
+        kinds=tuple(p.kind for p in procs),
+        remote=np.array([p.is_remote for p in procs]),
+        home=home_processor(device),
+        node_ms=ms,
+        node_mj=mj,
+        backend=backend,
+        allowed=allowed,
+        flows=_flows(graph),
+        link_ms=lat,
+        link_ms_per_byte=per_byte,
+        radio_w=radio,
+        channel=channel,
+        idle_w=np.array([0.0 if p.is_remote else p.idle_w for p in procs]),
+        mem_nbytes=mem_nodes,
+        mem_limit_nbytes=limits,
+        group_limits=tuple(groups),
+        pins={graph.nodes[n].name: procs[p].name for n, p in pin_idx.items()},
+    )

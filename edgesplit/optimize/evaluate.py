@@ -1,0 +1,107 @@
+"""Price one assignment (node -> processor) under the cost model: sequentially, and its checks.
+
+These are the reference definitions the exact solvers are tested against; they loop plainly over
+nodes and flows rather than sharing any code with the MILP or the DP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgesplit.optimize.costs import CostModel
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """One tensor crossing: flow index, source and destination processor, its latency and energy."""
+
+    flow: int
+    src: int
+    dst: int
+    latency_ms: float
+    energy_mj: float
+    serial_ms: float
+
+
+def crossings(cm: CostModel, assign: Sequence[int] | np.ndarray) -> list[Crossing]:
+    """Every crossing of ``assign``: once per (tensor, destination processor other than its source)."""
+    x = np.asarray(assign)
+    out = []
+    for i, f in enumerate(cm.flows):
+        p = cm.src_proc(f, x)
+        for q in sorted(cm.destinations(f, x)):
+            if q == p:
+                continue
+            serial = f.nbytes * float(cm.link_ms_per_byte[p, q])
+            out.append(Crossing(i, p, q, float(cm.link_ms[p, q]) + serial, serial * float(cm.radio_w[p, q]),
+                                serial))
+    return out
+
+
+def sequential_cost(cm: CostModel, assign: Sequence[int] | np.ndarray, objective: str) -> float:
+    """Cost when nothing overlaps: ``latency`` (ms) or device ``energy`` (mJ)."""
+    x = np.asarray(assign)
+    busy = np.zeros(cm.n_procs)
+    active_mj = 0.0
+    for n in range(cm.n_nodes):
+        busy[x[n]] += cm.node_ms[n, x[n]]
+        active_mj += cm.node_mj[n, x[n]]
+    xs = crossings(cm, x)
+    total_ms = float(busy.sum()) + sum(c.latency_ms for c in xs)
+    if objective == "latency":
+        return total_ms
+    if objective != "energy":
+        raise ValueError(objective)
+    return device_energy_mj(cm, total_ms, busy, active_mj + sum(c.energy_mj for c in xs))
+
+
+def device_energy_mj(cm: CostModel, total_ms: float, busy_ms: np.ndarray, active_mj: float) -> float:
+    """Active (and radio) energy plus the idle power of every device processor while it waits."""
+    idle = float(np.sum(cm.idle_w * np.maximum(total_ms - busy_ms, 0.0)))
+    return active_mj + idle
+
+
+def memory_use_nbytes(cm: CostModel, assign: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The memory upper bound per processor: weights and written activations, plus what it receives."""
+    x = np.asarray(assign)
+    use = np.zeros(cm.n_procs)
+    for n in range(cm.n_nodes):
+        use[x[n]] += cm.mem_nbytes[n]
+    for c in crossings(cm, x):
+        use[c.dst] += cm.flows[c.flow].nbytes
+    return use
+
+
+def violations(cm: CostModel, assign: Sequence[int] | np.ndarray, *, pins: bool = True) -> list[str]:
+    """What is wrong with ``assign``: unsupported nodes, broken pins, memory over a limit."""
+    x = np.asarray(assign)
+    bad = []
+    mask = cm.allowed if pins else np.isfinite(cm.node_ms)
+    for n in range(cm.n_nodes):
+        if not mask[n, x[n]]:
+            bad.append(f"{cm.nodes[n]} cannot run on {cm.processors[x[n]]}")
+    use = memory_use_nbytes(cm, x)
+    for p in range(cm.n_procs):
+        if use[p] > cm.mem_limit_nbytes[p]:
+            bad.append(f"{cm.processors[p]} needs {use[p] / 1e6:.1f} MB of {cm.mem_limit_nbytes[p] / 1e6:.1f} MB")
+    for procs, limit in cm.group_limits:
+        total = float(sum(use[p] for p in procs))
+        if total > limit:
+            bad.append(f"{'+'.join(cm.processors[p] for p in procs)} need {total / 1e6:.1f} MB of {limit / 1e6:.1f} MB")
+    return bad
+
+
+def feasible(cm: CostModel, assign: Sequence[int] | np.ndarray, *, pins: bool = True) -> bool:
+    return not violations(cm, assign, pins=pins)
+
+
+def memory_binding(cm: CostModel) -> bool:
+    """False when even the whole model on one side fits every limit (then memory never binds)."""
+    weights = float(cm.mem_nbytes.sum())
+    flows = float(sum(f.nbytes for f in cm.flows))
+    if np.any(cm.mem_limit_nbytes < weights + flows):
+        return True
+    return any(limit < weights + len(procs) * flows for procs, limit in cm.group_limits)

@@ -1,0 +1,127 @@
+"""Parts: maximal connected groups of nodes on one (processor, backend), in an acyclic order.
+
+Connected groups can form a cycle (A on the CPU feeds B on the GPU, which feeds C on the CPU, while
+A also feeds C directly: {A, C} and {B} wait on each other). Then the groups are cut by *phase*,
+the most processor changes on any path from the inputs to the node; every edge between two parts
+then goes to a higher phase, so the part graph is acyclic. Cut parts on the same processor are
+merged back wherever that closes no cycle (an edge u -> v merges when v is not reachable from u
+any other way). Splitting or merging parts on one processor moves no tensor, so costs are equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgesplit.optimize.costs import CostModel
+
+
+def _edges(cm: CostModel) -> list[tuple[int, int]]:
+    return sorted({(f.src, d) for f in cm.flows if f.src >= 0 for d in f.dsts})
+
+
+def _components(n: int, edges: list[tuple[int, int]], key: Sequence) -> np.ndarray:
+    parent = list(range(n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a, b in edges:
+        if key[a] == key[b]:
+            ra, rb = find(a), find(b)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    roots = [find(i) for i in range(n)]
+    ids: dict[int, int] = {}
+    return np.array([ids.setdefault(r, len(ids)) for r in roots], dtype=np.int64)
+
+
+def _part_graph(label: np.ndarray, edges: list[tuple[int, int]]) -> dict[int, set[int]]:
+    succ: dict[int, set[int]] = {int(i): set() for i in np.unique(label)}
+    for a, b in edges:
+        if label[a] != label[b]:
+            succ[int(label[a])].add(int(label[b]))
+    return succ
+
+
+def _topo(succ: dict[int, set[int]], first_node: dict[int, int]) -> list[int] | None:
+    """A topological order of the part graph (ties by first node), or None when it has a cycle."""
+    import heapq
+
+    indeg = dict.fromkeys(succ, 0)
+    for vs in succ.values():
+        for v in vs:
+            indeg[v] += 1
+    heap = [(first_node[u], u) for u, d in indeg.items() if d == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, u = heapq.heappop(heap)
+        order.append(u)
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(heap, (first_node[v], v))
+    return order if len(order) == len(succ) else None
+
+
+def _reaches(succ: dict[int, set[int]], u: int, v: int, skip_direct: bool) -> bool:
+    stack = [w for w in succ[u] if not (skip_direct and w == v)]
+    seen = set(stack)
+    while stack:
+        w = stack.pop()
+        if w == v:
+            return True
+        for z in succ[w]:
+            if z not in seen:
+                seen.add(z)
+                stack.append(z)
+    return False
+
+
+def part_labels(cm: CostModel, assign: np.ndarray, backends: Sequence[str | None]) -> list[list[int]]:
+    """The parts of an assignment as lists of node indices, in a topological order of parts."""
+    n = cm.n_nodes
+    if n == 0:
+        return []
+    site = [(int(assign[i]), backends[i]) for i in range(n)]
+    edges = _edges(cm)
+    label = _components(n, edges, site)
+    succ = _part_graph(label, edges)
+    first = {int(lab): int(np.flatnonzero(label == lab)[0]) for lab in succ}
+    if _topo(succ, first) is None:
+        preds: list[list[int]] = [[] for _ in range(n)]
+        for a, b in edges:
+            preds[b].append(a)
+        phase = np.zeros(n, dtype=np.int64)
+        for i in range(n):  # nodes are in topological order
+            phase[i] = max((phase[m] + (site[m] != site[i]) for m in preds[i]), default=0)
+        label = _components(n, edges, [(*site[i], int(phase[i])) for i in range(n)])
+        label = _merge(label, edges, site)
+    succ = _part_graph(label, edges)
+    first = {int(lab): int(np.flatnonzero(label == lab)[0]) for lab in succ}
+    order = _topo(succ, first)
+    assert order is not None, "parts must form an acyclic graph"
+    return [np.flatnonzero(label == lab).tolist() for lab in order]
+
+
+def _merge(label: np.ndarray, edges: list[tuple[int, int]], site: list) -> np.ndarray:
+    label = label.copy()
+    changed = True
+    while changed:
+        changed = False
+        succ = _part_graph(label, edges)
+        site_of = {int(label[i]): site[i] for i in range(len(label))}
+        for u in sorted(succ):
+            for v in sorted(succ[u]):
+                if site_of[u] == site_of[v] and not _reaches(succ, u, v, skip_direct=True):
+                    label[label == v] = u
+                    changed = True
+                    break
+            if changed:
+                break
+    return label

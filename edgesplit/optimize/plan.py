@@ -1,0 +1,176 @@
+"""The Plan: node -> processor, its parts, transfers, predictions, baselines; and its JSON file.
+
+The JSON keeps a stable key order (the field order below) and is written atomically. Times are in
+ms, energy in mJ (device side), sizes in bytes. ``parts`` are in a topological order of the part
+graph; a transfer's ``src_part`` is ``"input"`` for a graph input (it starts on the home processor)
+and its ``dst_part`` is ``"output"`` for a graph output on its way home. A tensor read by several
+parts on one processor crosses once: the first such transfer carries the cost, the others 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from edgesplit.errors import PlanError
+from edgesplit.util import atomic_write_text
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Part:
+    """A maximal connected group of nodes on one processor and backend.
+
+    Attributes:
+        stage: Depth in the part graph (parts of one stage do not depend on each other).
+    """
+
+    name: str
+    processor: str
+    backend: str
+    remote: bool
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    latency_ms: float
+    energy_mj: float
+    start_ms: float
+    end_ms: float
+    stage: int
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor moving between parts on different processors."""
+
+    tensor: str
+    nbytes: int
+    src_part: str
+    dst_part: str
+    src_processor: str
+    dst_processor: str
+    latency_ms: float
+    energy_mj: float
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Another system's choice, predicted by the same cost model (``None`` figures: infeasible)."""
+
+    name: str
+    latency_ms: float | None
+    energy_mj: float | None
+    feasible: bool
+    assignment_summary: str
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    """Which solver made the plan, how long it took, and how far from optimal it may be.
+
+    Attributes:
+        optimal: Proven optimal for ``model`` (``sequential``, ``makespan`` or ``period``).
+        gap: Relative gap to the best lower bound known (0 when optimal).
+    """
+
+    name: str
+    time_s: float
+    optimal: bool
+    gap: float
+    model: str = "sequential"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A partition of a model over the processors of a device (and a server)."""
+
+    model_sha256: str
+    model_name: str
+    model_path: str
+    device: str
+    server: str | None
+    link: Mapping[str, Any] | None
+    objective: str
+    slo_ms: float | None
+    assignment: Mapping[str, Mapping[str, str]]
+    parts: tuple[Part, ...]
+    transfers: tuple[Transfer, ...]
+    predicted: Mapping[str, float]
+    baselines: tuple[Baseline, ...]
+    solver: SolverInfo
+    pareto: tuple[Mapping[str, Any], ...] = ()
+    home: str = ""
+    pins: Mapping[str, str] = field(default_factory=dict)
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    device_path: str = ""
+    server_path: str = ""
+    profile_path: str | None = None
+    format_version: int = FORMAT_VERSION
+
+    def part_of(self, node: str) -> Part:
+        for p in self.parts:
+            if node in p.nodes:
+                return p
+        raise KeyError(node)
+
+    def baseline(self, name: str) -> Baseline | None:
+        return next((b for b in self.baselines if b.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        out: dict[str, Any] = {"format_version": d.pop("format_version")}
+        out.update(d)
+        out["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
+        return out
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the plan as JSON, atomically, with a stable key order."""
+        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any], source: str = "<plan>") -> Plan:
+        try:
+            if d.get("format_version") != FORMAT_VERSION:
+                raise PlanError(f"{source}: plan format version {d.get('format_version')!r}, expected {FORMAT_VERSION}")
+            kw = {f.name: d[f.name] for f in fields(Plan) if f.name in d}
+            kw["parts"] = tuple(Part(**{**p, "nodes": tuple(p["nodes"]), "inputs": tuple(p["inputs"]),
+                                        "outputs": tuple(p["outputs"])}) for p in d["parts"])
+            kw["transfers"] = tuple(Transfer(**t) for t in d["transfers"])
+            kw["baselines"] = tuple(Baseline(**b) for b in d["baselines"])
+            kw["solver"] = SolverInfo(**d["solver"])
+            kw["pareto"] = tuple(dict(p) for p in d.get("pareto", ()))
+            kw["input_shapes"] = {k: tuple(v) for k, v in d.get("input_shapes", {}).items()}
+            kw["assignment"] = {k: dict(v) for k, v in d["assignment"].items()}
+            for key in ("model_sha256", "model_name", "model_path", "device", "objective", "predicted"):
+                if key not in d:
+                    raise KeyError(key)
+            return Plan(**kw)
+        except PlanError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            what = f"missing key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+            raise PlanError(f"{source}: not a valid plan ({what})") from e
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    """Read a plan JSON file.
+
+    Raises:
+        PlanError: naming the file, when it is missing, not JSON, or not a plan.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"{p}: no such plan file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlanError(f"{p}: not a JSON plan ({e})") from e
+    if not isinstance(data, dict):
+        raise PlanError(f"{p}: not a JSON plan (top level is {type(data).__name__})")
+    return Plan.from_json(data, str(p))

@@ -1,0 +1,114 @@
+"""Bounded local search on an assignment, for objectives no exact solver covers (makespan, period).
+
+Hill climbing with first improvement over two kinds of move, in a fixed order so the result is
+deterministic: move a whole group (connected nodes on one processor) to another processor, and move
+a node that borders another processor to a processor of a neighbour or to any allowed one. It
+stops at a local optimum or after ``max_evals`` evaluations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from edgesplit.optimize.costs import CostModel
+from edgesplit.optimize.evaluate import feasible, memory_binding
+
+Score = Callable[[np.ndarray], float]
+
+
+def neighbours(cm: CostModel) -> list[list[int]]:
+    """Undirected data neighbours of every node."""
+    adj: list[set[int]] = [set() for _ in range(cm.n_nodes)]
+    for f in cm.flows:
+        ends = ([f.src] if f.src >= 0 else []) + list(f.dsts)
+        for a in ends:
+            adj[a].update(b for b in ends if b != a)
+    return [sorted(s) for s in adj]
+
+
+def groups(assign: np.ndarray, adj: list[list[int]]) -> list[list[int]]:
+    """Connected groups of nodes on the same processor."""
+    seen = np.zeros(len(assign), dtype=bool)
+    out = []
+    for n in range(len(assign)):
+        if seen[n]:
+            continue
+        stack, comp = [n], []
+        seen[n] = True
+        while stack:
+            u = stack.pop()
+            comp.append(u)
+            for v in adj[u]:
+                if not seen[v] and assign[v] == assign[u]:
+                    seen[v] = True
+                    stack.append(v)
+        out.append(sorted(comp))
+    return out
+
+
+def local_search(cm: CostModel, starts: Iterable[np.ndarray], score: Score, *,
+                 max_evals: int = 300) -> tuple[np.ndarray, float, int]:
+    """Best assignment found from ``starts`` by hill climbing on ``score``; also its score and
+    the number of evaluations spent."""
+    check_memory = memory_binding(cm)
+    adj = neighbours(cm)
+    best, best_v, evals = None, np.inf, 0
+    seen: set[bytes] = set()
+    candidates = []
+    for s in starts:
+        s = np.asarray(s, dtype=np.int64)
+        key = s.tobytes()
+        if key in seen or not feasible(cm, s):
+            continue
+        seen.add(key)
+        candidates.append((score(s), s))
+        evals += 1
+    if not candidates:
+        raise ValueError("no feasible start")
+    candidates.sort(key=lambda t: t[0])
+    best_v, best = candidates[0]
+    cur, cur_v = best.copy(), best_v
+
+    def ok(a: np.ndarray) -> bool:
+        return not check_memory or feasible(cm, a)
+
+    improved = True
+    while improved and evals < max_evals:
+        improved = False
+        for move in _moves(cm, cur, adj):
+            if evals >= max_evals:
+                break
+            trial = cur.copy()
+            for n, p in move:
+                trial[n] = p
+            key = trial.tobytes()
+            if key in seen or not ok(trial):
+                continue
+            seen.add(key)
+            v = score(trial)
+            evals += 1
+            if v < cur_v - 1e-9:
+                cur, cur_v = trial, v
+                improved = True
+                break
+    if cur_v < best_v:
+        best, best_v = cur, cur_v
+    return best, float(best_v), evals
+
+
+def _moves(cm: CostModel, assign: np.ndarray, adj: list[list[int]]):
+    allowed = cm.allowed
+    for comp in sorted(groups(assign, adj), key=len, reverse=True):
+        here = assign[comp[0]]
+        for p in range(cm.n_procs):
+            if p != here and allowed[comp, p].all():
+                yield [(n, p) for n in comp]
+    for n in range(cm.n_nodes):
+        near = {int(assign[m]) for m in adj[n]} - {int(assign[n])}
+        if not near:
+            continue
+        for p in sorted(near) + [p for p in range(cm.n_procs) if p not in near]:
+            if p != assign[n] and allowed[n, p]:
+                yield [(n, p)]

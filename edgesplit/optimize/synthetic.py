@@ -1,0 +1,122 @@
+"""Random cost models for tests and benchmarks: layered DAGs with costs made in code.
+
+No ONNX model or profile is involved; :func:`random_costs` fills a :class:`CostModel` directly,
+deterministically from a seed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgesplit.optimize.costs import CostModel, Flow
+
+
+def layered_edges(n_nodes: int, rng: np.random.Generator, *, width: int = 4, max_preds: int = 2,
+                  skip: float = 0.1) -> list[tuple[int, ...]]:
+    """Predecessors of each node of a random layered DAG in topological order."""
+    preds: list[tuple[int, ...]] = []
+    layers: list[list[int]] = []
+    n = 0
+    while n < n_nodes:
+        size = min(int(rng.integers(1, width + 1)), n_nodes - n)
+        layer = list(range(n, n + size))
+        for _ in layer:
+            if not layers:
+                preds.append(())
+                continue
+            pool = layers[-1]
+            k = int(rng.integers(1, min(max_preds, len(pool)) + 1))
+            ps = set(rng.choice(pool, size=k, replace=False).tolist())
+            if len(layers) > 1 and rng.random() < skip:
+                older = [j for lay in layers[:-1] for j in lay]
+                ps.add(int(rng.choice(older)))
+            preds.append(tuple(sorted(ps)))
+        layers.append(layer)
+        n += size
+    return preds
+
+
+def random_costs(
+    n_nodes: int,
+    n_procs: int,
+    seed: int = 0,
+    *,
+    n_remote: int = 1,
+    unsupported: float = 0.1,
+    width: int = 4,
+    chain: bool = False,
+    memory: bool = False,
+    device_like: bool = False,
+) -> CostModel:
+    """A random cost model: a layered DAG (or a chain) on ``n_procs`` processors.
+
+    Processor 0 is the home CPU and runs every op; the last ``n_remote`` processors are a server
+    reached over a random network link. Each other (node, processor) is unsupported with
+    probability ``unsupported``.
+    """
+    rng = np.random.default_rng(seed)
+    preds = [((i - 1,) if i else ()) for i in range(n_nodes)] if chain else layered_edges(n_nodes, rng, width=width)
+    n_remote = min(n_remote, n_procs - 1)
+    remote = np.array([p >= n_procs - n_remote for p in range(n_procs)])
+    speed = np.concatenate([[1.0], rng.uniform(0.2, 3.0, n_procs - 1)])
+    work = rng.uniform(0.05, 2.0, n_nodes)
+    ms = work[:, None] / speed[None, :] * rng.uniform(0.7, 1.3, (n_nodes, n_procs))
+    if device_like:
+        # op classes (dense, elementwise, reshaping) whose speed-up differs per processor, as in
+        # a roofline model: accelerators gain on dense ops, little on memory-bound ones
+        klass = rng.choice(3, size=n_nodes, p=[0.4, 0.4, 0.2])
+        gain = np.stack([speed * 3.0, np.sqrt(speed), np.ones(n_procs)])
+        gain[:, 0] = 1.0
+        ms = work[:, None] / gain[klass] + 0.01
+    ms[rng.random((n_nodes, n_procs)) < unsupported] = np.inf
+    ms[:, 0] = work + 0.01 if device_like else work  # the home CPU runs everything
+    active_w = rng.uniform(0.5, 6.0, n_procs)
+    mj = np.where(remote[None, :], 0.0, np.where(np.isfinite(ms), ms, 0.0) * active_w[None, :])
+    consumers: dict[int, list[int]] = {}
+    for i, ps in enumerate(preds):
+        for p in ps:
+            consumers.setdefault(p, []).append(i)
+    nbytes = rng.integers(1_000, 400_000, n_nodes)
+    flows = [Flow("input", int(rng.integers(10_000, 600_000)), -1, (0,), False)]
+    for i in range(n_nodes):
+        dsts = tuple(consumers.get(i, ()))
+        if dsts or i == n_nodes - 1:
+            flows.append(Flow(f"t{i}", int(nbytes[i]), i, dsts, i == n_nodes - 1))
+    lat = rng.uniform(0.01, 0.3, (n_procs, n_procs))
+    per_byte = 1e-6 / rng.uniform(2.0, 20.0, (n_procs, n_procs))
+    radio = np.zeros((n_procs, n_procs))
+    channel = 2 + np.arange(n_procs * n_procs).reshape(n_procs, n_procs)
+    up, down, rtt = rng.uniform(1, 200), rng.uniform(5, 400), rng.uniform(2, 60)
+    for a in range(n_procs):
+        for b in range(n_procs):
+            if remote[a] != remote[b]:
+                lat[a, b] = rtt / 2
+                per_byte[a, b] = 8e-3 / (up if remote[b] else down)
+                radio[a, b] = 2.5 if remote[b] else 1.5
+                channel[a, b] = 0 if remote[b] else 1
+    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(per_byte, 0.0)
+    mem = rng.integers(10_000, 2_000_000, n_nodes).astype(float)
+    limits = np.full(n_procs, np.inf)
+    if memory:
+        limits[1:] = rng.uniform(0.2, 0.8, n_procs - 1) * mem.sum()
+    return CostModel(
+        nodes=tuple(f"n{i}" for i in range(n_nodes)),
+        op_types=tuple("Op" for _ in range(n_nodes)),
+        processors=tuple(f"p{i}" if not remote[i] else f"server.p{i}" for i in range(n_procs)),
+        kinds=tuple("cpu" if i == 0 else ("gpu" if i % 2 else "npu") for i in range(n_procs)),
+        remote=remote,
+        home=0,
+        node_ms=ms,
+        node_mj=mj,
+        backend=tuple(tuple("ort" if np.isfinite(ms[n, p]) else None for p in range(n_procs)) for n in range(n_nodes)),
+        allowed=np.isfinite(ms),
+        flows=tuple(flows),
+        link_ms=lat,
+        link_ms_per_byte=per_byte,
+        radio_w=radio,
+        channel=channel,
+        idle_w=np.where(remote, 0.0, rng.uniform(0.05, 0.5, n_procs)),
+        mem_nbytes=mem,
+        mem_limit_nbytes=limits,
+    )
