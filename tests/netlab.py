@@ -92,6 +92,8 @@ class DelayRelay:
         self._conns |= {writer, up_w}
         try:
             await asyncio.gather(self._pump(reader, up_w), self._pump(up_r, writer))
+        except asyncio.CancelledError:
+            pass  # the relay is closing
         finally:
             for w in (writer, up_w):
                 self._conns.discard(w)
@@ -133,6 +135,10 @@ class DelayRelay:
             self._server.close()
             for w in list(self._conns):
                 w.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
@@ -176,10 +182,10 @@ class NetLab:
         return self
 
     def set_rate(self, mbps: float) -> None:
-        """Shape both directions to ``mbps`` (tbf; burst of 2 ms of traffic, at least 16 kB)."""
+        """Shape both directions to ``mbps`` (tbf with a small bucket: 1 ms of traffic, at least 3.2 kB,
+        so that a transfer after idle does not start with a free burst a real link would not give)."""
         self.bandwidth_mbps = mbps
-        rate_bps = mbps * 1e6 / 8
-        burst = max(16_000, int(rate_bps * 0.002))
+        burst = max(3200, int(mbps * 1e6 / 8 * 0.001))
         for prefix, dev in ((), self.host_if), (("-n", self.ns), self.ns_if):
             cmd = ["tc", *prefix, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbps}mbit",
                    "burst", str(burst), "latency", "200ms"]
@@ -221,11 +227,16 @@ def stop_process(p: subprocess.Popen, timeout_s: float = 10.0) -> None:
 
 
 class CpuQuota:
-    """A cgroup v1 CPU group limited to ``pct`` % of one CPU; ``wrap(argv)`` runs a command in it."""
+    """A cgroup v1 CPU group limited to ``pct`` % of one CPU; ``wrap(argv)`` runs a command in it.
 
-    def __init__(self, pct: float, period_us: int = 100_000):
+    The period is short (the kernel's smallest quota, 1 ms, per period: 4 ms at 25 %) so that the
+    device is uniformly slower: with the default 100 ms period, a short task runs at full speed
+    until the period's quota is spent, then stalls for the rest of it.
+    """
+
+    def __init__(self, pct: float, period_us: int | None = None):
         self.path = CGROUP_CPU / f"es-test-{_uid()}"
-        self.pct, self.period_us = pct, period_us
+        self.pct, self.period_us = pct, period_us or max(1000, round(1000 * 100 / pct))
 
     def __enter__(self) -> CpuQuota:
         try:
