@@ -11,6 +11,7 @@ allows; a stale keep-alive connection is replaced at once. Answers the server gi
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import socket
@@ -39,6 +40,7 @@ class Exchange:
         connect_ms: TCP connect time (0 on a reused connection).
         server_ms: The server's own time for the request (its ``Server-Timing`` total; 0 if absent).
         attempts: Tries it took (1 when the first one answered).
+        compute_ms: The model's compute time on the server (``Server-Timing`` compute; 0 if absent).
     """
 
     sent_nbytes: int
@@ -47,6 +49,7 @@ class Exchange:
     connect_ms: float
     server_ms: float
     attempts: int
+    compute_ms: float = 0.0
 
 
 def remote_error(message: str, *, status: int | None = None, transient: bool = False) -> RemoteError:
@@ -152,8 +155,7 @@ class OipClient:
                     time.sleep(pause)
                     continue
                 raise err
-            return status, rheaders, body, Exchange(ex.sent_nbytes, ex.received_nbytes, ex.elapsed_ms,
-                                                    ex.connect_ms, ex.server_ms, attempt)
+            return status, rheaders, body, dataclasses.replace(ex, attempts=attempt)
 
     def _connection(self, deadline: float) -> tuple[http.client.HTTPConnection, float]:
         conn = getattr(self._local, "conn", None)
@@ -220,8 +222,10 @@ class OipClient:
         if resp.will_close:
             self._drop(conn)
         received = len(body) + 17 + sum(len(k) + len(v) + 4 for k, v in rheaders.items())
+        timing = server_timing(rheaders.get("server-timing"))
+        server_ms = timing.get("total", next(iter(timing.values()), 0.0))
         return resp.status, rheaders, body, Exchange(sent + body_nbytes, received, elapsed_ms, connect_ms,
-                                                     _server_ms(rheaders.get("server-timing")), 1)
+                                                     server_ms, 1, timing.get("compute", 0.0))
 
 
 def _read_body(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, deadline: float) -> bytearray:
@@ -242,11 +246,11 @@ def _read_body(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
     return body
 
 
-def _server_ms(value: str | None) -> float:
-    """The ``total`` (else the first) duration of a ``Server-Timing`` header, in ms."""
-    if not value:
-        return 0.0
+def server_timing(value: str | None) -> dict[str, float]:
+    """The durations of a ``Server-Timing`` header (``compute;dur=1.2, total;dur=1.5``), in ms."""
     found: dict[str, float] = {}
+    if not value:
+        return found
     for metric in value.split(","):
         name, *params = (p.strip() for p in metric.split(";"))
         for p in params:
@@ -255,7 +259,7 @@ def _server_ms(value: str | None) -> float:
                     found[name] = float(p[4:])
                 except ValueError:
                     pass
-    return found.get("total", next(iter(found.values()), 0.0))
+    return found
 
 
 def _error_message(body: bytes | bytearray) -> str:
