@@ -119,16 +119,33 @@ def _reverse_topological(n: int, succ: list[list[int]], n_pred: np.ndarray) -> l
 
 
 def makespan_lower_bound(cm: CostModel) -> float:
-    """A lower bound on any plan's makespan: the longest path with every node at its fastest
-    allowed processor and free crossings, and the total fastest work spread over all processors."""
-    fastest = np.where(cm.allowed, cm.node_ms, np.inf).min(axis=1)
-    finish = np.zeros(cm.n_nodes)
-    preds: list[list[int]] = [[] for _ in range(cm.n_nodes)]
-    for f in cm.flows:
-        if f.src >= 0:
-            for d in f.dsts:
-                preds[d].append(f.src)
-    for n in range(cm.n_nodes):
-        finish[n] = fastest[n] + max((finish[p] for p in preds[n]), default=0.0)
-    path = float(finish.max()) if cm.n_nodes else 0.0
-    return max(path, float(fastest.sum()) / max(cm.n_procs, 1))
+    """A lower bound on any plan's makespan, the larger of two relaxations.
+
+    * The communication-aware critical path without contention: ``est[n, p]`` is the earliest node
+      n can end on p if every input came from its producer's best processor over a free link
+      (graph inputs from home), and outputs must still reach home.
+    * The total fastest work spread over every processor at once.
+    """
+    n_nodes, n_procs = cm.n_nodes, cm.n_procs
+    if n_nodes == 0:
+        return 0.0
+    ms = np.where(cm.allowed, cm.node_ms, np.inf)
+    xfer = [cm.link_ms + f.nbytes * cm.link_ms_per_byte for f in cm.flows]  # [p, q], zero diagonal
+    inputs: list[list[int]] = [[] for _ in range(n_nodes)]
+    for i, f in enumerate(cm.flows):
+        for d in dict.fromkeys(f.dsts):
+            inputs[d].append(i)
+    est = np.zeros((n_nodes, n_procs))
+    for n in range(n_nodes):
+        ready = np.zeros(n_procs)
+        for i in inputs[n]:
+            f = cm.flows[i]
+            arrive = xfer[i][cm.home] if f.src < 0 else (est[f.src][:, None] + xfer[i]).min(axis=0)
+            ready = np.maximum(ready, arrive)
+        est[n] = ready + ms[n]
+    path = float(est.min(axis=1).max())
+    for i, f in enumerate(cm.flows):
+        if f.to_home and f.src >= 0:
+            path = max(path, float((est[f.src] + xfer[i][:, cm.home]).min()))
+    work = float(ms.min(axis=1).sum()) / max(n_procs, 1)
+    return max(path, work)

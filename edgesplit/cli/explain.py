@@ -1,0 +1,48 @@
+"""``edgesplit explain``: what a plan's decision depends on (its bandwidth sweep)."""
+
+from __future__ import annotations
+
+import click
+
+from edgesplit.cli.common import console
+
+
+@click.command("explain")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--bandwidth-sweep", is_flag=True, help="Re-solve from 0.1 to 1000 Mbit/s (log-spaced).")
+@click.option("--per-decade", default=4, show_default=True, type=click.IntRange(1, 20),
+              help="Bandwidths per decade in the sweep.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the sweep as a PNG.")
+def command(plan_path, bandwidth_sweep, per_decade, plot_path):
+    """Explain PLAN: its parts, and with --bandwidth-sweep where the decision changes."""
+    from rich.table import Table
+
+    from edgesplit.cli.partition import print_plan
+    from edgesplit.optimize.plan import load_plan
+
+    plan = load_plan(plan_path)
+    if not bandwidth_sweep:
+        print_plan(plan)
+        return
+    from edgesplit.optimize.sweep import bandwidth_sweep as sweep
+    from edgesplit.optimize.sweep import log_bandwidths
+
+    rows = sweep(plan, log_bandwidths(0.1, 1000.0, per_decade))
+    names = list(dict.fromkeys(k for r in rows for k in r.baselines))
+    table = Table(title=f"{plan.model_name} on {plan.device} + {plan.server}: latency against bandwidth")
+    for col in ("Mbit/s", "plan ms", "mJ", *names, "decision"):
+        table.add_column(col, justify="left" if col == "decision" else "right")
+    for r in rows:
+        cells = [f"{r.baselines[n]:.2f}" if r.baselines.get(n) is not None else "-" for n in names]
+        mark = "* " if r.changed else "  "
+        table.add_row(f"{r.bandwidth_mbps:g}", f"{r.latency_ms:.3f}", f"{r.energy_mj:.2f}", *cells,
+                      mark + r.decision)
+    console.print(table)
+    changes = [r.bandwidth_mbps for r in rows if r.changed]
+    console.print("the decision changes at " + (", ".join(f"{b:g}" for b in changes) + " Mbit/s (marked *)"
+                                                 if changes else "no bandwidth in the sweep"))
+    if plot_path:
+        from edgesplit.optimize.plot import sweep_plot
+
+        sweep_plot(rows, plot_path, f"{plan.model_name} on {plan.device} + {plan.server}")
+        console.print(f"wrote {plot_path}")
