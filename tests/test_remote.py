@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,18 @@ def test_unreachable_port_and_missing_python_are_clear(sshd, remote_tmp, tiny, t
     opts = options(sshd, remote_tmp, remote_python="/no/such/python3")
     with pytest.raises(RemoteError, match="remote Python '/no/such/python3' not found"):
         profile_remote(tiny, sshd.target, opts, output=tmp_path / "x.json")
+
+
+def test_a_silent_agent_hits_the_step_timeout_and_is_cleaned_up(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
+    hang = tmp_path / "hang.sh"  # a "python" that never answers
+    hang.write_text("#!/bin/sh\nexec sleep 120\n")
+    hang.chmod(0o755)
+    opts = options(sshd, remote_tmp, remote_python=str(hang), step_timeout_s=1.5)
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match=r"no word from the agent for 1.5 s while starting the agent \(step timeout\)"):
+        profile_remote(tiny, sshd.target, opts, output=tmp_path / "x.json")
+    assert time.monotonic() - started < 20
+    assert not list(remote_tmp.iterdir())  # removed by the client, not left to the 120 s sleep
 
 
 @pytest.mark.skipif(not BARE_PYTHON.exists(), reason="no /usr/bin/python3 to stand for a bare device")

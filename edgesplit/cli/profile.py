@@ -158,6 +158,7 @@ def run_fleet(model, graph, fleet_file, ssh, output, *, jobs, resume, quiet, **c
                     res = ev["result"]
                     bar.update(task, description=f"{name}: {'done' if res.ok else 'FAILED'}",
                                completed=1.0 if res.ok else bar.tasks[task].completed)
+                    bar.stop_task(task)
 
         results = profile_fleet(model, fleet, output, jobs=jobs, resume=resume, on_event=on_event, **common)
     table = Table(title=f"{graph.name} on {len(results)} hosts")

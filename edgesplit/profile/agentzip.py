@@ -66,7 +66,8 @@ runpy.run_path(p, run_name="__main__")
 
 # $1 = python, $2 = bootstrap. The trap removes the folder however python ends (even SIGKILL).
 # TMPDIR points into the folder, so what the libraries leave in their temp dirs goes with it
-# (onnxruntime 1.32 writes a ``$TMPDIR/.ses`` file, for one).
+# (onnxruntime 1.32 writes a ``$TMPDIR/.ses`` file, for one). The first line out names the shell's
+# pid and the folder, so the client can clean up even when python never starts or hangs.
 SHELL = """\
 umask 077
 d=$(mktemp -d "${TMPDIR:-/tmp}/edgesplit-agent.XXXXXXXX") || exit 96
@@ -77,9 +78,11 @@ trap 'exit 130' INT
 cd "$d" || exit 96
 TMPDIR=$d
 export TMPDIR
+printf 'edgesplit-agent %s %s\n' "$$" "$d"
 "$1" -c "$2" "$d"
 """
 
+HELLO = b"edgesplit-agent "
 EXIT_MKTEMP = 96
 EXIT_NO_PYTHON = 127
 

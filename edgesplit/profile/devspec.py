@@ -89,7 +89,8 @@ def _cpu_processor(facts: Mapping[str, Any], key: str, khz: int | None, cores: l
     desc = ARM_PARTS[part][0] if part in ARM_PARTS else (facts.get("cpu_model") or facts.get("machine", "cpu"))
     clock = f"{ghz:.2f} GHz" + ("" if khz else " (clock unknown: assumed)")
     comments[p] = (f"{len(ids)} x {desc} at {clock}, cores {ids} (from {facts.get('cpu_source')})",)
-    comments[f"{p}.peak_gflops"] = (f"Estimate: {len(ids)} cores x {ghz:.2f} GHz x {fpc}; {why}.",)
+    n = f"{len(ids)} core" + ("s" if len(ids) > 1 else "")
+    comments[f"{p}.peak_gflops"] = (f"Estimate: {n} x {ghz:.2f} GHz x {fpc}; {why}.",)
     comments[f"{p}.mem_bandwidth_gbps"] = ("Estimate: not measured; a typical "
                                            + ("LPDDR share for a mobile cluster." if arm else "DDR share.")
                                            + " Replace with a STREAM-like measurement.",)

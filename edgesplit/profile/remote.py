@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesplit.errors import EdgesplitError, RemoteError
-from edgesplit.profile.agentzip import EXIT_MKTEMP, EXIT_NO_PYTHON, build_agent, remote_command
+from edgesplit.profile.agentzip import EXIT_MKTEMP, EXIT_NO_PYTHON, HELLO, build_agent, remote_command
 from edgesplit.profile.ssh import SshOptions, Target, connect, parse_target
 from edgesplit.profile.steps import load_partial, partial_path, save_partial
 from edgesplit.profile.store import ProcessorProfile, Profile
@@ -64,6 +64,7 @@ class AgentSession:
         self._buf = b""
         self._stderr = b""
         self._bye = False
+        self._shell: tuple[str, str] | None = None  # (pid, folder) of the remote shell
         self.stage = "connecting"
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -100,9 +101,8 @@ class AgentSession:
                             break
                 except (OSError, EdgesplitError, EOFError):
                     pass
-                workdir = self.ready.get("workdir")
-                if workdir and not self._bye and self._alive():
-                    self._rm(workdir)
+                if self._shell and not self._bye and self._alive():
+                    self._kill_and_rm(*self._shell)
         finally:
             if self.client is not None:
                 self.client.close()
@@ -112,10 +112,11 @@ class AgentSession:
         t = self.client.get_transport() if self.client is not None else None
         return bool(t and t.is_active())
 
-    def _rm(self, workdir: str) -> None:
+    def _kill_and_rm(self, pid: str, workdir: str) -> None:
+        """The agent did not confirm its cleanup (it hangs, or never started): do it from here."""
         try:
-            _, out, _ = self.client.exec_command(f"rm -rf -- {shlex.quote(workdir)}",
-                                                 timeout=self.opts.connect_timeout_s)
+            cmd = f"rm -rf -- {shlex.quote(workdir)}; pkill -TERM -P {int(pid)} 2>/dev/null; true"
+            _, out, _ = self.client.exec_command(cmd, timeout=self.opts.connect_timeout_s)
             out.channel.recv_exit_status()
         except Exception:  # noqa: BLE001 - best effort; the agent and the trap clean up too
             pass
@@ -124,8 +125,11 @@ class AgentSession:
     def _send(self, data: bytes) -> None:
         try:
             self.chan.sendall(data)
-        except Exception as e:  # noqa: BLE001 - socket.timeout, EOFError, paramiko's SSHException
-            raise self._broken(f"sending failed ({type(e).__name__})") from e
+        except TimeoutError as e:
+            raise RemoteError(f"{self.target}: the agent took no input for {self.opts.step_timeout_s:g} s "
+                              f"while {self.stage} (step timeout)") from e
+        except Exception as e:  # noqa: BLE001 - EOFError, OSError, paramiko's SSHException
+            raise self._broken() from e
 
     def send(self, op: str, **fields: Any) -> None:
         self._send(json.dumps({"op": op, **fields}).encode() + b"\n")
@@ -148,13 +152,13 @@ class AgentSession:
         return stored
 
     # -- events -----------------------------------------------------------------------------
-    def _broken(self, what: str) -> RemoteError:
+    def _broken(self) -> RemoteError:
         chan = self.chan
         deadline = time.monotonic() + 2.0  # an exit status follows the end of output closely
         while chan is not None and self._alive() and not chan.exit_status_ready() and time.monotonic() < deadline:
             time.sleep(0.02)
         if chan is None or not self._alive() or not chan.exit_status_ready():
-            return RemoteError(f"{self.target}: connection dropped while {self.stage} ({what})")
+            return RemoteError(f"{self.target}: connection dropped while {self.stage}")
         code = chan.recv_exit_status()
         tail = self._stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
         if code == EXIT_NO_PYTHON:
@@ -190,6 +194,10 @@ class AgentSession:
         while True:
             if b"\n" in self._buf:
                 line, self._buf = self._buf.split(b"\n", 1)
+                if line.startswith(HELLO) and self._shell is None:
+                    pid, _, folder = line[len(HELLO):].decode(errors="replace").partition(" ")
+                    self._shell = (pid, folder)
+                    continue
                 try:
                     ev = json.loads(line)
                 except ValueError:
@@ -206,7 +214,7 @@ class AgentSession:
             if not self._pump(min(0.5, deadline - now)):
                 if quiet:
                     return None
-                raise self._broken("no more output")
+                raise self._broken()
 
     def events(self):
         """Events as they come; a silence longer than the step timeout is an error."""
@@ -281,8 +289,9 @@ def profile_remote(
                                 backends=backends, processors=processors, runs=runs, warmup=warmup, done=done)
     except RemoteError as e:
         if entries:
-            raise RemoteError(f"{e}; {len(entries)} pairs ({', '.join(entries)}) are saved in {part}: "
-                              "rerun with --resume to keep them") from e
+            one = len(entries) == 1
+            raise RemoteError(f"{e}; {', '.join(entries)} {'is' if one else 'are'} saved in {part}: "
+                              f"rerun with --resume to keep {'it' if one else 'them'}") from e
         raise
     if prof.model_sha256 != sha:
         raise RemoteError(f"{tgt}: the profile is of another model (sha256 {prof.model_sha256[:12]})")
