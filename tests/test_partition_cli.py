@@ -143,3 +143,12 @@ def test_bad_plan_file_is_named(tmp_path, capsys):
     bad.write_text('{"format_version": 1, "parts": []}')
     code, _, err = run(capsys, "explain", str(bad))
     assert code == 2 and str(bad) in err
+
+
+def test_annotated_copy_never_overwrites_the_model(tmp_path, capsys, tiny_dag):
+    before = tiny_dag.read_bytes()
+    code, _, err = run(capsys, "partition", str(tiny_dag), "--device", _device(tmp_path),
+                       "-o", str(tiny_dag.with_suffix(".json")), "-q")
+    assert code == 0, err
+    assert tiny_dag.read_bytes() == before
+    assert tiny_dag.with_suffix(".annotated.onnx").is_file()

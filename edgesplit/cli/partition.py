@@ -73,6 +73,10 @@ def command(model, device, profile_path, input_shapes, objective, slo_ms, server
     plan = replace(plan, profile_path=os.path.abspath(profile_path))
     plan.save(out)
     onnx_path = Path(onnx_out) if onnx_out else out.with_suffix(".onnx")
+    if onnx_path.resolve() == Path(model).resolve():
+        if onnx_out:
+            raise PlanError(f"--onnx-out {onnx_out} would overwrite the model")
+        onnx_path = out.with_suffix(".annotated.onnx")  # never overwrite the input model
     write_annotated(graph.model, plan, onnx_path)
     if plot_path:
         from edgesplit.optimize.plot import gantt
