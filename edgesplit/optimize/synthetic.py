@@ -36,6 +36,36 @@ def layered_edges(n_nodes: int, rng: np.random.Generator, *, width: int = 4, max
     return preds
 
 
+def block_edges(n_nodes: int, rng: np.random.Generator, *, max_branches: int = 4,
+                max_len: int = 6) -> list[tuple[int, ...]]:
+    """Predecessors of a DNN-like DAG: chains broken by blocks of parallel branches that fork from
+    one node and join in the next (residual and inception blocks)."""
+    preds: list[tuple[int, ...]] = [()]
+    last = 0
+    while len(preds) < n_nodes:
+        if rng.random() < 0.4:
+            for _ in range(int(rng.integers(1, max_len + 1))):
+                if len(preds) >= n_nodes:
+                    break
+                preds.append((last,))
+                last = len(preds) - 1
+            continue
+        ends = []
+        for _ in range(int(rng.integers(1, max_branches + 1))):
+            prev = last
+            for _ in range(int(rng.integers(0, max_len))):
+                if len(preds) >= n_nodes - 1:
+                    break
+                preds.append((prev,))
+                prev = len(preds) - 1
+            ends.append(prev)
+        if len(preds) >= n_nodes:
+            break
+        preds.append(tuple(sorted(set(ends))))
+        last = len(preds) - 1
+    return preds[:n_nodes]
+
+
 def random_costs(
     n_nodes: int,
     n_procs: int,
@@ -47,15 +77,22 @@ def random_costs(
     chain: bool = False,
     memory: bool = False,
     device_like: bool = False,
+    blocks: bool = False,
 ) -> CostModel:
     """A random cost model: a layered DAG (or a chain) on ``n_procs`` processors.
 
-    Processor 0 is the home CPU and runs every op; the last ``n_remote`` processors are a server
+    ``blocks`` gives a DNN-like DAG (:func:`block_edges`), ``device_like`` costs whose speed-ups
+    depend on an op class as in a roofline model. Processor 0 is the home CPU and runs every op; the last ``n_remote`` processors are a server
     reached over a random network link. Each other (node, processor) is unsupported with
     probability ``unsupported``.
     """
     rng = np.random.default_rng(seed)
-    preds = [((i - 1,) if i else ()) for i in range(n_nodes)] if chain else layered_edges(n_nodes, rng, width=width)
+    if chain:
+        preds = [((i - 1,) if i else ()) for i in range(n_nodes)]
+    elif blocks:
+        preds = block_edges(n_nodes, rng)
+    else:
+        preds = layered_edges(n_nodes, rng, width=width)
     n_remote = min(n_remote, n_procs - 1)
     remote = np.array([p >= n_procs - n_remote for p in range(n_procs)])
     speed = np.concatenate([[1.0], rng.uniform(0.2, 3.0, n_procs - 1)])
