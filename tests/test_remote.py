@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,8 +60,16 @@ def test_parse_target():
 def test_remote_profile_has_the_local_shape(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     out = tmp_path / "remote.json"
     seen: list[tuple[str, int, int]] = []
+    modes: list[int] = []
+
+    def on_event(ev) -> None:
+        if ev["event"] == "ready":  # the agent's folder, while it exists: private, under remote_tmp
+            assert Path(ev["workdir"]).parent == remote_tmp
+            modes.append(Path(ev["workdir"]).stat().st_mode & 0o777)
+
     prof = profile_remote(tiny, sshd.target, options(sshd, remote_tmp), output=out, runs=3, warmup=1,
-                          progress=lambda label, done, total: seen.append((label, done, total)))
+                          progress=lambda label, done, total: seen.append((label, done, total)), on_event=on_event)
+    assert modes == [0o700]
     graph = load_model(tiny)
     local = profile_model(graph, load_device("host"), runs=3, warmup=1)
     assert load_profile(out) == prof
@@ -131,6 +141,44 @@ def test_wrong_user_key_is_a_one_line_error(sshd, remote_tmp, tiny, tmp_path):  
     assert r.returncode == 2
     line = one_line_error(r)
     assert "authentication failed" in line and sshd.target in line and str(wrong) in line
+
+
+@pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="ssh-agent is not installed")
+def test_auth_through_the_ssh_agent(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 5
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock), "HOME": str(tmp_path)}  # no ~/.ssh/id_* to fall back on
+        subprocess.run(["ssh-add", str(sshd.identity)], env=env, check=True, capture_output=True)
+        args = sshd.cli_args(remote_tmp)
+        del args[args.index("--identity"):args.index("--identity") + 2]
+        r = run_cli("profile", str(tiny), *args, "--backend", "ort", "--runs", "1", "--warmup", "0", "-q",
+                    "-o", str(tmp_path / "p.json"), env=env)
+        assert r.returncode == 0, r.stderr
+        r = run_cli("profile", str(tiny), *args, "-q", "-o", str(tmp_path / "p.json"),
+                    env={**env, "SSH_AUTH_SOCK": str(tmp_path / "none")})
+        assert r.returncode == 2 and "authentication failed: no key to offer" in one_line_error(r)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
+
+
+def test_encrypted_key_without_passphrase_is_a_clear_input_error(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
+    key = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "sesame", "-f", str(key)], check=True)
+    args = sshd.cli_args(remote_tmp)
+    args[args.index("--identity") + 1] = str(key)
+    r = run_cli("profile", str(tiny), *args, "-q", "-o", str(tmp_path / "p.json"))
+    assert r.returncode == 2 and "the key is encrypted" in one_line_error(r)
+    with open(sshd.dir / "authorized_keys", "a") as f:
+        f.write(Path(f"{key}.pub").read_text())
+    env = {**os.environ, "EDGESPLIT_SSH_PASSPHRASE": "sesame"}  # from the environment, never a flag
+    r = run_cli("profile", str(tiny), *args, "--backend", "ort", "--runs", "1", "--warmup", "0", "-q",
+                "-o", str(tmp_path / "p.json"), env=env)
+    assert r.returncode == 0, r.stderr
 
 
 def test_unreachable_port_and_missing_python_are_clear(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811

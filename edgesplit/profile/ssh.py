@@ -137,12 +137,19 @@ def _load_identity(path: str):
     p = Path(os.path.expanduser(path))
     if not p.is_file():
         raise InputError(f"--identity {path}: no such key file")
+    secret = os.environ.get(PASSPHRASE_ENV)
     try:
-        return paramiko.PKey.from_path(p, os.environ.get(PASSPHRASE_ENV))
-    except paramiko.PasswordRequiredException:
+        return paramiko.PKey.from_path(p, secret.encode() if secret else None)
+    except (paramiko.PasswordRequiredException, TypeError) as e:
+        # cryptography raises TypeError("Key is password-protected, ...") for new-format keys
+        if isinstance(e, TypeError) and "password-protected" not in str(e):
+            raise InputError(f"--identity {path}: cannot read the key ({e})") from e
         raise InputError(f"--identity {path}: the key is encrypted; load it into ssh-agent (ssh-add) "
                          f"or set {PASSPHRASE_ENV}") from None
     except (paramiko.SSHException, ValueError, OSError) as e:
+        if secret:
+            raise InputError(f"--identity {path}: cannot open the key with the passphrase in {PASSPHRASE_ENV} "
+                             "(wrong passphrase?)") from e
         raise InputError(f"--identity {path}: cannot read the key ({e})") from e
 
 
@@ -199,6 +206,9 @@ def _connect_error(target: Target, opts: SshOptions, e: Exception) -> RemoteErro
     if isinstance(e, paramiko.AuthenticationException):
         how = f"key {opts.identity}" if opts.identity else "the SSH agent and ~/.ssh/id_* keys"
         return RemoteError(f"{target}: authentication failed with {how} ({e})")
+    if isinstance(e, paramiko.SSHException) and "No authentication methods available" in str(e):
+        return RemoteError(f"{target}: authentication failed: no key to offer (the SSH agent has none and there is "
+                           "no ~/.ssh/id_*); pass --identity KEY or load a key with ssh-add")
     if isinstance(e, socket.gaierror):
         return RemoteError(f"{target}: cannot resolve host '{target.host}' ({e.strerror})")
     if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
