@@ -19,8 +19,10 @@ import click
 @click.option("--all-parts", is_flag=True, help="Serve every part of the bundle, not only the server parts.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Requests computed at once (default: the CPU count).")
+@click.option("--intra-op-threads", type=click.IntRange(min=1), default=None,
+              help="ONNX Runtime threads per request (default: the part's planned threads, else all cores).")
 def command(bundle: str, host: str, port: int, token: str | None, max_request_mb: float, all_parts: bool,
-            threads: int | None) -> None:
+            threads: int | None, intra_op_threads: int | None) -> None:
     """Serve BUNDLE's server parts (model name = part name) until SIGTERM or Ctrl-C.
 
     Speaks KServe v2 / Triton REST with the binary tensor extension, so tritonclient.http
@@ -34,7 +36,7 @@ def command(bundle: str, host: str, port: int, token: str | None, max_request_mb
     logging.basicConfig(level=logging.WARNING, format="edgesplit serve: %(message)s")
     options = ServeOptions(host=host, port=port, token=token or None,
                            max_request_nbytes=int(max_request_mb * MB), all_parts=all_parts,
-                           compute_threads=threads)
+                           compute_threads=threads, intra_op_threads=intra_op_threads)
     server = OffloadServer(bundle, options)
     for note in server.notes:
         err_console.print(f"note: {note}")

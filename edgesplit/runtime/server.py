@@ -65,8 +65,10 @@ class ServedModel:
         self.name = part.name
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        if intra_op_threads:
-            so.intra_op_num_threads = intra_op_threads
+        threads = intra_op_threads or part.threads  # the server processor's threads, as planned
+        if threads:
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
         available = ort.get_available_providers()
         # The part was planned for a server processor (a GPU, say); serve it with that provider
         # when this onnxruntime has it, else on the CPU, and say so.
