@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -125,3 +126,18 @@ def test_detect_on_a_device_without_onnxruntime_says_what_to_install(sshd, remot
     if "onnxruntime MISSING" not in r.stdout:
         pytest.skip(f"{BARE_PYTHON} has onnxruntime")
     assert f"install it: {BARE_PYTHON} -m pip install onnxruntime==" in r.stdout
+
+
+def test_nvidia_smi_gpus_become_cuda_processors(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "nvidia-smi"  # stands in for the real tool; its CSV format is the real one
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    facts = probe("/")
+    gpus = [a for a in facts["accelerators"] if a["vendor"] == "nvidia"]
+    assert gpus == [{"kind": "gpu", "vendor": "nvidia", "node": "/dev/nvidia0", "model": "NVIDIA H200",
+                     "memory_mb": 143771.0}]
+    data = yaml.safe_load(to_yaml(draft_spec(facts, "gpu-box")))
+    gpu = data["processors"]["gpu"]
+    assert gpu["backends"] == [{"runtime": "ort", "provider": "CUDAExecutionProvider"}] and gpu["memory_mb"] == 143771

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +18,7 @@ from edgesplit.device import load_device
 from edgesplit.errors import RemoteError
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.profile.remote import profile_remote
+from edgesplit.profile.remote import detect_remote, profile_remote
 from edgesplit.profile.run import profile_model
 from edgesplit.profile.ssh import SshOptions, parse_target
 from edgesplit.profile.store import load_profile
@@ -112,11 +112,12 @@ def test_unknown_host_key_needs_opt_in_and_is_then_recorded(sshd, remote_tmp, ti
     assert "unknown host key" in line and sshd.target in line and "--accept-new-host-key" in line
     assert not kh.exists() and not (tmp_path / "p.json").exists()
 
-    r = run_cli(*args, "--accept-new-host-key")
-    assert r.returncode == 0, r.stderr
+    opts = options(sshd, remote_tmp, known_hosts=str(kh))
+    with pytest.raises(RemoteError, match="unknown host key"):
+        detect_remote(sshd.target, opts)
+    detect_remote(sshd.target, dataclasses.replace(opts, accept_new_host_key=True))
     assert kh.read_text().split() == [f"[127.0.0.1]:{sshd.port}", *sshd.host_pub]
-    r = run_cli(*args)  # now known: no opt-in needed
-    assert r.returncode == 0, r.stderr
+    assert detect_remote(sshd.target, opts)["python"]  # now known: no opt-in needed
 
 
 def test_changed_host_key_is_always_refused(remote_tmp, tiny, tmp_path):  # noqa: F811
@@ -144,29 +145,27 @@ def test_wrong_user_key_is_a_one_line_error(sshd, remote_tmp, tiny, tmp_path):  
 
 
 @pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="ssh-agent is not installed")
-def test_auth_through_the_ssh_agent(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
+def test_auth_through_the_ssh_agent(sshd, remote_tmp, tmp_path, monkeypatch):  # noqa: F811
     sock = tmp_path / "agent.sock"
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 5
         while not sock.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        env = {**os.environ, "SSH_AUTH_SOCK": str(sock), "HOME": str(tmp_path)}  # no ~/.ssh/id_* to fall back on
-        subprocess.run(["ssh-add", str(sshd.identity)], env=env, check=True, capture_output=True)
-        args = sshd.cli_args(remote_tmp)
-        del args[args.index("--identity"):args.index("--identity") + 2]
-        r = run_cli("profile", str(tiny), *args, "--backend", "ort", "--runs", "1", "--warmup", "0", "-q",
-                    "-o", str(tmp_path / "p.json"), env=env)
-        assert r.returncode == 0, r.stderr
-        r = run_cli("profile", str(tiny), *args, "-q", "-o", str(tmp_path / "p.json"),
-                    env={**env, "SSH_AUTH_SOCK": str(tmp_path / "none")})
-        assert r.returncode == 2 and "authentication failed: no key to offer" in one_line_error(r)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/id_* to fall back on
+        subprocess.run(["ssh-add", str(sshd.identity)], check=True, capture_output=True)
+        opts = options(sshd, remote_tmp, identity=None)
+        assert detect_remote(sshd.target, opts)["python"]
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "none"))
+        with pytest.raises(RemoteError, match="authentication failed: no key to offer"):
+            detect_remote(sshd.target, opts)
     finally:
         agent.terminate()
         agent.wait(timeout=10)
 
 
-def test_encrypted_key_without_passphrase_is_a_clear_input_error(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
+def test_encrypted_key_without_passphrase_is_a_clear_input_error(sshd, remote_tmp, tiny, tmp_path, monkeypatch):  # noqa: F811
     key = tmp_path / "locked"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "sesame", "-f", str(key)], check=True)
     args = sshd.cli_args(remote_tmp)
@@ -175,10 +174,8 @@ def test_encrypted_key_without_passphrase_is_a_clear_input_error(sshd, remote_tm
     assert r.returncode == 2 and "the key is encrypted" in one_line_error(r)
     with open(sshd.dir / "authorized_keys", "a") as f:
         f.write(Path(f"{key}.pub").read_text())
-    env = {**os.environ, "EDGESPLIT_SSH_PASSPHRASE": "sesame"}  # from the environment, never a flag
-    r = run_cli("profile", str(tiny), *args, "--backend", "ort", "--runs", "1", "--warmup", "0", "-q",
-                "-o", str(tmp_path / "p.json"), env=env)
-    assert r.returncode == 0, r.stderr
+    monkeypatch.setenv("EDGESPLIT_SSH_PASSPHRASE", "sesame")  # from the environment, never a flag
+    assert detect_remote(sshd.target, options(sshd, remote_tmp, identity=str(key)))["python"]
 
 
 def test_unreachable_port_and_missing_python_are_clear(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
@@ -206,8 +203,6 @@ def test_a_silent_agent_hits_the_step_timeout_and_is_cleaned_up(sshd, remote_tmp
 
 @pytest.mark.skipif(not BARE_PYTHON.exists(), reason="no /usr/bin/python3 to stand for a bare device")
 def test_missing_modules_say_what_to_install(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
-    r = run_cli("profile", str(tiny), *sshd.cli_args(remote_tmp), "-o", str(tmp_path / "p.json"))
-    assert r.returncode == 0, r.stderr  # the venv's python has everything
     args = sshd.cli_args(remote_tmp)
     args[args.index("--remote-python") + 1] = str(BARE_PYTHON)
     r = run_cli("profile", str(tiny), *args, "-o", str(tmp_path / "p.json"))
