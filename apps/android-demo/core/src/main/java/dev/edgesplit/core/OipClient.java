@@ -302,7 +302,7 @@ public final class OipClient {
             }
             int status = c.getResponseCode();
             boolean ok = status / 100 == 2 || allow503 && status == 503;
-            InputStream in = ok ? c.getInputStream() : c.getErrorStream();
+            InputStream in = status < 400 ? c.getInputStream() : c.getErrorStream();
             byte[] data = in == null ? new byte[0] : readLimited(in, where);
             if (!ok) {
                 throw new EdgesplitException(EdgesplitException.Kind.REMOTE,
