@@ -71,3 +71,20 @@ def test_ctrl_c_removes_the_remote_folder(sshd, remote_tmp, squeezenet, tmp_path
     assert not out.exists()
     # the client removed the folder before exiting, not just the agent afterwards
     assert not any(remote_tmp.iterdir()), list(remote_tmp.iterdir())
+
+
+def test_local_resume_keeps_the_saved_pairs_too(tmp_path):
+    from conftest import run_cli
+
+    model = zoo.save("tiny_dag", tmp_path / "tiny_dag.onnx")
+    first = tmp_path / "first.json"
+    r = run_cli("profile", str(model), "--backend", "ort", "--runs", "2", "--warmup", "1", "-q", "-o", str(first))
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out.json"
+    Path(f"{out}.partial").write_text(first.read_text())  # as if the run had stopped after cpu/ort
+    r = run_cli("profile", str(model), "--runs", "2", "--warmup", "1", "-q", "-o", str(out), "--resume")
+    assert r.returncode == 0, r.stderr
+    prof = load_profile(out)
+    assert [e.key for e in prof.entries] == ["cpu/ort", "cpu/tvm"]
+    assert prof.entry("cpu", "ort") == load_profile(first).entry("cpu", "ort")
+    assert not Path(f"{out}.partial").exists()

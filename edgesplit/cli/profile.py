@@ -103,7 +103,7 @@ def _local(graph, device, output, resume, quiet, **common):
     spec = load_device(device)
     out = Path(output or f"{graph.name}.{spec.name}.profile.json")
     part = partial_path(out)
-    done = load_partial(part, graph.sha256) if resume else []
+    done = load_partial(part, graph.sha256, spec.name) if resume else []
     finished = list(done)
 
     def checkpoint(entry) -> None:

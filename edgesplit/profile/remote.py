@@ -280,7 +280,7 @@ def profile_remote(
     part = partial_path(out)
     spec = dict(device) if device is not None else default_device()
     sha = sha256_file(model)
-    done = load_partial(part, sha) if resume else []
+    done = load_partial(part, sha, str(spec.get("name", ""))) if resume else []
     entries: dict[str, ProcessorProfile] = {e.key: e for e in done}
     prof: Profile | None = None
     try:

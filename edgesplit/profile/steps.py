@@ -168,9 +168,9 @@ def save_partial(part: Path, sha256: str, model_name: str, device: str,
     atomic_write_text(part, json.dumps(prof.to_json(), indent=1) + "\n")
 
 
-def load_partial(part: Path, sha256: str) -> list[ProcessorProfile]:
-    """The entries of a partial profile of the same model (by sha256), or none."""
+def load_partial(part: Path, sha256: str, device: str) -> list[ProcessorProfile]:
+    """The entries of a partial profile of the same model (by sha256) on the same device spec, or none."""
     if not part.exists():
         return []
     prev = load_profile(part)
-    return list(prev.entries) if prev.model_sha256 == sha256 else []
+    return list(prev.entries) if (prev.model_sha256, prev.device) == (sha256, device) else []
