@@ -86,18 +86,28 @@ def command(model, device, input_shapes, backends, processors, runs, warmup, out
         target = parse_target(remote)
         spec = device_data(device)
         out = Path(output or f"{graph.name}.{target.host}.profile.json")
+        plan: dict = {}
+
+        def on_event(ev) -> None:
+            if ev.get("event") == "plan":
+                plan.update(ev)
+
         with progress_bar(not quiet) as update:
             prof = profile_remote(model, target, ssh, output=out, device=spec, input_shapes=graph.input_shapes(),
-                                  resume=resume, progress=update, **common)
+                                  resume=resume, progress=update, on_event=on_event, **common)
+        skipped = plan.get("skipped", [])
     else:
-        prof, out = _local(graph, device, output, resume, quiet, **common)
+        prof, out, skipped = _local(graph, device, output, resume, quiet, **common)
     if not quiet:
         print_summary(graph, prof, top)
+        for why in skipped:
+            console.print(f"note: power rail not used: {why}")
     console.print(f"wrote {out} (energy: {prof.energy})")
 
 
 def _local(graph, device, output, resume, quiet, **common):
     from edgesplit.device import load_device
+    from edgesplit.profile.power import find_rails
     from edgesplit.profile.steps import load_partial, partial_path, profile_steps, save_partial
 
     spec = load_device(device)
@@ -110,11 +120,12 @@ def _local(graph, device, output, resume, quiet, **common):
         finished.append(entry)
         save_partial(part, graph.sha256, graph.name, spec.name, graph.input_shapes(), finished)
 
+    rails = find_rails()
     with progress_bar(not quiet) as update:
-        prof = profile_steps(graph, spec, progress=update, done=done, on_entry=checkpoint, **common)
+        prof = profile_steps(graph, spec, progress=update, done=done, on_entry=checkpoint, rails=rails, **common)
     prof.save(out)
     part.unlink(missing_ok=True)
-    return prof, out
+    return prof, out, list(rails.skipped)
 
 
 def run_fleet(model, graph, fleet_file, ssh, output, *, jobs, resume, quiet, **common) -> None:
