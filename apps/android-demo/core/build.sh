@@ -3,8 +3,10 @@
 # package (installed by scripts/setup.sh). No Gradle, nothing downloaded.
 #
 #   core/build.sh compile            compile src/main (Java 8 API level, as Android needs)
-#   core/build.sh test [-Dk=v ...]   compile main and tests, run every *Test class with JUnitCore;
-#                                    -D system properties reach the tests (edgesplit.url, ...)
+#   core/build.sh build              compile src/main and src/test
+#   core/build.sh junit [-Dk=v ...]  run every *Test class with JUnitCore (after build); -D system
+#                                    properties reach the tests (edgesplit.url, ... see LiveServerTest)
+#   core/build.sh test [-Dk=v ...]   build, then junit
 #   core/build.sh jar                compile, then build/edgesplit-core.jar
 #
 # BUILD_DIR (default core/build) is where classes go; JUNIT_JAR and HAMCREST_JAR override the jars.
@@ -33,17 +35,28 @@ compile_tests() {
   "${JAVAC[@]}" -cp "$out/classes:$junit:$hamcrest" -d "$out/test-classes" @"$out/test-sources.txt"
 }
 
+run_junit() {
+  [ -d "$out/test-classes" ] || { echo "build.sh: no $out/test-classes; run build.sh build first" >&2; exit 3; }
+  classes=$(cd "$out/test-classes" && find . -name '*Test.class' ! -name '*$*' | sed 's|^\./||; s|\.class$||; s|/|.|g' | sort)
+  # shellcheck disable=SC2086  # one argument per class
+  exec java "$@" -cp "$out/classes:$out/test-classes:$junit:$hamcrest" org.junit.runner.JUnitCore $classes
+}
+
 case "$cmd" in
   compile)
     compile_main ;;
   jar)
     compile_main
     jar cf "$out/edgesplit-core.jar" -C "$out/classes" . ;;
+  build)
+    compile_main
+    compile_tests ;;
+  junit)
+    run_junit "$@" ;;
   test)
     compile_main
     compile_tests
-    classes=$(cd "$out/test-classes" && find . -name '*Test.class' ! -name '*$*' | sed 's|^\./||; s|\.class$||; s|/|.|g' | sort)
-    exec java "$@" -cp "$out/classes:$out/test-classes:$junit:$hamcrest" org.junit.runner.JUnitCore $classes ;;
+    run_junit "$@" ;;
   *)
-    echo "usage: build.sh [compile|test|jar] [-Dkey=value ...]" >&2; exit 2 ;;
+    echo "usage: build.sh [compile|build|junit|test|jar] [-Dkey=value ...]" >&2; exit 2 ;;
 esac

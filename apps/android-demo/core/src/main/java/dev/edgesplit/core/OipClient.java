@@ -376,7 +376,9 @@ public final class OipClient {
             // fall through to the raw text
         }
         if (text.isEmpty()) {
-            return status >= 500 ? "server error (no message)" : "request refused (no message)";
+            // The JDK drops the body of a 401 in streaming mode; say what 401 means for a bearer API.
+            return status == 401 ? "missing or wrong bearer token"
+                    : status >= 500 ? "server error (no message)" : "request refused (no message)";
         }
         text = text.replaceAll("\\s+", " ");
         return text.length() > 200 ? text.substring(0, 200) + "..." : text;
