@@ -20,6 +20,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
   command -v tc >/dev/null || [ -x /usr/sbin/tc ] || need+=(iproute2)
+  # The Android demo's Java core (apps/android-demo/core/build.sh): javac and JUnit 4 + hamcrest.
+  command -v javac >/dev/null || need+=(default-jdk-headless)
+  [ -f /usr/share/java/junit4.jar ] && [ -f /usr/share/java/hamcrest-core.jar ] || need+=(junit4)
   if [ ${#need[@]} -gt 0 ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null 2>&1 \
       || echo "setup: could not apt-get install ${need[*]}; the tests that need them will skip" >&2
