@@ -88,7 +88,8 @@ def raw(server, method: str, path: str, body: bytes = b"", headers: dict | None 
     u = server.url.removeprefix("http://").split(":")
     c = http.client.HTTPConnection(u[0], int(u[1]), timeout=10)
     try:
-        c.request(method, path, body=body, headers=headers or {})
+        c.request(method, path, body=body, headers=headers or {},
+                  encode_chunked="Transfer-Encoding" in (headers or {}))
         r = c.getresponse()
         data = r.read()
     finally:
@@ -138,6 +139,11 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
         np.testing.assert_allclose(triton_infer(server, tiny), tiny["y"], rtol=1e-6, atol=1e-6)
     status, got = raw(server, "GET", infer, headers=auth())
     assert status == 405 and got["error"]
+    status, got = raw(server, "POST", "/v2/models/a%0D%0Ab/infer", good, good_h)  # no header injection
+    assert status == 404 and "no model" in got["error"]
+    status, got = raw(server, "POST", infer, iter([b"{" + b" " * (1 << 20), b" " * (1 << 20) + b"}"]),
+                      {**auth(), "Transfer-Encoding": "chunked"})  # no Content-Length to check first
+    assert status == 413 and got["error"], got
     status, got = raw(server, "POST", infer, good, good_h)
     assert status == 200
 

@@ -120,6 +120,14 @@ def _spec_json(t) -> dict[str, Any]:
     return {"name": t.name, "datatype": oip.oip_datatype(t.dtype), "shape": list(t.shape)}
 
 
+class _Refused(Exception):
+    """A request we answer with ``status`` and a JSON message (never echoed into HTTP headers)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
 def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers or None)
 
@@ -169,10 +177,15 @@ class OffloadServer:
             return await handler(request)
         except RunInputError as e:
             return _error(400, str(e))
-        except web.HTTPException as e:
+        except _Refused as e:
+            resp = _error(e.status, str(e))
+            if e.status == 413:
+                resp.force_close()  # the rest of the body is not read: this connection is done
+            return resp
+        except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method, body too large
             if e.status < 400:
                 raise
-            resp = _error(e.status, e.reason if e.status != 413 else str(e.text or e.reason))
+            resp = _error(e.status, str(e.text or e.reason) if e.status == 413 else e.reason)
             if e.status == 413:
                 resp.force_close()
             return resp
@@ -185,7 +198,7 @@ class OffloadServer:
         model = self.models.get(name)
         version = request.match_info.get("version")
         if model is None or version not in (None, "", "1"):
-            raise web.HTTPNotFound(reason=f"no model '{name}'" + (f" version {version}" if version else ""))
+            raise _Refused(404, f"no model '{name}'" + (f" version {version}" if version else ""))
         return model
 
     async def _live(self, request: web.Request) -> web.Response:
@@ -214,13 +227,10 @@ class OffloadServer:
         model = self._model(request)
         limit = self.options.max_request_nbytes
         if request.content_length is not None and request.content_length > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length,
-                                                text=f"request body of {request.content_length} bytes "
-                                                     f"is over the limit of {limit} bytes")
+            raise _Refused(413, f"request body of {request.content_length} bytes is over the limit of {limit} bytes")
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in _ENCODINGS:  # aiohttp inflates gzip and deflate itself, bounded by the limit
-            raise web.HTTPUnsupportedMediaType(reason=f"unsupported Content-Encoding {encoding!r} "
-                                                      f"(use {', '.join(_ENCODINGS)})")
+            raise _Refused(415, f"unsupported Content-Encoding {encoding[:40]!r} (use {', '.join(_ENCODINGS)})")
         try:
             body = await request.read()
         except (PayloadEncodingError, RequestPayloadError) as e:
