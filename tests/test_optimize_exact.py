@@ -62,7 +62,7 @@ def _check(cm: CostModel, objective: str, solver, slo_ms: float | None = None) -
         assert sequential_cost(cm, sol.assign, "latency") <= slo_ms * (1 + 1e-7)
 
 
-@pytest.mark.parametrize("objective", ["latency", "energy"])
+@pytest.mark.parametrize("objective", ["latency", "energy", "mix:0.7"])
 @SETTINGS
 @given(cm=problems())
 def test_solve_sequential_equals_brute_force(cm, objective):
@@ -128,6 +128,18 @@ def test_parts_form_an_acyclic_graph(cm, data):
                         seen.add(v)
                         stack.append(v)
         assert seen == set(part), "a part is not connected"
+
+
+def test_optimize_is_pure():
+    """optimize/ never imports onnxruntime, TVM or the runtime (nor does the plan API)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, edgesplit.optimize, edgesplit.optimize.sweep, edgesplit.optimize.plot, "
+            "edgesplit.optimize.annotate; bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('onnxruntime', 'tvm') or m.startswith('edgesplit.runtime')]; print(bad); sys.exit(bool(bad))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_cycle_of_groups_is_cut():

@@ -19,7 +19,7 @@ from edgesplit.profile.store import Profile
 
 
 def complete_profile(graph: ModelGraph, device: DeviceSpec, profile: Profile | None) -> Profile:
-    """``profile`` with roofline predictions added for every (processor, backend) it lacks.
+    """``profile`` with roofline predictions added for the processors it lacks.
 
     With no profile at all every entry is predicted; measure the local processors first
     (``edgesplit profile``) for a plan worth running.
@@ -30,8 +30,12 @@ def complete_profile(graph: ModelGraph, device: DeviceSpec, profile: Profile | N
         profile = Profile(graph.sha256, graph.name, device.name, graph.input_shapes(), ())
     entries = list(profile.entries)
     for proc in device.processors:
+        measured = any(e.source == "measured" for e in profile.for_processor(proc.name))
         for backend in proc.backends:
-            if profile.entry(proc.name, backend.key) is None:
+            # A backend left out when the processor itself was measured is not a candidate:
+            # a roofline guess must not outbid measurements (untuned TVM is 3.5-35x slower than
+            # ORT here, DESIGN.md, while the roofline model knows nothing of tuning).
+            if profile.entry(proc.name, backend.key) is None and not measured:
                 entries.append(predict(graph, proc, backend))
     return replace(profile, entries=tuple(entries))
 

@@ -66,6 +66,8 @@ def brute_force(cm: CostModel, objective: str, *, slo_ms: float | None = None) -
         ok = ok & (values["latency"] <= slo_ms * (1 + 1e-9) + 1e-9)
     if not ok.any():
         return None, float("inf")
+    if objective.startswith("mix:"):
+        values = {objective: values["energy"] + float(objective[4:]) * values["latency"]}
     v = np.where(ok, values[objective], np.inf)
     i = int(np.argmin(v))
     return grid[i], float(v[i])

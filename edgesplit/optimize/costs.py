@@ -134,9 +134,15 @@ class CostModel:
 
         Cost of an assignment ``x`` is ``sum_n a[n, x_n]`` plus, for each flow and each destination
         processor ``q != src``, ``alpha[src, q] + nbytes * beta[src, q]``. ``latency`` sums every
-        node and crossing (nothing overlaps); ``energy`` is device energy over that duration.
+        node and crossing (nothing overlaps); ``energy`` is device energy over that duration;
+        ``mix:W`` is ``energy + W * latency``.
         """
         ms = np.where(self.allowed, self.node_ms, np.inf)
+        if objective.startswith("mix:"):
+            # energy + w * latency (w in W = mJ/ms): one point of the latency-energy trade-off
+            w = float(objective[4:])
+            forms = [self.linear("energy"), self.linear("latency")]
+            return tuple(e + w * lt for e, lt in zip(*forms, strict=True))  # type: ignore[return-value]
         if objective == "latency":
             return ms, self.link_ms.copy(), self.link_ms_per_byte.copy()
         if objective != "energy":

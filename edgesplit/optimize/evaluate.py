@@ -53,6 +53,8 @@ def sequential_cost(cm: CostModel, assign: Sequence[int] | np.ndarray, objective
     total_ms = float(busy.sum()) + sum(c.latency_ms for c in xs)
     if objective == "latency":
         return total_ms
+    if objective.startswith("mix:"):
+        return sequential_cost(cm, x, "energy") + float(objective[4:]) * total_ms
     if objective != "energy":
         raise ValueError(objective)
     return device_energy_mj(cm, total_ms, busy, active_mj + sum(c.energy_mj for c in xs))

@@ -11,9 +11,11 @@ Objectives:
   under ``slo_ms`` (a safe bound: the concurrent schedule only finishes sooner).
 * ``throughput``: the pipelined period (:mod:`edgesplit.optimize.pipeline`), balanced stages then
   the local search; the gap is to a period lower bound.
-* ``pareto``: latency against energy by the epsilon-constraint method (energy minimised under a
-  ladder of latency limits, each exact); the plan is the point that meets ``slo_ms`` with the
-  least energy or, without an SLO, the point nearest the utopia point after normalising both axes.
+* ``pareto``: latency against energy: the two extremes and exact minima of ``energy + w *
+  latency`` for weights around their slope (the supported points of the front; points in its
+  non-convex dents are not found), plus, with ``slo_ms``, the exact least energy under it. The plan
+  is the point that meets ``slo_ms`` with the least energy or, without an SLO, the point nearest the
+  utopia point after normalising both axes.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from edgesplit.optimize.baselines import baseline_candidates
 from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.evaluate import feasible, sequential_cost
 from edgesplit.optimize.exact import Infeasible, is_chain, solve_sequential
-from edgesplit.optimize.milp import solve_milp
 from edgesplit.optimize.pipeline import balance_stages, period_ms
 from edgesplit.optimize.plan import Baseline, SolverInfo
 from edgesplit.optimize.schedule import Schedule, makespan_lower_bound, schedule
@@ -97,17 +98,30 @@ def _no_slo_message(cm: CostModel, slo_ms: float, best_ms: float) -> str:
     return f"no plan meets the SLO of {slo_ms:g} ms: the best achievable latency is {best_ms:.3f} ms"
 
 
-def _pareto(cm: CostModel, slo_ms: float | None, points: int, time_limit_s: float) -> tuple[np.ndarray, list[dict]]:
-    fast = solve_sequential(cm, "latency", time_limit_s=time_limit_s)
-    lean = solve_sequential(cm, "energy", time_limit_s=time_limit_s)
-    lo, hi = fast.value, sequential_cost(cm, lean.assign, "latency")
+def _pareto(cm: CostModel, slo_ms: float | None, points: int,
+            time_limit_s: float) -> tuple[np.ndarray, list[dict], bool]:
+    limit = max(1.0, time_limit_s / points)  # each point gets a share of the time limit
+    fast = solve_sequential(cm, "latency", time_limit_s=limit)
+    lean = solve_sequential(cm, "energy", time_limit_s=limit)
     assigns = [fast.assign, lean.assign]
-    if hi > lo * (1 + 1e-9):
-        for eps in np.linspace(lo, hi, points)[1:-1]:
+    exact = fast.optimal and lean.optimal
+    d_lat = sequential_cost(cm, lean.assign, "latency") - fast.value
+    d_en = sequential_cost(cm, fast.assign, "energy") - lean.value
+    if d_lat > 1e-9 and d_en > 1e-9:
+        # weighted sums energy + w * latency around the extremes' slope: the supported points of the
+        # front, each exact and fast (elimination applies); an SLO adds its own constrained point
+        slope = d_en / d_lat
+        for w in slope * np.geomspace(1 / 32, 32, max(points - 2, 1)):
+            sol = solve_sequential(cm, f"mix:{w:.12g}", time_limit_s=limit)
+            assigns.append(sol.assign)
+            exact = exact and sol.optimal
+        if slo_ms is not None:
             try:
-                assigns.append(solve_milp(cm, "energy", slo_ms=float(eps), time_limit_s=time_limit_s).assign)
+                sol = solve_sequential(cm, "energy", slo_ms=slo_ms, time_limit_s=limit)
+                assigns.append(sol.assign)
+                exact = exact and sol.optimal
             except Infeasible:
-                continue
+                pass
     seen: dict[bytes, dict] = {}
     for a in assigns:
         if a.tobytes() in seen:
@@ -117,7 +131,8 @@ def _pareto(cm: CostModel, slo_ms: float | None, points: int, time_limit_s: floa
         seen[a.tobytes()] = {"latency_ms": round(s.makespan_ms, 6), "energy_mj": round(s.energy_mj, 6),
                              "sequential_latency_ms": round(sequential_cost(cm, a, "latency"), 6),
                              "processors": used, "_assign": a}
-    pts = sorted(seen.values(), key=lambda p: (p["latency_ms"], p["energy_mj"]))
+    unique = {(p["latency_ms"], p["energy_mj"]): p for p in seen.values()}
+    pts = sorted(unique.values(), key=lambda p: (p["latency_ms"], p["energy_mj"]))
     front = [p for p in pts if not any(
         (q["latency_ms"] <= p["latency_ms"] and q["energy_mj"] <= p["energy_mj"])
         and (q["latency_ms"], q["energy_mj"]) != (p["latency_ms"], p["energy_mj"]) for q in pts)]
@@ -133,7 +148,7 @@ def _pareto(cm: CostModel, slo_ms: float | None, points: int, time_limit_s: floa
         chosen = front[int(np.argmin(norm))]
     for p in front:
         p["chosen"] = p is chosen
-    return chosen["_assign"], [{k: v for k, v in p.items() if k != "_assign"} for p in front]
+    return chosen["_assign"], [{k: v for k, v in p.items() if k != "_assign"} for p in front], exact
 
 
 def solve(cm: CostModel, objective: str = "latency", *, slo_ms: float | None = None, time_limit_s: float = 60.0,
@@ -180,9 +195,10 @@ def solve(cm: CostModel, objective: str = "latency", *, slo_ms: float | None = N
             info = SolverInfo("stage-balance+local-search", time.perf_counter() - t0, gap <= 1e-9, round(gap, 6),
                               "period", f"{evals} assignments evaluated; lower bound {bound:.4f} ms per input")
         else:
-            assign, pareto = _pareto(cm, slo_ms, pareto_points, time_limit_s)
-            info = SolverInfo("epsilon-constraint-milp", time.perf_counter() - t0, True, 0.0, "sequential",
-                              f"{len(pareto)} non-dominated points")
+            assign, pareto, exact = _pareto(cm, slo_ms, pareto_points, time_limit_s)
+            info = SolverInfo("weighted-sum-exact", time.perf_counter() - t0, exact, 0.0 if exact else 1.0,
+                              "sequential", f"{len(pareto)} non-dominated points"
+                              + ("" if exact else "; some points hit the time limit"))
     except Infeasible as e:
         raise PlanError(f"no assignment fits the constraints (memory limits or pins): {e}") from e
     sched = schedule(cm, assign)
