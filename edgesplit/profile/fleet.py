@@ -168,12 +168,16 @@ def profile_fleet(
         tell(h.name, {"event": "start", "target": str(h.target)})
         reused: list[str] = []
         path = out / f"{h.name}.profile.json"
+
+        def watch(ev: Mapping[str, Any]) -> None:
+            if ev.get("event") == "plan":
+                reused.extend(ev.get("reused", []))
+            tell(h.name, ev)
+
         try:
             prof = profile_remote(
                 model, h.target, h.opts, output=path, device=specs[h.device], input_shapes=input_shapes,
-                backends=backends, processors=processors, runs=runs, warmup=warmup, resume=resume,
-                on_event=lambda ev: (reused.extend(ev.get("reused", [])) if ev.get("event") == "plan" else None,
-                                     tell(h.name, ev)),
+                backends=backends, processors=processors, runs=runs, warmup=warmup, resume=resume, on_event=watch,
             )
             res = HostResult(h.name, str(h.target), True, str(path), elapsed_s=time.perf_counter() - started,
                              entries=len(prof.entries), reused=len(reused), energy=prof.energy)
