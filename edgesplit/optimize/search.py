@@ -1,8 +1,9 @@
 """Bounded local search on an assignment, for objectives no exact solver covers (makespan, period).
 
 Hill climbing with first improvement over two kinds of move, in a fixed order so the result is
-deterministic: move a whole group (connected nodes on one processor) to another processor, and move
-a node that borders another processor to a processor of a neighbour or to any allowed one. It
+deterministic: move a whole group (connected nodes on one processor) to another processor, move a
+chain segment (a branch of a block) to another processor, and move a node that borders another
+processor to a processor of a neighbour or to any allowed one. It
 stops at a local optimum or after ``max_evals`` evaluations.
 """
 
@@ -54,6 +55,7 @@ def local_search(cm: CostModel, starts: Iterable[np.ndarray], score: Score, *,
     the number of evaluations spent."""
     check_memory = memory_binding(cm)
     adj = neighbours(cm)
+    segs = segments(cm)
     best, best_v, evals = None, np.inf, 0
     seen: set[bytes] = set()
     candidates = []
@@ -77,7 +79,7 @@ def local_search(cm: CostModel, starts: Iterable[np.ndarray], score: Score, *,
     improved = True
     while improved and evals < max_evals:
         improved = False
-        for move in _moves(cm, cur, adj):
+        for move in _moves(cm, cur, adj, segs):
             if evals >= max_evals:
                 break
             trial = cur.copy()
@@ -98,13 +100,43 @@ def local_search(cm: CostModel, starts: Iterable[np.ndarray], score: Score, *,
     return best, float(best_v), evals
 
 
-def _moves(cm: CostModel, assign: np.ndarray, adj: list[list[int]]):
+def segments(cm: CostModel) -> list[list[int]]:
+    """Maximal chains (each node the only reader of the previous one's only output): the branches
+    of residual and inception blocks, moved as a whole to find work that can overlap."""
+    preds: list[set[int]] = [set() for _ in range(cm.n_nodes)]
+    succs: list[set[int]] = [set() for _ in range(cm.n_nodes)]
+    for f in cm.flows:
+        if f.src >= 0:
+            for d in f.dsts:
+                preds[d].add(f.src)
+                succs[f.src].add(d)
+    out, seen = [], set()
+    for n in range(cm.n_nodes):
+        if n in seen:
+            continue
+        chain = [n]
+        while len(succs[chain[-1]]) == 1:
+            nxt = next(iter(succs[chain[-1]]))
+            if len(preds[nxt]) != 1 or nxt in seen:
+                break
+            chain.append(nxt)
+        seen.update(chain)
+        if len(chain) >= 2:
+            out.append(chain)
+    return out
+
+
+def _moves(cm: CostModel, assign: np.ndarray, adj: list[list[int]], segs: list[list[int]]):
     allowed = cm.allowed
     for comp in sorted(groups(assign, adj), key=len, reverse=True):
         here = assign[comp[0]]
         for p in range(cm.n_procs):
             if p != here and allowed[comp, p].all():
                 yield [(n, p) for n in comp]
+    for seg in segs:
+        for p in range(cm.n_procs):
+            if allowed[seg, p].all() and (assign[seg] != p).any():
+                yield [(n, p) for n in seg]
     for n in range(cm.n_nodes):
         near = {int(assign[m]) for m in adj[n]} - {int(assign[n])}
         if not near:
