@@ -175,10 +175,17 @@ def _check_tvm(lib: Path, pm, graph: ModelGraph) -> float:
     so.log_severity_level = 3
     want = ort.InferenceSession(pm.model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
         list(pm.outputs), feeds)
-    part = PartArtifact(name=pm.name, processor="", backend="tvm", file=lib.name, onnx_file="",
-                        inputs=tuple(_spec(graph, t) for t in pm.inputs),
-                        outputs=tuple(_spec(graph, t) for t in pm.outputs))
-    got = TvmExecutor(part, lib.parent).run(feeds)
+    import shutil
+    import tempfile
+
+    # Load a private copy: the library stays mapped in this process until exit, and the bundle's
+    # own file must stay free to be moved, replaced or (in tests) tampered with.
+    with tempfile.TemporaryDirectory(prefix="edgesplit-tvm-check-") as tmp:
+        shutil.copyfile(lib, Path(tmp) / lib.name)
+        part = PartArtifact(name=pm.name, processor="", backend="tvm", file=lib.name, onnx_file="",
+                            inputs=tuple(_spec(graph, t) for t in pm.inputs),
+                            outputs=tuple(_spec(graph, t) for t in pm.outputs))
+        got = TvmExecutor(part, Path(tmp)).run(feeds)
     worst = max(rel_error(got[t], w) for t, w in zip(pm.outputs, want))
     if worst > 1e-4:
         raise RuntimeError(f"TVM output differs from ORT (rel error {worst:.1e})")
