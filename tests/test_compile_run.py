@@ -206,3 +206,35 @@ def test_metaschedule_tuning_database_is_cached_and_reused(tmp_path, monkeypatch
     again = build_library(m, target, tmp_path / "b.so", tune_trials=0)
     assert again["tuning_database"] == str(db)
     assert "tuning_database" not in build_library(m, target, tmp_path / "c.so", use_database=False)
+
+
+def _has_cuda_gpu() -> bool:
+    try:
+        import tvm
+
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc to compile for a cuda target")
+def test_cuda_target_compiles(zoo_models, tmp_path):
+    from edgesplit.compile.tvm_build import build_library
+
+    graph = load_model(zoo_models["tiny_dag"])
+    info = build_library(graph.model, {"kind": "cuda", "arch": "sm_80"}, tmp_path / "p.so", use_database=False)
+    assert info["target"]["kind"] == "cuda" and (tmp_path / "p.so").stat().st_size > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _has_cuda_gpu(), reason="needs a CUDA GPU (none on the CI machine)")
+def test_cuda_part_runs_and_matches(zoo_models, tmp_path):
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text("name: gpu\nkind: device\nlocal: true\nprocessors:\n  gpu: {kind: gpu, peak_gflops: 10000,"
+                    " mem_bandwidth_gbps: 1000, active_w: 200, idle_w: 30, backends: [{runtime: tvm,"
+                    " target: {kind: cuda}}]}\n")
+    graph = load_model(zoo_models["tiny_dag"])
+    compile_bundle(graph, contiguous_plan(graph, str(spec), [("gpu", "tvm")]), tmp_path / "b", device=str(spec))
+    with load(tmp_path / "b") as sess:
+        feeds = random_feeds(sess)
+        _check_equal(sess.run(feeds), _whole(zoo_models["tiny_dag"], feeds))

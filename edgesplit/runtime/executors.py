@@ -74,7 +74,10 @@ class TvmExecutor:
 
         self.part = part
         lib = tvm.runtime.load_module(str(bundle / part.file))
-        self._dev = tvm.cpu()
+        kind = (part.target or {}).get("kind", "llvm")
+        self._dev = tvm.device(kind if kind in ("cuda", "rocm", "metal", "vulkan", "opencl") else "cpu", 0)
+        if not self._dev.exist:
+            raise BundleError(f"part {part.name}: its {kind} device is not present on this machine")
         self._vm = relax.VirtualMachine(lib, self._dev)
         self._tensor = tvm.runtime.tensor
         self._inputs = [i.name for i in part.inputs]
