@@ -119,6 +119,10 @@ def test_other_objectives(graphs, snapdragon, objective):
         lat = [p["latency_ms"] for p in plan.pareto]
         en = [p["energy_mj"] for p in plan.pareto]
         assert lat == sorted(lat) and en == sorted(en, reverse=True)
+    if objective == "throughput":
+        for b in plan.baselines:
+            if b.feasible:
+                assert plan.predicted["throughput_per_s"] >= b.throughput_per_s * (1 - 1e-9)
     if objective == "energy":
         for b in plan.baselines:
             if b.feasible and b.name.startswith("only:"):

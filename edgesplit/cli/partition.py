@@ -109,17 +109,19 @@ def print_plan(plan) -> None:
         console.print(xt)
     pred = plan.predicted
     bt = Table(title="plan against baselines (same cost model)")
-    for col in ("plan / baseline", "latency ms", "x plan", "energy mJ", "x plan", "what"):
+    for col in ("plan / baseline", "latency ms", "x plan", "energy mJ", "x plan", "per s", "what"):
         bt.add_column(col, justify="left" if col in ("plan / baseline", "what") else "right")
     bt.add_row("plan", f"{pred['latency_ms']:.3f}", "1.00", f"{pred['energy_mj']:.3f}", "1.00",
-               f"{len(plan.parts)} parts, {pred['throughput_per_s']:.1f}/s pipelined")
+               f"{pred['throughput_per_s']:.1f}", f"{len(plan.parts)} parts")
     for b in plan.baselines:
         if not b.feasible:
-            bt.add_row(b.name, "-", "-", "-", "-", b.assignment_summary)
+            bt.add_row(b.name, "-", "-", "-", "-", "-", b.assignment_summary)
             continue
         lr = b.latency_ms / pred["latency_ms"] if pred["latency_ms"] else float("nan")
         er = b.energy_mj / pred["energy_mj"] if pred["energy_mj"] else float("nan")
-        bt.add_row(b.name, f"{b.latency_ms:.3f}", f"{lr:.2f}", f"{b.energy_mj:.3f}", f"{er:.2f}", b.assignment_summary)
+        per_s = f"{b.throughput_per_s:.1f}" if b.throughput_per_s else "-"
+        bt.add_row(b.name, f"{b.latency_ms:.3f}", f"{lr:.2f}", f"{b.energy_mj:.3f}", f"{er:.2f}", per_s,
+                   b.assignment_summary)
     console.print(bt)
     s = plan.solver
     console.print(f"solver {s.name}: {s.time_s:.3f} s, {'optimal' if s.optimal else f'gap {s.gap:.1%}'} "

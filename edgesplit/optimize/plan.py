@@ -67,6 +67,7 @@ class Baseline:
     energy_mj: float | None
     feasible: bool
     assignment_summary: str
+    throughput_per_s: float | None = None
 
 
 @dataclass(frozen=True)

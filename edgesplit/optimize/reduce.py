@@ -6,7 +6,7 @@ every crossing between ``p`` and any third processor ``r`` costs no more than th
 with ``q`` (fixed part and per-byte part, both directions); and ``q`` is not the home processor.
 Then moving every node from ``q`` to ``p`` never raises the cost: node costs do not grow, each
 crossing is replaced by one no dearer, and crossings between ``p`` and ``q`` vanish. So some optimum
-avoids ``q`` and the search may drop it (nodes pinned to ``q`` keep it). Memory is not covered by
+avoids ``q`` and the search may drop it. A processor with a node pinned to it is kept. Memory is not covered by
 the argument, so callers skip the reduction where a memory limit could bind.
 """
 
@@ -20,9 +20,9 @@ _TOL = 1e-12
 
 
 def _dominates(forms, allowed: np.ndarray, pinned: np.ndarray, p: int, q: int, home: int) -> bool:
-    if q == home:
-        return False
-    movable = allowed[:, q] & ~pinned
+    if q == home or (pinned & allowed[:, q]).any():
+        return False  # the argument moves every node off q; a pinned one cannot move
+    movable = allowed[:, q]
     if not movable.any() or not allowed[movable, p].all():
         return False
     others = [r for r in range(allowed.shape[1]) if r not in (p, q)]
@@ -36,7 +36,7 @@ def _dominates(forms, allowed: np.ndarray, pinned: np.ndarray, p: int, q: int, h
 
 
 def drop_dominated(cm: CostModel, forms: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
-    """``cm.allowed`` without the processors dominated under all ``forms`` (pins kept)."""
+    """``cm.allowed`` without the processors dominated under all ``forms``."""
     allowed = cm.allowed.copy()
     pinned = allowed.sum(axis=1) == 1
     pinned &= np.array([n in cm.pins for n in cm.nodes]) if cm.pins else False
@@ -46,7 +46,7 @@ def drop_dominated(cm: CostModel, forms: list[tuple[np.ndarray, np.ndarray, np.n
             if p == q or p in dropped:
                 continue
             if _dominates(forms, allowed, pinned, p, q, cm.home):
-                allowed[~pinned, q] = False
+                allowed[:, q] = False
                 dropped.add(q)
                 break
     return allowed

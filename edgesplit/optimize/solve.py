@@ -70,7 +70,9 @@ def _baselines(cm: CostModel, objective: str) -> tuple[list[Baseline], dict[str,
             continue
         s = schedule(cm, c.assign)
         v = s.energy_mj if key == "energy" else s.makespan_ms
-        b = Baseline(c.name, round(s.makespan_ms, 6), round(s.energy_mj, 6), True, c.summary)
+        period = period_ms(cm, c.assign)
+        b = Baseline(c.name, round(s.makespan_ms, 6), round(s.energy_mj, 6), True, c.summary,
+                     round(1000.0 / period, 6) if period > 0 else None)
         if c.name not in best or v < best[c.name][0]:
             best[c.name] = (v, b, c.assign)
     return [b for _, b, _ in best.values()], {n: a for n, (_, _, a) in best.items() if a is not None}
