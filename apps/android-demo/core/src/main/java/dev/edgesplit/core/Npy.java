@@ -138,9 +138,15 @@ public final class Npy {
         }
     }
 
+    /** Writes {@code t} to {@code f} atomically (a temporary file beside it, then a rename). */
     public static void write(File f, Tensor t) throws IOException {
-        try (OutputStream out = new FileOutputStream(f)) {
+        File tmp = new File(f.getPath() + ".tmp");
+        try (OutputStream out = new FileOutputStream(tmp)) {
             out.write(encode(t));
+        }
+        if (!tmp.renameTo(f)) {
+            tmp.delete();
+            throw new IOException("cannot write " + f);
         }
     }
 }
