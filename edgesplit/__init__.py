@@ -1,68 +1,105 @@
 """edgesplit: split a neural network across the processors of an edge device and a server.
 
-The public API follows the pipeline: load a model, describe a device, profile, partition,
-compile, run.
+The public API follows the pipeline: load a model, describe a device, profile (here or over
+SSH), partition, compile, run. Names are resolved on first use from the table below, so that
+``import edgesplit`` stays cheap and importing one stage (say ``edgesplit.optimize``, which
+must stay pure) does not drag in the stages to its right.
 """
 
 from __future__ import annotations
 
-from edgesplit.compile.api import compile_bundle
-from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
-from edgesplit.deploy import deploy
-from edgesplit.device import DeviceSpec, NetworkLink, Processor, load_device, load_links
-from edgesplit.errors import (
-    BundleError,
-    CompileError,
-    DeviceSpecError,
-    EdgesplitError,
-    InputError,
-    ModelLoadError,
-    PlanError,
-    ProfileError,
-    RemoteError,
-    RunInputError,
-)
-from edgesplit.model.graph import ModelGraph, Node, TensorInfo
-from edgesplit.model.load import load_model
-from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile, load_profile
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
+# public name -> module that defines it, grouped by pipeline stage
+_EXPORTS: dict[str, str] = {
     # model
-    "load_model",
-    "ModelGraph",
-    "Node",
-    "TensorInfo",
+    "load_model": "edgesplit.model.load",
+    "ModelGraph": "edgesplit.model.graph",
+    "Node": "edgesplit.model.graph",
+    "TensorInfo": "edgesplit.model.graph",
+    "zoo_save": "edgesplit.model.zoo",
     # devices
-    "load_device",
-    "load_links",
-    "DeviceSpec",
-    "Processor",
-    "NetworkLink",
+    "load_device": "edgesplit.device",
+    "load_links": "edgesplit.device",
+    "DeviceSpec": "edgesplit.device",
+    "Processor": "edgesplit.device",
+    "NetworkLink": "edgesplit.device",
     # profiles
-    "Profile",
-    "ProcessorProfile",
-    "NodeCost",
-    "load_profile",
-    "profile_model",
+    "profile_model": "edgesplit.profile.run",
+    "profile_remote": "edgesplit.profile.remote",
+    "profile_fleet": "edgesplit.profile.fleet",
+    "detect_remote": "edgesplit.profile.remote",
+    "Profile": "edgesplit.profile.store",
+    "ProcessorProfile": "edgesplit.profile.store",
+    "NodeCost": "edgesplit.profile.store",
+    "load_profile": "edgesplit.profile.store",
+    # partition
+    "partition": "edgesplit.optimize",
+    "Plan": "edgesplit.optimize",
+    "load_plan": "edgesplit.optimize",
     # compile and run
-    "compile_bundle",
-    "open_bundle",
-    "Manifest",
-    "PartArtifact",
-    "load",
-    "Session",
-    "SessionStats",
-    "deploy",
-    "zoo_save",
+    "compile_bundle": "edgesplit.compile.api",
+    "open_bundle": "edgesplit.compile.bundle",
+    "Manifest": "edgesplit.compile.bundle",
+    "PartArtifact": "edgesplit.compile.bundle",
+    "load": "edgesplit.runtime.session",
+    "Session": "edgesplit.runtime.session",
+    "SessionStats": "edgesplit.runtime.session",
+    "deploy": "edgesplit.deploy",
     # errors
-    "EdgesplitError",
-    "InputError",
-    "ModelLoadError",
-    "DeviceSpecError",
-    "ProfileError",
-    "PlanError",
-    "BundleError",
-    "RunInputError",
-    "RemoteError",
-    "CompileError",
-]
+    "EdgesplitError": "edgesplit.errors",
+    "InputError": "edgesplit.errors",
+    "ModelLoadError": "edgesplit.errors",
+    "DeviceSpecError": "edgesplit.errors",
+    "ProfileError": "edgesplit.errors",
+    "PlanError": "edgesplit.errors",
+    "BundleError": "edgesplit.errors",
+    "RunInputError": "edgesplit.errors",
+    "RemoteError": "edgesplit.errors",
+    "CompileError": "edgesplit.errors",
+}
+_ALIASES = {"zoo_save": "save"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edgesplit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), _ALIASES.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is used
+    from edgesplit.compile.api import compile_bundle
+    from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
+    from edgesplit.deploy import deploy
+    from edgesplit.device import DeviceSpec, NetworkLink, Processor, load_device, load_links
+    from edgesplit.errors import (
+        BundleError,
+        CompileError,
+        DeviceSpecError,
+        EdgesplitError,
+        InputError,
+        ModelLoadError,
+        PlanError,
+        ProfileError,
+        RemoteError,
+        RunInputError,
+    )
+    from edgesplit.model.graph import ModelGraph, Node, TensorInfo
+    from edgesplit.model.load import load_model
+    from edgesplit.model.zoo import save as zoo_save
+    from edgesplit.optimize import Plan, load_plan, partition
+    from edgesplit.profile.fleet import profile_fleet
+    from edgesplit.profile.remote import detect_remote, profile_remote
+    from edgesplit.profile.run import profile_model
+    from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile, load_profile
+    from edgesplit.runtime.session import Session, SessionStats, load
