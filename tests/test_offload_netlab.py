@@ -151,9 +151,10 @@ def test_offload_over_a_shaped_link_measures_rtt_and_bandwidth(squeeze_bundle):
     wire_s = s.sent_nbytes * 8 / 20e6 / s.remote_runs
     assert s.remote_runs == 4 and s.local_runs == 0
     assert 10 <= s.rtt_ms < 25, s
-    # tbf at 20 Mbit/s, less TCP/IP headers; the estimate is made in user space, so CPU contention
-    # (other tests, the relay, the server's body read) can only make it look slower, never faster.
-    assert 12 < s.bandwidth_mbps < 22, s
+    # tbf at 20 Mbit/s, less TCP/IP headers. The estimate subtracts the RTT and the server's own
+    # reported time; under CPU contention the server's time can include part of the body read,
+    # which makes the link look up to ~20% faster than it is (23.3 Mbit/s seen on a loaded host).
+    assert 12 < s.bandwidth_mbps < 25, s
     assert s.remote_ms_median > wire_s * 1e3 + 10, s
 
 
