@@ -179,16 +179,10 @@ def _measure(graph, processor, backend, feeds, runs, warmup, tick):
         psess = make_session(graph.model, processor, backend, enable_profiling=True,
                              profile_file_prefix=os.path.join(tmp, "trace"),
                              optimized_model_filepath=opt_path)
-        # Whole-model and profiled runs alternate, so that both see the same machine load.
-        whole: list[float] = []
-        for i in range(warmup + runs):
-            t0 = time.perf_counter()
-            sess.run(None, feeds)
-            if i >= warmup:
-                whole.append((time.perf_counter() - t0) * 1e3)
-            psess.run(None, feeds)
-            tick()
-            tick()
+        # One phase after the other, not alternating: an idle ORT session's threads spin for a
+        # while after each run and would slow the other session down.
+        whole = time_runs(lambda: (sess.run(None, feeds), tick()), runs, warmup)
+        time_runs(lambda: (psess.run(None, feeds), tick()), runs, warmup)
         trace = psess.end_profiling()
         kernels = _kernel_times(trace)
         optimized = onnx.load(opt_path, load_external_data=False).graph
