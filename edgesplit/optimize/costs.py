@@ -18,7 +18,9 @@ The model, stated once (every solver, baseline and plan is priced by it):
   bandwidth`` (``bandwidth_gbps`` is in GB/s, like ``mem_bandwidth_gbps``). Device -> server costs
   ``nbytes * 8 / up_mbps`` plus ``rtt_ms / 2`` (one-way propagation); server -> device uses
   ``down_mbps``. Radio energy is ``tx_power_w`` (``rx_power_w``) times the serialisation time; the
-  propagation half-RTT is spent waiting, at idle power.
+  propagation half-RTT is spent waiting, at idle power. A copy onto another local processor also
+  pays that processor's measured part dispatch (``ProcessorProfile.dispatch_ms``: the hand-off to
+  its runtime worker), since it starts a new part there.
 * **Idle power.** While the device waits (for another processor, a copy, the network or the
   server) each of its processors that is not running draws ``idle_w``: device energy is
   ``active + radio + sum_p idle_w[p] * (T - busy_p)`` over the local processors, with ``T`` the
@@ -316,6 +318,14 @@ def build_costs(
         allowed[n] = False
         allowed[n, p] = True
     lat, per_byte, radio, channel = _links(device, server, link)
+    # A crossing onto another local processor starts a part there, which costs the measured
+    # hand-off to that processor's runtime worker (profile ``dispatch_ms``; 0 where predicted).
+    dispatch = np.array([min((e.dispatch_ms for e in profile.for_processor(p.name) if e.dispatch_ms is not None),
+                             default=0.0) for p in procs])
+    for a, pa in enumerate(procs):
+        for b, pb in enumerate(procs):
+            if a != b and not pa.is_remote and not pb.is_remote:
+                lat[a, b] += dispatch[b]
     mem_nodes = np.array([
         n.weight_nbytes + sum(graph.tensors[t].nbytes for t in n.outputs if not graph.tensors[t].is_weight)
         for n in graph.nodes

@@ -14,12 +14,13 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from edgesplit.cpu import run_as_processor
+from edgesplit.cpu import configure_thread
 from edgesplit.device import Backend, Processor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
@@ -160,33 +161,45 @@ def profile_ort(
                                 note="some ops are not supported; measured per part only")
     total = runs * 2 + warmup * 2
     tick = _ticker(progress, f"{processor.name}/ort", total)
-    (whole, kernels, optimized), notes = run_as_processor(
-        processor.name, processor.cores, processor.cpu_quota_pct,
-        lambda: _measure(graph, processor, backend, feeds, runs, warmup, tick))
+    notes: list[str] = []
+    # The processor's worker thread, set up like the runtime's (pinned, throttled): the sessions
+    # are built on it, so ORT's threads inherit its setup, and whole-model runs are timed from
+    # this thread through a hand-off to it, as a bundle's part is.
+    with ThreadPoolExecutor(1, initializer=lambda: notes.extend(configure_thread(
+            processor.name, processor.cores, processor.cpu_quota_pct))) as worker, \
+            tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp:
+        opt_path = os.path.join(tmp, "optimized.onnx")
+        sess, trivial, psess = worker.submit(lambda: (
+            make_session(graph.model, processor, backend),
+            make_session(_trivial_model(), processor, backend),
+            make_session(graph.model, processor, backend, enable_profiling=True,
+                         profile_file_prefix=os.path.join(tmp, "trace"), optimized_model_filepath=opt_path),
+        )).result()
+        # One phase after the other, not alternating: an idle ORT session's threads spin for a
+        # while after each run and would slow the other session down.
+        whole = time_runs(lambda: (worker.submit(sess.run, None, feeds).result(), tick()), runs, warmup)
+        one = {"x": np.ones(1, np.float32)}
+        dispatch = float(np.median(time_runs(lambda: worker.submit(trivial.run, None, one).result(), 30, 5)))
+        worker.submit(time_runs, lambda: (psess.run(None, feeds), tick()), runs, warmup).result()
+        kernels = _kernel_times(worker.submit(psess.end_profiling).result())
+        optimized = onnx.load(opt_path, load_external_data=False).graph
     nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
     med, p90 = _percentiles(whole)
     return ProcessorProfile(
         processor=processor.name, backend=backend.key, source=MEASURED, nodes=nodes,
         whole_model_ms=med, whole_model_p90_ms=p90, elapsed_s=time.perf_counter() - started,
-        note="; ".join(notes),
+        note="; ".join(notes), dispatch_ms=round(dispatch, 6),
     )
 
 
-def _measure(graph, processor, backend, feeds, runs, warmup, tick):
-    with tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp:
-        sess = make_session(graph.model, processor, backend)
-        opt_path = os.path.join(tmp, "optimized.onnx")
-        psess = make_session(graph.model, processor, backend, enable_profiling=True,
-                             profile_file_prefix=os.path.join(tmp, "trace"),
-                             optimized_model_filepath=opt_path)
-        # One phase after the other, not alternating: an idle ORT session's threads spin for a
-        # while after each run and would slow the other session down.
-        whole = time_runs(lambda: (sess.run(None, feeds), tick()), runs, warmup)
-        time_runs(lambda: (psess.run(None, feeds), tick()), runs, warmup)
-        trace = psess.end_profiling()
-        kernels = _kernel_times(trace)
-        optimized = onnx.load(opt_path, load_external_data=False).graph
-    return whole, kernels, optimized
+def _trivial_model() -> onnx.ModelProto:
+    """One Neg on one float: what a part costs to dispatch, almost without compute."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    m = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Neg", ["x"], ["y"])], "t", [x], [y]),
+                               opset_imports=[onnx.helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
 
 
 def _attribute(graph: ModelGraph, processor: Processor, optimized: onnx.GraphProto,

@@ -47,6 +47,8 @@ class ProcessorProfile:
         whole_model_ms: Measured median latency of the whole model on this pair, when it could run
             as a whole; the sum of parts is calibrated against it.
         note: Why the backend could not measure, where it could not (e.g. a TVM import failure).
+        dispatch_ms: Measured cost of handing one part to this processor's runtime worker and
+            back (a thread round trip plus a trivial run), which every extra part pays.
     """
 
     processor: str
@@ -58,6 +60,7 @@ class ProcessorProfile:
     whole_model_p90_ms: float | None = None
     note: str = ""
     elapsed_s: float = 0.0
+    dispatch_ms: float | None = None
 
     @property
     def key(self) -> str:
@@ -123,6 +126,7 @@ class Profile:
                     whole_model_p90_ms=e.get("whole_model_p90_ms"),
                     note=e.get("note", ""),
                     elapsed_s=e.get("elapsed_s", 0.0),
+                    dispatch_ms=e.get("dispatch_ms"),
                 )
                 for e in d["entries"]
             )
