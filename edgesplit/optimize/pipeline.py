@@ -29,6 +29,11 @@ def period_ms(cm: CostModel, assign: np.ndarray) -> float:
     for c in crossings(cm, x):
         key = ("c", int(cm.channel[c.src, c.dst]))
         load[key] = load.get(key, 0.0) + c.serial_ms
+        if not cm.remote[c.src] and not cm.remote[c.dst]:
+            # starting a part on another local processor occupies that processor's worker (the
+            # measured dispatch, in the crossing's fixed latency), so every extra stage costs
+            key = ("p", int(c.dst))
+            load[key] = load.get(key, 0.0) + float(cm.link_ms[c.src, c.dst])
     return max(load.values(), default=0.0)
 
 

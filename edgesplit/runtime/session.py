@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -91,15 +91,17 @@ class Session:
         opts = dict(executor_options or {})
         if adaptive:  # per remote part: server or local fallback, whichever is measured faster
             opts["remote"] = {**opts.get("remote", {}), "adaptive": True}
+        per_proc = Counter(p.processor for p in self.manifest.parts if not p.remote)
         for p in self.manifest.parts:
             key = _worker_key(p)
+            extra = dict(opts.get("remote" if p.remote else p.backend, {}))
+            if p.backend == "ort" and not p.remote and per_proc[p.processor] > 1:
+                extra.setdefault("spin", False)
             if key not in self._workers:
                 self._workers[key] = _Worker(key, None if p.remote else p.cores,
                                              None if p.remote else p.cpu_quota_pct, self.notes)
             worker = self._workers[key]
-            self._executors[p.name] = worker.pool.submit(
-                make_executor, p, self.path, **dict(opts.get("remote" if p.remote else p.backend, {}))
-            ).result()
+            self._executors[p.name] = worker.pool.submit(make_executor, p, self.path, **extra).result()
 
     # ---- inputs
 
@@ -180,7 +182,7 @@ class Session:
     def run_stream(self, inputs: Iterable[Mapping[str, np.ndarray]], *, window: int | None = None
                    ) -> Iterator[dict[str, np.ndarray]]:
         """Run a stream of requests, pipelined: up to ``window`` requests in flight, results in order."""
-        window = window or max(2, len(self._workers) + 1)
+        window = window or max(2, len(self.manifest.parts) + 1)
         pending: deque[Future] = deque()
         for item in inputs:
             pending.append(self._submit(self._check_inputs(item)))
