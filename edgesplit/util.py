@@ -66,3 +66,19 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def read_json_object(path: str | os.PathLike, error: type[Exception], what: str) -> dict:
+    """A JSON file whose top level is an object; ``error`` names the file and the problem."""
+    import json
+
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise error(f"{p}: no such {what} file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{p}: not a JSON {what} ({e})") from e
+    if not isinstance(data, dict):
+        raise error(f"{p}: not a JSON {what} (top level is {type(data).__name__})")
+    return data

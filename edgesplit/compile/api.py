@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +18,7 @@ from edgesplit.device import DeviceSpec, load_device
 from edgesplit.errors import CompileError, PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.model.load import load_model
-from edgesplit.util import atomic_dir, sha256_file
+from edgesplit.util import atomic_dir, read_json_object, sha256_file
 
 Progress = Callable[[str, int, int], None]
 
@@ -32,15 +31,9 @@ def plan_dict(plan: Any) -> dict[str, Any]:
         return plan.to_json()
     if is_dataclass(plan):
         return asdict(plan)
-    path = Path(plan)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{path}: no such plan file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PlanError(f"{path}: not a JSON plan ({e})") from e
-    if not isinstance(data, dict) or "parts" not in data:
-        raise PlanError(f"{path}: not a plan (no parts)")
+    data = read_json_object(plan, PlanError, "plan")
+    if "parts" not in data:
+        raise PlanError(f"{plan}: not a plan (no parts)")
     return data
 
 

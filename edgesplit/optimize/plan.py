@@ -13,11 +13,10 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from edgesplit.errors import PlanError
-from edgesplit.util import atomic_write_text
+from edgesplit.util import atomic_write_text, read_json_object
 
 FORMAT_VERSION = 1
 
@@ -165,13 +164,4 @@ def load_plan(path: str | os.PathLike) -> Plan:
     Raises:
         PlanError: naming the file, when it is missing, not JSON, or not a plan.
     """
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{p}: no such plan file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PlanError(f"{p}: not a JSON plan ({e})") from e
-    if not isinstance(data, dict):
-        raise PlanError(f"{p}: not a JSON plan (top level is {type(data).__name__})")
-    return Plan.from_json(data, str(p))
+    return Plan.from_json(read_json_object(path, PlanError, "plan"), str(path))

@@ -6,11 +6,10 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from edgesplit.errors import ProfileError
-from edgesplit.util import atomic_write_text
+from edgesplit.util import atomic_write_text, read_json_object
 
 FORMAT_VERSION = 1
 
@@ -153,13 +152,4 @@ def load_profile(path: str | os.PathLike) -> Profile:
     Raises:
         ProfileError: naming the file, when it is missing, not JSON, or not a profile.
     """
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"{p}: no such profile file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProfileError(f"{p}: not a JSON profile ({e})") from e
-    if not isinstance(data, dict):
-        raise ProfileError(f"{p}: not a JSON profile (top level is {type(data).__name__})")
-    return Profile.from_json(data, str(p))
+    return Profile.from_json(read_json_object(path, ProfileError, "profile"), str(path))
