@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README's first command: set up, then run the main job on a bundled example:
 # build ResNet-18 from the zoo, profile it on this machine's two cores (big and a throttled
-# little one), partition it, compile the bundle, run it and compare with the prediction.
+# little one), partition it for latency and for throughput, compile the bundles, run them and
+# compare what was measured with what the plans predicted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,7 +12,10 @@ E=.venv/bin/edgesplit
 model=${EDGESPLIT_DEMO_MODEL:-resnet18}
 $E zoo "$model" -o "$out/$model.onnx"
 $E profile "$out/$model.onnx" --device host-biglittle --backend ort --runs 20 -o "$out/$model.profile.json"
-$E partition "$out/$model.onnx" --device host-biglittle --profile "$out/$model.profile.json" \
-  --objective latency --plot "$out/plan.png" -o "$out/plan.json"
-$E compile "$out/$model.onnx" --plan "$out/plan.json" -o "$out/bundle"
-$E run "$out/bundle" --repeat 50 --stream 50
+for objective in latency throughput; do
+  echo "== objective: $objective"
+  $E partition "$out/$model.onnx" --device host-biglittle --profile "$out/$model.profile.json" \
+    --objective "$objective" --plot "$out/$objective.png" -o "$out/$objective.json"
+  $E compile "$out/$model.onnx" --plan "$out/$objective.json" -o "$out/$objective-bundle"
+  $E run "$out/$objective-bundle" --repeat 30 --stream 100
+done

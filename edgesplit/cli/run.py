@@ -44,13 +44,15 @@ def print_report(report) -> None:
                   f"{p.predicted_ms:.3f}" if p.predicted_ms is not None else "-", ratio)
     console.print(t)
     s = Table(title="end to end")
-    for col in ("mode", "runs", "median ms", "p90 ms", "predicted ms", "throughput /s"):
+    for col in ("mode", "runs", "median ms", "p90 ms", "predicted ms", "throughput /s", "predicted /s"):
         s.add_column(col)
     pred = f"{report.predicted_ms:.3f}" if report.predicted_ms is not None else "-"
     s.add_row("single request", str(report.runs), f"{report.median_ms:.3f}", f"{report.p90_ms:.3f}", pred,
-              f"{1e3 / report.median_ms:.1f}")
+              f"{1e3 / report.median_ms:.1f}", "-")
     if report.stream_per_s is not None:
-        s.add_row(f"stream of {report.stream_n}", str(report.stream_n), "-", "-", "-", f"{report.stream_per_s:.1f}")
+        pred_s = f"{report.predicted_per_s:.1f}" if report.predicted_per_s is not None else "-"
+        s.add_row(f"stream of {report.stream_n}", str(report.stream_n), "-", "-", "-",
+                  f"{report.stream_per_s:.1f}", pred_s)
     console.print(s)
     for n in st.notes:
         console.print(f"note: {n}")

@@ -50,6 +50,7 @@ class RunReport:
     median_ms: float
     p90_ms: float
     predicted_ms: float | None
+    predicted_per_s: float | None
     stream_n: int
     stream_per_s: float | None
     outputs: dict[str, np.ndarray]
@@ -82,6 +83,6 @@ def benchmark(sess: Session, feeds: dict[str, np.ndarray], *, repeat: int = 20, 
         for _ in sess.run_stream(feeds for _ in range(stream)):
             pass
         per_s = stream / (time.perf_counter() - t0)
-    predicted = (sess.manifest.plan.get("predicted") or {}).get("latency_ms")
-    return RunReport(stats, repeat, float(np.median(lat)), float(np.percentile(lat, 90)), predicted,
-                     stream, per_s, outputs)
+    predicted = sess.manifest.plan.get("predicted") or {}
+    return RunReport(stats, repeat, float(np.median(lat)), float(np.percentile(lat, 90)),
+                     predicted.get("latency_ms"), predicted.get("throughput_per_s"), stream, per_s, outputs)
