@@ -272,7 +272,7 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
         cand = d / f"{text}.yaml"
         if cand.is_file():
             return cand
-    names = ", ".join(q.stem for q in list_specs())
+    names = ", ".join(q.stem for q in list_specs() if q.stem != "links")
     raise DeviceSpecError(f"unknown device '{text}' (known: {names})")
 
 

@@ -54,5 +54,17 @@ def print_report(report) -> None:
         s.add_row(f"stream of {report.stream_n}", str(report.stream_n), "-", "-", "-",
                   f"{report.stream_per_s:.1f}", pred_s)
     console.print(s)
+    if report.remote:
+        r = Table(title="remote parts (offload)")
+        for col in ("part", "mode", "server runs", "fallback runs", "failures", "RTT ms", "Mbit/s", "last error"):
+            r.add_column(col)
+        for name, rs in report.remote.items():
+            r.add_row(name, rs.mode, str(rs.remote_runs), str(rs.local_runs), str(rs.failures),
+                      f"{rs.rtt_ms:.2f}" if rs.rtt_ms is not None else "-",
+                      f"{rs.bandwidth_mbps:.1f}" if rs.bandwidth_mbps is not None else "-",
+                      (rs.last_error or "")[:60])
+        console.print(r)
+        if any(rs.url is None for rs in report.remote.values()):
+            console.print("note: no --server given: remote parts ran on their local fallback")
     for n in st.notes:
         console.print(f"note: {n}")

@@ -51,6 +51,7 @@ class RunReport:
     p90_ms: float
     predicted_ms: float | None
     predicted_per_s: float | None
+    remote: dict
     stream_n: int
     stream_per_s: float | None
     outputs: dict[str, np.ndarray]
@@ -85,4 +86,5 @@ def benchmark(sess: Session, feeds: dict[str, np.ndarray], *, repeat: int = 20, 
         per_s = stream / (time.perf_counter() - t0)
     predicted = sess.manifest.plan.get("predicted") or {}
     return RunReport(stats, repeat, float(np.median(lat)), float(np.percentile(lat, 90)),
-                     predicted.get("latency_ms"), predicted.get("throughput_per_s"), stream, per_s, outputs)
+                     predicted.get("latency_ms"), predicted.get("throughput_per_s"), sess.remote_stats(),
+                     stream, per_s, outputs)
