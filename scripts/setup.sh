@@ -11,9 +11,15 @@ fi
 stamp=.venv/.edgesplit-setup
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -c "import edgesplit, onnxruntime, tvm" >/dev/null
+  log=$(mktemp)
+  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e ".[test]"; } \
+      >"$log" 2>&1; then
+    grep -v '^WARNING: Location' "$log" >&2; rm -f "$log"
+    echo "setup: pip install failed (above)" >&2
+    exit 1
+  fi
+  rm -f "$log"
+  .venv/bin/python -c "import edgesplit.cli.main, onnxruntime, tvm, tritonclient.http, paramiko" >/dev/null
   echo "$want" > "$stamp"
 fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
