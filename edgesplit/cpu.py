@@ -80,3 +80,30 @@ def run_as_processor(name: str, cores: tuple[int, ...] | None, quota_pct: float 
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"], box["notes"]  # type: ignore[return-value]
+
+
+def ort_session_options(threads: int | None, cores: tuple[int, ...] | None, *, spin: bool = True, **attrs):
+    """ONNX Runtime options for a processor: full graph optimisation, its thread count, and its
+    extra threads pinned to its cores. Profiler and runtime build sessions alike with this.
+
+    ``spin=False`` makes the thread pool stop spinning as soon as a run returns: when several
+    sessions share a processor, an idle pool's spinning steals the cores from the next part
+    (2x slower measured with 4 parts on 2 cores).
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    n = threads or (len(cores) if cores else 0)
+    if n:
+        so.intra_op_num_threads = n
+        so.inter_op_num_threads = 1
+    if cores and n > 1 and len(cores) >= n:
+        # 1-based logical processor ids, one group per extra thread (DESIGN.md, measured facts).
+        so.add_session_config_entry("session.intra_op_thread_affinities", ";".join(str(c + 1) for c in cores[1:n]))
+    if not spin:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
+    for k, v in attrs.items():
+        setattr(so, k, v)
+    return so

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgesplit.cpu import configure_thread
+from edgesplit.cpu import configure_thread, ort_session_options
 from edgesplit.device import Backend, Processor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
@@ -35,30 +35,10 @@ def _percentiles(values: list[float]) -> tuple[float, float]:
     return float(np.median(arr)), float(np.percentile(arr, 90))
 
 
-def session_options(processor: Processor, backend: Backend, **extra):
-    """ORT session options for a processor: threads, affinity, full graph optimisation."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    threads = processor.threads or (len(processor.cores) if processor.cores else 0)
-    if threads:
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-    if processor.cores and threads > 1:
-        # 1-based logical processor ids, one group per extra thread (DESIGN.md, measured facts).
-        groups = [str(c + 1) for c in processor.cores[1:threads]]
-        so.add_session_config_entry("session.intra_op_thread_affinities", ";".join(groups))
-    for k, v in extra.items():
-        setattr(so, k, v)
-    return so
-
-
 def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, backend: Backend, **extra):
     import onnxruntime as ort
 
-    so = session_options(processor, backend, **extra)
+    so = ort_session_options(processor.threads, processor.cores, **extra)
     data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     providers = [(backend.provider, dict(backend.options))]
     if backend.provider != "CPUExecutionProvider":

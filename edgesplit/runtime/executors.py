@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from edgesplit.compile.bundle import PartArtifact
+from edgesplit.cpu import ort_session_options
 from edgesplit.errors import BundleError
 
 
@@ -33,25 +34,11 @@ class OrtExecutor:
 
     def __init__(self, part: PartArtifact, bundle: Path, *, file: str | None = None,
                  provider: str | None = None, options: Mapping | None = None, spin: bool = True):
-        """``spin=False`` when other sessions share the processor: an ORT thread pool keeps
-        spinning for a while after each run and would steal the cores from the next part (2x
-        slower measured with 4 parts on 2 cores), so its threads stop as soon as a run returns
-        (they still spin within a run, between ops)."""
+        """``spin=False`` when other sessions share the processor (see ``ort_session_options``)."""
         import onnxruntime as ort
 
         self.part = part
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 3
-        threads = part.threads or (len(part.cores) if part.cores else 0)
-        if threads:
-            so.intra_op_num_threads = threads
-            so.inter_op_num_threads = 1
-        if part.cores and threads > 1 and len(part.cores) >= threads:
-            so.add_session_config_entry(
-                "session.intra_op_thread_affinities", ";".join(str(c + 1) for c in part.cores[1:threads]))
-        if not spin:
-            so.add_session_config_entry("session.force_spinning_stop", "1")
+        so = ort_session_options(part.threads, part.cores, spin=spin)
         provider = provider or part.provider
         available = ort.get_available_providers()
         if provider not in available:
