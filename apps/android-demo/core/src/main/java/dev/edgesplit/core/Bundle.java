@@ -34,22 +34,26 @@ public final class Bundle {
      *     another format version, a missing file, or a checksum mismatch (a tampered file)
      */
     public static Bundle open(BundleSource source) throws EdgesplitException {
-        byte[] text;
-        try {
-            text = readAll(source, MANIFEST);
-        } catch (FileNotFoundException e) {
-            throw new EdgesplitException(EdgesplitException.Kind.BUNDLE,
-                    source.describe(MANIFEST) + ": missing; this is not a bundle", e);
-        } catch (IOException e) {
-            throw new EdgesplitException(EdgesplitException.Kind.BUNDLE,
-                    source.describe(MANIFEST) + ": cannot be read (" + e + ")", e);
-        }
+        byte[] text = readOrFail(source, MANIFEST, "missing; this is not a bundle");
         Manifest m = Manifest.parse(new String(text, StandardCharsets.UTF_8), source.describe(MANIFEST));
         Bundle b = new Bundle(m, source);
         for (String rel : m.files.keySet()) {
             b.verify(rel);
         }
         return b;
+    }
+
+    /** A file's bytes; a missing or unreadable file is a BUNDLE error naming it. */
+    private static byte[] readOrFail(BundleSource source, String rel, String whenMissing)
+            throws EdgesplitException {
+        try {
+            return readAll(source, rel);
+        } catch (FileNotFoundException e) {
+            throw new EdgesplitException(EdgesplitException.Kind.BUNDLE, source.describe(rel) + ": " + whenMissing, e);
+        } catch (IOException e) {
+            throw new EdgesplitException(EdgesplitException.Kind.BUNDLE,
+                    source.describe(rel) + ": cannot be read (" + e + ")", e);
+        }
     }
 
     /**
@@ -62,16 +66,7 @@ public final class Bundle {
         if (want == null) {
             throw EdgesplitException.bundle(source.describe(relPath) + ": not listed in the manifest");
         }
-        byte[] data;
-        try {
-            data = readAll(source, relPath);
-        } catch (FileNotFoundException e) {
-            throw new EdgesplitException(EdgesplitException.Kind.BUNDLE,
-                    source.describe(relPath) + ": missing from the bundle", e);
-        } catch (IOException e) {
-            throw new EdgesplitException(EdgesplitException.Kind.BUNDLE,
-                    source.describe(relPath) + ": cannot be read (" + e + ")", e);
-        }
+        byte[] data = readOrFail(source, relPath, "missing from the bundle");
         if (!sha256(data).equals(want)) {
             throw EdgesplitException.bundle(source.describe(relPath)
                     + ": checksum mismatch (the file was changed after compile)");
