@@ -111,9 +111,21 @@ def profiles(model: Path, tmp: Path, quota: CpuQuota):
     from edgesplit.profile.store import load_profile
 
     dev_yaml, srv_local_yaml = tmp / "lab-device.yaml", tmp / "lab-server-local.yaml"
-    edgesplit("profile", str(model), "-d", str(dev_yaml), "-o", str(tmp / "dev.json"), "-q", "--runs", "10",
-              wrap=quota.wrap)
-    edgesplit("profile", str(model), "-d", str(srv_local_yaml), "-o", str(tmp / "srv.json"), "-q", "--runs", "10")
+    edgesplit(
+        "profile",
+        str(model),
+        "-d",
+        str(dev_yaml),
+        "-o",
+        str(tmp / "dev.json"),
+        "-q",
+        "--runs",
+        "10",
+        wrap=quota.wrap,
+    )
+    edgesplit(
+        "profile", str(model), "-d", str(srv_local_yaml), "-o", str(tmp / "srv.json"), "-q", "--runs", "10"
+    )
     dev, srv = load_profile(tmp / "dev.json"), load_profile(tmp / "srv.json")
     renamed = tuple(replace(e, processor=f"lab-server.{e.processor}") for e in srv.entries)
     return replace(dev, entries=dev.entries + renamed)
@@ -155,11 +167,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--bandwidths", default="2,10,50,200")
-    ap.add_argument("--runs", type=int, default=15, help="timed runs per configuration (fewer past --budget-s)")
+    ap.add_argument(
+        "--runs", type=int, default=15, help="timed runs per configuration (fewer past --budget-s)"
+    )
     ap.add_argument("--budget-s", type=float, default=8.0, help="time per configuration")
     ap.add_argument("--quota-pct", type=float, default=25, help="the device's CPU quota (%% of one core)")
-    ap.add_argument("--server-threads", type=int, default=1,
-                    help="ORT threads of the server processor (the 2 cores are shared with the device)")
+    ap.add_argument(
+        "--server-threads",
+        type=int,
+        default=1,
+        help="ORT threads of the server processor (the 2 cores are shared with the device)",
+    )
     ap.add_argument("--tolerance", type=float, default=0.10, help="measurement noise allowed in the verdict")
     args = ap.parse_args()
     from edgesplit.compile.api import compile_bundle
@@ -169,11 +187,13 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="edgesplit-sweep-"))
     peak, bw, launch = ROOFLINE["peak_gflops"], ROOFLINE["mem_bandwidth_gbps"], ROOFLINE["launch_overhead_ms"]
-    (tmp / "lab-device.yaml").write_text(DEVICE_SPEC.format(quota=args.quota_pct, peak=peak * args.quota_pct / 100,
-                                                            bw=bw, launch=launch))
+    (tmp / "lab-device.yaml").write_text(
+        DEVICE_SPEC.format(quota=args.quota_pct, peak=peak * args.quota_pct / 100, bw=bw, launch=launch)
+    )
     for kind, name in (("server", "lab-server.yaml"), ("device", "lab-server-local.yaml")):
-        (tmp / name).write_text(SERVER_SPEC.format(kind=kind, peak=peak, bw=bw, launch=launch,
-                                                   threads=args.server_threads))
+        (tmp / name).write_text(
+            SERVER_SPEC.format(kind=kind, peak=peak, bw=bw, launch=launch, threads=args.server_threads)
+        )
     model = zoo.save(args.model, tmp / f"{args.model}.onnx")
     graph = load_model(model)
     dev, srv = load_device(tmp / "lab-device.yaml"), load_device(tmp / "lab-server.yaml")
@@ -182,9 +202,15 @@ def main() -> None:
     with CpuQuota(args.quota_pct) as quota:
         t0 = time.time()
         prof = profiles(model, tmp, quota)
-        print(f"profiled {args.model} on the device (in the quota) and the server in {time.time() - t0:.0f} s")
-        device = subprocess.Popen(quota.wrap([sys.executable, "-c", DEVICE_WORKER]), stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+        print(
+            f"profiled {args.model} on the device (in the quota) and the server in {time.time() - t0:.0f} s"
+        )
+        device = subprocess.Popen(
+            quota.wrap([sys.executable, "-c", DEVICE_WORKER]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             for mbps in [float(b) for b in args.bandwidths.split(",")]:
                 configs = plans_at(graph, dev, srv, prof, mbps)
@@ -226,8 +252,11 @@ def print_row(row, same_as: str | None) -> None:
         print(f"{mbps:>6g} Mbit/s  {name:<16} predicted {predicted:>9.1f} ms   ERROR {result['error']}")
         return
     m = result["median_ms"]
-    print(f"{mbps:>6g} Mbit/s  {name:<16} parts {n_parts}  predicted {predicted:>9.1f} ms  measured {m:>9.1f} ms "
-          f"(x{m / predicted:.2f}, {result['runs']} runs)" + (f"  = {same_as}" if same_as else ""), flush=True)
+    print(
+        f"{mbps:>6g} Mbit/s  {name:<16} parts {n_parts}  predicted {predicted:>9.1f} ms  measured {m:>9.1f} ms "
+        f"(x{m / predicted:.2f}, {result['runs']} runs)" + (f"  = {same_as}" if same_as else ""),
+        flush=True,
+    )
 
 
 def verdict(rows, tolerance: float) -> None:

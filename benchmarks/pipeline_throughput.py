@@ -40,8 +40,10 @@ def main() -> None:
     ap.add_argument("--models", default="resnet18,googlenet,mobilenetv2")
     args = ap.parse_args()
     device = load_device("host-2core")
-    print(f"{'model':<14}{'1 core /s':>11}{'2-stage /s':>12}{'speedup':>9}  >=1.7x"
-          f"{'opt /s':>9}{'predicted':>11}{'parts':>7}{'ORT 2 threads /s':>18}")
+    print(
+        f"{'model':<14}{'1 core /s':>11}{'2-stage /s':>12}{'speedup':>9}  >=1.7x"
+        f"{'opt /s':>9}{'predicted':>11}{'parts':>7}{'ORT 2 threads /s':>18}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             path = zoo.save(name, Path(tmp) / f"{name}.onnx")
@@ -56,8 +58,12 @@ def main() -> None:
                     cut = i + 1
                     break
             flops = [max(n.flops, 1) for n in graph.nodes]
-            two = contiguous_plan(graph, "host-2core", [("core0", "ort"), ("core1", "ort")],
-                                  weights=[sum(flops[:cut]), sum(flops[cut:])])
+            two = contiguous_plan(
+                graph,
+                "host-2core",
+                [("core0", "ort"), ("core1", "ort")],
+                weights=[sum(flops[:cut]), sum(flops[cut:])],
+            )
             one = contiguous_plan(graph, "host-2core", [("core0", "ort")])
             # The optimiser's throughput objective, free to use more stages.
             plan = partition(graph, device, objective="throughput", profile=prof)
@@ -80,8 +86,10 @@ def main() -> None:
                 whole.run(None, feeds)
             c = args.requests / (time.perf_counter() - t0)
             pred = plan.predicted["throughput_per_s"]
-            print(f"{name:<14}{a:>11.1f}{b:>12.1f}{b / a:>9.2f}  {'yes' if b / a >= 1.7 else 'NO':<5}"
-                  f"{o:>9.1f}{pred:>11.1f}{len(plan.parts):>7}{c:>18.1f}")
+            print(
+                f"{name:<14}{a:>11.1f}{b:>12.1f}{b / a:>9.2f}  {'yes' if b / a >= 1.7 else 'NO':<5}"
+                f"{o:>9.1f}{pred:>11.1f}{len(plan.parts):>7}{c:>18.1f}"
+            )
 
 
 if __name__ == "__main__":

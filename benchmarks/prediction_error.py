@@ -68,8 +68,10 @@ def main() -> None:
                 ok = abs(err) <= 0.10
                 within += ok
                 total += 1
-                print(f"{name:<18}{label:<14}{len(plan.parts):>6}{pred:>14.3f}{got:>13.3f}{err:>+9.1%}"
-                      f"{'' if ok else '  *'}")
+                print(
+                    f"{name:<18}{label:<14}{len(plan.parts):>6}{pred:>14.3f}{got:>13.3f}{err:>+9.1%}"
+                    f"{'' if ok else '  *'}"
+                )
     print(f"\n{within}/{total} = {within / total:.0%} of predictions within +-10% of the measured median")
 
 

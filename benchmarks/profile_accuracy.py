@@ -38,8 +38,10 @@ def main() -> None:
     args = ap.parse_args()
     host = load_device("host")
     backends = ["ort", "tvm"] if args.tvm else ["ort"]
-    print(f"{'model':<20}{'nodes':>7}{'GFLOPs':>9}{'whole ms':>10}{'sum ms':>10}{'sum/whole':>11}"
-          f"{'load s':>8}{'profile s':>11}  within 15%")
+    print(
+        f"{'model':<20}{'nodes':>7}{'GFLOPs':>9}{'whole ms':>10}{'sum ms':>10}{'sum/whole':>11}"
+        f"{'load s':>8}{'profile s':>11}  within 15%"
+    )
     ok = 0
     rows = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,8 +56,10 @@ def main() -> None:
             good = abs(ratio - 1) <= 0.15
             ok += good
             rows += 1
-            print(f"{name:<20}{len(graph.nodes):>7}{graph.total_flops / 1e9:>9.3f}{e.whole_model_ms:>10.3f}"
-                  f"{e.sum_ms:>10.3f}{ratio:>11.3f}{t1 - t0:>8.2f}{t2 - t1:>11.2f}  {'yes' if good else 'NO'}")
+            print(
+                f"{name:<20}{len(graph.nodes):>7}{graph.total_flops / 1e9:>9.3f}{e.whole_model_ms:>10.3f}"
+                f"{e.sum_ms:>10.3f}{ratio:>11.3f}{t1 - t0:>8.2f}{t2 - t1:>11.2f}  {'yes' if good else 'NO'}"
+            )
             if args.tvm and (tv := prof.entry("cpu", "tvm")) is not None:
                 whole = f"{tv.whole_model_ms:.3f}" if tv.whole_model_ms else "-"
                 print(f"{'  tvm':<20}{len(tv.nodes):>7}{'':>9}{whole:>10}{tv.sum_ms:>10.3f}  {tv.note[:60]}")

@@ -22,8 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet18")
-    ap.add_argument("--backend", action="append", choices=["ort", "tvm"],
-                    help="repeatable; default both (TVM takes ~20 s on resnet18 here)")
+    ap.add_argument(
+        "--backend",
+        action="append",
+        choices=["ort", "tvm"],
+        help="repeatable; default both (TVM takes ~20 s on resnet18 here)",
+    )
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args()
@@ -51,28 +55,43 @@ def main() -> None:
         try:
             remote_tmp = tmp_path / "remote-tmp"
             remote_tmp.mkdir()
-            opts = SshOptions(identity=str(server.identity), known_hosts=str(server.known_hosts),
-                              remote_python=sys.executable, remote_tmpdir=str(remote_tmp))
+            opts = SshOptions(
+                identity=str(server.identity),
+                known_hosts=str(server.known_hosts),
+                remote_python=sys.executable,
+                remote_tmpdir=str(remote_tmp),
+            )
             marks: dict[str, float] = {}
             t0 = time.perf_counter()
-            remote = profile_remote(model, server.target, opts, output=tmp_path / "remote.json",
-                                    on_event=lambda ev: marks.setdefault(ev["event"], time.perf_counter() - t0),
-                                    **common)
+            remote = profile_remote(
+                model,
+                server.target,
+                opts,
+                output=tmp_path / "remote.json",
+                on_event=lambda ev: marks.setdefault(ev["event"], time.perf_counter() - t0),
+                **common,
+            )
             remote_s = time.perf_counter() - t0
             left = list(remote_tmp.iterdir())
         finally:
             server.stop()
 
-    print(f"model {args.model}, backends {', '.join(e.key for e in local.entries)}, runs {args.runs}, "
-          f"warmup {args.warmup}")
+    print(
+        f"model {args.model}, backends {', '.join(e.key for e in local.entries)}, runs {args.runs}, "
+        f"warmup {args.warmup}"
+    )
     print(f"local : {local_s:7.2f} s")
     print(f"remote: {remote_s:7.2f} s  ({remote_s / local_s:.2f}x local, {remote_s - local_s:+.2f} s)")
     ready, stored, plan = marks.get("ready", 0), marks.get("stored", 0), marks.get("plan", 0)
-    print(f"  connect + start agent {ready:6.2f} s | upload {size_mb:.0f} MB {stored - ready:5.2f} s | "
-          f"load model there {plan - stored:6.2f} s | profile + fetch {remote_s - plan:6.2f} s")
+    print(
+        f"  connect + start agent {ready:6.2f} s | upload {size_mb:.0f} MB {stored - ready:5.2f} s | "
+        f"load model there {plan - stored:6.2f} s | profile + fetch {remote_s - plan:6.2f} s"
+    )
     for le, re_ in zip(local.entries, remote.entries):
-        print(f"  {le.key}: whole model {le.whole_model_ms or 0:.2f} ms here, {re_.whole_model_ms or 0:.2f} ms "
-              f"remote; nodes {len(le.nodes)} / {len(re_.nodes)}")
+        print(
+            f"  {le.key}: whole model {le.whole_model_ms or 0:.2f} ms here, {re_.whole_model_ms or 0:.2f} ms "
+            f"remote; nodes {len(le.nodes)} / {len(re_.nodes)}"
+        )
     print(f"remote temporary folders left: {len(left)}")
 
 

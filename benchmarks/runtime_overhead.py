@@ -65,7 +65,9 @@ def main() -> None:
                             if k >= 2:  # the first runs of a block still meet the other side's spinning
                                 side.append(time.perf_counter() - t0)
             wa, wb = np.median(a) * 1e3, np.median(b) * 1e3
-            print(f"{name:<14}{args.parts:>6}{wa:>14.3f}{wb:>11.3f}{wb / wa:>8.3f}  {'yes' if wb / wa <= 1.05 else 'NO'}")
+            print(
+                f"{name:<14}{args.parts:>6}{wa:>14.3f}{wb:>11.3f}{wb / wa:>8.3f}  {'yes' if wb / wa <= 1.05 else 'NO'}"
+            )
 
 
 if __name__ == "__main__":

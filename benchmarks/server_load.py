@@ -31,8 +31,15 @@ from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, st
 from edgesplit.runtime import oip  # noqa: E402
 
 
-async def client(url: str, body: bytes, headers: dict, expected: np.ndarray, n: int,
-                 latencies: list[float], errors: list[str]) -> None:
+async def client(
+    url: str,
+    body: bytes,
+    headers: dict,
+    expected: np.ndarray,
+    n: int,
+    latencies: list[float],
+    errors: list[str],
+) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
@@ -55,12 +62,15 @@ async def client(url: str, body: bytes, headers: dict, expected: np.ndarray, n: 
             latencies.append((time.perf_counter() - t0) * 1e3)
 
 
-async def load(url: str, body: bytes, headers: dict, expected: np.ndarray, clients: int, n: int
-               ) -> tuple[list[float], list[str], float]:
+async def load(
+    url: str, body: bytes, headers: dict, expected: np.ndarray, clients: int, n: int
+) -> tuple[list[float], list[str], float]:
     latencies: list[float] = []
     errors: list[str] = []
     t0 = time.perf_counter()
-    await asyncio.gather(*(client(url, body, headers, expected, n, latencies, errors) for _ in range(clients)))
+    await asyncio.gather(
+        *(client(url, body, headers, expected, n, latencies, errors) for _ in range(clients))
+    )
     return latencies, errors, time.perf_counter() - t0
 
 
@@ -102,15 +112,23 @@ def main() -> None:
 
     total = args.clients * args.requests
     drift = (rss_after - rss_before) / rss_before * 100
-    print(f"{args.model} second half ({mid.nbytes:,} B in, {expected.nbytes:,} B out), "
-          f"{args.clients} clients x {args.requests} requests, loopback, 2 cores shared by clients and server")
-    print(f"requests      {total}   errors {len(errors) + len(warm_errors)}"
-          + (f" (first: {(errors + warm_errors)[0]})" if errors or warm_errors else ""))
+    print(
+        f"{args.model} second half ({mid.nbytes:,} B in, {expected.nbytes:,} B out), "
+        f"{args.clients} clients x {args.requests} requests, loopback, 2 cores shared by clients and server"
+    )
+    print(
+        f"requests      {total}   errors {len(errors) + len(warm_errors)}"
+        + (f" (first: {(errors + warm_errors)[0]})" if errors or warm_errors else "")
+    )
     print(f"throughput    {len(lat) / wall_s:,.0f} requests/s")
-    print(f"latency       p50 {np.median(lat):.2f} ms   p99 {np.percentile(lat, 99):.2f} ms   "
-          f"max {max(lat):.2f} ms")
-    print(f"server RSS    {rss_before / 2**20:.1f} MiB after warm-up -> {rss_after / 2**20:.1f} MiB after "
-          f"({drift:+.1f} %)")
+    print(
+        f"latency       p50 {np.median(lat):.2f} ms   p99 {np.percentile(lat, 99):.2f} ms   "
+        f"max {max(lat):.2f} ms"
+    )
+    print(
+        f"server RSS    {rss_before / 2**20:.1f} MiB after warm-up -> {rss_after / 2**20:.1f} MiB after "
+        f"({drift:+.1f} %)"
+    )
     ok = not errors and not warm_errors and abs(drift) <= 10
     print(f"goal: 0 errors and RSS flat within 10 %: {'met' if ok else 'NOT met'}")
 

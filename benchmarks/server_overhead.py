@@ -32,9 +32,12 @@ SHAPE = (1, 150, 32, 32)
 
 
 def identity_bundle(tmp: Path, op: str) -> Path:
-    g = helper.make_graph([helper.make_node(op, ["x"], ["y"], name="op")], "identity",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)])
+    g = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], name="op")],
+        "identity",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, tmp / "identity.onnx")
@@ -43,11 +46,17 @@ def identity_bundle(tmp: Path, op: str) -> Path:
 
 def summarize(name: str, e2e: list[float], compute: list[float]) -> dict[str, float]:
     over = np.array(e2e) - np.array(compute)
-    row = {"e2e_p50_ms": float(np.median(e2e)), "e2e_p90_ms": float(np.percentile(e2e, 90)),
-           "compute_p50_ms": float(np.median(compute)), "overhead_p50_ms": float(np.median(over)),
-           "overhead_p90_ms": float(np.percentile(over, 90))}
-    print(f"{name:<20}{row['e2e_p50_ms']:>10.3f}{row['e2e_p90_ms']:>10.3f}{row['compute_p50_ms']:>12.3f}"
-          f"{row['overhead_p50_ms']:>14.3f}{row['overhead_p90_ms']:>14.3f}")
+    row = {
+        "e2e_p50_ms": float(np.median(e2e)),
+        "e2e_p90_ms": float(np.percentile(e2e, 90)),
+        "compute_p50_ms": float(np.median(compute)),
+        "overhead_p50_ms": float(np.median(over)),
+        "overhead_p90_ms": float(np.percentile(over, 90)),
+    }
+    print(
+        f"{name:<20}{row['e2e_p50_ms']:>10.3f}{row['e2e_p90_ms']:>10.3f}{row['compute_p50_ms']:>12.3f}"
+        f"{row['overhead_p50_ms']:>14.3f}{row['overhead_p90_ms']:>14.3f}"
+    )
     return row
 
 
@@ -99,17 +108,23 @@ def main() -> None:
         try:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url, proc)
-            print(f"{args.op} part, {x.nbytes:,} B FP32 in and out, loopback, {args.requests} sequential requests")
-            print(f"{'client':<20}{'e2e p50':>10}{'e2e p90':>10}{'compute p50':>12}{'overhead p50':>14}"
-                  f"{'overhead p90':>14}   (ms)")
+            print(
+                f"{args.op} part, {x.nbytes:,} B FP32 in and out, loopback, {args.requests} sequential requests"
+            )
+            print(
+                f"{'client':<20}{'e2e p50':>10}{'e2e p90':>10}{'compute p50':>12}{'overhead p50':>14}"
+                f"{'overhead p90':>14}   (ms)"
+            )
             e2e, compute = ours(url, x, args.requests)
             row = summarize("edgesplit client", e2e, compute)
             # tritonclient hides the response headers: its rows use the compute times measured above.
             summarize("tritonclient.http", triton(url, x, args.requests), compute)
         finally:
             stop_process(proc)
-    print(f"goal <= 3 ms overhead per request: {'met' if row['overhead_p50_ms'] <= 3 else 'NOT met'} "
-          f"({row['overhead_p50_ms']:.3f} ms with edgesplit's client)")
+    print(
+        f"goal <= 3 ms overhead per request: {'met' if row['overhead_p50_ms'] <= 3 else 'NOT met'} "
+        f"({row['overhead_p50_ms']:.3f} ms with edgesplit's client)"
+    )
 
 
 if __name__ == "__main__":

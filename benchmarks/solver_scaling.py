@@ -38,8 +38,9 @@ def main() -> None:
     print(f"{'family':<9} {'nodes':>6} {'objective':<8} {'build+solve s':>13} {'result':<18} solver")
     for family in args.families.split(","):
         for n in sizes:
-            cm = random_costs(n, args.procs, args.seed, device_like=True, blocks=family == "dnn-like",
-                              unsupported=0.1)
+            cm = random_costs(
+                n, args.procs, args.seed, device_like=True, blocks=family == "dnn-like", unsupported=0.1
+            )
             for objective in ("latency", "energy"):
                 t0 = time.perf_counter()
                 sol = solve_sequential(cm, objective, time_limit_s=args.time_limit)
@@ -50,8 +51,11 @@ def main() -> None:
                 t0 = time.perf_counter()
                 out = solve(cm, "latency", time_limit_s=args.time_limit, max_evals=100)
                 dt = time.perf_counter() - t0
-                print(f"{family:<9} {n:>6} {'makespan':<8} {dt:>13.3f} {'gap %.1f%%' % (100 * out.solver.gap):<18} "
-                      f"{out.solver.name}", flush=True)
+                print(
+                    f"{family:<9} {n:>6} {'makespan':<8} {dt:>13.3f} {'gap %.1f%%' % (100 * out.solver.gap):<18} "
+                    f"{out.solver.name}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

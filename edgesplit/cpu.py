@@ -60,8 +60,9 @@ def configure_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float 
     return notes
 
 
-def run_as_processor(name: str, cores: tuple[int, ...] | None, quota_pct: float | None,
-                     fn: Callable[[], T]) -> tuple[T, list[str]]:
+def run_as_processor(
+    name: str, cores: tuple[int, ...] | None, quota_pct: float | None, fn: Callable[[], T]
+) -> tuple[T, list[str]]:
     """Run ``fn`` on a fresh thread configured as processor ``name``; re-raise its errors here."""
     if not cores and quota_pct is None:
         return fn(), []
@@ -101,7 +102,9 @@ def ort_session_options(threads: int | None, cores: tuple[int, ...] | None, *, s
         so.inter_op_num_threads = 1
     if cores and n > 1 and len(cores) >= n:
         # 1-based logical processor ids, one group per extra thread (DESIGN.md, measured facts).
-        so.add_session_config_entry("session.intra_op_thread_affinities", ";".join(str(c + 1) for c in cores[1:n]))
+        so.add_session_config_entry(
+            "session.intra_op_thread_affinities", ";".join(str(c + 1) for c in cores[1:n])
+        )
     if not spin:
         so.add_session_config_entry("session.force_spinning_stop", "1")
     for k, v in attrs.items():

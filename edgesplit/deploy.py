@@ -43,9 +43,21 @@ def deploy(
     spec = load_device(device)
     server_spec = load_device(server) if server else None
     full = spec.with_server(server_spec) if server_spec else spec
-    prof = load_profile(profile) if profile else profile_model(graph, full, runs=runs, warmup=3, progress=progress)
+    prof = (
+        load_profile(profile)
+        if profile
+        else profile_model(graph, full, runs=runs, warmup=3, progress=progress)
+    )
     net = network_link(link, bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_ms) if server else None
-    plan = partition(graph, spec, objective=objective, profile=prof, server=server_spec, link=net,
-                     slo_ms=slo_ms, pins=dict(pins or {}))
+    plan = partition(
+        graph,
+        spec,
+        objective=objective,
+        profile=prof,
+        server=server_spec,
+        link=net,
+        slo_ms=slo_ms,
+        pins=dict(pins or {}),
+    )
     manifest = compile_bundle(graph, plan, out, device=full, tune_trials=tune_trials, progress=progress)
     return manifest

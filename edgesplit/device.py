@@ -100,8 +100,12 @@ SCHEMA: dict[str, Any] = {
         "detect": {"type": "boolean"},
         "local": {"type": "boolean"},
         "memory_mb": _NUM,
-        "processors": {"type": "object", "minProperties": 1, "additionalProperties": _PROCESSOR,
-                       "propertyNames": {"pattern": "^[A-Za-z0-9_]+$"}},
+        "processors": {
+            "type": "object",
+            "minProperties": 1,
+            "additionalProperties": _PROCESSOR,
+            "propertyNames": {"pattern": "^[A-Za-z0-9_]+$"},
+        },
         "links": {"type": "array", "items": _LINK},
         "default_link": {
             "type": "object",
@@ -113,9 +117,11 @@ SCHEMA: dict[str, Any] = {
         "servers": {"type": "array", "items": {"type": "string"}},
     },
     "allOf": [
-        {"if": {"required": ["kind"], "properties": {"kind": {"const": "links"}}},
-         "then": {"required": ["presets"]},
-         "else": {"required": ["processors"]}},
+        {
+            "if": {"required": ["kind"], "properties": {"kind": {"const": "links"}}},
+            "then": {"required": ["presets"]},
+            "else": {"required": ["processors"]},
+        },
     ],
 }
 
@@ -318,21 +324,25 @@ def _processor(name: str, d: Mapping[str, Any], path: Path) -> Processor:
     backends = []
     for i, b in enumerate(d["backends"]):
         if b["runtime"] == "tvm" and "target" not in b:
-            raise DeviceSpecError(f"{path}: processors.{name}.backends.{i}.target: a tvm backend needs a target")
+            raise DeviceSpecError(
+                f"{path}: processors.{name}.backends.{i}.target: a tvm backend needs a target"
+            )
         only, excl = _ops(b.get("ops"))
         target = b.get("target")
         if target is not None and target.get("mcpu") == "native":
             from edgesplit.hostinfo import llvm_target
 
             target = {**llvm_target(), **{k: v for k, v in target.items() if k != "mcpu"}}
-        backends.append(Backend(
-            runtime=b["runtime"],
-            provider=b.get("provider", "CPUExecutionProvider"),
-            options=dict(b.get("options", {})),
-            target=target,
-            ops_only=only,
-            ops_exclude=excl,
-        ))
+        backends.append(
+            Backend(
+                runtime=b["runtime"],
+                provider=b.get("provider", "CPUExecutionProvider"),
+                options=dict(b.get("options", {})),
+                target=target,
+                ops_only=only,
+                ops_exclude=excl,
+            )
+        )
     only, excl = _ops(d.get("ops"))
     return Processor(
         name=name,
@@ -401,15 +411,18 @@ def load_links(path: str | os.PathLike | None = None) -> dict[str, NetworkLink]:
     if data["kind"] != "links":
         raise DeviceSpecError(f"{p}: kind: expected 'links', got '{data['kind']}'")
     return {
-        name: NetworkLink(name=name, description=d.get("description", ""), **{
-            k: float(d[k]) for k in ("up_mbps", "down_mbps", "rtt_ms", "tx_power_w", "rx_power_w")
-        })
+        name: NetworkLink(
+            name=name,
+            description=d.get("description", ""),
+            **{k: float(d[k]) for k in ("up_mbps", "down_mbps", "rtt_ms", "tx_power_w", "rx_power_w")},
+        )
         for name, d in data["presets"].items()
     }
 
 
-def network_link(preset: str | None, *, bandwidth_mbps: float | None = None,
-                 rtt_ms: float | None = None) -> NetworkLink:
+def network_link(
+    preset: str | None, *, bandwidth_mbps: float | None = None, rtt_ms: float | None = None
+) -> NetworkLink:
     """A preset, overridden by flags; with no preset, flags alone (radio power of Wi-Fi)."""
     presets = load_links()
     if preset is not None and preset not in presets:
@@ -418,8 +431,9 @@ def network_link(preset: str | None, *, bandwidth_mbps: float | None = None,
     if bandwidth_mbps is not None:
         if bandwidth_mbps <= 0:
             raise DeviceSpecError(f"--bandwidth-mbps must be positive, got {bandwidth_mbps}")
-        base = replace(base, name=f"{base.name}@{bandwidth_mbps:g}mbps", up_mbps=bandwidth_mbps,
-                       down_mbps=bandwidth_mbps)
+        base = replace(
+            base, name=f"{base.name}@{bandwidth_mbps:g}mbps", up_mbps=bandwidth_mbps, down_mbps=bandwidth_mbps
+        )
     if rtt_ms is not None:
         if rtt_ms < 0:
             raise DeviceSpecError(f"--rtt-ms must not be negative, got {rtt_ms}")

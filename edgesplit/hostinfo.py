@@ -77,20 +77,37 @@ def detect_host(data: dict[str, Any]) -> dict[str, Any]:
     data = copy.deepcopy(data)
     procs = data["processors"]
     cores = usable_cores()
-    cpu = procs.setdefault("cpu", {"kind": "cpu", "mem_bandwidth_gbps": 20.0, "active_w": 15.0,
-                                    "idle_w": 5.0, "peak_gflops": 1.0, "backends": []})
+    cpu = procs.setdefault(
+        "cpu",
+        {
+            "kind": "cpu",
+            "mem_bandwidth_gbps": 20.0,
+            "active_w": 15.0,
+            "idle_w": 5.0,
+            "peak_gflops": 1.0,
+            "backends": [],
+        },
+    )
     cpu["cores"] = cores
     cpu["threads"] = len(cores)
     cpu["peak_gflops"] = round(len(cores) * cpu_mhz() / 1000.0 * flops_per_cycle(), 1)
     cpu["backends"] = [
         {"runtime": "ort", "provider": "CPUExecutionProvider"},
-        {"runtime": "tvm", "target": llvm_target(), "ops": {"exclude": ["LSTM", "GRU", "RNN", "Loop", "Scan", "If"]}},
+        {
+            "runtime": "tvm",
+            "target": llvm_target(),
+            "ops": {"exclude": ["LSTM", "GRU", "RNN", "Loop", "Scan", "If"]},
+        },
     ]
     providers = ort.get_available_providers()
     if "CUDAExecutionProvider" in providers and "gpu" not in procs:
         procs["gpu"] = {
-            "kind": "gpu", "peak_gflops": 10000.0, "mem_bandwidth_gbps": 500.0,
-            "active_w": 200.0, "idle_w": 30.0, "launch_overhead_ms": 0.01,
+            "kind": "gpu",
+            "peak_gflops": 10000.0,
+            "mem_bandwidth_gbps": 500.0,
+            "active_w": 200.0,
+            "idle_w": 30.0,
+            "launch_overhead_ms": 0.01,
             "backends": [{"runtime": "ort", "provider": "CUDAExecutionProvider"}],
         }
     try:

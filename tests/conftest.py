@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def make_model(nodes, inputs, outputs, weights=(), opset=17, value_info=()) -> onnx.ModelProto:
     """A model from onnx.helper pieces; inputs/outputs are (name, shape) or value infos."""
+
     def vi(x):
         if isinstance(x, onnx.ValueInfoProto):
             return x
@@ -24,8 +25,14 @@ def make_model(nodes, inputs, outputs, weights=(), opset=17, value_info=()) -> o
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 
     inits = [w if isinstance(w, onnx.TensorProto) else numpy_helper.from_array(w[1], w[0]) for w in weights]
-    g = helper.make_graph(list(nodes), "g", [vi(i) for i in inputs], [vi(o) for o in outputs], inits,
-                          value_info=list(value_info))
+    g = helper.make_graph(
+        list(nodes),
+        "g",
+        [vi(i) for i in inputs],
+        [vi(o) for o in outputs],
+        inits,
+        value_info=list(value_info),
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     return m
@@ -51,8 +58,13 @@ def tiny_conv(tmp_path) -> Path:
         ],
         [("x", [1, 3, 16, 16])],
         [("y", [1, 10])],
-        [("w1", rand(8, 3, 3, 3)), ("b1", rand(8)), ("w2", rand(8, 8, 3, 3, seed=1)),
-         ("wf", rand(10, 8, seed=2)), ("bf", rand(10, seed=3))],
+        [
+            ("w1", rand(8, 3, 3, 3)),
+            ("b1", rand(8)),
+            ("w2", rand(8, 8, 3, 3, seed=1)),
+            ("wf", rand(10, 8, seed=2)),
+            ("bf", rand(10, seed=3)),
+        ],
     )
     p = tmp_path / "tiny.onnx"
     onnx.save(m, p)

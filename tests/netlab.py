@@ -79,7 +79,8 @@ class DelayRelay:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="delay-relay")
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop).result(10)
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
+        ).result(10)
         self.port = self._server.sockets[0].getsockname()[1]
         self._conns: set[asyncio.StreamWriter] = set()
 
@@ -187,8 +188,22 @@ class NetLab:
         self.bandwidth_mbps = mbps
         burst = max(3200, int(mbps * 1e6 / 8 * 0.001))
         for prefix, dev in ((), self.host_if), (("-n", self.ns), self.ns_if):
-            cmd = ["tc", *prefix, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbps}mbit",
-                   "burst", str(burst), "latency", "200ms"]
+            cmd = [
+                "tc",
+                *prefix,
+                "qdisc",
+                "replace",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                f"{mbps}mbit",
+                "burst",
+                str(burst),
+                "latency",
+                "200ms",
+            ]
             _run(*cmd)
 
     def spawn(self, argv: Sequence[str], **popen) -> subprocess.Popen:
@@ -272,7 +287,18 @@ class CpuQuota:
 
 
 def serve_command(bundle: Path, host: str, port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "edgesplit", "serve", str(bundle), "--host", host, "--port", str(port), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "edgesplit",
+        "serve",
+        str(bundle),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *extra,
+    ]
 
 
 def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout_s: float = 60.0) -> None:
@@ -330,8 +356,9 @@ def single_tensor_cuts(model: onnx.ModelProto) -> list[str]:
     return cuts
 
 
-def make_bundle(model_path: Path, out: Path, cuts: Sequence[str], remote: Sequence[bool],
-                fallback: bool = True) -> Path:
+def make_bundle(
+    model_path: Path, out: Path, cuts: Sequence[str], remote: Sequence[bool], fallback: bool = True
+) -> Path:
     """Write a bundle of ``len(cuts) + 1`` chained parts cut at ``cuts``; ``remote[i]`` marks server parts."""
     from onnx import helper, shape_inference, utils
 
@@ -343,8 +370,9 @@ def make_bundle(model_path: Path, out: Path, cuts: Sequence[str], remote: Sequen
 
     def spec(name: str) -> TensorSpec:
         t = infos[name].type.tensor_type
-        return TensorSpec(name, tuple(d.dim_value for d in t.shape.dim),
-                          helper.tensor_dtype_to_np_dtype(t.elem_type).name)
+        return TensorSpec(
+            name, tuple(d.dim_value for d in t.shape.dim), helper.tensor_dtype_to_np_dtype(t.elem_type).name
+        )
 
     inits = {i.name for i in model.graph.initializer}
     ins = [i.name for i in model.graph.input if i.name not in inits]
@@ -358,14 +386,37 @@ def make_bundle(model_path: Path, out: Path, cuts: Sequence[str], remote: Sequen
         name, rel = f"p{k}", f"parts/p{k}.onnx"
         onnx.save(extractor.extract_model(bounds[k], bounds[k + 1]), out / rel)
         files.append(rel)
-        fb = ({"backend": "ort", "file": rel, "processor": "cpu", "reason": "server unreachable"}
-              if remote[k] and fallback else None)
-        parts.append(PartArtifact(
-            name=name, processor="gpu" if remote[k] else "cpu", backend="ort", file=rel, onnx_file=rel,
-            inputs=tuple(spec(t) for t in bounds[k]), outputs=tuple(spec(t) for t in bounds[k + 1]),
-            depends_on=(f"p{k - 1}",) if k else (), remote=remote[k], fallback=fb))
-    write_manifest(out, Manifest(
-        model_sha256=sha256_file(model_path), model_name=model_path.stem, device="host",
-        inputs=tuple(spec(t) for t in ins), outputs=tuple(spec(t) for t in outs), parts=tuple(parts),
-        files=checksums(out, files), plan={}, server="test-server" if any(remote) else None))
+        fb = (
+            {"backend": "ort", "file": rel, "processor": "cpu", "reason": "server unreachable"}
+            if remote[k] and fallback
+            else None
+        )
+        parts.append(
+            PartArtifact(
+                name=name,
+                processor="gpu" if remote[k] else "cpu",
+                backend="ort",
+                file=rel,
+                onnx_file=rel,
+                inputs=tuple(spec(t) for t in bounds[k]),
+                outputs=tuple(spec(t) for t in bounds[k + 1]),
+                depends_on=(f"p{k - 1}",) if k else (),
+                remote=remote[k],
+                fallback=fb,
+            )
+        )
+    write_manifest(
+        out,
+        Manifest(
+            model_sha256=sha256_file(model_path),
+            model_name=model_path.stem,
+            device="host",
+            inputs=tuple(spec(t) for t in ins),
+            outputs=tuple(spec(t) for t in outs),
+            parts=tuple(parts),
+            files=checksums(out, files),
+            plan={},
+            server="test-server" if any(remote) else None,
+        ),
+    )
     return out

@@ -41,8 +41,11 @@ LogLevel VERBOSE
 def keygen(path: Path, comment: str = "edgesplit-test") -> Path:
     path.unlink(missing_ok=True)
     Path(f"{path}.pub").unlink(missing_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
     return path
 
 
@@ -73,14 +76,26 @@ class Sshd:
 
     def cli_args(self, remote_tmp: Path, *extra: str) -> list[str]:
         """The ssh flags of ``edgesplit profile/devices detect`` for this server."""
-        return ["--remote", self.target, "--identity", str(self.identity), "--known-hosts", str(self.known_hosts),
-                "--remote-python", sys.executable, "--remote-tmpdir", str(remote_tmp), *extra]
+        return [
+            "--remote",
+            self.target,
+            "--identity",
+            str(self.identity),
+            "--known-hosts",
+            str(self.known_hosts),
+            "--remote-python",
+            sys.executable,
+            "--remote-tmpdir",
+            str(remote_tmp),
+            *extra,
+        ]
 
     def start(self) -> None:
         (self.dir / "sshd_config").write_text(CONFIG.format(port=self.port, dir=self.dir))
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([str(SSHD), "-D", "-f", str(self.dir / "sshd_config"),
-                                      "-E", str(self.dir / "sshd.log")])
+        self.proc = subprocess.Popen(
+            [str(SSHD), "-D", "-f", str(self.dir / "sshd_config"), "-E", str(self.dir / "sshd.log")]
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:

@@ -64,11 +64,20 @@ def diamond_plan(graph) -> dict:
     index = {n.name: i for i, n in enumerate(graph.nodes)}
     groups = [[index[n] for n in nodes] for _, _, nodes in DIAMOND]
     plan["parts"] = [
-        {"name": name, "processor": proc, "backend": "ort", "remote": False, "nodes": nodes,
-         "inputs": ins, "outputs": outs}
+        {
+            "name": name,
+            "processor": proc,
+            "backend": "ort",
+            "remote": False,
+            "nodes": nodes,
+            "inputs": ins,
+            "outputs": outs,
+        }
         for (name, proc, nodes), (ins, outs) in zip(DIAMOND, part_boundaries(graph, groups))
     ]
-    plan["assignment"] = {n: {"processor": proc, "backend": "ort"} for _, proc, nodes in DIAMOND for n in nodes}
+    plan["assignment"] = {
+        n: {"processor": proc, "backend": "ort"} for _, proc, nodes in DIAMOND for n in nodes
+    }
     return plan
 
 
@@ -91,9 +100,24 @@ def served(tmp_path_factory) -> dict:
     np.save(d / "expected.npy", y)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "edgesplit", "serve", str(d / "bundle"), "--host", "127.0.0.1",
-                             "--port", str(port), "--token", TOKEN, "--all-parts"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgesplit",
+            "serve",
+            str(d / "bundle"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--token",
+            TOKEN,
+            "--all-parts",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_ready(url, proc)
         yield {"dir": d, "bundle": d / "bundle", "url": url, "x": x, "y": y}
@@ -104,22 +128,42 @@ def served(tmp_path_factory) -> dict:
 def remote_run(core: Path, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "EDGESPLIT_TOKEN"}
     extra = ["--token", token] if token else []
-    return _run(["java", "-cp", str(core / "classes"), "dev.edgesplit.core.RemoteRun", *args, *extra], env=env)
+    return _run(
+        ["java", "-cp", str(core / "classes"), "dev.edgesplit.core.RemoteRun", *args, *extra], env=env
+    )
 
 
 def test_junit_suite_passes_against_a_real_server(core, served):
     d = served["dir"]
-    r = _run(["bash", str(BUILD_SH), "junit", f"-Dedgesplit.url={served['url']}", f"-Dedgesplit.token={TOKEN}",
-              f"-Dedgesplit.bundle={served['bundle']}", f"-Dedgesplit.inputs=input={d / 'input.npy'}",
-              f"-Dedgesplit.expected=logits={d / 'expected.npy'}"],
-             env={**os.environ, "BUILD_DIR": str(core)})
+    r = _run(
+        [
+            "bash",
+            str(BUILD_SH),
+            "junit",
+            f"-Dedgesplit.url={served['url']}",
+            f"-Dedgesplit.token={TOKEN}",
+            f"-Dedgesplit.bundle={served['bundle']}",
+            f"-Dedgesplit.inputs=input={d / 'input.npy'}",
+            f"-Dedgesplit.expected=logits={d / 'expected.npy'}",
+        ],
+        env={**os.environ, "BUILD_DIR": str(core)},
+    )
     assert r.returncode == 0 and "OK (" in r.stdout, f"JUnit failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
     assert f"LiveServerTest: against {served['url']}" in r.stdout  # the live tests ran, not skipped
 
 
 def test_java_core_runs_the_plan_remotely_and_matches_python(core, served, tmp_path):
-    r = remote_run(core, "--bundle", str(served["bundle"]), "--url", served["url"],
-                   "--input", f"input={served['dir'] / 'input.npy'}", "--out", str(tmp_path))
+    r = remote_run(
+        core,
+        "--bundle",
+        str(served["bundle"]),
+        "--url",
+        served["url"],
+        "--input",
+        f"input={served['dir'] / 'input.npy'}",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     got = np.load(tmp_path / "logits.npy")
     assert got.dtype == np.float32 and got.shape == served["y"].shape
@@ -141,19 +185,30 @@ def test_java_core_refuses_a_tampered_bundle(core, served, tmp_path):
     part.write_bytes(part.read_bytes() + b"\0")
     r = remote_run(core, "--bundle", str(bundle), "--check")
     assert r.returncode == 2
-    assert r.stderr.strip() == f"error: Bundle problem: {part}: checksum mismatch (the file was changed after compile)"
+    assert (
+        r.stderr.strip()
+        == f"error: Bundle problem: {part}: checksum mismatch (the file was changed after compile)"
+    )
     (bundle / "manifest.json").write_text('{"format_version": 2}')
     r = remote_run(core, "--bundle", str(bundle), "--check")
     assert r.returncode == 2 and "manifest format version 2, this app reads 1" in r.stderr
 
 
 def test_java_core_reports_server_errors(core, served, tmp_path):
-    args = ["--bundle", str(served["bundle"]), "--input", f"input={served['dir'] / 'input.npy'}",
-            "--out", str(tmp_path)]
+    args = [
+        "--bundle",
+        str(served["bundle"]),
+        "--input",
+        f"input={served['dir'] / 'input.npy'}",
+        "--out",
+        str(tmp_path),
+    ]
     r = remote_run(core, *args, "--url", served["url"], token="wrong")
     assert r.returncode == 1
-    assert r.stderr.strip() == (f"error: Server problem: part p0 (big): {served['url']}/v2/models/p0/infer: "
-                                f"HTTP 401: missing or wrong bearer token")
+    assert r.stderr.strip() == (
+        f"error: Server problem: part p0 (big): {served['url']}/v2/models/p0/infer: "
+        f"HTTP 401: missing or wrong bearer token"
+    )
     r = remote_run(core, *args, "--url", f"http://127.0.0.1:{free_port()}")
     assert r.returncode == 1 and "cannot reach the server at" in r.stderr
 

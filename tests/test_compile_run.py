@@ -18,10 +18,22 @@ from edgesplit.model.load import load_model, parse_input_shapes
 from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.session import load
 
-ZOO = ["mobilenetv2", "resnet18", "squeezenet", "googlenet", "transformer", "transformer_large", "lstm",
-       "chain_shrink", "tiny_dag"]
-SITES = {1: [("big", "ort")], 2: [("big", "ort"), ("little", "ort")],
-         4: [("big", "ort"), ("little", "ort"), ("big", "ort"), ("little", "ort")]}
+ZOO = [
+    "mobilenetv2",
+    "resnet18",
+    "squeezenet",
+    "googlenet",
+    "transformer",
+    "transformer_large",
+    "lstm",
+    "chain_shrink",
+    "tiny_dag",
+]
+SITES = {
+    1: [("big", "ort")],
+    2: [("big", "ort"), ("little", "ort")],
+    4: [("big", "ort"), ("little", "ort"), ("big", "ort"), ("little", "ort")],
+}
 
 
 def _whole(path, feeds):
@@ -95,15 +107,29 @@ def test_missing_cross_toolchain_is_named(zoo_models, tmp_path):
     if shutil.which("aarch64-linux-gnu-gcc"):
         pytest.skip("the aarch64 cross compiler is installed here")
     spec = tmp_path / "arm.yaml"
-    spec.write_text("name: arm\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: 50, mem_bandwidth_gbps: 10,"
-                    " active_w: 2, idle_w: 0.1, backends: [{runtime: tvm, target: {kind: llvm,"
-                    " mtriple: aarch64-linux-gnu, mattr: [+neon]}}]}\n")
+    spec.write_text(
+        "name: arm\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: 50, mem_bandwidth_gbps: 10,"
+        " active_w: 2, idle_w: 0.1, backends: [{runtime: tvm, target: {kind: llvm,"
+        " mtriple: aarch64-linux-gnu, mattr: [+neon]}}]}\n"
+    )
     graph = load_model(zoo_models["tiny_dag"])
     plan = contiguous_plan(graph, str(spec), [("cpu", "tvm")])
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    r = run_cli("compile", str(zoo_models["tiny_dag"]), "--plan", str(tmp_path / "plan.json"),
-                "-o", str(tmp_path / "b"), "--device", str(spec))
-    assert r.returncode == 1 and "aarch64-linux-gnu-gcc" in r.stderr and "apt-get install gcc-aarch64-linux-gnu" in r.stderr
+    r = run_cli(
+        "compile",
+        str(zoo_models["tiny_dag"]),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "-o",
+        str(tmp_path / "b"),
+        "--device",
+        str(spec),
+    )
+    assert (
+        r.returncode == 1
+        and "aarch64-linux-gnu-gcc" in r.stderr
+        and "apt-get install gcc-aarch64-linux-gnu" in r.stderr
+    )
     assert not (tmp_path / "b").exists()
 
 
@@ -157,7 +183,14 @@ def test_plan_for_another_model(zoo_models, tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     with pytest.raises(PlanError, match="does not fit"):
         compile_bundle(zoo_models["squeezenet"], tmp_path / "plan.json", tmp_path / "b")
-    r = run_cli("compile", str(zoo_models["squeezenet"]), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "b"))
+    r = run_cli(
+        "compile",
+        str(zoo_models["squeezenet"]),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "-o",
+        str(tmp_path / "b"),
+    )
     assert r.returncode == 2 and "does not fit" in r.stderr and not (tmp_path / "b").exists()
 
 
@@ -177,8 +210,17 @@ def test_wrong_inputs_name_the_expected(bundle, tmp_path):
 
 def test_cli_compile_and_run(zoo_models, tmp_path):
     graph = load_model(zoo_models["tiny_dag"])
-    (tmp_path / "plan.json").write_text(json.dumps(contiguous_plan(graph, "host-biglittle", [("big", "ort"), ("little", "ort")])))
-    r = run_cli("compile", str(zoo_models["tiny_dag"]), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "b"))
+    (tmp_path / "plan.json").write_text(
+        json.dumps(contiguous_plan(graph, "host-biglittle", [("big", "ort"), ("little", "ort")]))
+    )
+    r = run_cli(
+        "compile",
+        str(zoo_models["tiny_dag"]),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "-o",
+        str(tmp_path / "b"),
+    )
     assert r.returncode == 0, r.stderr
     r = run_cli("run", str(tmp_path / "b"), "--repeat", "5", "--stream", "8", "-o", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
@@ -196,8 +238,12 @@ def test_metaschedule_tuning_database_is_cached_and_reused(tmp_path, monkeypatch
     from edgesplit.hostinfo import llvm_target
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
-    m = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [("x", [16, 32])], [("y", [16, 16])],
-                   [("w", rand(32, 16))])
+    m = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [("x", [16, 32])],
+        [("y", [16, 16])],
+        [("w", rand(32, 16))],
+    )
     onnx.checker.check_model(m)
     target = llvm_target()
     info = build_library(m, target, tmp_path / "a.so", tune_trials=4)
@@ -217,12 +263,16 @@ def _has_cuda_gpu() -> bool:
         return False
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc to compile for a cuda target")
+@pytest.mark.skipif(
+    __import__("shutil").which("nvcc") is None, reason="needs nvcc to compile for a cuda target"
+)
 def test_cuda_target_compiles(zoo_models, tmp_path):
     from edgesplit.compile.tvm_build import build_library
 
     graph = load_model(zoo_models["tiny_dag"])
-    info = build_library(graph.model, {"kind": "cuda", "arch": "sm_80"}, tmp_path / "p.so", use_database=False)
+    info = build_library(
+        graph.model, {"kind": "cuda", "arch": "sm_80"}, tmp_path / "p.so", use_database=False
+    )
     assert info["target"]["kind"] == "cuda" and (tmp_path / "p.so").stat().st_size > 0
 
 
@@ -230,11 +280,15 @@ def test_cuda_target_compiles(zoo_models, tmp_path):
 @pytest.mark.skipif(not _has_cuda_gpu(), reason="needs a CUDA GPU (none on the CI machine)")
 def test_cuda_part_runs_and_matches(zoo_models, tmp_path):
     spec = tmp_path / "gpu.yaml"
-    spec.write_text("name: gpu\nkind: device\nlocal: true\nprocessors:\n  gpu: {kind: gpu, peak_gflops: 10000,"
-                    " mem_bandwidth_gbps: 1000, active_w: 200, idle_w: 30, backends: [{runtime: tvm,"
-                    " target: {kind: cuda}}]}\n")
+    spec.write_text(
+        "name: gpu\nkind: device\nlocal: true\nprocessors:\n  gpu: {kind: gpu, peak_gflops: 10000,"
+        " mem_bandwidth_gbps: 1000, active_w: 200, idle_w: 30, backends: [{runtime: tvm,"
+        " target: {kind: cuda}}]}\n"
+    )
     graph = load_model(zoo_models["tiny_dag"])
-    compile_bundle(graph, contiguous_plan(graph, str(spec), [("gpu", "tvm")]), tmp_path / "b", device=str(spec))
+    compile_bundle(
+        graph, contiguous_plan(graph, str(spec), [("gpu", "tvm")]), tmp_path / "b", device=str(spec)
+    )
     with load(tmp_path / "b") as sess:
         feeds = random_feeds(sess)
         _check_equal(sess.run(feeds), _whole(zoo_models["tiny_dag"], feeds))

@@ -30,8 +30,10 @@ def phone_tree(root: Path) -> None:
     blocks = []
     for i, (khz, part) in enumerate(layout):
         put(root, f"sys/devices/system/cpu/cpu{i}/cpufreq/cpuinfo_max_freq", khz)
-        blocks.append(f"processor\t: {i}\nFeatures\t: fp asimd asimddp i8mm\nCPU implementer\t: 0x41\n"
-                      f"CPU part\t: {part}\n")
+        blocks.append(
+            f"processor\t: {i}\nFeatures\t: fp asimd asimddp i8mm\nCPU implementer\t: 0x41\n"
+            f"CPU part\t: {part}\n"
+        )
     put(root, "proc/cpuinfo", "\n".join(blocks) + "\nHardware\t: Qualcomm Technologies, Inc SM8550")
     put(root, "proc/meminfo", "MemTotal:       11534336 kB\nMemFree:         1000 kB")
     put(root, "dev/kgsl-3d0")
@@ -68,9 +70,14 @@ def test_big_little_phone_becomes_three_clusters_a_gpu_and_an_npu(tmp_path):
 
 
 def test_without_cpufreq_one_cluster_from_proc_cpuinfo(tmp_path):
-    put(tmp_path, "proc/cpuinfo", "\n".join(
-        f"processor\t: {i}\nmodel name\t: Some CPU\ncpu MHz\t\t: 2400.000\nflags\t\t: sse4_2 avx avx2 fma\n"
-        for i in range(4)))
+    put(
+        tmp_path,
+        "proc/cpuinfo",
+        "\n".join(
+            f"processor\t: {i}\nmodel name\t: Some CPU\ncpu MHz\t\t: 2400.000\nflags\t\t: sse4_2 avx avx2 fma\n"
+            for i in range(4)
+        ),
+    )
     facts = probe(tmp_path)
     facts["usable_cpus"], facts["machine"] = None, "x86_64"
     data = yaml.safe_load(to_yaml(draft_spec(facts, "box")))
@@ -85,8 +92,13 @@ def test_jetson_nodes_and_missing_onnxruntime(tmp_path):
     for node in ("nvhost-ctrl-gpu", "nvhost-gpu", "nvhost-nvdla0", "nvhost-ctrl-nvdla0"):
         put(tmp_path, f"dev/{node}")
     facts = probe(tmp_path)
-    facts.update(usable_cpus=None, machine="aarch64", ort_providers=None, ort_error="onnxruntime is not installed",
-                 modules={**facts["modules"], "onnxruntime": None})
+    facts.update(
+        usable_cpus=None,
+        machine="aarch64",
+        ort_providers=None,
+        ort_error="onnxruntime is not installed",
+        modules={**facts["modules"], "onnxruntime": None},
+    )
     draft = draft_spec(facts, "orin")
     data = yaml.safe_load(to_yaml(draft))
     assert data["processors"]["gpu"]["backends"][0]["provider"] == "CUDAExecutionProvider"
@@ -113,7 +125,9 @@ def test_detect_over_ssh_drafts_a_valid_spec(sshd, remote_tmp, tmp_path):  # noq
     assert spec.name == "remote-box" and "cpu" in spec.processor_names
     text = out.read_text()
     assert f"on {sshd.target}" in text and f"Python {sys.version.split()[0]}" in text
-    assert [b.provider for b in spec.processor("cpu").backends if b.runtime == "ort"] == ["CPUExecutionProvider"]
+    assert [b.provider for b in spec.processor("cpu").backends if b.runtime == "ort"] == [
+        "CPUExecutionProvider"
+    ]
 
 
 @pytest.mark.skipif(not BARE_PYTHON.exists(), reason="no /usr/bin/python3 to stand for a bare device")
@@ -136,8 +150,18 @@ def test_nvidia_smi_gpus_become_cuda_processors(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     facts = probe("/")
     gpus = [a for a in facts["accelerators"] if a["vendor"] == "nvidia"]
-    assert gpus == [{"kind": "gpu", "vendor": "nvidia", "node": "/dev/nvidia0", "model": "NVIDIA H200",
-                     "memory_mb": 143771.0}]
+    assert gpus == [
+        {
+            "kind": "gpu",
+            "vendor": "nvidia",
+            "node": "/dev/nvidia0",
+            "model": "NVIDIA H200",
+            "memory_mb": 143771.0,
+        }
+    ]
     data = yaml.safe_load(to_yaml(draft_spec(facts, "gpu-box")))
     gpu = data["processors"]["gpu"]
-    assert gpu["backends"] == [{"runtime": "ort", "provider": "CUDAExecutionProvider"}] and gpu["memory_mb"] == 143771
+    assert (
+        gpu["backends"] == [{"runtime": "ort", "provider": "CUDAExecutionProvider"}]
+        and gpu["memory_mb"] == 143771
+    )

@@ -56,8 +56,7 @@ def _check_figures(spec: DeviceSpec) -> None:
 
 def test_the_expected_specs_ship():
     names = {p.stem for p in SPECS}
-    assert {"host", "links", "snapdragon-8gen2", "raspberry-pi5", "jetson-orin-nano",
-            "server-a100"} <= names
+    assert {"host", "links", "snapdragon-8gen2", "raspberry-pi5", "jetson-orin-nano", "server-a100"} <= names
 
 
 @pytest.mark.parametrize("path", DEVICE_SPECS, ids=lambda p: p.stem)
@@ -79,7 +78,11 @@ def test_links_spec_loads():
         assert link.tx_power_w > 0 and link.rx_power_w > 0
     # DADS (INFOCOM 2019) Table I mean uplink rates, as DESIGN.md records them.
     assert {k: presets[k].up_mbps for k in ("cat1", "3g", "lte", "wifi")} == {
-        "cat1": 0.13, "3g": 1.1, "lte": 5.85, "wifi": 18.88}
+        "cat1": 0.13,
+        "3g": 1.1,
+        "lte": 5.85,
+        "wifi": 18.88,
+    }
 
 
 def test_host_is_detected():
@@ -208,12 +211,19 @@ VALID = {
     "kind": "device",
     "processors": {
         "cpu": {
-            "kind": "cpu", "peak_gflops": 10, "mem_bandwidth_gbps": 5, "active_w": 2, "idle_w": 0.5,
-            "backends": [{"runtime": "ort"},
-                         {"runtime": "tvm", "target": {"kind": "llvm"}}],
+            "kind": "cpu",
+            "peak_gflops": 10,
+            "mem_bandwidth_gbps": 5,
+            "active_w": 2,
+            "idle_w": 0.5,
+            "backends": [{"runtime": "ort"}, {"runtime": "tvm", "target": {"kind": "llvm"}}],
         },
         "gpu": {
-            "kind": "gpu", "peak_gflops": 100, "mem_bandwidth_gbps": 20, "active_w": 3, "idle_w": 0.1,
+            "kind": "gpu",
+            "peak_gflops": 100,
+            "mem_bandwidth_gbps": 20,
+            "active_w": 3,
+            "idle_w": 0.1,
             "backends": [{"runtime": "ort", "provider": "CUDAExecutionProvider"}],
         },
     },
@@ -280,7 +290,8 @@ BAD_SPECS = {
     "unknown processor key": (_processor_extra_key(), ["processors.gpu", "clock_ghz"]),
     "link to unknown processor": (
         _spec(links=[{"between": ["cpu", "tpu"], "bandwidth_gbps": 1, "latency_ms": 0}]),
-        ["links.0.between", "tpu"]),
+        ["links.0.between", "tpu"],
+    ),
     "tvm backend without target": (_tvm_without_target(), ["processors.cpu.backends.1.target"]),
     "processor without backends": (_no_backends(), ["processors.gpu.backends"]),
     "bad name": (_spec(name="my phone"), ["name"]),
@@ -343,8 +354,11 @@ def test_links_and_devices_are_not_interchangeable(tmp_path):
 
 
 def test_malformed_link_preset(tmp_path):
-    presets = {"name": "links", "kind": "links",
-               "presets": {"wifi": {"up_mbps": 10, "down_mbps": 10, "rtt_ms": 5, "tx_power_w": 1}}}
+    presets = {
+        "name": "links",
+        "kind": "links",
+        "presets": {"wifi": {"up_mbps": 10, "down_mbps": 10, "rtt_ms": 5, "tx_power_w": 1}},
+    }
     path = _write(tmp_path, presets, "links.yaml")
     with pytest.raises(DeviceSpecError) as info:
         load_links(path)
@@ -363,8 +377,7 @@ def test_spec_names_and_paths_resolve(tmp_path, monkeypatch):
     copy_path = tmp_path / "my-phone.yaml"
     shutil.copy(DEVICES_DIR / "snapdragon-8gen2.yaml", copy_path)
     assert resolve(str(copy_path)) == copy_path
-    assert load_device(str(copy_path)).processor_names == load_device(
-        "snapdragon-8gen2").processor_names
+    assert load_device(str(copy_path)).processor_names == load_device("snapdragon-8gen2").processor_names
     # A relative path with a folder resolves from the working directory.
     monkeypatch.chdir(tmp_path.parent)
     rel = f"{tmp_path.name}/my-phone.yaml"

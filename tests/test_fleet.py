@@ -32,8 +32,20 @@ def test_fleet_profiles_every_reachable_host_and_reports_the_rest(sshd, remote_t
         f"  - {{name: down, remote: '{sshd.user}@127.0.0.1:{free_port()}'}}\n"
     )
     out = tmp_path / "profiles"
-    r = run_cli("profile", str(model), "--hosts", str(fleet), "-o", str(out), "--backend", "ort", "--runs", "2",
-                "--warmup", "1")
+    r = run_cli(
+        "profile",
+        str(model),
+        "--hosts",
+        str(fleet),
+        "-o",
+        str(out),
+        "--backend",
+        "ort",
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+    )
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip().splitlines()[-1] == "edgesplit: error: 1 of 3 hosts failed: down"
     rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if line.count("│") > 5}
@@ -62,9 +74,16 @@ def test_fleet_file_errors_name_the_file_and_every_key(tmp_path):
 
 def test_fleet_options_override_the_command_line(tmp_path):
     f = tmp_path / "f.yaml"
-    f.write_text("defaults: {remote_python: /opt/py, step_timeout_s: 9}\n"
-                 "hosts:\n  - {name: a, remote: 'u@h:2200'}\n  - {name: b, remote: h2, remote_python: py3}\n")
+    f.write_text(
+        "defaults: {remote_python: /opt/py, step_timeout_s: 9}\n"
+        "hosts:\n  - {name: a, remote: 'u@h:2200'}\n  - {name: b, remote: h2, remote_python: py3}\n"
+    )
     fleet = load_fleet(f, SshOptions(identity="/k", remote_python="python3"))
     a, b = fleet.hosts
-    assert (str(a.target), a.opts.remote_python, a.opts.identity, a.opts.step_timeout_s) == ("u@h:2200", "/opt/py", "/k", 9)
+    assert (str(a.target), a.opts.remote_python, a.opts.identity, a.opts.step_timeout_s) == (
+        "u@h:2200",
+        "/opt/py",
+        "/k",
+        9,
+    )
     assert b.opts.remote_python == "py3" and fleet.jobs == 4

@@ -27,8 +27,15 @@ def test_tiny_model_loads_with_costs(tiny_conv):
 
 
 def test_unnamed_nodes_get_unique_stable_names(tmp_path):
-    m = make_model([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["b"], name="r"),
-                    helper.make_node("Neg", ["b"], ["y"], name="r")], [("x", [2, 3])], [("y", [2, 3])])
+    m = make_model(
+        [
+            helper.make_node("Relu", ["x"], ["a"]),
+            helper.make_node("Relu", ["a"], ["b"], name="r"),
+            helper.make_node("Neg", ["b"], ["y"], name="r"),
+        ],
+        [("x", [2, 3])],
+        [("y", [2, 3])],
+    )
     p = tmp_path / "m.onnx"
     onnx.save(m, p)
     names = [n.name for n in load_model(p).nodes]
@@ -44,26 +51,54 @@ def _flops(tmp_path, nodes, inputs, outputs, weights=(), name="m"):
 
 
 def test_flops_of_common_ops(tmp_path):
-    f = _flops(tmp_path, [helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], name="ct")],
-               [("x", [1, 4, 8, 8])], [("y", [1, 2, 17, 17])], [("w", rand(4, 2, 3, 3))], "ct")
+    f = _flops(
+        tmp_path,
+        [helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], name="ct")],
+        [("x", [1, 4, 8, 8])],
+        [("y", [1, 2, 17, 17])],
+        [("w", rand(4, 2, 3, 3))],
+        "ct",
+    )
     assert f["ConvTranspose"] == 2 * (4 * 8 * 8) * 2 * 9
-    f = _flops(tmp_path, [helper.make_node("Gemm", ["a", "b"], ["y"], name="g")],
-               [("a", [5, 7])], [("y", [5, 3])], [("b", rand(7, 3))], "gemm")
+    f = _flops(
+        tmp_path,
+        [helper.make_node("Gemm", ["a", "b"], ["y"], name="g")],
+        [("a", [5, 7])],
+        [("y", [5, 3])],
+        [("b", rand(7, 3))],
+        "gemm",
+    )
     assert f["Gemm"] == 2 * 5 * 3 * 7
     # attention-style chain: (Q K^T) softmax V
-    f = _flops(tmp_path, [
-        helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
-        helper.make_node("Softmax", ["s"], ["p"], axis=-1, name="sm"),
-        helper.make_node("MatMul", ["p", "v"], ["y"], name="pv"),
-    ], [("q", [2, 16, 8]), ("kt", [2, 8, 16]), ("v", [2, 16, 8])], [("y", [2, 16, 8])], name="attn")
+    f = _flops(
+        tmp_path,
+        [
+            helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
+            helper.make_node("Softmax", ["s"], ["p"], axis=-1, name="sm"),
+            helper.make_node("MatMul", ["p", "v"], ["y"], name="pv"),
+        ],
+        [("q", [2, 16, 8]), ("kt", [2, 8, 16]), ("v", [2, 16, 8])],
+        [("y", [2, 16, 8])],
+        name="attn",
+    )
     assert f["MatMul"] == 2 * (2 * 16 * 8) * 16  # last MatMul wins in the dict: 2*out*K
     assert f["Softmax"] == 5 * 2 * 16 * 16
-    f = _flops(tmp_path, [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], name="mp")],
-               [("x", [1, 3, 8, 8])], [("y", [1, 3, 4, 4])], name="pool")
+    f = _flops(
+        tmp_path,
+        [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], name="mp")],
+        [("x", [1, 3, 8, 8])],
+        [("y", [1, 3, 4, 4])],
+        name="pool",
+    )
     assert f["MaxPool"] == 3 * 16 * 4
-    f = _flops(tmp_path, [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn")],
-               [("x", [1, 3, 4, 4])], [("y", [1, 3, 4, 4])],
-               [("s", rand(3)), ("b", rand(3)), ("m", rand(3)), ("v", abs(rand(3)) + 1)], "bn")
+    f = _flops(
+        tmp_path,
+        [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn")],
+        [("x", [1, 3, 4, 4])],
+        [("y", [1, 3, 4, 4])],
+        [("s", rand(3)), ("b", rand(3)), ("m", rand(3)), ("v", abs(rand(3)) + 1)],
+        "bn",
+    )
     # onnxslim may fold a lone BatchNormalization into Mul+Add; either way it costs 2/element
     assert sum(f.values()) == 2 * 48 or f.get("BatchNormalization") == 2 * 48
 
@@ -71,9 +106,14 @@ def test_flops_of_common_ops(tmp_path):
 @pytest.mark.parametrize("op,gates", [("LSTM", 4), ("GRU", 3)])
 def test_flops_of_recurrent_ops(tmp_path, op, gates):
     seq, batch, inp, hid = 5, 1, 6, 4
-    f = _flops(tmp_path, [helper.make_node(op, ["x", "w", "r"], ["y"], hidden_size=hid, name="rnn")],
-               [("x", [seq, batch, inp])], [("y", [seq, 1, batch, hid])],
-               [("w", rand(1, gates * hid, inp)), ("r", rand(1, gates * hid, hid))], op)
+    f = _flops(
+        tmp_path,
+        [helper.make_node(op, ["x", "w", "r"], ["y"], hidden_size=hid, name="rnn")],
+        [("x", [seq, batch, inp])],
+        [("y", [seq, 1, batch, hid])],
+        [("w", rand(1, gates * hid, inp)), ("r", rand(1, gates * hid, hid))],
+        op,
+    )
     per_step = 2 * gates * hid * (inp + hid)
     assert f[op] >= seq * batch * per_step
 
@@ -81,9 +121,15 @@ def test_flops_of_recurrent_ops(tmp_path, op, gates):
 def test_fixed_input_shape_folds_dynamic_model(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, "H", "W"])
-    m = make_model([helper.make_node("Shape", ["x"], ["s"], name="shape"),
-                    helper.make_node("Reshape", ["x", "s"], ["r"], name="reshape"),
-                    helper.make_node("Relu", ["r"], ["y"], name="relu")], [x], [y])
+    m = make_model(
+        [
+            helper.make_node("Shape", ["x"], ["s"], name="shape"),
+            helper.make_node("Reshape", ["x", "s"], ["r"], name="reshape"),
+            helper.make_node("Relu", ["r"], ["y"], name="relu"),
+        ],
+        [x],
+        [y],
+    )
     p = tmp_path / "dyn.onnx"
     onnx.save(m, p)
     with pytest.raises(ModelLoadError, match=r"dynamic dimensions.*--input-shape x=N,3,N,N"):
@@ -110,28 +156,46 @@ def _bad_models(tmp_path):
     cases = {}
     (tmp_path / "garbage.onnx").write_bytes(b"\x00\xffthis is not a protobuf\xff" * 10)
     cases["garbage"] = (tmp_path / "garbage.onnx", "not an ONNX model")
-    big = make_model([helper.make_node("Add", ["x", "w"], ["y"], name="a")], [("x", [1, 50000])],
-                     [("y", [1, 50000])], [("w", rand(1, 50000))])
+    big = make_model(
+        [helper.make_node("Add", ["x", "w"], ["y"], name="a")],
+        [("x", [1, 50000])],
+        [("y", [1, 50000])],
+        [("w", rand(1, 50000))],
+    )
     (tmp_path / "truncated.onnx").write_bytes(big.SerializeToString()[: len(big.SerializeToString()) // 2])
     cases["truncated"] = (tmp_path / "truncated.onnx", "truncated")
     bad = make_model([helper.make_node("FancyOp", ["x"], ["y"], name="f")], [("x", [1, 4])], [("y", [1, 4])])
     onnx.save(bad, tmp_path / "unknown_op.onnx")
     cases["unknown op"] = (tmp_path / "unknown_op.onnx", "unknown op 'FancyOp'")
-    bad = make_model([helper.make_node("Relu", ["x"], ["y"], name="f", domain="com.example")], [("x", [1, 4])],
-                     [("y", [1, 4])])
+    bad = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="f", domain="com.example")],
+        [("x", [1, 4])],
+        [("y", [1, 4])],
+    )
     bad.opset_import.append(helper.make_opsetid("com.example", 1))
     onnx.save(bad, tmp_path / "unknown_domain.onnx")
     cases["unknown domain"] = (tmp_path / "unknown_domain.onnx", "unknown domain 'com.example'")
-    bad = make_model([helper.make_node("Add", ["x", "ghost"], ["y"], name="a")], [("x", [1, 4])], [("y", [1, 4])])
+    bad = make_model(
+        [helper.make_node("Add", ["x", "ghost"], ["y"], name="a")], [("x", [1, 4])], [("y", [1, 4])]
+    )
     onnx.save(bad, tmp_path / "dangling.onnx")
     cases["dangling"] = (tmp_path / "dangling.onnx", "reads 'ghost', which nothing produces")
-    bad = make_model([helper.make_node("Add", ["x", "b"], ["a"], name="n1"),
-                      helper.make_node("Relu", ["a"], ["b"], name="n2"),
-                      helper.make_node("Relu", ["a"], ["y"], name="n3")], [("x", [1, 4])], [("y", [1, 4])])
+    bad = make_model(
+        [
+            helper.make_node("Add", ["x", "b"], ["a"], name="n1"),
+            helper.make_node("Relu", ["a"], ["b"], name="n2"),
+            helper.make_node("Relu", ["a"], ["y"], name="n3"),
+        ],
+        [("x", [1, 4])],
+        [("y", [1, 4])],
+    )
     onnx.save(bad, tmp_path / "cycle.onnx")
     cases["cycle"] = (tmp_path / "cycle.onnx", "cycle through 2 nodes")
-    dyn = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")],
-                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])], [("y", ["batch", 4])])
+    dyn = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [("y", ["batch", 4])],
+    )
     onnx.save(dyn, tmp_path / "dynamic.onnx")
     cases["dynamic"] = (tmp_path / "dynamic.onnx", "dynamic dimensions")
     cases["missing"] = (tmp_path / "nope.onnx", "no such file")
@@ -150,8 +214,12 @@ def test_each_bad_input_raises_with_the_file_named(tmp_path):
 
 
 def test_size_limit(tmp_path):
-    m = make_model([helper.make_node("Add", ["x", "w"], ["y"], name="a")], [("x", [1, 300000])],
-                   [("y", [1, 300000])], [("w", rand(1, 300000))])
+    m = make_model(
+        [helper.make_node("Add", ["x", "w"], ["y"], name="a")],
+        [("x", [1, 300000])],
+        [("y", [1, 300000])],
+        [("w", rand(1, 300000))],
+    )
     p = tmp_path / "big.onnx"
     onnx.save(m, p)
     with pytest.raises(ModelLoadError, match="over the model size limit of 1 MB"):
@@ -160,9 +228,14 @@ def test_size_limit(tmp_path):
 
 
 def test_every_problem_listed_at_once(tmp_path):
-    bad = make_model([helper.make_node("FancyOp", ["x"], ["a"], name="f"),
-                      helper.make_node("Add", ["a", "ghost"], ["y"], name="g")],
-                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])], [("y", [1, 4])])
+    bad = make_model(
+        [
+            helper.make_node("FancyOp", ["x"], ["a"], name="f"),
+            helper.make_node("Add", ["a", "ghost"], ["y"], name="g"),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [("y", [1, 4])],
+    )
     p = tmp_path / "many.onnx"
     onnx.save(bad, p)
     with pytest.raises(ModelLoadError) as info:

@@ -44,8 +44,10 @@ def close(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def test_session_over_the_server_equals_the_whole_model(model):
-    with ServerThread(model["fallback"], ServeOptions(port=0, token="t")) as srv, \
-            load(model["fallback"], executor_options={"remote": {"url": srv.url, "token": "t"}}) as sess:
+    with (
+        ServerThread(model["fallback"], ServeOptions(port=0, token="t")) as srv,
+        load(model["fallback"], executor_options={"remote": {"url": srv.url, "token": "t"}}) as sess,
+    ):
         for x, y in zip(model["xs"][:5], model["ys"]):
             assert close(sess.run({"input": x})["logits"], y)
         stats = sess.remote_stats()
@@ -53,7 +55,11 @@ def test_session_over_the_server_equals_the_whole_model(model):
         for s in stats.values():
             assert s.remote_runs == 5 and s.local_runs == 0 and s.failures == 0
             assert s.sent_nbytes > 0 and s.rtt_ms is not None and s.bandwidth_mbps and s.goodput_mbps
-        assert {p.name: p.executed_by for p in sess.stats().parts} == {"p0": "ort", "p1": "remote", "p2": "remote"}
+        assert {p.name: p.executed_by for p in sess.stats().parts} == {
+            "p0": "ort",
+            "p1": "remote",
+            "p2": "remote",
+        }
 
 
 def test_no_server_url_runs_the_fallback_or_says_why(model):
@@ -87,15 +93,19 @@ def test_unreachable_server_without_fallback_fails_clearly_within_the_timeout(mo
 
 def test_fallback_can_be_refused(model):
     url = f"http://127.0.0.1:{free_port()}"
-    with load(model["fallback"], executor_options={"remote": {"url": url, "fallback": False}}) as sess, \
-            pytest.raises(RemoteError):
+    with (
+        load(model["fallback"], executor_options={"remote": {"url": url, "fallback": False}}) as sess,
+        pytest.raises(RemoteError),
+    ):
         sess.run({"input": model["xs"][0]})
 
 
 def test_wrong_token_is_an_error_not_a_fallback(model):
-    with ServerThread(model["fallback"], ServeOptions(port=0, token="right")) as srv, \
-            load(model["fallback"], executor_options={"remote": {"url": srv.url, "token": "wrong"}}) as sess, \
-            pytest.raises(RemoteError, match="HTTP 401: missing or wrong bearer token"):
+    with (
+        ServerThread(model["fallback"], ServeOptions(port=0, token="right")) as srv,
+        load(model["fallback"], executor_options={"remote": {"url": srv.url, "token": "wrong"}}) as sess,
+        pytest.raises(RemoteError, match="HTTP 401: missing or wrong bearer token"),
+    ):
         sess.run({"input": model["xs"][0]})
 
 
@@ -164,7 +174,7 @@ def test_server_killed_in_the_middle_of_a_stream_of_100(model, fallback):
         assert stats["p1"].remote_runs >= 30 and stats["p1"].local_runs >= 1
     else:
         assert 30 <= len(ok) < 100
-        assert all(isinstance(r, RemoteError) for r in results[len(ok):])
+        assert all(isinstance(r, RemoteError) for r in results[len(ok) :])
         assert max(done) < 2 * timeout_s + 0.5, max(done)  # two remote parts, one deadline each
 
 

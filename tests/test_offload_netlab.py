@@ -108,12 +108,18 @@ def test_the_lab_is_cleaned_up_even_on_failure():
 def test_a_cpu_quota_really_slows_a_process():
     """At 25 %, a busy process needs 4x its CPU time in wall time (other load here only adds to it)."""
     require_cgroup()
-    work = [sys.executable, "-c", "import time; t, c = time.perf_counter(), time.process_time(); "
-                                  "sum(i*i for i in range(3_000_000)); "
-                                  "print((time.perf_counter() - t) / (time.process_time() - c))"]
+    work = [
+        sys.executable,
+        "-c",
+        "import time; t, c = time.perf_counter(), time.process_time(); "
+        "sum(i*i for i in range(3_000_000)); "
+        "print((time.perf_counter() - t) / (time.process_time() - c))",
+    ]
     with CpuQuota(25) as q:
         stretch = float(subprocess.run(q.wrap(work), capture_output=True, text=True, check=True).stdout)
-        throttled = int(dict(line.split() for line in (q.path / "cpu.stat").read_text().splitlines())["nr_throttled"])
+        throttled = int(
+            dict(line.split() for line in (q.path / "cpu.stat").read_text().splitlines())["nr_throttled"]
+        )
         path = q.path
     assert stretch > 3.0 and throttled > 0, (stretch, throttled)
     assert not path.exists()
@@ -189,11 +195,17 @@ def heavy_convs(path, layers: int = 64) -> None:
     nodes, t = [helper.make_node("Relu", ["x"], ["r0"], name="relu0")], "r0"
     for i in range(layers):
         out = "y" if i == layers - 1 else f"t{i + 1}"
-        nodes += [helper.make_node("Conv", [t, "w"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
-                  helper.make_node("Tanh", [f"c{i}"], [out], name=f"tanh{i}")]
+        nodes += [
+            helper.make_node("Conv", [t, "w"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+            helper.make_node("Tanh", [f"c{i}"], [out], name=f"tanh{i}"),
+        ]
         t = out
-    onnx.save(make_model(nodes, [("x", [1, 96, 16, 16])], [("y", [1, 96, 16, 16])],
-                         [("w", rand(96, 96, 3, 3) * 0.5)]), path)
+    onnx.save(
+        make_model(
+            nodes, [("x", [1, 96, 16, 16])], [("y", [1, 96, 16, 16])], [("w", rand(96, 96, 3, 3) * 0.5)]
+        ),
+        path,
+    )
 
 
 def test_adaptive_follows_the_bandwidth_on_a_throttled_device(tmp_path):
@@ -204,9 +216,12 @@ def test_adaptive_follows_the_bandwidth_on_a_throttled_device(tmp_path):
     bundle = make_bundle(tmp_path / "heavy.onnx", tmp_path / "bundle", ["r0"], [False, True])
     with NetLab(100, 10) as lab, CpuQuota(25) as quota:
         url = serve_in_lab(lab, bundle)
-        device = subprocess.Popen(quota.wrap([sys.executable, "-c", DEVICE, str(bundle), url,
-                                              str(tmp_path / "heavy.onnx")]),
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        device = subprocess.Popen(
+            quota.wrap([sys.executable, "-c", DEVICE, str(bundle), url, str(tmp_path / "heavy.onnx")]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         lab._procs.append(device)  # stopped with the lab, even on failure
 
         def until(mode: str, max_s: float) -> dict:

@@ -29,7 +29,9 @@ def problems(draw, memory: bool | None = None) -> CostModel:
     max_nodes = {2: 12, 3: 9, 4: 7}[n_procs]
     n_nodes = draw(st.integers(1, max_nodes))
     cm = random_costs(
-        n_nodes, n_procs, draw(st.integers(0, 2**31 - 1)),
+        n_nodes,
+        n_procs,
+        draw(st.integers(0, 2**31 - 1)),
         n_remote=draw(st.integers(0, 1)),
         unsupported=draw(st.sampled_from([0.0, 0.2, 0.4])),
         width=draw(st.integers(1, 4)),
@@ -123,7 +125,7 @@ def test_parts_form_an_acyclic_graph(cm, data):
         while stack:
             u = stack.pop()
             for a, b in inner:
-                for v in ((b,) if a == u else (a,) if b == u else ()):
+                for v in (b,) if a == u else (a,) if b == u else ():
                     if v not in seen:
                         seen.add(v)
                         stack.append(v)
@@ -135,9 +137,11 @@ def test_optimize_is_pure():
     import subprocess
     import sys
 
-    code = ("import sys, edgesplit.optimize, edgesplit.optimize.sweep, edgesplit.optimize.plot, "
-            "edgesplit.optimize.annotate; bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('onnxruntime', 'tvm') or m.startswith('edgesplit.runtime')]; print(bad); sys.exit(bool(bad))")
+    code = (
+        "import sys, edgesplit.optimize, edgesplit.optimize.sweep, edgesplit.optimize.plot, "
+        "edgesplit.optimize.annotate; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('onnxruntime', 'tvm') or m.startswith('edgesplit.runtime')]; print(bad); sys.exit(bool(bad))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -147,8 +151,15 @@ def test_cycle_of_groups_is_cut():
     cm = random_costs(3, 2, 0, n_remote=0, unsupported=0.0, chain=True)
     from edgesplit.optimize.costs import Flow
 
-    cm = replace(cm, flows=(Flow("x", 10, -1, (0,)), Flow("a", 10, 0, (1, 2)), Flow("b", 10, 1, (2,)),
-                            Flow("c", 10, 2, (), True)))
+    cm = replace(
+        cm,
+        flows=(
+            Flow("x", 10, -1, (0,)),
+            Flow("a", 10, 0, (1, 2)),
+            Flow("b", 10, 1, (2,)),
+            Flow("c", 10, 2, (), True),
+        ),
+    )
     parts = part_labels(cm, np.array([0, 1, 0]), ["ort"] * 3)
     assert parts == [[0], [1], [2]]
 

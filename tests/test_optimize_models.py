@@ -19,8 +19,10 @@ BANDWIDTHS = (1, 3, 10, 30, 100, 300, 1000)
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory):
     d = tmp_path_factory.mktemp("zoo")
-    return {name: load_model(zoo.save(name, d / f"{name}.onnx"))
-            for name in ("resnet18", "googlenet", "transformer", "chain_shrink")}
+    return {
+        name: load_model(zoo.save(name, d / f"{name}.onnx"))
+        for name in ("resnet18", "googlenet", "transformer", "chain_shrink")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +31,10 @@ def snapdragon():
 
 
 def _plans(graph, device, server, **kw):
-    return {bw: partition(graph, device, server=server, link=network_link("wifi", bandwidth_mbps=bw, **kw))
-            for bw in BANDWIDTHS}
+    return {
+        bw: partition(graph, device, server=server, link=network_link("wifi", bandwidth_mbps=bw, **kw))
+        for bw in BANDWIDTHS
+    }
 
 
 @pytest.mark.parametrize("name", ["resnet18", "googlenet", "transformer"])
@@ -47,7 +51,11 @@ def test_plan_never_worse_than_any_baseline(graphs, snapdragon, name):
 def test_branchy_transformer_beats_the_best_single_cut(graphs, snapdragon):
     """The encoder's ops that the NPU lacks rule out NPU-only; mixing CPU and GPU beats any cut."""
     plans = _plans(graphs["transformer"], *snapdragon)
-    wins = [bw for bw, p in plans.items() if p.predicted["latency_ms"] < p.baseline("best-single-cut").latency_ms - 1e-6]
+    wins = [
+        bw
+        for bw, p in plans.items()
+        if p.predicted["latency_ms"] < p.baseline("best-single-cut").latency_ms - 1e-6
+    ]
     assert wins, "the plan never strictly beats the best single cut"
 
 
@@ -58,11 +66,18 @@ def test_branchy_googlenet_beats_the_best_single_cut_with_concurrent_branches(gr
     there the plan ties with NPU-only, which is also the best single cut.)
     """
     plans = _plans(graphs["googlenet"], load_device("jetson-orin-nano"), load_device("server-a100"))
-    wins = [bw for bw, p in plans.items() if p.predicted["latency_ms"] < p.baseline("best-single-cut").latency_ms - 1e-6]
+    wins = [
+        bw
+        for bw, p in plans.items()
+        if p.predicted["latency_ms"] < p.baseline("best-single-cut").latency_ms - 1e-6
+    ]
     assert wins
     plan = plans[wins[0]]
-    overlap = any(a.processor != b.processor and a.start_ms < b.end_ms - 1e-9 and b.start_ms < a.end_ms - 1e-9
-                  for a in plan.parts for b in plan.parts)
+    overlap = any(
+        a.processor != b.processor and a.start_ms < b.end_ms - 1e-9 and b.start_ms < a.end_ms - 1e-9
+        for a in plan.parts
+        for b in plan.parts
+    )
     assert overlap, "the gain should come from parts that run at the same time"
 
 
@@ -70,8 +85,9 @@ def test_plans_respect_support_pins_and_parts(graphs, snapdragon):
     device, server = snapdragon
     graph = graphs["googlenet"]
     pin = graph.nodes[5].name
-    plan = partition(graph, device, server=server, link=network_link("wifi", bandwidth_mbps=50),
-                     pins={pin: "gpu"})
+    plan = partition(
+        graph, device, server=server, link=network_link("wifi", bandwidth_mbps=50), pins={pin: "gpu"}
+    )
     assert plan.assignment[pin]["processor"] == "gpu"
     seen = set()
     for part in plan.parts:
@@ -97,8 +113,12 @@ def test_chain_cut_moves_toward_the_input_as_bandwidth_grows(graphs):
     device, server = _slow_device(), load_device("server-a100")
     cuts = []
     for bw in np.logspace(0, 3, 13):
-        plan = partition(graph, device, server=server, link=network_link("wifi", bandwidth_mbps=float(bw), rtt_ms=1))
-        on_device = [n.name for n in graph.nodes if not plan.assignment[n.name]["processor"].startswith("server")]
+        plan = partition(
+            graph, device, server=server, link=network_link("wifi", bandwidth_mbps=float(bw), rtt_ms=1)
+        )
+        on_device = [
+            n.name for n in graph.nodes if not plan.assignment[n.name]["processor"].startswith("server")
+        ]
         assert on_device == [n.name for n in graph.nodes[: len(on_device)]], "not a prefix"
         cuts.append(len(on_device))
     assert cuts == sorted(cuts, reverse=True), cuts
@@ -110,8 +130,9 @@ def test_chain_cut_moves_toward_the_input_as_bandwidth_grows(graphs):
 def test_other_objectives(graphs, snapdragon, objective):
     device, server = snapdragon
     graph = graphs["resnet18"]
-    plan = partition(graph, device, server=server, link=network_link("wifi", bandwidth_mbps=100),
-                     objective=objective)
+    plan = partition(
+        graph, device, server=server, link=network_link("wifi", bandwidth_mbps=100), objective=objective
+    )
     assert plan.objective == objective
     assert plan.predicted["throughput_per_s"] > 0
     if objective == "pareto":

@@ -59,17 +59,43 @@ def tiny_dag(tmp_path) -> Path:
 
 def test_partition_writes_plan_onnx_and_plot(tmp_path, capsys, tiny_dag):
     plan_path = tmp_path / "out" / "plan.json"
-    code, out, err = run(capsys, "partition", str(tiny_dag), "--device", _device(tmp_path), "--server", "server-a100",
-                         "--link", "wifi", "--bandwidth-mbps", "50", "--plot", str(tmp_path / "plan.png"),
-                         "-o", str(plan_path))
+    code, out, err = run(
+        capsys,
+        "partition",
+        str(tiny_dag),
+        "--device",
+        _device(tmp_path),
+        "--server",
+        "server-a100",
+        "--link",
+        "wifi",
+        "--bandwidth-mbps",
+        "50",
+        "--plot",
+        str(tmp_path / "plan.png"),
+        "-o",
+        str(plan_path),
+    )
     assert code == 0, err
     assert "best-single-cut" in out and "server-only" in out and "ort-greedy" in out
     data = json.loads(plan_path.read_text())
     assert list(data)[:4] == ["format_version", "model_sha256", "model_name", "model_path"]
     assert data["format_version"] == 1 and data["server"] == "server-a100"
     assert {"latency_ms", "energy_mj", "throughput_per_s"} <= set(data["predicted"])
-    assert set(data["parts"][0]) >= {"name", "processor", "backend", "remote", "nodes", "inputs", "outputs",
-                                     "latency_ms", "energy_mj", "start_ms", "end_ms", "stage"}
+    assert set(data["parts"][0]) >= {
+        "name",
+        "processor",
+        "backend",
+        "remote",
+        "nodes",
+        "inputs",
+        "outputs",
+        "latency_ms",
+        "energy_mj",
+        "start_ms",
+        "end_ms",
+        "stage",
+    }
     model = onnx.load(str(plan_path.with_suffix(".onnx")))
     for node in model.graph.node:
         meta = {e.key: e.value for e in node.metadata_props}
@@ -81,8 +107,16 @@ def test_partition_writes_plan_onnx_and_plot(tmp_path, capsys, tiny_dag):
     plan = load_plan(plan_path)
     assert json.loads(json.dumps(plan.to_json())) == data
 
-    code, out, err = run(capsys, "explain", str(plan_path), "--bandwidth-sweep", "--per-decade", "2",
-                         "--plot", str(tmp_path / "sweep.png"))
+    code, out, err = run(
+        capsys,
+        "explain",
+        str(plan_path),
+        "--bandwidth-sweep",
+        "--per-decade",
+        "2",
+        "--plot",
+        str(tmp_path / "sweep.png"),
+    )
     assert code == 0, err
     assert "1000" in out and "0.1" in out and "decision" in out
     assert (tmp_path / "sweep.png").stat().st_size > 1000
@@ -97,21 +131,50 @@ def test_unsupported_ops_are_all_listed(tmp_path, capsys, tiny_dag):
 
 
 def test_unknown_processor_in_pin(tmp_path, capsys, tiny_dag):
-    code, _, err = run(capsys, "partition", str(tiny_dag), "--device", _device(tmp_path), "--pin", "x=tpu",
-                       "-o", str(tmp_path / "p.json"))
+    code, _, err = run(
+        capsys,
+        "partition",
+        str(tiny_dag),
+        "--device",
+        _device(tmp_path),
+        "--pin",
+        "x=tpu",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "unknown" in err
     from edgesplit.model.load import load_model
 
     node = load_model(tiny_dag).nodes[0].name
-    code, _, err = run(capsys, "partition", str(tiny_dag), "--device", _device(tmp_path), "--pin", f"{node}=tpu",
-                       "-o", str(tmp_path / "p.json"))
+    code, _, err = run(
+        capsys,
+        "partition",
+        str(tiny_dag),
+        "--device",
+        _device(tmp_path),
+        "--pin",
+        f"{node}=tpu",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
     assert code == 2 and "unknown processor 'tpu'" in err and "cpu, gpu" in err
 
 
 def test_impossible_slo_names_the_best_latency(tmp_path, capsys, tiny_dag):
-    code, _, err = run(capsys, "partition", str(tiny_dag), "--device", _device(tmp_path), "--objective", "energy",
-                       "--slo-ms", "0.0001", "-o", str(tmp_path / "p.json"))
+    code, _, err = run(
+        capsys,
+        "partition",
+        str(tiny_dag),
+        "--device",
+        _device(tmp_path),
+        "--objective",
+        "energy",
+        "--slo-ms",
+        "0.0001",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "best achievable latency is" in err
 
@@ -121,16 +184,35 @@ def test_profile_of_another_model(tmp_path, capsys, tiny_dag):
     prof = tmp_path / "other.profile.json"
     code, _, err = run(capsys, "profile", str(other), "--device", _device(tmp_path), "-o", str(prof), "-q")
     assert code == 0, err
-    code, _, err = run(capsys, "partition", str(tiny_dag), "--device", _device(tmp_path), "--profile", str(prof),
-                       "-o", str(tmp_path / "p.json"))
+    code, _, err = run(
+        capsys,
+        "partition",
+        str(tiny_dag),
+        "--device",
+        _device(tmp_path),
+        "--profile",
+        str(prof),
+        "-o",
+        str(tmp_path / "p.json"),
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "profile is for model" in err
 
 
 def test_plan_of_another_model(tmp_path, capsys, tiny_dag):
     plan_path = tmp_path / "plan.json"
-    code, _, err = run(capsys, "partition", str(tiny_dag), "--device", _device(tmp_path), "--server", "server-a100",
-                       "-o", str(plan_path), "-q")
+    code, _, err = run(
+        capsys,
+        "partition",
+        str(tiny_dag),
+        "--device",
+        _device(tmp_path),
+        "--server",
+        "server-a100",
+        "-o",
+        str(plan_path),
+        "-q",
+    )
     assert code == 0, err
     zoo.save("tiny_dag", tiny_dag, seed=1)  # same path, other weights: another hash
     code, _, err = run(capsys, "explain", str(plan_path), "--bandwidth-sweep")
@@ -147,8 +229,16 @@ def test_bad_plan_file_is_named(tmp_path, capsys):
 
 def test_annotated_copy_never_overwrites_the_model(tmp_path, capsys, tiny_dag):
     before = tiny_dag.read_bytes()
-    code, _, err = run(capsys, "partition", str(tiny_dag), "--device", _device(tmp_path),
-                       "-o", str(tiny_dag.with_suffix(".json")), "-q")
+    code, _, err = run(
+        capsys,
+        "partition",
+        str(tiny_dag),
+        "--device",
+        _device(tmp_path),
+        "-o",
+        str(tiny_dag.with_suffix(".json")),
+        "-q",
+    )
     assert code == 0, err
     assert tiny_dag.read_bytes() == before
     assert tiny_dag.with_suffix(".annotated.onnx").is_file()

@@ -33,8 +33,11 @@ class Clock:
 
 
 def rapl_tree(root: Path) -> None:
-    for zone, name, uj in (("intel-rapl:0", "package-0", 1_000_000), ("intel-rapl:1", "package-1", 5_000_000),
-                           ("intel-rapl:0:0", "core", 7)):
+    for zone, name, uj in (
+        ("intel-rapl:0", "package-0", 1_000_000),
+        ("intel-rapl:1", "package-1", 5_000_000),
+        ("intel-rapl:0:0", "core", 7),
+    ):
         put(root, f"sys/class/powercap/{zone}/name", name)
         put(root, f"sys/class/powercap/{zone}/energy_uj", uj)
         put(root, f"sys/class/powercap/{zone}/max_energy_range_uj", 10_000_000)
@@ -67,8 +70,11 @@ def test_psys_zone_is_used_alone(tmp_path):
 def jetson_tree(root: Path, vdd_in_mv=5000, vdd_in_ma=1000) -> None:
     d = "sys/class/hwmon/hwmon1"
     put(root, f"{d}/name", "ina3221")
-    for k, label, mv, ma in ((1, "VDD_IN", vdd_in_mv, vdd_in_ma), (2, "VDD_CPU_GPU_CV", 5000, 400),
-                             (3, "VDD_SOC", 5000, 300)):
+    for k, label, mv, ma in (
+        (1, "VDD_IN", vdd_in_mv, vdd_in_ma),
+        (2, "VDD_CPU_GPU_CV", 5000, 400),
+        (3, "VDD_SOC", 5000, 300),
+    ):
         put(root, f"{d}/in{k}_label", label)
         put(root, f"{d}/in{k}_input", mv)
         put(root, f"{d}/curr{k}_input", ma)
@@ -115,8 +121,18 @@ def test_no_rails_in_an_empty_tree_or_on_this_machine(tmp_path):
     assert not find_rails(tmp_path) and find_rails(tmp_path).source == ""
     if not find_rails("/"):  # DESIGN.md: no RAPL or hwmon power counters here
         out = tmp_path / "p.json"
-        r = run_cli("profile", str(zoo.save("tiny_dag", tmp_path / "t.onnx")), "--backend", "ort", "--runs", "2",
-                    "--warmup", "1", "-o", str(out))
+        r = run_cli(
+            "profile",
+            str(zoo.save("tiny_dag", tmp_path / "t.onnx")),
+            "--backend",
+            "ort",
+            "--runs",
+            "2",
+            "--warmup",
+            "1",
+            "-o",
+            str(out),
+        )
         assert r.returncode == 0, r.stderr
         assert "energy: modelled" in r.stdout and '"energy": "modelled"' in out.read_text()
 
@@ -125,8 +141,9 @@ def test_measured_energy_is_power_times_latency(tmp_path):
     put(tmp_path, "sys/class/hwmon/hwmon0/name", "ina226")
     put(tmp_path, "sys/class/hwmon/hwmon0/power1_input", 5_000_000)  # a steady 5 W
     graph = load_model(zoo.save("tiny_dag", tmp_path / "t.onnx"))
-    prof = profile_steps(graph, load_device("host"), backends=["ort"], runs=3, warmup=1,
-                         rails=find_rails(tmp_path))
+    prof = profile_steps(
+        graph, load_device("host"), backends=["ort"], runs=3, warmup=1, rails=find_rails(tmp_path)
+    )
     assert prof.energy == "measured"
     e = prof.entry("cpu", "ort")
     assert "energy measured: hwmon mean 5.00 W" in e.note
@@ -138,9 +155,16 @@ def test_remote_profile_measures_energy_where_the_device_has_rails(sshd, remote_
     root = tmp_path / "fake-sysfs"
     jetson_tree(root, vdd_in_mv=5000, vdd_in_ma=1500)  # 7.5 W on the board input
     model = zoo.save("tiny_dag", tmp_path / "t.onnx")
-    opts = SshOptions(identity=str(sshd.identity), known_hosts=str(sshd.known_hosts), remote_python=sys.executable,
-                      remote_tmpdir=str(remote_tmp), remote_env={"EDGESPLIT_SYSFS_ROOT": str(root)})
-    prof = profile_remote(model, sshd.target, opts, output=tmp_path / "p.json", backends=["ort"], runs=3, warmup=1)
+    opts = SshOptions(
+        identity=str(sshd.identity),
+        known_hosts=str(sshd.known_hosts),
+        remote_python=sys.executable,
+        remote_tmpdir=str(remote_tmp),
+        remote_env={"EDGESPLIT_SYSFS_ROOT": str(root)},
+    )
+    prof = profile_remote(
+        model, sshd.target, opts, output=tmp_path / "p.json", backends=["ort"], runs=3, warmup=1
+    )
     assert prof.energy == "measured"
     for c in prof.entry("cpu", "ort").nodes.values():
         assert c.energy_mj == pytest.approx(7.5 * c.latency_ms, abs=1e-6)

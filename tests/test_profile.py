@@ -48,10 +48,15 @@ def test_ort_sum_of_nodes_matches_whole_model_on_real_model(host):
 
 def test_tvm_says_why_it_cannot_run_lstm(tmp_path, host):
     seq, inp, hid = 4, 6, 5
-    m = make_model([helper.make_node("LSTM", ["x", "w", "r"], ["y"], hidden_size=hid, name="lstm"),
-                    helper.make_node("Relu", ["y"], ["z"], name="relu")],
-                   [("x", [seq, 1, inp])], [("z", [seq, 1, 1, hid])],
-                   [("w", rand(1, 4 * hid, inp)), ("r", rand(1, 4 * hid, hid))])
+    m = make_model(
+        [
+            helper.make_node("LSTM", ["x", "w", "r"], ["y"], hidden_size=hid, name="lstm"),
+            helper.make_node("Relu", ["y"], ["z"], name="relu"),
+        ],
+        [("x", [seq, 1, inp])],
+        [("z", [seq, 1, 1, hid])],
+        [("w", rand(1, 4 * hid, inp)), ("r", rand(1, 4 * hid, hid))],
+    )
     p = tmp_path / "lstm.onnx"
     onnx.save(m, p)
     prof = profile_model(load_model(p), host, runs=3, warmup=1)

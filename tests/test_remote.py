@@ -32,8 +32,14 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def options(s, tmp: Path, **kw) -> SshOptions:
-    base = dict(identity=str(s.identity), known_hosts=str(s.known_hosts), remote_python=sys.executable,
-                remote_tmpdir=str(tmp), connect_timeout_s=10, step_timeout_s=60)
+    base = dict(
+        identity=str(s.identity),
+        known_hosts=str(s.known_hosts),
+        remote_python=sys.executable,
+        remote_tmpdir=str(tmp),
+        connect_timeout_s=10,
+        step_timeout_s=60,
+    )
     return SshOptions(**{**base, **kw})
 
 
@@ -67,8 +73,16 @@ def test_remote_profile_has_the_local_shape(sshd, remote_tmp, tiny, tmp_path):  
             assert Path(ev["workdir"]).parent == remote_tmp
             modes.append(Path(ev["workdir"]).stat().st_mode & 0o777)
 
-    prof = profile_remote(tiny, sshd.target, options(sshd, remote_tmp), output=out, runs=3, warmup=1,
-                          progress=lambda label, done, total: seen.append((label, done, total)), on_event=on_event)
+    prof = profile_remote(
+        tiny,
+        sshd.target,
+        options(sshd, remote_tmp),
+        output=out,
+        runs=3,
+        warmup=1,
+        progress=lambda label, done, total: seen.append((label, done, total)),
+        on_event=on_event,
+    )
     assert modes == [0o700]
     graph = load_model(tiny)
     local = profile_model(graph, load_device("host"), runs=3, warmup=1)
@@ -77,7 +91,11 @@ def test_remote_profile_has_the_local_shape(sshd, remote_tmp, tiny, tmp_path):  
     for r, loc in zip(prof.entries, local.entries):
         assert set(r.nodes) == set(loc.nodes) == {n.name for n in graph.nodes}
         assert r.source == loc.source == "measured" and r.whole_model_ms > 0
-    assert (prof.model_sha256, prof.model_name, prof.input_shapes) == (graph.sha256, graph.name, local.input_shapes)
+    assert (prof.model_sha256, prof.model_name, prof.input_shapes) == (
+        graph.sha256,
+        graph.name,
+        local.input_shapes,
+    )
     assert json.loads(out.read_text()).keys() == local.to_json().keys()
     assert prof.energy == "modelled"  # no power rails on this machine
     labels = {label for label, _, _ in seen}
@@ -92,8 +110,20 @@ def test_cli_shell_metacharacters_in_the_model_path(sshd, remote_tmp, tiny, tmp_
     model = work / "my model; $(touch pwned) 'x'.onnx"
     shutil.copy(tiny, model)
     out = work / "out $(touch pwned-out).json"
-    r = run_cli("profile", str(model), *sshd.cli_args(remote_tmp), "--backend", "ort", "--runs", "2",
-                "--warmup", "1", "-o", str(out), cwd=tmp_path)
+    r = run_cli(
+        "profile",
+        str(model),
+        *sshd.cli_args(remote_tmp),
+        "--backend",
+        "ort",
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+        "-o",
+        str(out),
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     prof = load_profile(out)
     assert prof.model_name == "my model; $(touch pwned) 'x'" and set(prof.entry("cpu", "ort").nodes)
@@ -103,9 +133,29 @@ def test_cli_shell_metacharacters_in_the_model_path(sshd, remote_tmp, tiny, tmp_
 
 def test_unknown_host_key_needs_opt_in_and_is_then_recorded(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     kh = tmp_path / "ssh" / "known_hosts"  # does not exist yet
-    args = ["profile", str(tiny), "--remote", sshd.target, "--identity", str(sshd.identity), "--known-hosts",
-            str(kh), "--remote-python", sys.executable, "--remote-tmpdir", str(remote_tmp), "--backend", "ort",
-            "--runs", "1", "--warmup", "0", "-q", "-o", str(tmp_path / "p.json")]
+    args = [
+        "profile",
+        str(tiny),
+        "--remote",
+        sshd.target,
+        "--identity",
+        str(sshd.identity),
+        "--known-hosts",
+        str(kh),
+        "--remote-python",
+        sys.executable,
+        "--remote-tmpdir",
+        str(remote_tmp),
+        "--backend",
+        "ort",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+        "-o",
+        str(tmp_path / "p.json"),
+    ]
     r = run_cli(*args)
     assert r.returncode == 2
     line = one_line_error(r)
@@ -125,7 +175,9 @@ def test_changed_host_key_is_always_refused(remote_tmp, tiny, tmp_path):  # noqa
     try:
         s.new_host_key()  # known_hosts still has the old key
         for extra in ([], ["--accept-new-host-key"]):
-            r = run_cli("profile", str(tiny), *s.cli_args(remote_tmp, *extra), "-q", "-o", str(tmp_path / "p.json"))
+            r = run_cli(
+                "profile", str(tiny), *s.cli_args(remote_tmp, *extra), "-q", "-o", str(tmp_path / "p.json")
+            )
             assert r.returncode == 2
             line = one_line_error(r)
             assert "host key has CHANGED" in line and s.target in line and "ssh-keygen -R" in line
@@ -165,7 +217,13 @@ def test_auth_through_the_ssh_agent(sshd, remote_tmp, tmp_path, monkeypatch):  #
         agent.wait(timeout=10)
 
 
-def test_encrypted_key_without_passphrase_is_a_clear_input_error(sshd, remote_tmp, tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_encrypted_key_without_passphrase_is_a_clear_input_error(
+    sshd,  # noqa: F811 - the fixture
+    remote_tmp,  # noqa: F811
+    tiny,
+    tmp_path,
+    monkeypatch,
+):
     key = tmp_path / "locked"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "sesame", "-f", str(key)], check=True)
     args = sshd.cli_args(remote_tmp)
@@ -195,7 +253,9 @@ def test_a_silent_agent_hits_the_step_timeout_and_is_cleaned_up(sshd, remote_tmp
     hang.chmod(0o755)
     opts = options(sshd, remote_tmp, remote_python=str(hang), step_timeout_s=1.5)
     started = time.monotonic()
-    with pytest.raises(RemoteError, match=r"no word from the agent for 1.5 s while starting the agent \(step timeout\)"):
+    with pytest.raises(
+        RemoteError, match=r"no word from the agent for 1.5 s while starting the agent \(step timeout\)"
+    ):
         profile_remote(tiny, sshd.target, opts, output=tmp_path / "x.json")
     assert time.monotonic() - started < 20
     assert not list(remote_tmp.iterdir())  # removed by the client, not left to the 120 s sleep
@@ -220,7 +280,11 @@ def test_agent_zip_is_deterministic_and_self_contained():
 
     data = build_agent()
     names = zipfile.ZipFile(io.BytesIO(data)).namelist()
-    assert "__main__.py" in names and "edgesplit/profile/agent.py" in names and "_vendor/yaml/__init__.py" in names
+    assert (
+        "__main__.py" in names
+        and "edgesplit/profile/agent.py" in names
+        and "_vendor/yaml/__init__.py" in names
+    )
     assert not any(n.startswith("edgesplit/cli/") for n in names)
     build_agent.cache_clear()
     assert build_agent() == data

@@ -37,7 +37,17 @@ def squeezenet(tmp_path_factory) -> Path:
 def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_tmp, squeezenet, tmp_path):  # noqa: F811
     out = tmp_path / "sq.json"
     part = Path(f"{out}.partial")
-    args = ["profile", str(squeezenet), *sshd.cli_args(remote_tmp), "--runs", "3", "--warmup", "1", "-o", str(out)]
+    args = [
+        "profile",
+        str(squeezenet),
+        *sshd.cli_args(remote_tmp),
+        "--runs",
+        "3",
+        "--warmup",
+        "1",
+        "-o",
+        str(out),
+    ]
     p = cli(*args)
     wait_for(lambda: part.exists() or p.poll() is not None, 60, "the first checkpoint")
     assert p.poll() is None, p.communicate()
@@ -78,7 +88,9 @@ def test_local_resume_keeps_the_saved_pairs_too(tmp_path):
 
     model = zoo.save("tiny_dag", tmp_path / "tiny_dag.onnx")
     first = tmp_path / "first.json"
-    r = run_cli("profile", str(model), "--backend", "ort", "--runs", "2", "--warmup", "1", "-q", "-o", str(first))
+    r = run_cli(
+        "profile", str(model), "--backend", "ort", "--runs", "2", "--warmup", "1", "-q", "-o", str(first)
+    )
     assert r.returncode == 0, r.stderr
     out = tmp_path / "out.json"
     Path(f"{out}.partial").write_text(first.read_text())  # as if the run had stopped after cpu/ort

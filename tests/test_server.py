@@ -88,8 +88,13 @@ def raw(server, method: str, path: str, body: bytes = b"", headers: dict | None 
     u = server.url.removeprefix("http://").split(":")
     c = http.client.HTTPConnection(u[0], int(u[1]), timeout=10)
     try:
-        c.request(method, path, body=body, headers=headers or {},
-                  encode_chunked="Transfer-Encoding" in (headers or {}))
+        c.request(
+            method,
+            path,
+            body=body,
+            headers=headers or {},
+            encode_chunked="Transfer-Encoding" in (headers or {}),
+        )
         r = c.getresponse()
         data = r.read()
     finally:
@@ -100,11 +105,22 @@ def raw(server, method: str, path: str, body: bytes = b"", headers: dict | None 
         return r.status, {"raw": data[:200]}
 
 
-def binary_request(name: str, arr: np.ndarray, datatype: str = "FP32", size: int | None = None,
-                   extra: bytes = b"") -> tuple[bytes, dict]:
-    head = json.dumps({"inputs": [{"name": name, "shape": list(arr.shape), "datatype": datatype,
-                                   "parameters": {"binary_data_size": arr.nbytes if size is None else size}}],
-                       "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]}).encode()
+def binary_request(
+    name: str, arr: np.ndarray, datatype: str = "FP32", size: int | None = None, extra: bytes = b""
+) -> tuple[bytes, dict]:
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": list(arr.shape),
+                    "datatype": datatype,
+                    "parameters": {"binary_data_size": arr.nbytes if size is None else size},
+                }
+            ],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     return head + arr.tobytes() + extra, {"Inference-Header-Content-Length": str(len(head)), **auth()}
 
 
@@ -115,18 +131,39 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
     cases = {
         "bad json": (infer, b'{"inputs": [', auth(), 400, "not valid JSON"),
         "wrong datatype": (infer, *binary_request(cut, mid.astype(np.float64), "FP64"), 400, "datatype FP64"),
-        "binary size != header": (infer, *binary_request(cut, mid, size=mid.nbytes - 4), 400, "binary_data_size"),
+        "binary size != header": (
+            infer,
+            *binary_request(cut, mid, size=mid.nbytes - 4),
+            400,
+            "binary_data_size",
+        ),
         "body longer than tensors": (infer, *binary_request(cut, mid, extra=b"xx"), 400, "beyond"),
-        "header length past body": (infer, good, {**good_h, "Inference-Header-Content-Length": "999999999"},
-                                    400, "outside the body"),
+        "header length past body": (
+            infer,
+            good,
+            {**good_h, "Inference-Header-Content-Length": "999999999"},
+            400,
+            "outside the body",
+        ),
         "wrong shape": (infer, *binary_request(cut, mid.reshape(-1)[:100].copy()), 400, "shape"),
         "unknown input": (infer, *binary_request("nope", mid), 400, "unknown nope"),
-        "json data of wrong length": (infer, json.dumps({"inputs": [{"name": cut, "shape": list(mid.shape),
-                                                                    "datatype": "FP32", "data": [1.0, 2.0]}]}
-                                                        ).encode(), auth(), 400, "holds 2 values"),
+        "json data of wrong length": (
+            infer,
+            json.dumps(
+                {"inputs": [{"name": cut, "shape": list(mid.shape), "datatype": "FP32", "data": [1.0, 2.0]}]}
+            ).encode(),
+            auth(),
+            400,
+            "holds 2 values",
+        ),
         "oversized body": (infer, b"{" + b" " * (2 << 20) + b"}", auth(), 413, "limit"),
-        "missing token": (infer, good, {"Inference-Header-Content-Length": good_h["Inference-Header-Content-Length"]},
-                          401, "token"),
+        "missing token": (
+            infer,
+            good,
+            {"Inference-Header-Content-Length": good_h["Inference-Header-Content-Length"]},
+            401,
+            "token",
+        ),
         "wrong token": (infer, good, {**good_h, "Authorization": "Bearer wrong"}, 401, "token"),
         "unknown model": ("/v2/models/p0/infer", good, good_h, 404, "no model 'p0'"),
         "bad gzip": (infer, b"not gzip", {**auth(), "Content-Encoding": "gzip"}, 400, "gzip"),
@@ -141,8 +178,13 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
     assert status == 405 and got["error"]
     status, got = raw(server, "POST", "/v2/models/a%0D%0Ab/infer", good, good_h)  # no header injection
     assert status == 404 and "no model" in got["error"]
-    status, got = raw(server, "POST", infer, iter([b"{" + b" " * (1 << 20), b" " * (1 << 20) + b"}"]),
-                      {**auth(), "Transfer-Encoding": "chunked"})  # no Content-Length to check first
+    status, got = raw(
+        server,
+        "POST",
+        infer,
+        iter([b"{" + b" " * (1 << 20), b" " * (1 << 20) + b"}"]),
+        {**auth(), "Transfer-Encoding": "chunked"},
+    )  # no Content-Length to check first
     assert status == 413 and got["error"], got
     status, got = raw(server, "POST", infer, good, good_h)
     assert status == 200
@@ -194,14 +236,20 @@ def test_sigterm_finishes_requests_in_flight(heavy_bundle):
         for t in threads:
             t.join(60)
         assert proc.wait(60) == 0
-        assert len(results) == 4 and all(isinstance(r, np.ndarray) and r.shape == (1, 1000) for r in results), results
+        assert len(results) == 4 and all(
+            isinstance(r, np.ndarray) and r.shape == (1, 1000) for r in results
+        ), results
     finally:
         stop_process(proc)
 
 
 def test_serve_cli_errors(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "edgesplit", "serve", str(tmp_path)], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "edgesplit", "serve", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "not a bundle" in r.stderr
 
 
@@ -243,10 +291,13 @@ def test_light_load_no_errors_and_flat_memory(tiny):
 
 def test_listening_line(tiny):
     port = free_port()
-    proc = subprocess.Popen(serve_command(tiny["bundle"], "127.0.0.1", port, "--token", "t"), stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        serve_command(tiny["bundle"], "127.0.0.1", port, "--token", "t"), stderr=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stderr.readline()
-        assert re.search(rf"listening on http://127\.0\.0\.1:{port} \(1 model\(s\): p1; bearer token", line), line
+        assert re.search(
+            rf"listening on http://127\.0\.0\.1:{port} \(1 model\(s\): p1; bearer token", line
+        ), line
     finally:
         stop_process(proc)

@@ -49,7 +49,9 @@ def test_export_writes_configs_triton_parses_and_an_ensemble(bundles, tmp_path):
         assert [i.name for i in cfg.input] == [inp] and [o.name for o in cfg.output] == [out]
         assert all(t.data_type == pb.DataType.Value("TYPE_FP32") for t in [*cfg.input, *cfg.output])
         assert list(cfg.output[0].dims)[:1] == [1] and len(cfg.input[0].dims) == 4
-        assert (repo / name / "1" / "model.onnx").read_bytes() == (bundles["chain"] / "parts" / f"{name}.onnx").read_bytes()
+        assert (repo / name / "1" / "model.onnx").read_bytes() == (
+            bundles["chain"] / "parts" / f"{name}.onnx"
+        ).read_bytes()
     ens = parse(repo / "ensemble" / "config.pbtxt")
     assert ens.platform == "ensemble"
     assert [i.name for i in ens.input] == [a] and [o.name for o in ens.output] == ["logits"]
@@ -73,8 +75,12 @@ def test_export_replaces_a_repository_and_refuses_bundles_without_server_parts(b
 
 def test_export_triton_cli(bundles, tmp_path):
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "edgesplit", "export-triton", *args],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "edgesplit", "export-triton", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     r = cli(str(bundles["chain"]), "-o", str(tmp_path / "repo"))
     assert r.returncode == 0, r.stderr

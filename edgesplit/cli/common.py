@@ -14,11 +14,18 @@ console = Console(highlight=False, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False, width=_WIDTH)
 
 input_shape_option = click.option(
-    "--input-shape", "input_shapes", multiple=True, metavar="NAME=D1,D2,...",
+    "--input-shape",
+    "input_shapes",
+    multiple=True,
+    metavar="NAME=D1,D2,...",
     help="Static shape for an input with dynamic dimensions (repeatable).",
 )
 device_option = click.option(
-    "--device", "-d", default="host", show_default=True, metavar="NAME|FILE.yaml",
+    "--device",
+    "-d",
+    default="host",
+    show_default=True,
+    metavar="NAME|FILE.yaml",
     help="A device spec name from devices/ or a path to a spec file.",
 )
 
@@ -37,8 +44,14 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
     if not enabled:
         yield lambda label, done, total: None
         return
-    with Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=False) as bar:
+    with Progress(
+        TextColumn("{task.description:<24}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
+    ) as bar:
         tasks: dict[str, int] = {}
 
         def update(label: str, done: int, total: int) -> None:

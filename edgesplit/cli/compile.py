@@ -9,19 +9,34 @@ from edgesplit.cli.common import console, input_shape_option
 
 @click.command("compile")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="plan.json from partition.")
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle directory to write.")
+@click.option(
+    "--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="plan.json from partition."
+)
+@click.option(
+    "-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle directory to write."
+)
 @click.option("--device", "-d", default=None, help="Device spec (default: the plan's).")
 @input_shape_option
-@click.option("--tune-trials", default=0, show_default=True, type=click.IntRange(0),
-              help="MetaSchedule trials for TVM parts (0: untuned, or the cached database).")
+@click.option(
+    "--tune-trials",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="MetaSchedule trials for TVM parts (0: untuned, or the cached database).",
+)
 def command(model, plan_path, output, device, input_shapes, tune_trials):
     """Extract, check and compile every part of PLAN for MODEL into a bundle."""
     from edgesplit.compile.api import compile_bundle
     from edgesplit.model.load import parse_input_shapes
 
-    manifest = compile_bundle(model, plan_path, output, device=device,
-                              input_shapes=parse_input_shapes(input_shapes) or None, tune_trials=tune_trials)
+    manifest = compile_bundle(
+        model,
+        plan_path,
+        output,
+        device=device,
+        input_shapes=parse_input_shapes(input_shapes) or None,
+        tune_trials=tune_trials,
+    )
     print_manifest(manifest)
     console.print(f"wrote {output}")
 
@@ -33,9 +48,16 @@ def print_manifest(manifest) -> None:
     for col in ("part", "processor", "backend", "file", "inputs", "outputs", "predicted ms", "note"):
         t.add_column(col)
     for p in manifest.parts:
-        t.add_row(p.name, p.processor + (" (remote)" if p.remote else ""), p.backend, p.file,
-                  str(len(p.inputs)), str(len(p.outputs)),
-                  f"{p.predicted_ms:.3f}" if p.predicted_ms is not None else "-", p.note[:50])
+        t.add_row(
+            p.name,
+            p.processor + (" (remote)" if p.remote else ""),
+            p.backend,
+            p.file,
+            str(len(p.inputs)),
+            str(len(p.outputs)),
+            f"{p.predicted_ms:.3f}" if p.predicted_ms is not None else "-",
+            p.note[:50],
+        )
     console.print(t)
     for n in manifest.notes:
         console.print(f"note: {n}")

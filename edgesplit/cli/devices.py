@@ -32,7 +32,9 @@ def list_cmd() -> None:
             table.add_row("links", "links", ", ".join(presets), "network link presets (--link)")
             continue
         spec = load_device(path)
-        procs = ", ".join(f"{p.name} ({p.kind}: {'+'.join(b.key for b in p.backends)})" for p in spec.processors)
+        procs = ", ".join(
+            f"{p.name} ({p.kind}: {'+'.join(b.key for b in p.backends)})" for p in spec.processors
+        )
         table.add_row(spec.name, spec.kind, procs, spec.description[:60])
     console.print(table)
 
@@ -53,19 +55,43 @@ def show_cmd(name: str) -> None:
         ops = "all" if p.ops_only is None else f"{len(p.ops_only)} listed"
         if p.ops_exclude:
             ops += f" minus {len(p.ops_exclude)}"
-        backends = ", ".join(b.provider if b.runtime == "ort" else f"tvm:{(b.target or {}).get('kind')}" for b in p.backends)
-        table.add_row(p.name, p.kind, backends, f"{p.peak_gflops:g}", f"{p.mem_bandwidth_gbps:g}",
-                      f"{p.active_w:g}", f"{p.idle_w:g}", ops)
+        backends = ", ".join(
+            b.provider if b.runtime == "ort" else f"tvm:{(b.target or {}).get('kind')}" for b in p.backends
+        )
+        table.add_row(
+            p.name,
+            p.kind,
+            backends,
+            f"{p.peak_gflops:g}",
+            f"{p.mem_bandwidth_gbps:g}",
+            f"{p.active_w:g}",
+            f"{p.idle_w:g}",
+            ops,
+        )
     console.print(table)
 
 
 @command.command("detect")
-@click.option("--remote", metavar="USER@HOST[:PORT]", help="Probe this host over SSH (default: this machine).")
+@click.option(
+    "--remote", metavar="USER@HOST[:PORT]", help="Probe this host over SSH (default: this machine)."
+)
 @ssh_options
 @click.option("--name", help="The spec's name (default: the output file's stem, else the host name).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the spec here (default: print it).")
-def detect_cmd(remote, identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir,
-               connect_timeout, step_timeout, name, output) -> None:
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Write the spec here (default: print it)."
+)
+def detect_cmd(
+    remote,
+    identity,
+    known_hosts,
+    accept_new_host_key,
+    remote_python,
+    remote_tmpdir,
+    connect_timeout,
+    step_timeout,
+    name,
+    output,
+) -> None:
     """Draft a device spec from what a device has: CPU clusters, memory, GPU/NPU nodes, runtimes."""
     from pathlib import Path
 
@@ -77,8 +103,15 @@ def detect_cmd(remote, identity, known_hosts, accept_new_host_key, remote_python
     if remote:
         from edgesplit.profile.remote import detect_remote
 
-        ssh = make_ssh_options(identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir,
-                               connect_timeout, step_timeout)
+        ssh = make_ssh_options(
+            identity,
+            known_hosts,
+            accept_new_host_key,
+            remote_python,
+            remote_tmpdir,
+            connect_timeout,
+            step_timeout,
+        )
         facts = detect_remote(remote, ssh)
     else:
         from edgesplit.profile.detect import probe
@@ -90,13 +123,21 @@ def detect_cmd(remote, identity, known_hosts, accept_new_host_key, remote_python
         click.echo(text, nl=False)
         return
     atomic_write_text(output, text)
-    table = Table(title=f"{draft.data['name']}: drafted from {facts.get('ssh_target') or facts.get('hostname')}")
+    table = Table(
+        title=f"{draft.data['name']}: drafted from {facts.get('ssh_target') or facts.get('hostname')}"
+    )
     for col in ("processor", "kind", "cores", "backends", "GFLOP/s (est.)", "description"):
         table.add_column(col)
     for key, p in draft.data["processors"].items():
         backends = ", ".join(b.get("provider", "") if b["runtime"] == "ort" else "tvm" for b in p["backends"])
-        table.add_row(key, p["kind"], str(len(p.get("cores", []))) if "cores" in p else "-", backends,
-                      f"{p['peak_gflops']:g}", p.get("description", ""))
+        table.add_row(
+            key,
+            p["kind"],
+            str(len(p.get("cores", []))) if "cores" in p else "-",
+            backends,
+            f"{p['peak_gflops']:g}",
+            p.get("description", ""),
+        )
     console.print(table)
     for line in draft.header:
         if "missing" in line or "install" in line:

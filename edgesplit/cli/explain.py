@@ -10,8 +10,13 @@ from edgesplit.cli.common import console
 @click.command("explain")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option("--bandwidth-sweep", is_flag=True, help="Re-solve from 0.1 to 1000 Mbit/s (log-spaced).")
-@click.option("--per-decade", default=4, show_default=True, type=click.IntRange(1, 20),
-              help="Bandwidths per decade in the sweep.")
+@click.option(
+    "--per-decade",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 20),
+    help="Bandwidths per decade in the sweep.",
+)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the sweep as a PNG.")
 def command(plan_path, bandwidth_sweep, per_decade, plot_path):
     """Explain PLAN: its parts, and with --bandwidth-sweep where the decision changes."""
@@ -35,12 +40,19 @@ def command(plan_path, bandwidth_sweep, per_decade, plot_path):
     for r in rows:
         cells = [f"{r.baselines[n]:.2f}" if r.baselines.get(n) is not None else "-" for n in names]
         mark = "* " if r.changed else "  "
-        table.add_row(f"{r.bandwidth_mbps:g}", f"{r.latency_ms:.3f}", f"{r.energy_mj:.2f}", *cells,
-                      mark + r.decision)
+        table.add_row(
+            f"{r.bandwidth_mbps:g}", f"{r.latency_ms:.3f}", f"{r.energy_mj:.2f}", *cells, mark + r.decision
+        )
     console.print(table)
     changes = [r.bandwidth_mbps for r in rows if r.changed]
-    console.print("the decision changes at " + (", ".join(f"{b:g}" for b in changes) + " Mbit/s (marked *)"
-                                                 if changes else "no bandwidth in the sweep"))
+    console.print(
+        "the decision changes at "
+        + (
+            ", ".join(f"{b:g}" for b in changes) + " Mbit/s (marked *)"
+            if changes
+            else "no bandwidth in the sweep"
+        )
+    )
     if plot_path:
         from edgesplit.optimize.plot import sweep_plot
 

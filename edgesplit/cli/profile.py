@@ -13,56 +13,133 @@ from edgesplit.cli.common import console, device_option, input_shape_option, loa
 def ssh_options(f):
     """The flags that say how to reach a remote host (shared with ``devices detect``)."""
     opts = [
-        click.option("--identity", "-i", type=click.Path(dir_okay=False),
-                     help="Private key file (default: the SSH agent, then ~/.ssh/id_*). No passwords."),
-        click.option("--known-hosts", default="~/.ssh/known_hosts", show_default=True,
-                     help="known_hosts file the host key is checked against."),
-        click.option("--accept-new-host-key", is_flag=True,
-                     help="Trust and record an unknown host key (a changed key is always refused)."),
-        click.option("--remote-python", default="python3", show_default=True,
-                     help="Python interpreter on the remote host."),
-        click.option("--remote-tmpdir", metavar="DIR", help="Where the agent's private folder goes there "
-                     "(default $TMPDIR or /tmp)."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
-                     help="Seconds for TCP connect, SSH banner, auth and channel opening, each."),
-        click.option("--step-timeout", type=click.FloatRange(min=1.0), default=120.0, show_default=True,
-                     help="Seconds the remote agent may stay silent before we give up."),
+        click.option(
+            "--identity",
+            "-i",
+            type=click.Path(dir_okay=False),
+            help="Private key file (default: the SSH agent, then ~/.ssh/id_*). No passwords.",
+        ),
+        click.option(
+            "--known-hosts",
+            default="~/.ssh/known_hosts",
+            show_default=True,
+            help="known_hosts file the host key is checked against.",
+        ),
+        click.option(
+            "--accept-new-host-key",
+            is_flag=True,
+            help="Trust and record an unknown host key (a changed key is always refused).",
+        ),
+        click.option(
+            "--remote-python",
+            default="python3",
+            show_default=True,
+            help="Python interpreter on the remote host.",
+        ),
+        click.option(
+            "--remote-tmpdir",
+            metavar="DIR",
+            help="Where the agent's private folder goes there (default $TMPDIR or /tmp).",
+        ),
+        click.option(
+            "--connect-timeout",
+            type=click.FloatRange(min=0.1),
+            default=15.0,
+            show_default=True,
+            help="Seconds for TCP connect, SSH banner, auth and channel opening, each.",
+        ),
+        click.option(
+            "--step-timeout",
+            type=click.FloatRange(min=1.0),
+            default=120.0,
+            show_default=True,
+            help="Seconds the remote agent may stay silent before we give up.",
+        ),
     ]
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
 
-def make_ssh_options(identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir,
-                     connect_timeout, step_timeout):
+def make_ssh_options(
+    identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir, connect_timeout, step_timeout
+):
     from edgesplit.profile.ssh import SshOptions
 
-    return SshOptions(identity=identity, known_hosts=known_hosts, accept_new_host_key=accept_new_host_key,
-                      remote_python=remote_python, remote_tmpdir=remote_tmpdir,
-                      connect_timeout_s=connect_timeout, step_timeout_s=step_timeout)
+    return SshOptions(
+        identity=identity,
+        known_hosts=known_hosts,
+        accept_new_host_key=accept_new_host_key,
+        remote_python=remote_python,
+        remote_tmpdir=remote_tmpdir,
+        connect_timeout_s=connect_timeout,
+        step_timeout_s=step_timeout,
+    )
 
 
 @click.command("profile")
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
 @input_shape_option
-@click.option("--backend", "backends", multiple=True, type=click.Choice(["ort", "tvm"]),
-              help="Only these backends (repeatable); default all the device offers.")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["ort", "tvm"]),
+    help="Only these backends (repeatable); default all the device offers.",
+)
 @click.option("--processor", "processors", multiple=True, help="Only these processors (repeatable).")
 @click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs.")
-@click.option("--warmup", default=5, show_default=True, type=click.IntRange(0, 10000), help="Untimed runs first.")
-@click.option("-o", "--output", type=click.Path(), help="Profile JSON (default MODEL.DEVICE.profile.json); "
-              "with --hosts, the folder for one profile per host.")
+@click.option(
+    "--warmup", default=5, show_default=True, type=click.IntRange(0, 10000), help="Untimed runs first."
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(),
+    help="Profile JSON (default MODEL.DEVICE.profile.json); "
+    "with --hosts, the folder for one profile per host.",
+)
 @click.option("--remote", metavar="USER@HOST[:PORT]", help="Profile on this host over SSH.")
-@click.option("--hosts", "fleet_file", type=click.Path(dir_okay=False),
-              help="Profile on every host of this fleet file (YAML), in parallel.")
-@click.option("--jobs", type=click.IntRange(1, 256), help="Hosts at a time with --hosts (default: the file's).")
-@click.option("--resume", is_flag=True, help="Keep the processor/backend pairs an interrupted run saved "
-              "(OUTPUT.partial) and measure only the rest.")
+@click.option(
+    "--hosts",
+    "fleet_file",
+    type=click.Path(dir_okay=False),
+    help="Profile on every host of this fleet file (YAML), in parallel.",
+)
+@click.option(
+    "--jobs", type=click.IntRange(1, 256), help="Hosts at a time with --hosts (default: the file's)."
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Keep the processor/backend pairs an interrupted run saved "
+    "(OUTPUT.partial) and measure only the rest.",
+)
 @ssh_options
 @click.option("--top", default=10, show_default=True, help="Operators to show in the summary.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or table.")
-def command(model, device, input_shapes, backends, processors, runs, warmup, output, remote, fleet_file, jobs,
-            resume, identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir, connect_timeout,
-            step_timeout, top, quiet):
+def command(
+    model,
+    device,
+    input_shapes,
+    backends,
+    processors,
+    runs,
+    warmup,
+    output,
+    remote,
+    fleet_file,
+    jobs,
+    resume,
+    identity,
+    known_hosts,
+    accept_new_host_key,
+    remote_python,
+    remote_tmpdir,
+    connect_timeout,
+    step_timeout,
+    top,
+    quiet,
+):
     """Measure (or predict) the latency of every node of MODEL on DEVICE.
 
     With --remote, MODEL is profiled on that host over SSH (the device spec, by default the
@@ -72,13 +149,30 @@ def command(model, device, input_shapes, backends, processors, runs, warmup, out
 
     if remote and fleet_file:
         raise InputError("--remote and --hosts exclude each other")
-    ssh = make_ssh_options(identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir,
-                           connect_timeout, step_timeout)
+    ssh = make_ssh_options(
+        identity,
+        known_hosts,
+        accept_new_host_key,
+        remote_python,
+        remote_tmpdir,
+        connect_timeout,
+        step_timeout,
+    )
     graph = load_graph(model, input_shapes)  # validate locally first: a bad model never travels
     common = dict(backends=backends or None, processors=processors or None, runs=runs, warmup=warmup)
     if fleet_file:
-        return run_fleet(model, graph, fleet_file, ssh, output, jobs=jobs, resume=resume, quiet=quiet,
-                         input_shapes=graph.input_shapes(), **common)
+        return run_fleet(
+            model,
+            graph,
+            fleet_file,
+            ssh,
+            output,
+            jobs=jobs,
+            resume=resume,
+            quiet=quiet,
+            input_shapes=graph.input_shapes(),
+            **common,
+        )
     if remote:
         from edgesplit.profile.remote import device_data, profile_remote
         from edgesplit.profile.ssh import parse_target
@@ -93,8 +187,18 @@ def command(model, device, input_shapes, backends, processors, runs, warmup, out
                 plan.update(ev)
 
         with progress_bar(not quiet) as update:
-            prof = profile_remote(model, target, ssh, output=out, device=spec, input_shapes=graph.input_shapes(),
-                                  resume=resume, progress=update, on_event=on_event, **common)
+            prof = profile_remote(
+                model,
+                target,
+                ssh,
+                output=out,
+                device=spec,
+                input_shapes=graph.input_shapes(),
+                resume=resume,
+                progress=update,
+                on_event=on_event,
+                **common,
+            )
         skipped = plan.get("skipped", [])
     else:
         prof, out, skipped = _local(graph, device, output, resume, quiet, **common)
@@ -122,7 +226,9 @@ def _local(graph, device, output, resume, quiet, **common):
 
     rails = find_rails()
     with progress_bar(not quiet) as update:
-        prof = profile_steps(graph, spec, progress=update, done=done, on_entry=checkpoint, rails=rails, **common)
+        prof = profile_steps(
+            graph, spec, progress=update, done=done, on_entry=checkpoint, rails=rails, **common
+        )
     prof.save(out)
     part.unlink(missing_ok=True)
     return prof, out, list(rails.skipped)
@@ -143,10 +249,18 @@ def run_fleet(model, graph, fleet_file, ssh, output, *, jobs, resume, quiet, **c
         raise InputError("--hosts needs -o DIR: one profile per host goes there")
     fleet = load_fleet(fleet_file, ssh)
     lock = threading.Lock()
-    with Progress(TextColumn("{task.description:<44}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
-        rows = {h.name: {"task": bar.add_task(f"{h.name}: queued", total=1.0), "pairs": 1, "done": 0}
-                for h in fleet.hosts}
+    with Progress(
+        TextColumn("{task.description:<44}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+    ) as bar:
+        rows = {
+            h.name: {"task": bar.add_task(f"{h.name}: queued", total=1.0), "pairs": 1, "done": 0}
+            for h in fleet.hosts
+        }
 
         def on_event(name: str, ev) -> None:
             with lock:
@@ -161,24 +275,39 @@ def run_fleet(model, graph, fleet_file, ssh, output, *, jobs, resume, quiet, **c
                     if ev["label"] == "upload":
                         bar.update(task, description=f"{name}: upload")
                     else:
-                        bar.update(task, description=f"{name}: {ev['label']}",
-                                   completed=min(1.0, (row["done"] + frac) / row["pairs"]))
+                        bar.update(
+                            task,
+                            description=f"{name}: {ev['label']}",
+                            completed=min(1.0, (row["done"] + frac) / row["pairs"]),
+                        )
                 elif kind == "entry":
                     row["done"] += 1
                 elif kind == "done":
                     res = ev["result"]
-                    bar.update(task, description=f"{name}: {'done' if res.ok else 'FAILED'}",
-                               completed=1.0 if res.ok else bar.tasks[task].completed)
+                    bar.update(
+                        task,
+                        description=f"{name}: {'done' if res.ok else 'FAILED'}",
+                        completed=1.0 if res.ok else bar.tasks[task].completed,
+                    )
                     bar.stop_task(task)
 
         results = profile_fleet(model, fleet, output, jobs=jobs, resume=resume, on_event=on_event, **common)
     table = Table(title=f"{graph.name} on {len(results)} hosts")
     for col in ("host", "target", "status", "pairs", "reused", "energy", "time s", "profile or error"):
-        table.add_column(col, justify="right" if col in ("pairs", "reused", "time s") else "left",
-                         overflow="fold")
+        table.add_column(
+            col, justify="right" if col in ("pairs", "reused", "time s") else "left", overflow="fold"
+        )
     for r in results:
-        table.add_row(r.name, r.target, "ok" if r.ok else "FAILED", str(r.entries) if r.ok else "-",
-                      str(r.reused) if r.ok else "-", r.energy or "-", f"{r.elapsed_s:.1f}", r.output or r.error)
+        table.add_row(
+            r.name,
+            r.target,
+            "ok" if r.ok else "FAILED",
+            str(r.entries) if r.ok else "-",
+            str(r.reused) if r.ok else "-",
+            r.energy or "-",
+            f"{r.elapsed_s:.1f}",
+            r.output or r.error,
+        )
     console.print(table)
     failed = [r.name for r in results if not r.ok]
     if failed:
@@ -189,16 +318,30 @@ def print_summary(graph, prof, top: int) -> None:
     from rich.table import Table
 
     totals = Table(title=f"{graph.name} on {prof.device}: totals per processor")
-    for col in ("processor/backend", "source", "nodes", "sum of nodes ms", "whole model ms", "sum/whole", "time s", "note"):
-        totals.add_column(col, justify="right" if "ms" in col or col in ("nodes", "sum/whole", "time s") else "left")
+    for col in (
+        "processor/backend",
+        "source",
+        "nodes",
+        "sum of nodes ms",
+        "whole model ms",
+        "sum/whole",
+        "time s",
+        "note",
+    ):
+        totals.add_column(
+            col, justify="right" if "ms" in col or col in ("nodes", "sum/whole", "time s") else "left"
+        )
     for e in prof.entries:
         ratio = f"{e.sum_ms / e.whole_model_ms:.3f}" if e.whole_model_ms and e.nodes else "-"
         whole = f"{e.whole_model_ms:.3f}" if e.whole_model_ms is not None else "-"
         count = f"{len(e.nodes)}" + (f" (+{len(e.unsupported)} n/a)" if e.unsupported else "")
-        totals.add_row(e.key, e.source, count, f"{e.sum_ms:.3f}", whole, ratio, f"{e.elapsed_s:.1f}", e.note[:60])
+        totals.add_row(
+            e.key, e.source, count, f"{e.sum_ms:.3f}", whole, ratio, f"{e.elapsed_s:.1f}", e.note[:60]
+        )
     console.print(totals)
     best = next((e for e in prof.entries if e.source == "measured" and e.nodes), None) or next(
-        (e for e in prof.entries if e.nodes), None)
+        (e for e in prof.entries if e.nodes), None
+    )
     if best is None:
         return
     ops = Table(title=f"top {top} operators on {best.key}")
@@ -207,6 +350,12 @@ def print_summary(graph, prof, top: int) -> None:
     nodes = {n.name: n for n in graph.nodes}
     for name, c in sorted(best.nodes.items(), key=lambda kv: -kv[1].latency_ms)[:top]:
         share = c.latency_ms / best.sum_ms if best.sum_ms else 0.0
-        ops.add_row(name[:40], nodes[name].op_type, f"{nodes[name].flops / 1e9:.3f}", f"{c.latency_ms:.3f}",
-                    f"{c.p90_ms:.3f}", f"{share:.1%}")
+        ops.add_row(
+            name[:40],
+            nodes[name].op_type,
+            f"{nodes[name].flops / 1e9:.3f}",
+            f"{c.latency_ms:.3f}",
+            f"{c.p90_ms:.3f}",
+            f"{share:.1%}",
+        )
     console.print(ops)

@@ -9,7 +9,9 @@ from edgesplit.cli.common import console
 
 @click.command("zoo")
 @click.argument("name", required=False)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Where to write the model (default NAME.onnx).")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Where to write the model (default NAME.onnx)."
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights.")
 @click.option("--list", "list_", is_flag=True, help="List the reference models.")
 def command(name: str | None, output: str | None, seed: int, list_: bool) -> None:

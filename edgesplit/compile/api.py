@@ -96,7 +96,12 @@ def compile_bundle(
             onnx_rel = f"parts/{p['name']}.onnx"
             onnx.save(pm.model, tmp / onnx_rel)
             backend = p.get("backend", "ort")
-            file_rel, fallback, note, target = onnx_rel, None, f"max rel error vs whole model {errors[p['name']]:.1e}", None
+            file_rel, fallback, note, target = (
+                onnx_rel,
+                None,
+                f"max rel error vs whole model {errors[p['name']]:.1e}",
+                None,
+            )
             provider, options = "CPUExecutionProvider", {}
             if backend == "ort":
                 b = proc.backend("ort")
@@ -119,25 +124,45 @@ def compile_bundle(
                     backend, file_rel, note = "ort", onnx_rel, f"TVM failed: {reason}"
             if p.get("remote") or proc.is_remote:
                 if local_cpu is not None:
-                    fallback = {"backend": "ort", "file": onnx_rel, "processor": local_cpu.name,
-                                "reason": "runs locally when the server is unreachable or too slow"}
-            artifacts.append(PartArtifact(
-                name=p["name"], processor=proc.name, backend=backend, file=file_rel, onnx_file=onnx_rel,
-                inputs=tuple(_spec(graph, t) for t in pm.inputs),
-                outputs=tuple(_spec(graph, t) for t in pm.outputs),
-                depends_on=tuple(sorted({producer[t] for t in pm.inputs if t in producer})),
-                remote=bool(p.get("remote") or proc.is_remote),
-                provider=provider, provider_options=options, target=target,
-                threads=proc.threads or (len(proc.cores) if proc.cores else None),
-                cores=proc.cores, cpu_quota_pct=proc.cpu_quota_pct,
-                fallback=fallback, predicted_ms=p.get("latency_ms"), note=note,
-            ))
+                    fallback = {
+                        "backend": "ort",
+                        "file": onnx_rel,
+                        "processor": local_cpu.name,
+                        "reason": "runs locally when the server is unreachable or too slow",
+                    }
+            artifacts.append(
+                PartArtifact(
+                    name=p["name"],
+                    processor=proc.name,
+                    backend=backend,
+                    file=file_rel,
+                    onnx_file=onnx_rel,
+                    inputs=tuple(_spec(graph, t) for t in pm.inputs),
+                    outputs=tuple(_spec(graph, t) for t in pm.outputs),
+                    depends_on=tuple(sorted({producer[t] for t in pm.inputs if t in producer})),
+                    remote=bool(p.get("remote") or proc.is_remote),
+                    provider=provider,
+                    provider_options=options,
+                    target=target,
+                    threads=proc.threads or (len(proc.cores) if proc.cores else None),
+                    cores=proc.cores,
+                    cpu_quota_pct=proc.cpu_quota_pct,
+                    fallback=fallback,
+                    predicted_ms=p.get("latency_ms"),
+                    note=note,
+                )
+            )
         files = [f for a in artifacts for f in {a.file, a.onnx_file}]
         manifest = Manifest(
-            model_sha256=graph.sha256, model_name=graph.name, device=pd.get("device", spec.name),
+            model_sha256=graph.sha256,
+            model_name=graph.name,
+            device=pd.get("device", spec.name),
             inputs=tuple(_spec(graph, t) for t in graph.inputs),
             outputs=tuple(_spec(graph, t) for t in graph.outputs),
-            parts=tuple(artifacts), files=checksums(tmp, files), plan=pd, server=pd.get("server"),
+            parts=tuple(artifacts),
+            files=checksums(tmp, files),
+            plan=pd,
+            server=pd.get("server"),
             notes=tuple(notes),
         )
         write_manifest(tmp, manifest)
@@ -167,7 +192,8 @@ def _check_tvm(lib: Path, pm, graph: ModelGraph) -> float:
     so = ort.SessionOptions()
     so.log_severity_level = 3
     want = ort.InferenceSession(pm.model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
-        list(pm.outputs), feeds)
+        list(pm.outputs), feeds
+    )
     import shutil
     import tempfile
 
@@ -175,9 +201,15 @@ def _check_tvm(lib: Path, pm, graph: ModelGraph) -> float:
     # own file must stay free to be moved, replaced or (in tests) tampered with.
     with tempfile.TemporaryDirectory(prefix="edgesplit-tvm-check-") as tmp:
         shutil.copyfile(lib, Path(tmp) / lib.name)
-        part = PartArtifact(name=pm.name, processor="", backend="tvm", file=lib.name, onnx_file="",
-                            inputs=tuple(_spec(graph, t) for t in pm.inputs),
-                            outputs=tuple(_spec(graph, t) for t in pm.outputs))
+        part = PartArtifact(
+            name=pm.name,
+            processor="",
+            backend="tvm",
+            file=lib.name,
+            onnx_file="",
+            inputs=tuple(_spec(graph, t) for t in pm.inputs),
+            outputs=tuple(_spec(graph, t) for t in pm.outputs),
+        )
         got = TvmExecutor(part, Path(tmp)).run(feeds)
     worst = max(rel_error(got[t], w) for t, w in zip(pm.outputs, want))
     if worst > 1e-4:

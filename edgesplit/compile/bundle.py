@@ -107,7 +107,9 @@ class Manifest:
     def from_json(d: Mapping[str, Any], source: str) -> Manifest:
         version = d.get("format_version") if isinstance(d, Mapping) else None
         if version != FORMAT_VERSION:
-            raise BundleError(f"{source}: manifest format version {version!r}, this edgesplit reads {FORMAT_VERSION}")
+            raise BundleError(
+                f"{source}: manifest format version {version!r}, this edgesplit reads {FORMAT_VERSION}"
+            )
         try:
             return Manifest(
                 model_sha256=d["model_sha256"],
@@ -155,7 +157,9 @@ def open_bundle(bundle_dir: str | os.PathLike, *, verify: bool = True) -> Manife
     for part in manifest.parts:
         for f in (part.file, part.onnx_file, (part.fallback or {}).get("file")):
             if f and f not in listed:
-                raise BundleError(f"{mpath}: part {part.name} names {f}, which the manifest has no checksum for")
+                raise BundleError(
+                    f"{mpath}: part {part.name} names {f}, which the manifest has no checksum for"
+                )
     if verify:
         for rel, digest in manifest.files.items():
             path = root / rel

@@ -38,8 +38,13 @@ def part_boundaries(graph: ModelGraph, groups: Sequence[Sequence[int]]) -> list[
     return out
 
 
-def contiguous_plan(graph: ModelGraph, device: str, sites: Sequence[tuple[str, str]],
-                    *, weights: Sequence[float] | None = None) -> dict[str, Any]:
+def contiguous_plan(
+    graph: ModelGraph,
+    device: str,
+    sites: Sequence[tuple[str, str]],
+    *,
+    weights: Sequence[float] | None = None,
+) -> dict[str, Any]:
     """A plan with ``len(sites)`` parts: contiguous topological slices balanced by FLOPs.
 
     Args:
@@ -62,13 +67,33 @@ def contiguous_plan(graph: ModelGraph, device: str, sites: Sequence[tuple[str, s
     groups = [list(range(a, b)) for a, b in zip(cuts, cuts[1:])]
     parts = []
     for k, ((ins, outs), g, (proc, backend)) in enumerate(zip(part_boundaries(graph, groups), groups, sites)):
-        parts.append({"name": f"p{k}", "processor": proc, "backend": backend, "remote": "." in proc,
-                      "nodes": [graph.nodes[i].name for i in g], "inputs": ins, "outputs": outs})
+        parts.append(
+            {
+                "name": f"p{k}",
+                "processor": proc,
+                "backend": backend,
+                "remote": "." in proc,
+                "nodes": [graph.nodes[i].name for i in g],
+                "inputs": ins,
+                "outputs": outs,
+            }
+        )
     return {
-        "format_version": 1, "model_sha256": graph.sha256, "model_name": graph.name, "model_path": graph.path,
-        "device": device, "objective": "manual", "input_shapes": {k: list(v) for k, v in graph.input_shapes().items()},
-        "assignment": {graph.nodes[i].name: {"processor": sites[k][0], "backend": sites[k][1]}
-                       for k, g in enumerate(groups) for i in g},
-        "parts": parts, "transfers": [], "predicted": {}, "baselines": [],
+        "format_version": 1,
+        "model_sha256": graph.sha256,
+        "model_name": graph.name,
+        "model_path": graph.path,
+        "device": device,
+        "objective": "manual",
+        "input_shapes": {k: list(v) for k, v in graph.input_shapes().items()},
+        "assignment": {
+            graph.nodes[i].name: {"processor": sites[k][0], "backend": sites[k][1]}
+            for k, g in enumerate(groups)
+            for i in g
+        },
+        "parts": parts,
+        "transfers": [],
+        "predicted": {},
+        "baselines": [],
         "solver": {"name": "manual", "time_s": 0.0, "optimal": False, "gap": None},
     }

@@ -28,7 +28,9 @@ class PartModel:
     outputs: tuple[str, ...]
 
 
-def extract_parts(graph: ModelGraph, parts: Sequence[tuple[str, Sequence[str], Sequence[str]]]) -> list[PartModel]:
+def extract_parts(
+    graph: ModelGraph, parts: Sequence[tuple[str, Sequence[str], Sequence[str]]]
+) -> list[PartModel]:
     """Extract ``(name, input tensors, output tensors)`` parts from the graph's model."""
     extractor = onnx.utils.Extractor(graph.model)  # graph.model carries inferred value_info
     out = []
@@ -36,7 +38,9 @@ def extract_parts(graph: ModelGraph, parts: Sequence[tuple[str, Sequence[str], S
         try:
             sub = extractor.extract_model(list(ins), list(outs))
         except Exception as e:  # noqa: BLE001 - onnx raises bare errors for bad boundaries
-            raise CompileError(f"part {name}: cannot extract between {list(ins)} and {list(outs)} ({e})") from e
+            raise CompileError(
+                f"part {name}: cannot extract between {list(ins)} and {list(outs)} ({e})"
+            ) from e
         sub.graph.name = f"{graph.name}_{name}"
         del sub.metadata_props[:]
         sub.metadata_props.add(key="edgesplit.part", value=name)
@@ -88,11 +92,15 @@ def check_parts(graph: ModelGraph, parts: Sequence[PartModel], rtol: float = 1e-
         for t, value in zip(p.outputs, got):
             expected = ref[t]
             if value.shape != expected.shape:
-                raise CompileError(f"part {p.name}: output {t} has shape {value.shape}, whole model {expected.shape}")
+                raise CompileError(
+                    f"part {p.name}: output {t} has shape {value.shape}, whole model {expected.shape}"
+                )
             err = rel_error(value, expected)
             worst = max(worst, err)
             if err > rtol:
-                raise CompileError(f"part {p.name}: output {t} differs from the whole model (rel error {err:.2e})")
+                raise CompileError(
+                    f"part {p.name}: output {t} differs from the whole model (rel error {err:.2e})"
+                )
         errors[p.name] = worst
     return errors
 

@@ -28,9 +28,18 @@ from edgesplit.errors import BundleError, CompileError
 from edgesplit.util import atomic_dir
 
 TRITON_TYPES: dict[str, str] = {
-    "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16", "uint32": "TYPE_UINT32",
-    "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32",
-    "int64": "TYPE_INT64", "float16": "TYPE_FP16", "float32": "TYPE_FP32", "float64": "TYPE_FP64",
+    "bool": "TYPE_BOOL",
+    "uint8": "TYPE_UINT8",
+    "uint16": "TYPE_UINT16",
+    "uint32": "TYPE_UINT32",
+    "uint64": "TYPE_UINT64",
+    "int8": "TYPE_INT8",
+    "int16": "TYPE_INT16",
+    "int32": "TYPE_INT32",
+    "int64": "TYPE_INT64",
+    "float16": "TYPE_FP16",
+    "float32": "TYPE_FP32",
+    "float64": "TYPE_FP64",
 }
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
@@ -52,8 +61,10 @@ def model_config_pb2() -> ModuleType:
     """
     spec = importlib.util.find_spec("tritonclient")
     if spec is None or not spec.submodule_search_locations:
-        raise CompileError("export-triton needs tritonclient (pip install 'tritonclient[http]') for "
-                           "Triton's ModelConfig schema")
+        raise CompileError(
+            "export-triton needs tritonclient (pip install 'tritonclient[http]') for "
+            "Triton's ModelConfig schema"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "grpc" / "model_config_pb2.py"
     if not path.is_file():
         raise CompileError(f"{path}: Triton's ModelConfig schema is missing from tritonclient")
@@ -76,7 +87,10 @@ def part_config(pb: ModuleType, part: PartArtifact) -> Any:
     gpu = "CUDA" in part.provider or "Tensorrt" in part.provider
     kind = pb.ModelInstanceGroup.Kind.Value("KIND_GPU" if gpu else "KIND_CPU")
     return pb.ModelConfig(
-        name=part.name, platform="onnxruntime_onnx", backend="onnxruntime", max_batch_size=0,
+        name=part.name,
+        platform="onnxruntime_onnx",
+        backend="onnxruntime",
+        max_batch_size=0,
         input=[_tensor(pb, "input", t, part.name) for t in part.inputs],
         output=[_tensor(pb, "output", t, part.name) for t in part.outputs],
         instance_group=[pb.ModelInstanceGroup(kind=kind, count=1)],
@@ -118,11 +132,19 @@ def ensemble_config(pb: ModuleType, name: str, group: list[PartArtifact], manife
     outputs = [t for t in produced.values() if t.name in read_outside]
     if not outputs:  # nothing leaves the group: answer what its last part produces
         outputs = list(group[-1].outputs)
-    steps = [pb.ModelEnsembling.Step(model_name=p.name, model_version=-1,
-                                     input_map={t.name: t.name for t in p.inputs},
-                                     output_map={t.name: t.name for t in p.outputs}) for p in group]
+    steps = [
+        pb.ModelEnsembling.Step(
+            model_name=p.name,
+            model_version=-1,
+            input_map={t.name: t.name for t in p.inputs},
+            output_map={t.name: t.name for t in p.outputs},
+        )
+        for p in group
+    ]
     return pb.ModelConfig(
-        name=name, platform="ensemble", max_batch_size=0,
+        name=name,
+        platform="ensemble",
+        max_batch_size=0,
         input=[_tensor(pb, "input", t, name) for t in inputs.values()],
         output=[_tensor(pb, "output", t, name) for t in outputs],
         ensemble_scheduling=pb.ModelEnsembling(step=steps),
@@ -143,7 +165,9 @@ def _checked_text(pb: ModuleType, config: Any) -> str:
     return text
 
 
-def export_triton(bundle: str | os.PathLike, repo: str | os.PathLike, *, all_parts: bool = False) -> TritonExport:
+def export_triton(
+    bundle: str | os.PathLike, repo: str | os.PathLike, *, all_parts: bool = False
+) -> TritonExport:
     """Write a Triton model repository for the bundle's server parts (every part with ``all_parts``).
 
     The bundle is verified first; the repository appears only when complete (an existing one at

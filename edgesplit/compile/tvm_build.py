@@ -67,8 +67,14 @@ def tuning_dir(target: Mapping[str, Any]) -> Path:
     return root / "tvm-tuning" / key
 
 
-def build_library(model: onnx.ModelProto, target: Mapping[str, Any], out: Path, *, tune_trials: int = 0,
-                  use_database: bool = True) -> dict[str, Any]:
+def build_library(
+    model: onnx.ModelProto,
+    target: Mapping[str, Any],
+    out: Path,
+    *,
+    tune_trials: int = 0,
+    use_database: bool = True,
+) -> dict[str, Any]:
     """Import, (tune,) compile and export ``model`` as a shared library at ``out``.
 
     With ``use_database`` (the default), schedules tuned earlier for this target are applied even
@@ -92,7 +98,9 @@ def build_library(model: onnx.ModelProto, target: Mapping[str, Any], out: Path, 
             if "num-cores" not in tgt_dict and tgt_dict.get("kind") == "llvm":
                 tgt = tvm.target.Target({**tgt_dict, "num-cores": os.cpu_count() or 1})
             mod = relax.pipeline.static_shape_tuning_pipeline(
-                total_trials=tune_trials, target=tgt, work_dir=str(work),
+                total_trials=tune_trials,
+                target=tgt,
+                work_dir=str(work),
                 max_trials_per_task=max(1, min(64, tune_trials)) if tune_trials else None,
             )(mod)
             info["tuning_database"] = str(work)

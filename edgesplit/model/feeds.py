@@ -18,7 +18,9 @@ def random_tensor(info: TensorInfo, rng: np.random.Generator) -> np.ndarray:
     raise ValueError(f"no random data for dtype {dtype} of '{info.name}'")
 
 
-def random_inputs(graph: ModelGraph, seed: int = 0, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+def random_inputs(
+    graph: ModelGraph, seed: int = 0, names: tuple[str, ...] | None = None
+) -> dict[str, np.ndarray]:
     """One random array per graph input (or per name in ``names``), seeded."""
     rng = np.random.default_rng(seed)
     return {n: random_tensor(graph.tensors[n], rng) for n in (names or graph.inputs)}

@@ -100,10 +100,7 @@ class ModelGraph:
     def edges(self) -> tuple[tuple[int, int, str], ...]:
         """Data edges ``(src, dst, tensor)`` between nodes, one per consumer of a tensor."""
         return tuple(
-            (self.producer[t], d, t)
-            for t, ds in self.consumers.items()
-            if t in self.producer
-            for d in ds
+            (self.producer[t], d, t) for t, ds in self.consumers.items() if t in self.producer for d in ds
         )
 
     @property

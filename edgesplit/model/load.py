@@ -43,7 +43,9 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
             if any(d <= 0 for d in shape):
                 raise ValueError
         except ValueError:
-            raise ModelLoadError("--input-shape", f"'{spec}' is not NAME=D1,D2,... with positive dims") from None
+            raise ModelLoadError(
+                "--input-shape", f"'{spec}' is not NAME=D1,D2,... with positive dims"
+            ) from None
         out[name] = shape
     return out
 
@@ -124,7 +126,9 @@ def _structure_problems(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...
                 continue  # reported once above
             unknown[f"unknown domain '{node.domain}' (op {node.op_type})"] = None
         elif node.domain != "com.microsoft" and not onnx.defs.has(node.op_type, node.domain):
-            unknown[f"unknown op '{node.op_type}'" + (f" in domain '{node.domain}'" if node.domain else "")] = None
+            unknown[
+                f"unknown op '{node.op_type}'" + (f" in domain '{node.domain}'" if node.domain else "")
+            ] = None
     problems.extend(unknown)
 
     weights = {t.name for t in g.initializer}
@@ -132,7 +136,9 @@ def _structure_problems(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...
     for i, node in enumerate(g.node):
         for t in node.input:
             if t not in available:
-                problems.append(f"node '{node.name or f'#{i}'}' ({node.op_type}) reads '{t}', which nothing produces")
+                problems.append(
+                    f"node '{node.name or f'#{i}'}' ({node.op_type}) reads '{t}', which nothing produces"
+                )
     produced = {o for n in g.node for o in n.output} | {i.name for i in g.input} | weights
     for out in g.output:
         if out.name not in produced:
@@ -150,20 +156,26 @@ def _structure_problems(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...
         if not vi.type.HasField("tensor_type"):
             problems.append(f"input '{name}' is not a tensor")
             continue
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
-                for d in vi.type.tensor_type.shape.dim]
+        dims = [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+            for d in vi.type.tensor_type.shape.dim
+        ]
         if name in shapes:
             given = shapes[name]
             fixed_mismatch = len(given) == len(dims) and any(
                 isinstance(d, int) and d != s for d, s in zip(dims, given)
             )
             if vi.type.tensor_type.HasField("shape") and (len(given) != len(dims) or fixed_mismatch):
-                problems.append(f"--input-shape {name}={','.join(map(str, given))} does not fit its shape {dims}")
+                problems.append(
+                    f"--input-shape {name}={','.join(map(str, given))} does not fit its shape {dims}"
+                )
         elif not vi.type.tensor_type.HasField("shape"):
             problems.append(f"input '{name}' has no shape; pass --input-shape {name}=D1,D2,...")
         elif any(not isinstance(d, int) for d in dims):
             example = ",".join(str(d) if isinstance(d, int) else "N" for d in dims)
-            problems.append(f"input '{name}' has dynamic dimensions {dims}; pass --input-shape {name}={example}")
+            problems.append(
+                f"input '{name}' has dynamic dimensions {dims}; pass --input-shape {name}={example}"
+            )
     return problems
 
 
@@ -311,7 +323,9 @@ def _build_graph(path: Path, sha256: str, model: onnx.ModelProto) -> ModelGraph:
             infos.update(_shapes_by_running(model, missing))
         except Exception as e:  # noqa: BLE001
             shown = ", ".join(missing[:5])
-            raise ModelLoadError(str(path), f"no static shape for {len(missing)} tensors ({shown}) ({_first_line(e)})") from e
+            raise ModelLoadError(
+                str(path), f"no static shape for {len(missing)} tensors ({shown}) ({_first_line(e)})"
+            ) from e
     weights = {t.name for t in g.initializer}
     tensors: dict[str, TensorInfo] = {}
     for name in sorted(needed | {i.name for i in g.input} | {o.name for o in g.output}):

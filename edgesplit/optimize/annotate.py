@@ -26,14 +26,19 @@ def annotate_model(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     part_of = {n: p.name for p in plan.parts for n in p.nodes}
     missing = [n.name for n in out.graph.node if n.name not in plan.assignment]
     if missing:
-        raise PlanError(f"the plan does not cover {len(missing)} nodes of the model ({', '.join(missing[:3])} ...)")
+        raise PlanError(
+            f"the plan does not cover {len(missing)} nodes of the model ({', '.join(missing[:3])} ...)"
+        )
     for node in out.graph.node:
         keep = [e for e in node.metadata_props if not e.key.startswith("edgesplit.")]
         del node.metadata_props[:]
         node.metadata_props.extend(keep)
         where = plan.assignment[node.name]
-        for key, value in ((PROCESSOR_KEY, where["processor"]), (BACKEND_KEY, where["backend"]),
-                           (PART_KEY, part_of[node.name])):
+        for key, value in (
+            (PROCESSOR_KEY, where["processor"]),
+            (BACKEND_KEY, where["backend"]),
+            (PART_KEY, part_of[node.name]),
+        ):
             node.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
     meta = {e.key: e for e in out.metadata_props}
     for key, value in (("edgesplit.device", plan.device), ("edgesplit.objective", plan.objective)):

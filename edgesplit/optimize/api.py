@@ -97,18 +97,38 @@ def partition(
     full = dev.with_server(srv) if srv is not None and not any(p.is_remote for p in dev.processors) else dev
     if profile is not None and profile.model_sha256 != graph.sha256:
         where = f"{profile_path}: " if profile_path else ""
-        raise PlanError(f"{where}the profile is for model {profile.model_sha256[:12]} ({profile.model_name}), "
-                        f"not {graph.sha256[:12]} ({graph.name})")
+        raise PlanError(
+            f"{where}the profile is for model {profile.model_sha256[:12]} ({profile.model_name}), "
+            f"not {graph.sha256[:12]} ({graph.name})"
+        )
     prof = complete_profile(graph, full, profile)
     cm = build_costs(graph, prof, full, server=srv, link=net if srv is not None else None, pins=pins)
     outcome = solve(cm, objective, slo_ms=slo_ms, time_limit_s=time_limit_s, max_evals=max_evals)
-    return make_plan(graph, cm, outcome, objective=objective, slo_ms=slo_ms, device=dev, server=srv,
-                     link=net if srv is not None else None, profile_path=profile_path)
+    return make_plan(
+        graph,
+        cm,
+        outcome,
+        objective=objective,
+        slo_ms=slo_ms,
+        device=dev,
+        server=srv,
+        link=net if srv is not None else None,
+        profile_path=profile_path,
+    )
 
 
-def make_plan(graph: ModelGraph, cm: CostModel, out: Outcome, *, objective: str, slo_ms: float | None,
-              device: DeviceSpec, server: DeviceSpec | None, link: NetworkLink | None,
-              profile_path: str | None = None) -> Plan:
+def make_plan(
+    graph: ModelGraph,
+    cm: CostModel,
+    out: Outcome,
+    *,
+    objective: str,
+    slo_ms: float | None,
+    device: DeviceSpec,
+    server: DeviceSpec | None,
+    link: NetworkLink | None,
+    profile_path: str | None = None,
+) -> Plan:
     """Assemble a :class:`Plan` from a solved assignment."""
     x = out.assign
     sched = out.schedule
@@ -137,13 +157,22 @@ def make_plan(graph: ModelGraph, cm: CostModel, out: Outcome, *, objective: str,
     parts = []
     for i, g in enumerate(groups):
         p = int(x[g[0]])
-        parts.append(Part(
-            name=f"p{i}", processor=cm.processors[p], backend=backends[g[0]] or "", remote=bool(cm.remote[p]),
-            nodes=tuple(cm.nodes[n] for n in g), inputs=tuple(ins[i]), outputs=tuple(outs[i]),
-            latency_ms=round(float(cm.node_ms[g, p].sum()), 6), energy_mj=round(float(cm.node_mj[g, p].sum()), 6),
-            start_ms=round(float(sched.node_start_ms[g].min()), 6), end_ms=round(float(sched.node_end_ms[g].max()), 6),
-            stage=stage[i],
-        ))
+        parts.append(
+            Part(
+                name=f"p{i}",
+                processor=cm.processors[p],
+                backend=backends[g[0]] or "",
+                remote=bool(cm.remote[p]),
+                nodes=tuple(cm.nodes[n] for n in g),
+                inputs=tuple(ins[i]),
+                outputs=tuple(outs[i]),
+                latency_ms=round(float(cm.node_ms[g, p].sum()), 6),
+                energy_mj=round(float(cm.node_mj[g, p].sum()), 6),
+                start_ms=round(float(sched.node_start_ms[g].min()), 6),
+                end_ms=round(float(sched.node_end_ms[g].max()), 6),
+                stage=stage[i],
+            )
+        )
     transfers = []
     for c in sched.crossings:
         f = cm.flows[c.flow]
@@ -151,11 +180,18 @@ def make_plan(graph: ModelGraph, cm: CostModel, out: Outcome, *, objective: str,
         readers = sorted({int(part_of[d]) for d in f.dsts if x[d] == c.dst})
         names = [parts[r].name for r in readers] + (["output"] if f.to_home and c.dst == cm.home else [])
         for k, name in enumerate(names):
-            transfers.append(Transfer(
-                tensor=f.tensor, nbytes=int(f.nbytes), src_part=src_name, dst_part=name,
-                src_processor=cm.processors[c.src], dst_processor=cm.processors[c.dst],
-                latency_ms=round(c.latency_ms, 6) if k == 0 else 0.0, energy_mj=round(c.energy_mj, 6) if k == 0 else 0.0,
-            ))
+            transfers.append(
+                Transfer(
+                    tensor=f.tensor,
+                    nbytes=int(f.nbytes),
+                    src_part=src_name,
+                    dst_part=name,
+                    src_processor=cm.processors[c.src],
+                    dst_processor=cm.processors[c.dst],
+                    latency_ms=round(c.latency_ms, 6) if k == 0 else 0.0,
+                    energy_mj=round(c.energy_mj, 6) if k == 0 else 0.0,
+                )
+            )
     predicted = {
         "latency_ms": round(sched.makespan_ms, 6),
         "energy_mj": round(sched.energy_mj, 6),
@@ -164,14 +200,26 @@ def make_plan(graph: ModelGraph, cm: CostModel, out: Outcome, *, objective: str,
         "period_ms": round(out.period_ms, 6),
     }
     return Plan(
-        model_sha256=graph.sha256, model_name=graph.name, model_path=os.path.abspath(graph.path),
-        device=device.name, server=server.name if server is not None else None,
-        link=asdict(link) if link is not None else None, objective=objective, slo_ms=slo_ms,
-        assignment={cm.nodes[n]: {"processor": cm.processors[x[n]], "backend": backends[n] or ""}
-                    for n in range(cm.n_nodes)},
-        parts=tuple(parts), transfers=tuple(transfers), predicted=predicted, baselines=out.baselines,
-        solver=replace(out.solver, time_s=round(out.solver.time_s, 6)), pareto=out.pareto,
-        home=cm.processors[cm.home], pins=dict(cm.pins),
+        model_sha256=graph.sha256,
+        model_name=graph.name,
+        model_path=os.path.abspath(graph.path),
+        device=device.name,
+        server=server.name if server is not None else None,
+        link=asdict(link) if link is not None else None,
+        objective=objective,
+        slo_ms=slo_ms,
+        assignment={
+            cm.nodes[n]: {"processor": cm.processors[x[n]], "backend": backends[n] or ""}
+            for n in range(cm.n_nodes)
+        },
+        parts=tuple(parts),
+        transfers=tuple(transfers),
+        predicted=predicted,
+        baselines=out.baselines,
+        solver=replace(out.solver, time_s=round(out.solver.time_s, 6)),
+        pareto=out.pareto,
+        home=cm.processors[cm.home],
+        pins=dict(cm.pins),
         input_shapes={k: tuple(v) for k, v in graph.input_shapes().items()},
         device_path=os.path.abspath(device.path) if device.path else "",
         server_path=os.path.abspath(server.path) if server is not None and server.path else "",

@@ -54,8 +54,7 @@ def cut_costs(cm: CostModel, d: int, s: int, objective: str) -> np.ndarray:
     n_nodes = cm.n_nodes
     a, alpha, beta = cm.linear(objective)
     a = np.where(np.isfinite(cm.node_ms), a, np.inf)
-    cost = np.concatenate([[0.0], np.cumsum(a[:, d])]) + np.concatenate(
-        [np.cumsum(a[::-1, s])[::-1], [0.0]])
+    cost = np.concatenate([[0.0], np.cumsum(a[:, d])]) + np.concatenate([np.cumsum(a[::-1, s])[::-1], [0.0]])
     for f in cm.flows:
         marks = {0, n_nodes + 1}
         if f.src >= 0:
@@ -70,7 +69,7 @@ def cut_costs(cm: CostModel, d: int, s: int, objective: str) -> np.ndarray:
             if f.to_home:
                 dst.add(cm.home)
             c_f = sum(alpha[src, q] + f.nbytes * beta[src, q] for q in dst if q != src)
-            cost[lo:min(hi, n_nodes + 1)] += c_f
+            cost[lo : min(hi, n_nodes + 1)] += c_f
     return cost
 
 
@@ -82,13 +81,23 @@ def baseline_candidates(cm: CostModel, objective: str = "latency", keep_cuts: in
     out: list[Candidate] = []
     for p in local:
         ok = _runs_all(cm, p) and feasible(cm, _whole(cm, p), pins=False)
-        out.append(Candidate(f"only:{cm.processors[p]}", _whole(cm, p) if ok else None,
-                             f"all {cm.n_nodes} nodes on {cm.processors[p]}"))
+        out.append(
+            Candidate(
+                f"only:{cm.processors[p]}",
+                _whole(cm, p) if ok else None,
+                f"all {cm.n_nodes} nodes on {cm.processors[p]}",
+            )
+        )
     srv = _best_whole(cm, remote)
     if remote:
         name = cm.processors[srv] if srv is not None else "a server processor"
-        out.append(Candidate("server-only", _whole(cm, srv) if srv is not None else None,
-                             f"all {cm.n_nodes} nodes on {name}"))
+        out.append(
+            Candidate(
+                "server-only",
+                _whole(cm, srv) if srv is not None else None,
+                f"all {cm.n_nodes} nodes on {name}",
+            )
+        )
     dev = _best_whole(cm, local)
     if remote and srv is not None:
         dev_p = dev if dev is not None else cm.home
@@ -100,22 +109,36 @@ def baseline_candidates(cm: CostModel, objective: str = "latency", keep_cuts: in
             assign = np.where(np.arange(cm.n_nodes) < k, dev_p, srv).astype(np.int64)
             if not feasible(cm, assign, pins=False):
                 continue
-            out.append(Candidate("best-single-cut", assign,
-                                 f"nodes [0, {k}) on {cm.processors[dev_p]}, [{k}, {cm.n_nodes}) on "
-                                 f"{cm.processors[srv]}"))
+            out.append(
+                Candidate(
+                    "best-single-cut",
+                    assign,
+                    f"nodes [0, {k}) on {cm.processors[dev_p]}, [{k}, {cm.n_nodes}) on {cm.processors[srv]}",
+                )
+            )
             kept += 1
             if kept >= keep_cuts:
                 break
         if not kept:
             out.append(Candidate("best-single-cut", None, "no cut fits support and memory"))
-    order = sorted(local, key=lambda p: (PROVIDER_ORDER.index(cm.kinds[p]) if cm.kinds[p] in PROVIDER_ORDER
-                                         else len(PROVIDER_ORDER), p))
+    order = sorted(
+        local,
+        key=lambda p: (
+            PROVIDER_ORDER.index(cm.kinds[p]) if cm.kinds[p] in PROVIDER_ORDER else len(PROVIDER_ORDER),
+            p,
+        ),
+    )
     supported = np.isfinite(cm.node_ms)
     greedy = np.full(cm.n_nodes, -1, dtype=np.int64)
     for n in range(cm.n_nodes):
         greedy[n] = next((p for p in order if supported[n, p]), -1)
     ok = bool((greedy >= 0).all()) and feasible(cm, greedy, pins=False)
     counts = {cm.processors[p]: int((greedy == p).sum()) for p in order if (greedy == p).any()}
-    out.append(Candidate("ort-greedy", greedy if ok else None,
-                         ", ".join(f"{k}: {v}" for k, v in counts.items()) or "no device processor runs every op"))
+    out.append(
+        Candidate(
+            "ort-greedy",
+            greedy if ok else None,
+            ", ".join(f"{k}: {v}" for k, v in counts.items()) or "no device processor runs every op",
+        )
+    )
     return out

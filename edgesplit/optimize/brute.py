@@ -13,7 +13,9 @@ from edgesplit.optimize.costs import CostModel
 MAX_ASSIGNMENTS = 200_000
 
 
-def enumerate_costs(cm: CostModel, *, pins: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+def enumerate_costs(
+    cm: CostModel, *, pins: bool = True
+) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
     """All assignments ``(K, N)``, their sequential ``latency`` and ``energy`` and feasibility.
 
     Infeasible assignments (support, pins, memory) are kept and flagged ``False``.
@@ -59,7 +61,9 @@ def enumerate_costs(cm: CostModel, *, pins: bool = True) -> tuple[np.ndarray, di
     return grid, {"latency": latency, "energy": active + radio + idle}, ok
 
 
-def brute_force(cm: CostModel, objective: str, *, slo_ms: float | None = None) -> tuple[np.ndarray | None, float]:
+def brute_force(
+    cm: CostModel, objective: str, *, slo_ms: float | None = None
+) -> tuple[np.ndarray | None, float]:
     """The best feasible assignment and its cost (``None, inf`` when none is feasible)."""
     grid, values, ok = enumerate_costs(cm)
     if slo_ms is not None:

@@ -123,7 +123,9 @@ class CostModel:
         try:
             return self.processors.index(name)
         except ValueError:
-            raise PlanError(f"unknown processor '{name}' (processors: {', '.join(self.processors)})") from None
+            raise PlanError(
+                f"unknown processor '{name}' (processors: {', '.join(self.processors)})"
+            ) from None
 
     def xfer_ms(self, p: int, q: int, nbytes: float) -> float:
         """Latency of one crossing of ``nbytes`` from processor p to q (0 when p == q)."""
@@ -193,7 +195,9 @@ def _node_costs(graph: ModelGraph, profile: Profile, procs: tuple[Processor, ...
                 if n is None:
                     continue
                 node = graph.nodes[n]
-                dtypes = tuple(dict.fromkeys(graph.tensors[t].dtype for t in node.inputs if t in graph.tensors))
+                dtypes = tuple(
+                    dict.fromkeys(graph.tensors[t].dtype for t in node.inputs if t in graph.tensors)
+                )
                 if not (proc.supports(node.op_type, dtypes) and be.supports(node.op_type)):
                     continue
                 lat = cost.latency_ms * scale
@@ -320,16 +324,27 @@ def build_costs(
     lat, per_byte, radio, channel = _links(device, server, link)
     # A crossing onto another local processor starts a part there, which costs the measured
     # hand-off to that processor's runtime worker (profile ``dispatch_ms``; 0 where predicted).
-    dispatch = np.array([min((e.dispatch_ms for e in profile.for_processor(p.name) if e.dispatch_ms is not None),
-                             default=0.0) for p in procs])
+    dispatch = np.array(
+        [
+            min(
+                (e.dispatch_ms for e in profile.for_processor(p.name) if e.dispatch_ms is not None),
+                default=0.0,
+            )
+            for p in procs
+        ]
+    )
     for a, pa in enumerate(procs):
         for b, pb in enumerate(procs):
             if a != b and not pa.is_remote and not pb.is_remote:
                 lat[a, b] += dispatch[b]
-    mem_nodes = np.array([
-        n.weight_nbytes + sum(graph.tensors[t].nbytes for t in n.outputs if not graph.tensors[t].is_weight)
-        for n in graph.nodes
-    ], dtype=float)
+    mem_nodes = np.array(
+        [
+            n.weight_nbytes
+            + sum(graph.tensors[t].nbytes for t in n.outputs if not graph.tensors[t].is_weight)
+            for n in graph.nodes
+        ],
+        dtype=float,
+    )
     limits = np.array([p.memory_mb * MB if p.memory_mb else np.inf for p in procs])
     groups = []
     local = tuple(i for i, p in enumerate(procs) if not p.is_remote)

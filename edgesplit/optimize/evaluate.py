@@ -36,8 +36,9 @@ def crossings(cm: CostModel, assign: Sequence[int] | np.ndarray) -> list[Crossin
             if q == p:
                 continue
             serial = f.nbytes * float(cm.link_ms_per_byte[p, q])
-            out.append(Crossing(i, p, q, float(cm.link_ms[p, q]) + serial, serial * float(cm.radio_w[p, q]),
-                                serial))
+            out.append(
+                Crossing(i, p, q, float(cm.link_ms[p, q]) + serial, serial * float(cm.radio_w[p, q]), serial)
+            )
     return out
 
 
@@ -88,11 +89,15 @@ def violations(cm: CostModel, assign: Sequence[int] | np.ndarray, *, pins: bool 
     use = memory_use_nbytes(cm, x)
     for p in range(cm.n_procs):
         if use[p] > cm.mem_limit_nbytes[p]:
-            bad.append(f"{cm.processors[p]} needs {use[p] / 1e6:.1f} MB of {cm.mem_limit_nbytes[p] / 1e6:.1f} MB")
+            bad.append(
+                f"{cm.processors[p]} needs {use[p] / 1e6:.1f} MB of {cm.mem_limit_nbytes[p] / 1e6:.1f} MB"
+            )
     for procs, limit in cm.group_limits:
         total = float(sum(use[p] for p in procs))
         if total > limit:
-            bad.append(f"{'+'.join(cm.processors[p] for p in procs)} need {total / 1e6:.1f} MB of {limit / 1e6:.1f} MB")
+            bad.append(
+                f"{'+'.join(cm.processors[p] for p in procs)} need {total / 1e6:.1f} MB of {limit / 1e6:.1f} MB"
+            )
     return bad
 
 

@@ -78,8 +78,9 @@ def solve_chain_dp(cm: CostModel, objective: str) -> Solution:
     return Solution(assign, value, "chain-dp", True, 0.0, time.perf_counter() - started)
 
 
-def solve_sequential(cm: CostModel, objective: str, *, slo_ms: float | None = None,
-                     time_limit_s: float = 60.0) -> Solution:
+def solve_sequential(
+    cm: CostModel, objective: str, *, slo_ms: float | None = None, time_limit_s: float = 60.0
+) -> Solution:
     """The exact optimum of the sequential ``latency`` or ``energy`` (with an optional SLO).
 
     Without an SLO and where memory cannot bind: dominated processors are dropped

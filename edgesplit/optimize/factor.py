@@ -153,8 +153,9 @@ def _pair(pairs: dict, a: int, b: int) -> np.ndarray:
     return pairs[a, b] if a < b else pairs[b, a].T
 
 
-def _core_milp(cm: CostModel, unary: np.ndarray, pairs: dict, hypers: list[_Hyper], core: np.ndarray,
-               time_limit_s: float) -> Solution:
+def _core_milp(
+    cm: CostModel, unary: np.ndarray, pairs: dict, hypers: list[_Hyper], core: np.ndarray, time_limit_s: float
+) -> Solution:
     n_procs = cm.n_procs
     index = {int(n): i for i, n in enumerate(core)}
     cost: list[float] = []
@@ -230,13 +231,25 @@ def _core_milp(cm: CostModel, unary: np.ndarray, pairs: dict, hypers: list[_Hype
             row([*((z[p, q], 1.0) for q in need), (int(x[index[h.src], p]), -1.0)], 0.0, np.inf)
     started = time.perf_counter()
     a = csr_array((v, (r, c)), shape=(len(lo), len(cost)))
-    res = milp(c=np.asarray(cost), integrality=np.asarray(integral), bounds=Bounds(0.0, np.asarray(ub)),
-               constraints=LinearConstraint(a, np.asarray(lo), np.asarray(hi)),
-               options={"time_limit": time_limit_s, "mip_rel_gap": 1e-7, "presolve": True})
+    res = milp(
+        c=np.asarray(cost),
+        integrality=np.asarray(integral),
+        bounds=Bounds(0.0, np.asarray(ub)),
+        constraints=LinearConstraint(a, np.asarray(lo), np.asarray(hi)),
+        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-7, "presolve": True},
+    )
     if res.x is None:
         raise Infeasible(f"the MILP solver stopped without a solution ({res.message})")
-    assign = np.array([int(np.flatnonzero(x[i] >= 0)[np.argmax(res.x[x[i][x[i] >= 0]])]) for i in range(len(core))])
+    assign = np.array(
+        [int(np.flatnonzero(x[i] >= 0)[np.argmax(res.x[x[i][x[i] >= 0]])]) for i in range(len(core))]
+    )
     gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
     optimal = res.status == 0
-    return Solution(assign, float(res.fun), "milp-highs", optimal, 0.0 if optimal and gap < 1e-6 else gap,
-                    time.perf_counter() - started)
+    return Solution(
+        assign,
+        float(res.fun),
+        "milp-highs",
+        optimal,
+        0.0 if optimal and gap < 1e-6 else gap,
+        time.perf_counter() - started,
+    )

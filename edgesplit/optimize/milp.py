@@ -103,7 +103,9 @@ def solve_milp(
     for n in range(n_nodes):
         ps = np.flatnonzero(allowed[n])
         for p in ps:
-            x[n, p] = new(float(a_obj[n, p]), float(a_lat[n, p]), binary=True, lb=1.0 if len(ps) == 1 else 0.0)
+            x[n, p] = new(
+                float(a_obj[n, p]), float(a_lat[n, p]), binary=True, lb=1.0 if len(ps) == 1 else 0.0
+            )
         rows.add([(int(x[n, p]), 1.0) for p in ps], 1.0, 1.0)
     # receive[q]: terms whose sum is the bytes received on q (for the memory rows)
     receive: list[list[tuple[int, float]]] = [[] for _ in range(n_procs)]
@@ -164,7 +166,9 @@ def solve_milp(
                 if p != q:
                     receive[q].append((z[p, q], float(f.nbytes)))
         for p in src_opts:
-            rows.add([*((z[p, q], 1.0) for q in need), (int(x[f.src, p]), -1.0)], 0.0, 0.0 if single else np.inf)
+            rows.add(
+                [*((z[p, q], 1.0) for q in need), (int(x[f.src, p]), -1.0)], 0.0, 0.0 if single else np.inf
+            )
 
     def mem_terms(p: int) -> list[tuple[int, float]]:
         terms = [(int(x[n, p]), float(cm.mem_nbytes[n])) for n in range(n_nodes) if x[n, p] >= 0]
@@ -198,5 +202,11 @@ def solve_milp(
         assign[n] = ps[np.argmax(sol[x[n, ps]])]
     gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
     optimal = res.status == 0
-    return Solution(assign, float(res.fun), "milp-highs", optimal, 0.0 if optimal and gap < 1e-6 else gap,
-                    time.perf_counter() - started)
+    return Solution(
+        assign,
+        float(res.fun),
+        "milp-highs",
+        optimal,
+        0.0 if optimal and gap < 1e-6 else gap,
+        time.perf_counter() - started,
+    )

@@ -91,7 +91,9 @@ def balance_stages(cm: CostModel, *, max_procs: int = 8, iters: int = 40) -> np.
             if r.any():
                 states[1 << k, k] = r
                 frontier.append((1 << k, k))
-        for used in sorted({s for s, _ in states} | set(range(1, 1 << len(procs))), key=lambda s: bin(s).count("1")):
+        for used in sorted(
+            {s for s, _ in states} | set(range(1, 1 << len(procs))), key=lambda s: bin(s).count("1")
+        ):
             for last in range(len(procs)):
                 r = states.get((used, last))
                 if r is None:

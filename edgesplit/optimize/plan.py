@@ -137,10 +137,21 @@ class Plan:
     def from_json(d: Mapping[str, Any], source: str = "<plan>") -> Plan:
         try:
             if d.get("format_version") != FORMAT_VERSION:
-                raise PlanError(f"{source}: plan format version {d.get('format_version')!r}, expected {FORMAT_VERSION}")
+                raise PlanError(
+                    f"{source}: plan format version {d.get('format_version')!r}, expected {FORMAT_VERSION}"
+                )
             kw = {f.name: d[f.name] for f in fields(Plan) if f.name in d}
-            kw["parts"] = tuple(Part(**{**p, "nodes": tuple(p["nodes"]), "inputs": tuple(p["inputs"]),
-                                        "outputs": tuple(p["outputs"])}) for p in d["parts"])
+            kw["parts"] = tuple(
+                Part(
+                    **{
+                        **p,
+                        "nodes": tuple(p["nodes"]),
+                        "inputs": tuple(p["inputs"]),
+                        "outputs": tuple(p["outputs"]),
+                    }
+                )
+                for p in d["parts"]
+            )
             kw["transfers"] = tuple(Transfer(**t) for t in d["transfers"])
             kw["baselines"] = tuple(Baseline(**b) for b in d["baselines"])
             kw["solver"] = SolverInfo(**d["solver"])

@@ -25,7 +25,9 @@ def gantt(plan: Plan, path: str | os.PathLike) -> None:
     colors = plt.get_cmap("tab10")
     for p in plan.parts:
         row = procs.index(p.processor)
-        ax.barh(row, max(p.end_ms - p.start_ms, 1e-6), left=p.start_ms, color=colors(row % 10), edgecolor="black")
+        ax.barh(
+            row, max(p.end_ms - p.start_ms, 1e-6), left=p.start_ms, color=colors(row % 10), edgecolor="black"
+        )
         ax.text(p.start_ms, row, f" {p.name}", va="center", fontsize=7)
     xfer_row = len(procs)
     ends = {p.name: p.end_ms for p in plan.parts}
@@ -37,8 +39,10 @@ def gantt(plan: Plan, path: str | os.PathLike) -> None:
     ax.set_yticks(range(len(procs) + 1), [*procs, "transfers"])
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
-    ax.set_title(f"{plan.model_name} on {plan.device}: {plan.predicted['latency_ms']:.2f} ms, "
-                 f"{plan.predicted['energy_mj']:.2f} mJ ({plan.objective})")
+    ax.set_title(
+        f"{plan.model_name} on {plan.device}: {plan.predicted['latency_ms']:.2f} ms, "
+        f"{plan.predicted['energy_mj']:.2f} mJ ({plan.objective})"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -49,8 +49,9 @@ def groups(assign: np.ndarray, adj: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def local_search(cm: CostModel, starts: Iterable[np.ndarray], score: Score, *,
-                 max_evals: int = 300) -> tuple[np.ndarray, float, int]:
+def local_search(
+    cm: CostModel, starts: Iterable[np.ndarray], score: Score, *, max_evals: int = 300
+) -> tuple[np.ndarray, float, int]:
     """Best assignment found from ``starts`` by hill climbing on ``score``; also its score and
     the number of evaluations spent."""
     check_memory = memory_binding(cm)

@@ -71,8 +71,14 @@ def _baselines(cm: CostModel, objective: str) -> tuple[list[Baseline], dict[str,
         s = schedule(cm, c.assign)
         v = s.energy_mj if key == "energy" else s.makespan_ms
         period = period_ms(cm, c.assign)
-        b = Baseline(c.name, round(s.makespan_ms, 6), round(s.energy_mj, 6), True, c.summary,
-                     round(1000.0 / period, 6) if period > 0 else None)
+        b = Baseline(
+            c.name,
+            round(s.makespan_ms, 6),
+            round(s.energy_mj, 6),
+            True,
+            c.summary,
+            round(1000.0 / period, 6) if period > 0 else None,
+        )
         if c.name not in best or v < best[c.name][0]:
             best[c.name] = (v, b, c.assign)
     return [b for _, b, _ in best.values()], {n: a for n, (_, _, a) in best.items() if a is not None}
@@ -83,25 +89,39 @@ def _plain_chain(cm: CostModel) -> bool:
     return is_chain(cm) and not any(f.to_home and f.dsts for f in cm.flows)
 
 
-def _latency(cm: CostModel, starts: list[np.ndarray], max_evals: int, t0: float) -> tuple[np.ndarray, SolverInfo]:
+def _latency(
+    cm: CostModel, starts: list[np.ndarray], max_evals: int, t0: float
+) -> tuple[np.ndarray, SolverInfo]:
     seq = solve_sequential(cm, "latency")
     if _plain_chain(cm):
-        return seq.assign, SolverInfo(f"{seq.solver}", time.perf_counter() - t0, seq.optimal, seq.gap, "makespan",
-                                      "on a chain the makespan is the sequential latency")
+        return seq.assign, SolverInfo(
+            f"{seq.solver}",
+            time.perf_counter() - t0,
+            seq.optimal,
+            seq.gap,
+            "makespan",
+            "on a chain the makespan is the sequential latency",
+        )
     assign, value, evals = local_search(cm, [seq.assign, *starts], _score(cm, "latency"), max_evals=max_evals)
     bound = makespan_lower_bound(cm)
     gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
-    return assign, SolverInfo(f"{seq.solver}+list-schedule+local-search", time.perf_counter() - t0, gap <= 1e-9,
-                              round(gap, 6), "makespan",
-                              f"{evals} schedules evaluated; lower bound {bound:.4f} ms (critical path / work)")
+    return assign, SolverInfo(
+        f"{seq.solver}+list-schedule+local-search",
+        time.perf_counter() - t0,
+        gap <= 1e-9,
+        round(gap, 6),
+        "makespan",
+        f"{evals} schedules evaluated; lower bound {bound:.4f} ms (critical path / work)",
+    )
 
 
 def _no_slo_message(cm: CostModel, slo_ms: float, best_ms: float) -> str:
     return f"no plan meets the SLO of {slo_ms:g} ms: the best achievable latency is {best_ms:.3f} ms"
 
 
-def _pareto(cm: CostModel, slo_ms: float | None, points: int,
-            time_limit_s: float) -> tuple[np.ndarray, list[dict], bool]:
+def _pareto(
+    cm: CostModel, slo_ms: float | None, points: int, time_limit_s: float
+) -> tuple[np.ndarray, list[dict], bool]:
     limit = max(1.0, time_limit_s / points)  # each point gets a share of the time limit
     fast = solve_sequential(cm, "latency", time_limit_s=limit)
     lean = solve_sequential(cm, "energy", time_limit_s=limit)
@@ -130,14 +150,24 @@ def _pareto(cm: CostModel, slo_ms: float | None, points: int,
             continue
         s = schedule(cm, a)
         used = sorted({cm.processors[p] for p in a})
-        seen[a.tobytes()] = {"latency_ms": round(s.makespan_ms, 6), "energy_mj": round(s.energy_mj, 6),
-                             "sequential_latency_ms": round(sequential_cost(cm, a, "latency"), 6),
-                             "processors": used, "_assign": a}
+        seen[a.tobytes()] = {
+            "latency_ms": round(s.makespan_ms, 6),
+            "energy_mj": round(s.energy_mj, 6),
+            "sequential_latency_ms": round(sequential_cost(cm, a, "latency"), 6),
+            "processors": used,
+            "_assign": a,
+        }
     unique = {(p["latency_ms"], p["energy_mj"]): p for p in seen.values()}
     pts = sorted(unique.values(), key=lambda p: (p["latency_ms"], p["energy_mj"]))
-    front = [p for p in pts if not any(
-        (q["latency_ms"] <= p["latency_ms"] and q["energy_mj"] <= p["energy_mj"])
-        and (q["latency_ms"], q["energy_mj"]) != (p["latency_ms"], p["energy_mj"]) for q in pts)]
+    front = [
+        p
+        for p in pts
+        if not any(
+            (q["latency_ms"] <= p["latency_ms"] and q["energy_mj"] <= p["energy_mj"])
+            and (q["latency_ms"], q["energy_mj"]) != (p["latency_ms"], p["energy_mj"])
+            for q in pts
+        )
+    ]
     if slo_ms is not None:
         ok = [p for p in front if p["latency_ms"] <= slo_ms]
         if not ok:
@@ -153,8 +183,15 @@ def _pareto(cm: CostModel, slo_ms: float | None, points: int,
     return chosen["_assign"], [{k: v for k, v in p.items() if k != "_assign"} for p in front], exact
 
 
-def solve(cm: CostModel, objective: str = "latency", *, slo_ms: float | None = None, time_limit_s: float = 60.0,
-          max_evals: int = 300, pareto_points: int = 9) -> Outcome:
+def solve(
+    cm: CostModel,
+    objective: str = "latency",
+    *,
+    slo_ms: float | None = None,
+    time_limit_s: float = 60.0,
+    max_evals: int = 300,
+    pareto_points: int = 9,
+) -> Outcome:
     """Pick the assignment for ``objective`` and price it and the baselines.
 
     Raises:
@@ -184,23 +221,42 @@ def solve(cm: CostModel, objective: str = "latency", *, slo_ms: float | None = N
                     raise
                 # the sequential bound is safe but strict; the concurrent plan may still meet the SLO
                 assign, info = _latency(cm, starts, max_evals, t0)
-                info = SolverInfo(info.name, info.time_s, False, 1.0, "makespan",
-                                  "no sequential plan meets the SLO; the fastest concurrent plan is used")
+                info = SolverInfo(
+                    info.name,
+                    info.time_s,
+                    False,
+                    1.0,
+                    "makespan",
+                    "no sequential plan meets the SLO; the fastest concurrent plan is used",
+                )
         elif objective == "throughput":
             staged = balance_stages(cm)
-            seeds = ([staged] if staged is not None and feasible(cm, staged) else [])
+            seeds = [staged] if staged is not None and feasible(cm, staged) else []
             seeds.append(solve_sequential(cm, "latency", time_limit_s=time_limit_s).assign)
-            assign, value, evals = local_search(cm, [*seeds, *starts], _score(cm, "throughput"), max_evals=max_evals)
+            assign, value, evals = local_search(
+                cm, [*seeds, *starts], _score(cm, "throughput"), max_evals=max_evals
+            )
             fastest = np.where(cm.allowed, cm.node_ms, np.inf).min(axis=1)
             bound = max(float(fastest.max()), float(fastest.sum()) / cm.n_procs) if cm.n_nodes else 0.0
             gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
-            info = SolverInfo("stage-balance+local-search", time.perf_counter() - t0, gap <= 1e-9, round(gap, 6),
-                              "period", f"{evals} assignments evaluated; lower bound {bound:.4f} ms per input")
+            info = SolverInfo(
+                "stage-balance+local-search",
+                time.perf_counter() - t0,
+                gap <= 1e-9,
+                round(gap, 6),
+                "period",
+                f"{evals} assignments evaluated; lower bound {bound:.4f} ms per input",
+            )
         else:
             assign, pareto, exact = _pareto(cm, slo_ms, pareto_points, time_limit_s)
-            info = SolverInfo("weighted-sum-exact", time.perf_counter() - t0, exact, 0.0 if exact else 1.0,
-                              "sequential", f"{len(pareto)} non-dominated points"
-                              + ("" if exact else "; some points hit the time limit"))
+            info = SolverInfo(
+                "weighted-sum-exact",
+                time.perf_counter() - t0,
+                exact,
+                0.0 if exact else 1.0,
+                "sequential",
+                f"{len(pareto)} non-dominated points" + ("" if exact else "; some points hit the time limit"),
+            )
     except Infeasible as e:
         raise PlanError(f"no assignment fits the constraints (memory limits or pins): {e}") from e
     sched = schedule(cm, assign)
@@ -208,5 +264,13 @@ def solve(cm: CostModel, objective: str = "latency", *, slo_ms: float | None = N
         best = sched.makespan_ms if objective == "latency" else _latency(cm, starts, max_evals, t0)[0]
         best_ms = best if isinstance(best, float) else schedule(cm, best).makespan_ms
         raise PlanError(_no_slo_message(cm, slo_ms, best_ms))
-    return Outcome(assign, sched, period_ms(cm, assign), sequential_cost(cm, assign, "latency"),
-                   info, tuple(baselines), base_assign, tuple(pareto))
+    return Outcome(
+        assign,
+        sched,
+        period_ms(cm, assign),
+        sequential_cost(cm, assign, "latency"),
+        info,
+        tuple(baselines),
+        base_assign,
+        tuple(pareto),
+    )

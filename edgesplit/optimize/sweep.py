@@ -66,13 +66,18 @@ def load_context(plan: Plan) -> PlanContext:
         raise PlanError(f"the plan's model {plan.model_path} is missing")
     graph = load_model(plan.model_path, plan.input_shapes or None)
     if graph.sha256 != plan.model_sha256:
-        raise PlanError(f"the plan is for model {plan.model_sha256[:12]}, but {plan.model_path} is "
-                        f"{graph.sha256[:12]} (re-run edgesplit partition)")
-    device = load_device(plan.device_path if plan.device_path and Path(plan.device_path).is_file() else plan.device)
+        raise PlanError(
+            f"the plan is for model {plan.model_sha256[:12]}, but {plan.model_path} is "
+            f"{graph.sha256[:12]} (re-run edgesplit partition)"
+        )
+    device = load_device(
+        plan.device_path if plan.device_path and Path(plan.device_path).is_file() else plan.device
+    )
     server = None
     if plan.server:
-        server = load_device(plan.server_path if plan.server_path and Path(plan.server_path).is_file()
-                             else plan.server)
+        server = load_device(
+            plan.server_path if plan.server_path and Path(plan.server_path).is_file() else plan.server
+        )
     full = device.with_server(server) if server is not None else device
     profile = load_profile(plan.profile_path) if plan.profile_path else None
     link = NetworkLink(**plan.link) if plan.link else None
@@ -90,15 +95,22 @@ def decision_of(plan_assign: np.ndarray, processors: tuple[str, ...]) -> str:
     return " ".join(f"{processors[p]}:{int(c)}" for p, c in enumerate(counts) if c)
 
 
-def bandwidth_sweep(plan: Plan, bandwidths: list[float] | None = None, context: PlanContext | None = None,
-                    *, max_evals: int = 150) -> list[SweepRow]:
+def bandwidth_sweep(
+    plan: Plan,
+    bandwidths: list[float] | None = None,
+    context: PlanContext | None = None,
+    *,
+    max_evals: int = 150,
+) -> list[SweepRow]:
     """Re-solve ``plan``'s objective at each bandwidth (up and down set alike).
 
     Raises:
         PlanError: for a plan without a server (nothing crosses a network).
     """
     if not plan.server or not plan.link:
-        raise PlanError("the plan has no server and link, so bandwidth changes nothing (partition with --server)")
+        raise PlanError(
+            "the plan has no server and link, so bandwidth changes nothing (partition with --server)"
+        )
     ctx = context or load_context(plan)
     rows: list[SweepRow] = []
     prev = None
@@ -112,8 +124,15 @@ def bandwidth_sweep(plan: Plan, bandwidths: list[float] | None = None, context: 
         except PlanError:
             continue  # an SLO this bandwidth cannot meet
         decision = decision_of(out.assign, cm.processors)
-        rows.append(SweepRow(bw, round(out.schedule.makespan_ms, 6), round(out.schedule.energy_mj, 6), decision,
-                             prev is not None and decision != prev,
-                             {b.name: b.latency_ms for b in out.baselines}))
+        rows.append(
+            SweepRow(
+                bw,
+                round(out.schedule.makespan_ms, 6),
+                round(out.schedule.energy_mj, 6),
+                decision,
+                prev is not None and decision != prev,
+                {b.name: b.latency_ms for b in out.baselines},
+            )
+        )
         prev = decision
     return rows

@@ -11,8 +11,9 @@ import numpy as np
 from edgesplit.optimize.costs import CostModel, Flow
 
 
-def layered_edges(n_nodes: int, rng: np.random.Generator, *, width: int = 4, max_preds: int = 2,
-                  skip: float = 0.1) -> list[tuple[int, ...]]:
+def layered_edges(
+    n_nodes: int, rng: np.random.Generator, *, width: int = 4, max_preds: int = 2, skip: float = 0.1
+) -> list[tuple[int, ...]]:
     """Predecessors of each node of a random layered DAG in topological order."""
     preds: list[tuple[int, ...]] = []
     layers: list[list[int]] = []
@@ -36,8 +37,9 @@ def layered_edges(n_nodes: int, rng: np.random.Generator, *, width: int = 4, max
     return preds
 
 
-def block_edges(n_nodes: int, rng: np.random.Generator, *, max_branches: int = 4,
-                max_len: int = 6) -> list[tuple[int, ...]]:
+def block_edges(
+    n_nodes: int, rng: np.random.Generator, *, max_branches: int = 4, max_len: int = 6
+) -> list[tuple[int, ...]]:
     """Predecessors of a DNN-like DAG: chains broken by blocks of parallel branches that fork from
     one node and join in the next (residual and inception blocks)."""
     preds: list[tuple[int, ...]] = [()]
@@ -146,7 +148,9 @@ def random_costs(
         home=0,
         node_ms=ms,
         node_mj=mj,
-        backend=tuple(tuple("ort" if np.isfinite(ms[n, p]) else None for p in range(n_procs)) for n in range(n_nodes)),
+        backend=tuple(
+            tuple("ort" if np.isfinite(ms[n, p]) else None for p in range(n_procs)) for n in range(n_nodes)
+        ),
         allowed=np.isfinite(ms),
         flows=tuple(flows),
         link_ms=lat,

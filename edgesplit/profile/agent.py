@@ -126,9 +126,16 @@ class Agent:
     def serve(self) -> None:
         threading.Thread(target=self._read, name="agent-reader", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
-        self.send("ready", pid=os.getpid(), workdir=self.workdir, python=sys.executable,
-                  python_version=platform.python_version(), machine=platform.machine(),
-                  hostname=platform.node(), modules=module_versions())
+        self.send(
+            "ready",
+            pid=os.getpid(),
+            workdir=self.workdir,
+            python=sys.executable,
+            python_version=platform.python_version(),
+            machine=platform.machine(),
+            hostname=platform.node(),
+            modules=module_versions(),
+        )
         while True:
             msg = self.requests.get()
             op = msg.get("op")
@@ -144,7 +151,9 @@ class Agent:
 
     def _report(self, e: Exception, msg: dict[str, Any]) -> None:
         code = getattr(e, "exit_code", 1)
-        text = str(e).replace(self.workdir + os.sep + str(msg.get("model", "")), str(msg.get("display", "model")))
+        text = str(e).replace(
+            self.workdir + os.sep + str(msg.get("model", "")), str(msg.get("display", "model"))
+        )
         if getattr(e, "exit_code", None) is None:
             traceback.print_exc(file=sys.stderr)
             text = f"{type(e).__name__}: {text}"
@@ -153,8 +162,13 @@ class Agent:
     def profile(self, msg: dict[str, Any]) -> None:
         missing = [m for m, v in module_versions(PROFILE_MODULES).items() if v is None]
         if missing:
-            self.send("error", exit_code=2, type="MissingModules", missing=missing,
-                      message=f"the remote Python lacks {', '.join(missing)}")
+            self.send(
+                "error",
+                exit_code=2,
+                type="MissingModules",
+                missing=missing,
+                message=f"the remote Python lacks {', '.join(missing)}",
+            )
             return
         from edgesplit.model.load import load_model
         from edgesplit.profile.power import find_rails
@@ -175,8 +189,14 @@ class Agent:
         rails = find_rails(os.environ.get("EDGESPLIT_SYSFS_ROOT", "/"))
         done = [entry_from_json(e) for e in msg.get("done", [])]
         backends, processors = msg.get("backends") or None, msg.get("processors") or None
-        self.send("plan", pairs=pairs(device, backends, processors), reused=[e.key for e in done],
-                  power=rails.source, power_rails=[r.name for r in rails.rails], skipped=list(rails.skipped))
+        self.send(
+            "plan",
+            pairs=pairs(device, backends, processors),
+            reused=[e.key for e in done],
+            power=rails.source,
+            power_rails=[r.name for r in rails.rails],
+            skipped=list(rails.skipped),
+        )
         last: dict[str, float] = {}
 
         def progress(label: str, n: int, total: int) -> None:
@@ -185,10 +205,18 @@ class Agent:
                 last[label] = now
                 self.send("progress", label=label, done=n, total=total)
 
-        prof = profile_steps(graph, device, backends=backends, processors=processors,
-                             runs=int(msg.get("runs", 20)), warmup=int(msg.get("warmup", 5)),
-                             progress=progress, done=done, rails=rails,
-                             on_entry=lambda e: self.send("entry", entry=entry_to_json(e)))
+        prof = profile_steps(
+            graph,
+            device,
+            backends=backends,
+            processors=processors,
+            runs=int(msg.get("runs", 20)),
+            warmup=int(msg.get("warmup", 5)),
+            progress=progress,
+            done=done,
+            rails=rails,
+            on_entry=lambda e: self.send("entry", entry=entry_to_json(e)),
+        )
         if msg.get("model_name"):
             import dataclasses
 

@@ -133,5 +133,14 @@ def remote_command(python: str, tmpdir: str | None = None, env: Mapping[str, str
         if not k.isidentifier():
             raise ValueError(f"bad environment variable name {k!r}")
     prefix = ["env", *(f"{k}={shlex.quote(str(v))}" for k, v in assigns.items())] if assigns else []
-    return " ".join([*prefix, "sh", "-c", shlex.quote(SHELL), "edgesplit-agent",
-                     shlex.quote(python), shlex.quote(BOOTSTRAP)])
+    return " ".join(
+        [
+            *prefix,
+            "sh",
+            "-c",
+            shlex.quote(SHELL),
+            "edgesplit-agent",
+            shlex.quote(python),
+            shlex.quote(BOOTSTRAP),
+        ]
+    )

@@ -20,24 +20,59 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_DISTRIBUTIONS = {"onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-qnn", "onnxruntime-openvino",
-                                  "onnxruntime-directml"),
-                  "tvm": ("apache-tvm", "tvm")}
+_DISTRIBUTIONS = {
+    "onnxruntime": (
+        "onnxruntime",
+        "onnxruntime-gpu",
+        "onnxruntime-qnn",
+        "onnxruntime-openvino",
+        "onnxruntime-directml",
+    ),
+    "tvm": ("apache-tvm", "tvm"),
+}
 PROFILE_MODULES = ("numpy", "onnx", "onnxruntime", "onnxslim")
 
 # Arm's MIDR part numbers (implementer 0x41) -> core name, and fp32 FLOPs per cycle per core
 # (NEON FMA pipes x 4 lanes x 2). Estimates from Arm's software optimisation guides.
 ARM_PARTS: dict[str, tuple[str, int]] = {
-    "0xd03": ("Cortex-A53", 8), "0xd04": ("Cortex-A35", 8), "0xd05": ("Cortex-A55", 8),
-    "0xd46": ("Cortex-A510", 8), "0xd80": ("Cortex-A520", 8),
-    "0xd07": ("Cortex-A57", 16), "0xd08": ("Cortex-A72", 16), "0xd09": ("Cortex-A73", 16),
-    "0xd0a": ("Cortex-A75", 16), "0xd0b": ("Cortex-A76", 16), "0xd0d": ("Cortex-A77", 16),
-    "0xd41": ("Cortex-A78", 16), "0xd47": ("Cortex-A710", 16), "0xd4d": ("Cortex-A715", 16),
-    "0xd81": ("Cortex-A720", 16), "0xd44": ("Cortex-X1", 32), "0xd48": ("Cortex-X2", 32),
-    "0xd4e": ("Cortex-X3", 32), "0xd82": ("Cortex-X4", 32), "0xd0c": ("Neoverse-N1", 16),
-    "0xd40": ("Neoverse-V1", 32), "0xd49": ("Neoverse-N2", 16), "0xd4f": ("Neoverse-V2", 32),
+    "0xd03": ("Cortex-A53", 8),
+    "0xd04": ("Cortex-A35", 8),
+    "0xd05": ("Cortex-A55", 8),
+    "0xd46": ("Cortex-A510", 8),
+    "0xd80": ("Cortex-A520", 8),
+    "0xd07": ("Cortex-A57", 16),
+    "0xd08": ("Cortex-A72", 16),
+    "0xd09": ("Cortex-A73", 16),
+    "0xd0a": ("Cortex-A75", 16),
+    "0xd0b": ("Cortex-A76", 16),
+    "0xd0d": ("Cortex-A77", 16),
+    "0xd41": ("Cortex-A78", 16),
+    "0xd47": ("Cortex-A710", 16),
+    "0xd4d": ("Cortex-A715", 16),
+    "0xd81": ("Cortex-A720", 16),
+    "0xd44": ("Cortex-X1", 32),
+    "0xd48": ("Cortex-X2", 32),
+    "0xd4e": ("Cortex-X3", 32),
+    "0xd82": ("Cortex-X4", 32),
+    "0xd0c": ("Neoverse-N1", 16),
+    "0xd40": ("Neoverse-V1", 32),
+    "0xd49": ("Neoverse-N2", 16),
+    "0xd4f": ("Neoverse-V2", 32),
 }
-_FLAGS = ("avx512f", "avx2", "fma", "avx", "sse4_2", "asimd", "asimddp", "asimdhp", "i8mm", "sve", "sve2", "neon")
+_FLAGS = (
+    "avx512f",
+    "avx2",
+    "fma",
+    "avx",
+    "sse4_2",
+    "asimd",
+    "asimddp",
+    "asimdhp",
+    "i8mm",
+    "sve",
+    "sve2",
+    "neon",
+)
 
 
 def module_versions(names: tuple[str, ...] = (*PROFILE_MODULES, "tvm")) -> dict[str, str | None]:
@@ -83,7 +118,11 @@ def _cpuinfo(root: Path) -> tuple[list[dict[str, str]], dict[str, str]]:
     for line in _text(root / "proc/cpuinfo").splitlines() + [""]:
         if not line.strip():
             if cur:
-                (blocks.append(cur) if "processor" in cur and cur["processor"].isdigit() else extra.update(cur))
+                (
+                    blocks.append(cur)
+                    if "processor" in cur and cur["processor"].isdigit()
+                    else extra.update(cur)
+                )
             cur = {}
             continue
         k, _, v = line.partition(":")
@@ -94,19 +133,29 @@ def _cpuinfo(root: Path) -> tuple[list[dict[str, str]], dict[str, str]]:
 def _cpus(root: Path) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
     blocks, extra = _cpuinfo(root)
     by_id = {int(b["processor"]): b for b in blocks}
-    cpu_dirs = sorted((d for d in (root / "sys/devices/system/cpu").glob("cpu[0-9]*") if d.name[3:].isdigit()),
-                      key=lambda d: int(d.name[3:]))
+    cpu_dirs = sorted(
+        (d for d in (root / "sys/devices/system/cpu").glob("cpu[0-9]*") if d.name[3:].isdigit()),
+        key=lambda d: int(d.name[3:]),
+    )
     cpus = []
     for d in cpu_dirs:
         khz = _int(d / "cpufreq/cpuinfo_max_freq")
         if khz is not None:
-            cpus.append({"id": int(d.name[3:]), "max_khz": khz, "part": by_id.get(int(d.name[3:]), {}).get("CPU part")})
+            cpus.append(
+                {
+                    "id": int(d.name[3:]),
+                    "max_khz": khz,
+                    "part": by_id.get(int(d.name[3:]), {}).get("CPU part"),
+                }
+            )
     source = "cpufreq"
     if not cpus:
         source = "cpuinfo"
         for i, b in sorted(by_id.items()):
             mhz = b.get("cpu MHz")
-            cpus.append({"id": i, "max_khz": int(float(mhz) * 1000) if mhz else None, "part": b.get("CPU part")})
+            cpus.append(
+                {"id": i, "max_khz": int(float(mhz) * 1000) if mhz else None, "part": b.get("CPU part")}
+            )
     if not cpus:
         source = "os.cpu_count"
         cpus = [{"id": i, "max_khz": None, "part": None} for i in range(os.cpu_count() or 1)]
@@ -134,9 +183,15 @@ def _accelerators(root: Path) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     if (dev / "kgsl-3d0").exists():
         clk = _int(root / "sys/class/kgsl/kgsl-3d0/max_gpuclk")
-        found.append({"kind": "gpu", "vendor": "adreno", "node": "/dev/kgsl-3d0",
-                      "model": _text(root / "sys/class/kgsl/kgsl-3d0/gpu_model") or "Adreno",
-                      "max_mhz": clk // 1_000_000 if clk else None})
+        found.append(
+            {
+                "kind": "gpu",
+                "vendor": "adreno",
+                "node": "/dev/kgsl-3d0",
+                "model": _text(root / "sys/class/kgsl/kgsl-3d0/gpu_model") or "Adreno",
+                "max_mhz": clk // 1_000_000 if clk else None,
+            }
+        )
     if (dev / "mali0").exists():
         info = _text(root / "sys/class/misc/mali0/device/gpuinfo")
         found.append({"kind": "gpu", "vendor": "mali", "node": "/dev/mali0", "model": info or "Mali"})
@@ -150,13 +205,17 @@ def _accelerators(root: Path) -> list[dict[str, Any]]:
                 found.append({"kind": "npu", "vendor": "nvdla", "node": f"/dev/{n}", "model": f"{model} DLA"})
     for node in ("fastrpc-cdsp", "adsprpc-smd"):
         if (dev / node).exists():
-            found.append({"kind": "npu", "vendor": "hexagon", "node": f"/dev/{node}", "model": "Qualcomm Hexagon"})
+            found.append(
+                {"kind": "npu", "vendor": "hexagon", "node": f"/dev/{node}", "model": "Qualcomm Hexagon"}
+            )
             break
     if (dev / "rknpu").exists() or any((root / "sys/class/devfreq").glob("*.npu")):
         found.append({"kind": "npu", "vendor": "rknpu", "node": "/dev/rknpu", "model": "Rockchip NPU"})
     for acc in sorted(dev.glob("accel/accel*")):
         driver = Path(os.path.realpath(root / f"sys/class/accel/{acc.name}/device/driver")).name
-        found.append({"kind": "npu", "vendor": driver or "accel", "node": f"/dev/accel/{acc.name}", "model": driver})
+        found.append(
+            {"kind": "npu", "vendor": driver or "accel", "node": f"/dev/accel/{acc.name}", "model": driver}
+        )
     if (dev / "apex_0").exists():
         found.append({"kind": "npu", "vendor": "edgetpu", "node": "/dev/apex_0", "model": "Coral Edge TPU"})
     found += _nvidia_smi(root)
@@ -168,15 +227,26 @@ def _nvidia_smi(root: Path) -> list[dict[str, Any]]:
     if exe is None:
         return []
     try:
-        out = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=15).stdout
+        out = subprocess.run(
+            [exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     gpus = []
     for i, line in enumerate(out.strip().splitlines()):
         name, _, mem = line.partition(",")
-        gpus.append({"kind": "gpu", "vendor": "nvidia", "node": f"/dev/nvidia{i}", "model": name.strip(),
-                     "memory_mb": float(mem) if mem.strip().replace(".", "", 1).isdigit() else None})
+        gpus.append(
+            {
+                "kind": "gpu",
+                "vendor": "nvidia",
+                "node": f"/dev/nvidia{i}",
+                "model": name.strip(),
+                "memory_mb": float(mem) if mem.strip().replace(".", "", 1).isdigit() else None,
+            }
+        )
     return gpus
 
 
@@ -208,7 +278,8 @@ def probe(root: str | os.PathLike = "/") -> dict[str, Any]:
         "python": platform.python_version(),
         "python_executable": sys.executable,
         "android": (r / "system/build.prop").exists() or "ANDROID_ROOT" in os.environ and live,
-        "termux": "com.termux" in (os.environ.get("PREFIX", "") if live else "") or "com.termux" in sys.executable,
+        "termux": "com.termux" in (os.environ.get("PREFIX", "") if live else "")
+        or "com.termux" in sys.executable,
         "cpus": cpus,
         "cpu_source": source,
         "usable_cpus": usable,
@@ -218,5 +289,9 @@ def probe(root: str | os.PathLike = "/") -> dict[str, Any]:
         "modules": module_versions(),
         "ort_providers": providers,
         "ort_error": ort_error,
-        "power": {"source": rails.source, "rails": [x.name for x in rails.rails], "skipped": list(rails.skipped)},
+        "power": {
+            "source": rails.source,
+            "rails": [x.name for x in rails.rails],
+            "skipped": list(rails.skipped),
+        },
     }

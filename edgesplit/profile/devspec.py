@@ -21,17 +21,62 @@ _TVM_EXCLUDE = ["LSTM", "GRU", "RNN", "Loop", "Scan", "If"]
 
 # vendor -> (execution provider, options, peak GFLOP/s, GB/s, active W, idle W, what the EP needs)
 _ACCEL: dict[str, tuple[str, dict[str, str], float, float, float, float, str]] = {
-    "adreno": ("QNNExecutionProvider", {"backend_path": "libQnnGpu.so"}, 1000, 30, 3.0, 0.1,
-               "onnxruntime-qnn (the QNN GPU backend)"),
-    "mali": ("NnapiExecutionProvider", {}, 500, 20, 2.5, 0.1, "an onnxruntime build with NNAPI (Android) or ACL"),
-    "jetson": ("CUDAExecutionProvider", {}, 1000, 60, 10.0, 1.0, "onnxruntime-gpu built for JetPack (NVIDIA's wheel)"),
-    "nvdla": ("TensorrtExecutionProvider", {"trt_dla_enable": "1"}, 2000, 60, 2.0, 0.1,
-              "onnxruntime-gpu with TensorRT (JetPack)"),
+    "adreno": (
+        "QNNExecutionProvider",
+        {"backend_path": "libQnnGpu.so"},
+        1000,
+        30,
+        3.0,
+        0.1,
+        "onnxruntime-qnn (the QNN GPU backend)",
+    ),
+    "mali": (
+        "NnapiExecutionProvider",
+        {},
+        500,
+        20,
+        2.5,
+        0.1,
+        "an onnxruntime build with NNAPI (Android) or ACL",
+    ),
+    "jetson": (
+        "CUDAExecutionProvider",
+        {},
+        1000,
+        60,
+        10.0,
+        1.0,
+        "onnxruntime-gpu built for JetPack (NVIDIA's wheel)",
+    ),
+    "nvdla": (
+        "TensorrtExecutionProvider",
+        {"trt_dla_enable": "1"},
+        2000,
+        60,
+        2.0,
+        0.1,
+        "onnxruntime-gpu with TensorRT (JetPack)",
+    ),
     "nvidia": ("CUDAExecutionProvider", {}, 10000, 500, 200.0, 30.0, "onnxruntime-gpu"),
-    "hexagon": ("QNNExecutionProvider", {"backend_path": "libQnnHtp.so"}, 4000, 30, 2.0, 0.05,
-                "onnxruntime-qnn (the QNN HTP backend)"),
+    "hexagon": (
+        "QNNExecutionProvider",
+        {"backend_path": "libQnnHtp.so"},
+        4000,
+        30,
+        2.0,
+        0.05,
+        "onnxruntime-qnn (the QNN HTP backend)",
+    ),
     "rknpu": ("RknpuExecutionProvider", {}, 3000, 15, 2.0, 0.1, "an onnxruntime build with RKNPU"),
-    "intel_vpu": ("OpenVINOExecutionProvider", {"device_type": "NPU"}, 5000, 50, 5.0, 0.2, "onnxruntime-openvino"),
+    "intel_vpu": (
+        "OpenVINOExecutionProvider",
+        {"device_type": "NPU"},
+        5000,
+        50,
+        5.0,
+        0.2,
+        "onnxruntime-openvino",
+    ),
     "amdxdna": ("VitisAIExecutionProvider", {}, 5000, 50, 5.0, 0.2, "onnxruntime-vitisai (Ryzen AI)"),
 }
 
@@ -45,7 +90,9 @@ class DraftSpec:
     header: tuple[str, ...] = ()
 
 
-def _clusters(cpus: list[dict[str, Any]], usable: list[int] | None) -> list[tuple[int | None, list[dict[str, Any]]]]:
+def _clusters(
+    cpus: list[dict[str, Any]], usable: list[int] | None
+) -> list[tuple[int | None, list[dict[str, Any]]]]:
     """Cores grouped by max frequency, fastest first."""
     groups: dict[int | None, list[dict[str, Any]]] = {}
     for c in cpus:
@@ -58,7 +105,8 @@ def _clusters(cpus: list[dict[str, Any]], usable: list[int] | None) -> list[tupl
 
 def _names(n: int) -> list[str]:
     return {1: ["cpu"], 2: ["cpu_big", "cpu_little"], 3: ["cpu_prime", "cpu_big", "cpu_little"]}.get(
-        n, [f"cpu_c{i}" for i in range(n)])
+        n, [f"cpu_c{i}" for i in range(n)]
+    )
 
 
 def _core_flops(facts: Mapping[str, Any], part: str | None, slowest: bool) -> tuple[int, str]:
@@ -76,8 +124,14 @@ def _core_flops(facts: Mapping[str, Any], part: str | None, slowest: bool) -> tu
     return 8, "assumed 8 fp32 FLOPs/cycle (SSE)"
 
 
-def _cpu_processor(facts: Mapping[str, Any], key: str, khz: int | None, cores: list[dict[str, Any]],
-                   slowest: bool, comments: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+def _cpu_processor(
+    facts: Mapping[str, Any],
+    key: str,
+    khz: int | None,
+    cores: list[dict[str, Any]],
+    slowest: bool,
+    comments: dict[str, tuple[str, ...]],
+) -> dict[str, Any]:
     arm = str(facts.get("machine", "")).startswith(("aarch64", "arm64"))
     part = cores[0].get("part")
     fpc, why = _core_flops(facts, part, slowest)
@@ -86,18 +140,26 @@ def _cpu_processor(facts: Mapping[str, Any], key: str, khz: int | None, cores: l
     peak = round(len(ids) * ghz * fpc, 1)
     core_w = (0.3 if fpc <= 8 else 1.0 if fpc <= 16 else 2.0) if arm else 5.0
     p = f"processors.{key}"
-    desc = ARM_PARTS[part][0] if part in ARM_PARTS else (facts.get("cpu_model") or facts.get("machine", "cpu"))
+    desc = (
+        ARM_PARTS[part][0] if part in ARM_PARTS else (facts.get("cpu_model") or facts.get("machine", "cpu"))
+    )
     clock = f"{ghz:.2f} GHz" + ("" if khz else " (clock unknown: assumed)")
     comments[p] = (f"{len(ids)} x {desc} at {clock}, cores {ids} (from {facts.get('cpu_source')})",)
     n = f"{len(ids)} core" + ("s" if len(ids) > 1 else "")
     comments[f"{p}.peak_gflops"] = (f"Estimate: {n} x {ghz:.2f} GHz x {fpc}; {why}.",)
-    comments[f"{p}.mem_bandwidth_gbps"] = ("Estimate: not measured; a typical "
-                                           + ("LPDDR share for a mobile cluster." if arm else "DDR share.")
-                                           + " Replace with a STREAM-like measurement.",)
-    comments[f"{p}.active_w"] = (f"Estimate: ~{core_w:g} W per active core; replace with a power-rail measurement.",)
+    comments[f"{p}.mem_bandwidth_gbps"] = (
+        "Estimate: not measured; a typical "
+        + ("LPDDR share for a mobile cluster." if arm else "DDR share.")
+        + " Replace with a STREAM-like measurement.",
+    )
+    comments[f"{p}.active_w"] = (
+        f"Estimate: ~{core_w:g} W per active core; replace with a power-rail measurement.",
+    )
     idle_share = 10 if arm else 3
-    comments[f"{p}.idle_w"] = (f"Estimate: 1/{idle_share} of active power"
-                               + (" (mobile cores power-collapse when idle)." if arm else "."),)
+    comments[f"{p}.idle_w"] = (
+        f"Estimate: 1/{idle_share} of active power"
+        + (" (mobile cores power-collapse when idle)." if arm else "."),
+    )
     return {
         "kind": "cpu",
         "description": f"{len(ids)} x {desc}",
@@ -120,8 +182,10 @@ def _llvm_target(facts: Mapping[str, Any], part: str | None) -> dict[str, Any]:
             t["mattr"] = ["+neon", "+dotprod"]
         return t
     flags = set(facts.get("cpu_flags", []))
-    return {"kind": "llvm", "mcpu": "skylake-avx512" if "avx512f" in flags else "haswell" if "avx2" in flags
-            else "x86-64"}
+    return {
+        "kind": "llvm",
+        "mcpu": "skylake-avx512" if "avx512f" in flags else "haswell" if "avx2" in flags else "x86-64",
+    }
 
 
 def draft_spec(facts: Mapping[str, Any], name: str | None = None) -> DraftSpec:
@@ -136,15 +200,21 @@ def draft_spec(facts: Mapping[str, Any], name: str | None = None) -> DraftSpec:
         proc = _cpu_processor(facts, key, khz, cores, i == len(clusters) - 1 and len(clusters) > 1, comments)
         proc["backends"].append({"runtime": "ort", "provider": "CPUExecutionProvider"})
         if has_tvm:
-            proc["backends"].append({"runtime": "tvm", "target": _llvm_target(facts, cores[0].get("part")),
-                                     "ops": {"exclude": _TVM_EXCLUDE}})
+            proc["backends"].append(
+                {
+                    "runtime": "tvm",
+                    "target": _llvm_target(facts, cores[0].get("part")),
+                    "ops": {"exclude": _TVM_EXCLUDE},
+                }
+            )
         procs[key] = proc
     seen: dict[str, int] = {}
     for acc in facts.get("accelerators") or []:
         if acc["vendor"] not in _ACCEL:
             comments.setdefault("processors", ())
-            comments["processors"] += (f"{acc['model']} at {acc['node']}: no ONNX Runtime execution provider "
-                                       "drives it; left out.",)
+            comments["processors"] += (
+                f"{acc['model']} at {acc['node']}: no ONNX Runtime execution provider drives it; left out.",
+            )
             continue
         ep, options, gflops, gbps, active, idle, needs = _ACCEL[acc["vendor"]]
         kind = acc["kind"]
@@ -155,20 +225,33 @@ def draft_spec(facts: Mapping[str, Any], name: str | None = None) -> DraftSpec:
             backend["options"] = dict(options)
         here = providers is not None and ep in providers
         p = f"processors.{key}"
-        comments[p] = (f"{acc['model']} ({acc['node']}).",
-                       f"{ep} is {'available' if here else 'NOT available'} in the onnxruntime there"
-                       + ("." if here else f"; it needs {needs}."))
-        comments[f"{p}.peak_gflops"] = (f"Estimate: typical of a {acc['vendor']} {kind}; replace with a "
-                                        "datasheet figure.",)
+        comments[p] = (
+            f"{acc['model']} ({acc['node']}).",
+            f"{ep} is {'available' if here else 'NOT available'} in the onnxruntime there"
+            + ("." if here else f"; it needs {needs}."),
+        )
+        comments[f"{p}.peak_gflops"] = (
+            f"Estimate: typical of a {acc['vendor']} {kind}; replace with a datasheet figure.",
+        )
         comments[f"{p}.active_w"] = ("Estimate: replace with a power-rail measurement.",)
-        procs[key] = {"kind": kind, "description": str(acc["model"]), "peak_gflops": gflops,
-                      "mem_bandwidth_gbps": gbps, "launch_overhead_ms": 0.05, "active_w": active, "idle_w": idle,
-                      "backends": [backend]}
+        procs[key] = {
+            "kind": kind,
+            "description": str(acc["model"]),
+            "peak_gflops": gflops,
+            "mem_bandwidth_gbps": gbps,
+            "launch_overhead_ms": 0.05,
+            "active_w": active,
+            "idle_w": idle,
+            "backends": [backend],
+        }
         if acc.get("memory_mb"):
             procs[key]["memory_mb"] = acc["memory_mb"]
-    data: dict[str, Any] = {"name": name, "kind": "device",
-                            "description": f"{facts.get('hostname') or name}: {facts.get('machine')}, "
-                                           f"Python {facts.get('python')}, drafted by edgesplit devices detect"}
+    data: dict[str, Any] = {
+        "name": name,
+        "kind": "device",
+        "description": f"{facts.get('hostname') or name}: {facts.get('machine')}, "
+        f"Python {facts.get('python')}, drafted by edgesplit devices detect",
+    }
     if facts.get("memory_kb"):
         data["memory_mb"] = round(facts["memory_kb"] / 1024)
         comments["memory_mb"] = ("MemTotal from /proc/meminfo.",)
@@ -178,18 +261,25 @@ def draft_spec(facts: Mapping[str, Any], name: str | None = None) -> DraftSpec:
 
 def _header(facts: Mapping[str, Any]) -> tuple[str, ...]:
     mods = facts.get("modules") or {}
-    lines = [f"Drafted by `edgesplit devices detect` on {facts.get('ssh_target') or facts.get('hostname')}: "
-             f"{facts.get('system')} {facts.get('machine')}, Python {facts.get('python')} "
-             f"({facts.get('python_executable')}).",
-             "Runtimes there: " + ", ".join(f"{k} {v or 'MISSING'}" for k, v in mods.items()) + ".",
-             f"ONNX Runtime execution providers there: {', '.join(facts.get('ort_providers') or []) or 'none'}."]
+    lines = [
+        f"Drafted by `edgesplit devices detect` on {facts.get('ssh_target') or facts.get('hostname')}: "
+        f"{facts.get('system')} {facts.get('machine')}, Python {facts.get('python')} "
+        f"({facts.get('python_executable')}).",
+        "Runtimes there: " + ", ".join(f"{k} {v or 'MISSING'}" for k, v in mods.items()) + ".",
+        f"ONNX Runtime execution providers there: {', '.join(facts.get('ort_providers') or []) or 'none'}.",
+    ]
     if mods.get("onnxruntime") is None or facts.get("ort_providers") is None:
-        lines.append(f"onnxruntime is missing there ({facts.get('ort_error') or 'not installed'}); install it: "
-                     + install_hint(facts))
+        lines.append(
+            f"onnxruntime is missing there ({facts.get('ort_error') or 'not installed'}); install it: "
+            + install_hint(facts)
+        )
     power = facts.get("power") or {}
-    lines.append(f"Power rails: {power.get('source')} ({', '.join(power.get('rails', []))}): profiles there measure "
-                 "energy." if power.get("source") else
-                 "Power rails: none readable, so profiles there model energy from active_w below.")
+    lines.append(
+        f"Power rails: {power.get('source')} ({', '.join(power.get('rails', []))}): profiles there measure "
+        "energy."
+        if power.get("source")
+        else "Power rails: none readable, so profiles there model energy from active_w below."
+    )
     lines.append("Figures marked 'Estimate' are not measured: check them before trusting a plan.")
     return tuple(lines)
 
@@ -208,9 +298,11 @@ def install_hint(facts: Mapping[str, Any], version: str | None = None) -> str:
     cmd = f"{py} -m pip install onnxruntime" + (f"=={version}" if version else "")
     machine = str(facts.get("machine", ""))
     if facts.get("termux") or facts.get("android"):
-        return (f"PyPI has no onnxruntime wheel for Termux/Android (bionic libc); build it from source "
-                f"(onnxruntime's build.sh --android) or use a glibc userland (proot-distro install debian), "
-                f"where `{cmd}` works on {machine}")
+        return (
+            f"PyPI has no onnxruntime wheel for Termux/Android (bionic libc); build it from source "
+            f"(onnxruntime's build.sh --android) or use a glibc userland (proot-distro install debian), "
+            f"where `{cmd}` works on {machine}"
+        )
     if machine.startswith(("armv7", "armv6", "arm")) and not machine.startswith("arm64"):
         return f"PyPI has no onnxruntime wheel for 32-bit Arm ({machine}); build it from source"
     return cmd
@@ -223,8 +315,9 @@ def render(draft: DraftSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _emit_mapping(lines: list[str], data: Mapping[str, Any], path: str, indent: int,
-                  comments: Mapping[str, tuple[str, ...]]) -> None:
+def _emit_mapping(
+    lines: list[str], data: Mapping[str, Any], path: str, indent: int, comments: Mapping[str, tuple[str, ...]]
+) -> None:
     pad = " " * indent
     for key, value in data.items():
         kp = f"{path}.{key}" if path else key

@@ -48,11 +48,20 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "jobs": {"type": "integer", "minimum": 1, "maximum": 256},
         "defaults": {"type": "object", "additionalProperties": False, "properties": _OPTION_KEYS},
-        "hosts": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "additionalProperties": False, "required": ["name", "remote"],
-            "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
-                           "remote": {"type": "string"}, **_OPTION_KEYS},
-        }},
+        "hosts": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "remote"],
+                "properties": {
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+                    "remote": {"type": "string"},
+                    **_OPTION_KEYS,
+                },
+            },
+        },
     },
 }
 
@@ -103,11 +112,15 @@ def load_fleet(path: str | Path, base: SshOptions | None = None) -> Fleet:
         data = yaml.safe_load(p.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise InputError(f"{p}: cannot read the fleet file ({str(e).splitlines()[0]})") from e
-    errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data),
-                    key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(
+        jsonschema.Draft202012Validator(SCHEMA).iter_errors(data),
+        key=lambda e: list(map(str, e.absolute_path)),
+    )
     if errors:
         msgs = [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:5]]
-        raise InputError(f"{p}: " + "; ".join(msgs) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
+        raise InputError(
+            f"{p}: " + "; ".join(msgs) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else "")
+        )
     names = [h["name"] for h in data["hosts"]]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
@@ -124,7 +137,9 @@ def load_fleet(path: str | Path, base: SshOptions | None = None) -> Fleet:
             problems.append(f"hosts.{i}.remote: {e}")
             continue
         fields = {k: merged[k] for k in _OPTION_KEYS if k in merged and k != "device"}
-        hosts.append(FleetHost(h["name"], target, dataclasses.replace(base, **fields), merged.get("device", "host")))
+        hosts.append(
+            FleetHost(h["name"], target, dataclasses.replace(base, **fields), merged.get("device", "host"))
+        )
     if problems:
         raise InputError(f"{p}: " + "; ".join(problems))
     return Fleet(str(p), tuple(hosts), int(data.get("jobs", 4)))
@@ -176,17 +191,47 @@ def profile_fleet(
 
         try:
             prof = profile_remote(
-                model, h.target, h.opts, output=path, device=specs[h.device], input_shapes=input_shapes,
-                backends=backends, processors=processors, runs=runs, warmup=warmup, resume=resume, on_event=watch,
+                model,
+                h.target,
+                h.opts,
+                output=path,
+                device=specs[h.device],
+                input_shapes=input_shapes,
+                backends=backends,
+                processors=processors,
+                runs=runs,
+                warmup=warmup,
+                resume=resume,
+                on_event=watch,
             )
-            res = HostResult(h.name, str(h.target), True, str(path), elapsed_s=time.perf_counter() - started,
-                             entries=len(prof.entries), reused=len(reused), energy=prof.energy)
+            res = HostResult(
+                h.name,
+                str(h.target),
+                True,
+                str(path),
+                elapsed_s=time.perf_counter() - started,
+                entries=len(prof.entries),
+                reused=len(reused),
+                energy=prof.energy,
+            )
         except EdgesplitError as e:
-            res = HostResult(h.name, str(h.target), False, error=str(e), exit_code=e.exit_code,
-                             elapsed_s=time.perf_counter() - started)
+            res = HostResult(
+                h.name,
+                str(h.target),
+                False,
+                error=str(e),
+                exit_code=e.exit_code,
+                elapsed_s=time.perf_counter() - started,
+            )
         except Exception as e:  # noqa: BLE001 - one host's bug must not take the others down
-            res = HostResult(h.name, str(h.target), False, error=f"{type(e).__name__}: {e}", exit_code=1,
-                             elapsed_s=time.perf_counter() - started)
+            res = HostResult(
+                h.name,
+                str(h.target),
+                False,
+                error=f"{type(e).__name__}: {e}",
+                exit_code=1,
+                elapsed_s=time.perf_counter() - started,
+            )
         if on_event is not None:
             on_event(h.name, {"event": "done", "result": res})
         return res

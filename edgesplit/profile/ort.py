@@ -134,27 +134,50 @@ def profile_ort(
     """
     started = time.perf_counter()
     feeds = random_inputs(graph)
-    unsupported = {n.name: f"{n.op_type} not supported by {processor.name}"
-                   for n in graph.nodes if not processor.supports(n.op_type)}
+    unsupported = {
+        n.name: f"{n.op_type} not supported by {processor.name}"
+        for n in graph.nodes
+        if not processor.supports(n.op_type)
+    }
     if unsupported:
-        return ProcessorProfile(processor.name, backend.key, MEASURED, {}, unsupported,
-                                note="some ops are not supported; measured per part only")
+        return ProcessorProfile(
+            processor.name,
+            backend.key,
+            MEASURED,
+            {},
+            unsupported,
+            note="some ops are not supported; measured per part only",
+        )
     total = runs * 2 + warmup * 2
     tick = _ticker(progress, f"{processor.name}/ort", total)
     notes: list[str] = []
     # The processor's worker thread, set up like the runtime's (pinned, throttled): the sessions
     # are built on it, so ORT's threads inherit its setup, and whole-model runs are timed from
     # this thread through a hand-off to it, as a bundle's part is.
-    with ThreadPoolExecutor(1, initializer=lambda: notes.extend(configure_thread(
-            processor.name, processor.cores, processor.cpu_quota_pct))) as worker, \
-            tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp:
+    with (
+        ThreadPoolExecutor(
+            1,
+            initializer=lambda: notes.extend(
+                configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
+            ),
+        ) as worker,
+        tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp,
+    ):
         opt_path = os.path.join(tmp, "optimized.onnx")
-        sess, trivial, psess = worker.submit(lambda: (
-            make_session(graph.model, processor, backend),
-            make_session(_trivial_model(), processor, backend),
-            make_session(graph.model, processor, backend, enable_profiling=True,
-                         profile_file_prefix=os.path.join(tmp, "trace"), optimized_model_filepath=opt_path),
-        )).result()
+        sess, trivial, psess = worker.submit(
+            lambda: (
+                make_session(graph.model, processor, backend),
+                make_session(_trivial_model(), processor, backend),
+                make_session(
+                    graph.model,
+                    processor,
+                    backend,
+                    enable_profiling=True,
+                    profile_file_prefix=os.path.join(tmp, "trace"),
+                    optimized_model_filepath=opt_path,
+                ),
+            )
+        ).result()
         # One phase after the other, not alternating: an idle ORT session's threads spin for a
         # while after each run and would slow the other session down.
         whole = time_runs(lambda: (worker.submit(sess.run, None, feeds).result(), tick()), runs, warmup)
@@ -166,9 +189,15 @@ def profile_ort(
     nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
     med, p90 = _percentiles(whole)
     return ProcessorProfile(
-        processor=processor.name, backend=backend.key, source=MEASURED, nodes=nodes,
-        whole_model_ms=med, whole_model_p90_ms=p90, elapsed_s=time.perf_counter() - started,
-        note="; ".join(notes), dispatch_ms=round(dispatch, 6),
+        processor=processor.name,
+        backend=backend.key,
+        source=MEASURED,
+        nodes=nodes,
+        whole_model_ms=med,
+        whole_model_p90_ms=p90,
+        elapsed_s=time.perf_counter() - started,
+        note="; ".join(notes),
+        dispatch_ms=round(dispatch, 6),
     )
 
 
@@ -176,14 +205,22 @@ def _trivial_model() -> onnx.ModelProto:
     """One Neg on one float: what a part costs to dispatch, almost without compute."""
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
-    m = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Neg", ["x"], ["y"])], "t", [x], [y]),
-                               opset_imports=[onnx.helper.make_opsetid("", 17)])
+    m = onnx.helper.make_model(
+        onnx.helper.make_graph([onnx.helper.make_node("Neg", ["x"], ["y"])], "t", [x], [y]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)],
+    )
     m.ir_version = 8
     return m
 
 
-def _attribute(graph: ModelGraph, processor: Processor, optimized: onnx.GraphProto,
-               kernels: dict[str, list[float]], warmup: int, runs: int) -> dict[str, NodeCost]:
+def _attribute(
+    graph: ModelGraph,
+    processor: Processor,
+    optimized: onnx.GraphProto,
+    kernels: dict[str, list[float]],
+    warmup: int,
+    runs: int,
+) -> dict[str, NodeCost]:
     share: dict[int, np.ndarray] = {}
     for names, covered in map_regions(graph, optimized):
         per_run = np.zeros(runs)

@@ -108,13 +108,13 @@ def _hwmon(root: Path, skipped: list[str]) -> list[Rail]:
         chip = _text(d / "name") or d.name
         found: list[tuple[str, Rail]] = []
         for p in sorted(d.glob("power*_input")):
-            k = p.name[len("power"):-len("_input")]
+            k = p.name[len("power") : -len("_input")]
             label = _text(d / f"power{k}_label") or f"power{k}"
             if _readable([p], skipped, f"hwmon:{chip}:{label}"):
                 found.append((label, Rail(f"hwmon:{chip}:{label}", POWER, (p,), 1e-6)))
         if not found and chip.lower().startswith("ina"):
             for v in sorted(d.glob("in*_input")):
-                k = v.name[len("in"):-len("_input")]
+                k = v.name[len("in") : -len("_input")]
                 c = d / f"curr{k}_input"
                 if not c.exists():
                     continue
@@ -162,8 +162,9 @@ class PowerSampler:
     exactly there. ``clock`` is injectable for tests.
     """
 
-    def __init__(self, rails: Rails, interval_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, rails: Rails, interval_s: float | None = None, clock: Callable[[], float] = time.monotonic
+    ):
         self.rails = rails
         # Counters only need reading often enough not to miss a wrap; readings need a denser grid.
         self.interval_s = interval_s or (0.05 if any(r.kind == POWER for r in rails.rails) else 0.25)
@@ -242,6 +243,7 @@ def _interp(series: list[tuple[float, float]], t: float) -> float:
 
 def _integral(series: list[tuple[float, float]], t0: float, t1: float) -> float:
     """Integral over ``[t0, t1]`` of the readings, linear between them, constant beyond the ends."""
+
     def at(t: float) -> float:
         if t <= series[0][0]:
             return series[0][1]

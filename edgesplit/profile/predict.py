@@ -38,7 +38,11 @@ def roofline_ms(node: Node, processor: Processor, graph: ModelGraph | None = Non
     if _depthwise(node, graph):
         eff = 0.1
     compute_ms = node.flops / (processor.peak_gflops * 1e9 * eff) * 1e3
-    memory_ms = (node.bytes_read + node.bytes_written) / (processor.mem_bandwidth_gbps * 1e9 * _MEMORY_EFFICIENCY) * 1e3
+    memory_ms = (
+        (node.bytes_read + node.bytes_written)
+        / (processor.mem_bandwidth_gbps * 1e9 * _MEMORY_EFFICIENCY)
+        * 1e3
+    )
     return processor.launch_overhead_ms + max(compute_ms, memory_ms)
 
 
@@ -48,8 +52,13 @@ def predict(graph: ModelGraph, processor: Processor, backend: Backend) -> Proces
     nodes: dict[str, NodeCost] = {}
     unsupported: dict[str, str] = {}
     for node in graph.nodes:
-        dtypes = tuple(dict.fromkeys(graph.tensors[t].dtype for t in node.inputs
-                                     if t in graph.tensors and not graph.tensors[t].is_weight))
+        dtypes = tuple(
+            dict.fromkeys(
+                graph.tensors[t].dtype
+                for t in node.inputs
+                if t in graph.tensors and not graph.tensors[t].is_weight
+            )
+        )
         if not processor.supports(node.op_type, dtypes):
             unsupported[node.name] = f"{node.op_type} is not supported by {processor.name}"
             continue
@@ -57,8 +66,17 @@ def predict(graph: ModelGraph, processor: Processor, backend: Backend) -> Proces
             unsupported[node.name] = f"{node.op_type} is not supported by {processor.name}/{backend.key}"
             continue
         ms = roofline_ms(node, processor, graph)
-        nodes[node.name] = NodeCost(round(ms, 6), round(ms, 6), PREDICTED, round(ms * processor.active_w, 6), 0)
+        nodes[node.name] = NodeCost(
+            round(ms, 6), round(ms, 6), PREDICTED, round(ms * processor.active_w, 6), 0
+        )
     whole = sum(c.latency_ms for c in nodes.values()) if not unsupported else None
-    return ProcessorProfile(processor.name, backend.key, PREDICTED, nodes, unsupported,
-                            whole_model_ms=whole, whole_model_p90_ms=whole,
-                            elapsed_s=time.perf_counter() - started)
+    return ProcessorProfile(
+        processor.name,
+        backend.key,
+        PREDICTED,
+        nodes,
+        unsupported,
+        whole_model_ms=whole,
+        whole_model_p90_ms=whole,
+        elapsed_s=time.perf_counter() - started,
+    )

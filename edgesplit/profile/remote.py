@@ -45,8 +45,10 @@ def pip_hint(python: str, missing: Sequence[str], machine: str = "", android: bo
             pins.append(m)
     hint = f"{python} -m pip install {' '.join(pins)}"
     if "onnxruntime" in missing and (android or machine.startswith(("armv7", "armv6", "armhf"))):
-        hint += (" (PyPI has no onnxruntime wheel for Termux/Android or 32-bit ARM: build it from source, "
-                 "or run a glibc aarch64 userland such as proot-distro's Debian, where the pip wheel works)")
+        hint += (
+            " (PyPI has no onnxruntime wheel for Termux/Android or 32-bit ARM: build it from source, "
+            "or run a glibc aarch64 userland such as proot-distro's Debian, where the pip wheel works)"
+        )
     return hint
 
 
@@ -74,8 +76,9 @@ class AgentSession:
             self.stage = "starting the agent"
             self.chan = self.client.get_transport().open_session(timeout=self.opts.connect_timeout_s)
             self.chan.settimeout(self.opts.step_timeout_s)
-            self.chan.exec_command(remote_command(self.opts.remote_python, self.opts.remote_tmpdir,
-                                                  self.opts.remote_env))
+            self.chan.exec_command(
+                remote_command(self.opts.remote_python, self.opts.remote_tmpdir, self.opts.remote_env)
+            )
             agent = build_agent()
             self._send(f"{len(agent)}\n".encode() + agent)
             self.ready = self.expect("ready")
@@ -126,8 +129,10 @@ class AgentSession:
         try:
             self.chan.sendall(data)
         except TimeoutError as e:
-            raise RemoteError(f"{self.target}: the agent took no input for {self.opts.step_timeout_s:g} s "
-                              f"while {self.stage} (step timeout)") from e
+            raise RemoteError(
+                f"{self.target}: the agent took no input for {self.opts.step_timeout_s:g} s "
+                f"while {self.stage} (step timeout)"
+            ) from e
         except Exception as e:  # noqa: BLE001 - EOFError, OSError, paramiko's SSHException
             raise self._broken() from e
 
@@ -155,18 +160,27 @@ class AgentSession:
     def _broken(self) -> RemoteError:
         chan = self.chan
         deadline = time.monotonic() + 2.0  # an exit status follows the end of output closely
-        while chan is not None and self._alive() and not chan.exit_status_ready() and time.monotonic() < deadline:
+        while (
+            chan is not None
+            and self._alive()
+            and not chan.exit_status_ready()
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.02)
         if chan is None or not self._alive() or not chan.exit_status_ready():
             return RemoteError(f"{self.target}: connection dropped while {self.stage}")
         code = chan.recv_exit_status()
         tail = self._stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
         if code == EXIT_NO_PYTHON:
-            return RemoteError(f"{self.target}: remote Python '{self.opts.remote_python}' not found "
-                               f"(pass --remote-python PATH)")
+            return RemoteError(
+                f"{self.target}: remote Python '{self.opts.remote_python}' not found "
+                f"(pass --remote-python PATH)"
+            )
         if code == EXIT_MKTEMP:
             return RemoteError(f"{self.target}: cannot make a temporary folder with mktemp -d ({tail[0]})")
-        return RemoteError(f"{self.target}: the agent ended (exit {code}) while {self.stage}: {tail[0][:300]}")
+        return RemoteError(
+            f"{self.target}: the agent ended (exit {code}) while {self.stage}: {tail[0][:300]}"
+        )
 
     def _pump(self, timeout: float) -> bool:
         """Read what is there within ``timeout``; False at end of output."""
@@ -195,7 +209,7 @@ class AgentSession:
             if b"\n" in self._buf:
                 line, self._buf = self._buf.split(b"\n", 1)
                 if line.startswith(HELLO) and self._shell is None:
-                    pid, _, folder = line[len(HELLO):].decode(errors="replace").partition(" ")
+                    pid, _, folder = line[len(HELLO) :].decode(errors="replace").partition(" ")
                     self._shell = (pid, folder)
                     continue
                 try:
@@ -209,8 +223,10 @@ class AgentSession:
             if now >= deadline:
                 if quiet:
                     return None
-                raise RemoteError(f"{self.target}: no word from the agent for {self.opts.step_timeout_s:g} s "
-                                  f"while {self.stage} (step timeout)")
+                raise RemoteError(
+                    f"{self.target}: no word from the agent for {self.opts.step_timeout_s:g} s "
+                    f"while {self.stage} (step timeout)"
+                )
             if not self._pump(min(0.5, deadline - now)):
                 if quiet:
                     return None
@@ -236,10 +252,16 @@ class AgentSession:
 
     def _agent_error(self, ev: dict[str, Any]) -> EdgesplitError:
         if ev.get("type") == "MissingModules":
-            hint = pip_hint(self.opts.remote_python, ev.get("missing", []), self.ready.get("machine", ""),
-                            "com.termux" in self.ready.get("python", ""))
-            return RemoteError(f"{self.target}: the remote Python lacks {', '.join(ev['missing'])}; "
-                               f"install them there: {hint}")
+            hint = pip_hint(
+                self.opts.remote_python,
+                ev.get("missing", []),
+                self.ready.get("machine", ""),
+                "com.termux" in self.ready.get("python", ""),
+            )
+            return RemoteError(
+                f"{self.target}: the remote Python lacks {', '.join(ev['missing'])}; "
+                f"install them there: {hint}"
+            )
         err = RemoteError(f"{self.target}: {ev.get('message', 'the agent failed')}")
         err.exit_code = int(ev.get("exit_code", 1))
         return err
@@ -285,13 +307,28 @@ def profile_remote(
     prof: Profile | None = None
     try:
         with AgentSession(tgt, opts, on_event) as s:
-            prof = _run_profile(s, model, sha, spec, part, entries, progress, input_shapes=input_shapes,
-                                backends=backends, processors=processors, runs=runs, warmup=warmup, done=done)
+            prof = _run_profile(
+                s,
+                model,
+                sha,
+                spec,
+                part,
+                entries,
+                progress,
+                input_shapes=input_shapes,
+                backends=backends,
+                processors=processors,
+                runs=runs,
+                warmup=warmup,
+                done=done,
+            )
     except RemoteError as e:
         if entries:
             one = len(entries) == 1
-            raise RemoteError(f"{e}; {', '.join(entries)} {'is' if one else 'are'} saved in {part}: "
-                              f"rerun with --resume to keep {'it' if one else 'them'}") from e
+            raise RemoteError(
+                f"{e}; {', '.join(entries)} {'is' if one else 'are'} saved in {part}: "
+                f"rerun with --resume to keep {'it' if one else 'them'}"
+            ) from e
         raise
     if prof.model_sha256 != sha:
         raise RemoteError(f"{tgt}: the profile is of another model (sha256 {prof.model_sha256[:12]})")
@@ -300,20 +337,40 @@ def profile_remote(
     return prof
 
 
-def _run_profile(s: AgentSession, model: Path, sha: str, spec: Mapping[str, Any], part: Path,
-                 entries: dict[str, ProcessorProfile], progress: Progress | None, *,
-                 input_shapes: Mapping[str, Sequence[int]] | None, backends: Sequence[str] | None,
-                 processors: Sequence[str] | None, runs: int, warmup: int,
-                 done: Sequence[ProcessorProfile]) -> Profile:
+def _run_profile(
+    s: AgentSession,
+    model: Path,
+    sha: str,
+    spec: Mapping[str, Any],
+    part: Path,
+    entries: dict[str, ProcessorProfile],
+    progress: Progress | None,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    backends: Sequence[str] | None,
+    processors: Sequence[str] | None,
+    runs: int,
+    warmup: int,
+    done: Sequence[ProcessorProfile],
+) -> Profile:
     from edgesplit.profile.steps import entry_from_json, entry_to_json
 
     s.stage = f"uploading {model.name}"
     s.upload(model, "model.onnx", progress)
     s.stage = "profiling"
-    s.send("profile", model="model.onnx", display=str(model), model_name=_model_name(model),
-           input_shapes={k: list(v) for k, v in (input_shapes or {}).items()}, device=spec,
-           backends=list(backends or []), processors=list(processors or []), runs=runs, warmup=warmup,
-           done=[entry_to_json(e) for e in done])
+    s.send(
+        "profile",
+        model="model.onnx",
+        display=str(model),
+        model_name=_model_name(model),
+        input_shapes={k: list(v) for k, v in (input_shapes or {}).items()},
+        device=spec,
+        backends=list(backends or []),
+        processors=list(processors or []),
+        runs=runs,
+        warmup=warmup,
+        done=[entry_to_json(e) for e in done],
+    )
     for ev in s.events():
         kind = ev.get("event")
         if kind == "progress" and progress is not None:
@@ -324,8 +381,15 @@ def _run_profile(s: AgentSession, model: Path, sha: str, spec: Mapping[str, Any]
             e = entry_from_json(ev["entry"])
             entries[e.key] = e
             s.stage = f"profiling (after {e.key})"
-            save_partial(part, sha, _model_name(model), str(spec.get("name", "")), input_shapes, entries.values(),
-                         str(s.target))
+            save_partial(
+                part,
+                sha,
+                _model_name(model),
+                str(spec.get("name", "")),
+                input_shapes,
+                entries.values(),
+                str(s.target),
+            )
         elif kind == "result":
             return Profile.from_json(ev["profile"], str(s.target))
     raise AssertionError("unreachable: events() ends only by raising")

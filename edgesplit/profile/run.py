@@ -24,7 +24,11 @@ def versions() -> dict[str, str]:
     import onnx
     import onnxruntime
 
-    out = {"python": platform.python_version(), "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+    out = {
+        "python": platform.python_version(),
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
     try:
         import tvm
 

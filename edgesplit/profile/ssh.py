@@ -25,8 +25,10 @@ from edgesplit.util import atomic_write_text
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 PASSPHRASE_ENV = "EDGESPLIT_SSH_PASSPHRASE"
-_TARGET = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^@\s:\[\]]+))"
-                     r"(?::(?P<port>\d{1,5}))?$")
+_TARGET = re.compile(
+    r"^(?:(?P<user>[^@\s]+)@)?(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^@\s:\[\]]+))"
+    r"(?::(?P<port>\d{1,5}))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -144,12 +146,16 @@ def _load_identity(path: str):
         # cryptography raises TypeError("Key is password-protected, ...") for new-format keys
         if isinstance(e, TypeError) and "password-protected" not in str(e):
             raise InputError(f"--identity {path}: cannot read the key ({e})") from e
-        raise InputError(f"--identity {path}: the key is encrypted; load it into ssh-agent (ssh-add) "
-                         f"or set {PASSPHRASE_ENV}") from None
+        raise InputError(
+            f"--identity {path}: the key is encrypted; load it into ssh-agent (ssh-add) "
+            f"or set {PASSPHRASE_ENV}"
+        ) from None
     except (paramiko.SSHException, ValueError, OSError) as e:
         if secret:
-            raise InputError(f"--identity {path}: cannot open the key with the passphrase in {PASSPHRASE_ENV} "
-                             "(wrong passphrase?)") from e
+            raise InputError(
+                f"--identity {path}: cannot open the key with the passphrase in {PASSPHRASE_ENV} "
+                "(wrong passphrase?)"
+            ) from e
         raise InputError(f"--identity {path}: cannot read the key ({e})") from e
 
 
@@ -175,9 +181,16 @@ def connect(target: Target, opts: SshOptions):
     t = opts.connect_timeout_s
     try:
         client.connect(
-            target.host, port=target.port, username=target.user, pkey=pkey,
-            allow_agent=pkey is None, look_for_keys=pkey is None,
-            timeout=t, banner_timeout=t, auth_timeout=t, channel_timeout=t,
+            target.host,
+            port=target.port,
+            username=target.user,
+            pkey=pkey,
+            allow_agent=pkey is None,
+            look_for_keys=pkey is None,
+            timeout=t,
+            banner_timeout=t,
+            auth_timeout=t,
+            channel_timeout=t,
         )
     except Exception as e:
         client.close()
@@ -207,8 +220,10 @@ def _connect_error(target: Target, opts: SshOptions, e: Exception) -> RemoteErro
         how = f"key {opts.identity}" if opts.identity else "the SSH agent and ~/.ssh/id_* keys"
         return RemoteError(f"{target}: authentication failed with {how} ({e})")
     if isinstance(e, paramiko.SSHException) and "No authentication methods available" in str(e):
-        return RemoteError(f"{target}: authentication failed: no key to offer (the SSH agent has none and there is "
-                           "no ~/.ssh/id_*); pass --identity KEY or load a key with ssh-add")
+        return RemoteError(
+            f"{target}: authentication failed: no key to offer (the SSH agent has none and there is "
+            "no ~/.ssh/id_*); pass --identity KEY or load a key with ssh-add"
+        )
     if isinstance(e, socket.gaierror):
         return RemoteError(f"{target}: cannot resolve host '{target.host}' ({e.strerror})")
     if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):

@@ -44,14 +44,22 @@ def device_from_dict(data: Mapping[str, Any], source: str = "<spec>", *, local: 
 
         data = detect_host(data)
     procs = tuple(_processor(n, d, source) for n, d in data["processors"].items())
-    links = {tuple(link["between"]): (float(link["bandwidth_gbps"]), float(link["latency_ms"]))
-             for link in data.get("links", [])}
+    links = {
+        tuple(link["between"]): (float(link["bandwidth_gbps"]), float(link["latency_ms"]))
+        for link in data.get("links", [])
+    }
     dl = data.get("default_link", {"bandwidth_gbps": 10.0, "latency_ms": 0.02})
     return DeviceSpec(
-        name=data["name"], kind=data["kind"], processors=procs, path=source,
-        description=data.get("description", ""), memory_mb=data.get("memory_mb"), links=links,
+        name=data["name"],
+        kind=data["kind"],
+        processors=procs,
+        path=source,
+        description=data.get("description", ""),
+        memory_mb=data.get("memory_mb"),
+        links=links,
         default_link=(float(dl["bandwidth_gbps"]), float(dl["latency_ms"])),
-        servers=tuple(data.get("servers", ())), local=local,
+        servers=tuple(data.get("servers", ())),
+        local=local,
     )
 
 
@@ -59,14 +67,23 @@ def pairs(device: DeviceSpec, backends: Sequence[str] | None, processors: Sequen
     """The ``processor/backend`` keys a profile of ``device`` has, in profile order."""
     for name in processors or ():
         device.processor(name)  # raises on unknown names
-    return [f"{p.name}/{b.key}" for p in device.processors if not processors or p.name in processors
-            for b in p.backends if not backends or b.runtime in backends]
+    return [
+        f"{p.name}/{b.key}"
+        for p in device.processors
+        if not processors or p.name in processors
+        for b in p.backends
+        if not backends or b.runtime in backends
+    ]
 
 
 def with_energy(entry: ProcessorProfile, power_w: float, how: str) -> ProcessorProfile:
     """``entry`` with each measured node's energy = ``power_w`` x its latency (W x ms = mJ)."""
-    nodes = {name: dataclasses.replace(c, energy_mj=round(power_w * c.latency_ms, 6)) if c.source == MEASURED
-             else c for name, c in entry.nodes.items()}
+    nodes = {
+        name: dataclasses.replace(c, energy_mj=round(power_w * c.latency_ms, 6))
+        if c.source == MEASURED
+        else c
+        for name, c in entry.nodes.items()
+    }
     note = "; ".join(x for x in (entry.note, how) if x)
     return dataclasses.replace(entry, nodes=nodes, note=note)
 
@@ -107,8 +124,13 @@ def profile_steps(
         window: dict[str, float] = {}
         with PowerSampler(rails) as sampler:
 
-            def tick(label: str, n: int, total: int, sampler: PowerSampler = sampler,
-                     window: dict[str, float] = window) -> None:
+            def tick(
+                label: str,
+                n: int,
+                total: int,
+                sampler: PowerSampler = sampler,
+                window: dict[str, float] = window,
+            ) -> None:
                 if rails and ("t0" not in window or n == total):
                     window.setdefault("t0", sampler.mark())
                     if n == total:
@@ -117,8 +139,9 @@ def profile_steps(
                     progress(label, n, total)
 
             start = sampler.mark()
-            meta = profile_model(graph, device, backends=[backend], processors=[proc], runs=runs,
-                                 warmup=warmup, progress=tick)
+            meta = profile_model(
+                graph, device, backends=[backend], processors=[proc], runs=runs, warmup=warmup, progress=tick
+            )
             end = sampler.mark()
         entry = meta.entries[0]
         if rails and entry.source == MEASURED and entry.nodes:
@@ -127,15 +150,20 @@ def profile_steps(
                 t0, t1 = start, end
             power_w = sampler.mean_power_w(t0, t1)
             if power_w is not None:
-                entry = with_energy(entry, power_w, f"energy measured: {rails.source} mean {power_w:.2f} W "
-                                                    f"over {t1 - t0:.1f} s")
+                entry = with_energy(
+                    entry,
+                    power_w,
+                    f"energy measured: {rails.source} mean {power_w:.2f} W over {t1 - t0:.1f} s",
+                )
                 measured_energy = True
         entries.append(entry)
         if on_entry is not None:
             on_entry(entry)
     if meta is None:  # everything came from ``done``: the metadata of a fresh, empty run
         meta = profile_model(graph, device, processors=[device.processors[0].name], backends=["none"])
-    return dataclasses.replace(meta, entries=tuple(entries), energy="measured" if measured_energy else "modelled")
+    return dataclasses.replace(
+        meta, entries=tuple(entries), energy="measured" if measured_energy else "modelled"
+    )
 
 
 def entry_from_json(d: Mapping[str, Any]) -> ProcessorProfile:
@@ -144,8 +172,10 @@ def entry_from_json(d: Mapping[str, Any]) -> ProcessorProfile:
         ProcessorProfile(d["processor"], d["backend"], d["source"], {}),
         nodes={k: NodeCost(**v) for k, v in d["nodes"].items()},
         unsupported=dict(d.get("unsupported", {})),
-        whole_model_ms=d.get("whole_model_ms"), whole_model_p90_ms=d.get("whole_model_p90_ms"),
-        note=d.get("note", ""), elapsed_s=d.get("elapsed_s", 0.0),
+        whole_model_ms=d.get("whole_model_ms"),
+        whole_model_p90_ms=d.get("whole_model_p90_ms"),
+        note=d.get("note", ""),
+        elapsed_s=d.get("elapsed_s", 0.0),
     )
 
 
@@ -158,13 +188,24 @@ def partial_path(output: str | os.PathLike) -> Path:
     return Path(f"{output}.partial")
 
 
-def save_partial(part: Path, sha256: str, model_name: str, device: str,
-                 input_shapes: Mapping[str, Sequence[int]] | None, entries: Iterable[ProcessorProfile],
-                 host: str = "") -> None:
+def save_partial(
+    part: Path,
+    sha256: str,
+    model_name: str,
+    device: str,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    entries: Iterable[ProcessorProfile],
+    host: str = "",
+) -> None:
     """Write the pairs finished so far as a profile (atomically), for ``--resume``."""
-    prof = Profile(model_sha256=sha256, model_name=model_name, device=device,
-                   input_shapes={k: tuple(v) for k, v in (input_shapes or {}).items()},
-                   entries=tuple(entries), host=host)
+    prof = Profile(
+        model_sha256=sha256,
+        model_name=model_name,
+        device=device,
+        input_shapes={k: tuple(v) for k, v in (input_shapes or {}).items()},
+        entries=tuple(entries),
+        host=host,
+    )
     atomic_write_text(part, json.dumps(prof.to_json(), indent=1) + "\n")
 
 

@@ -61,8 +61,10 @@ def time_vm(vm, dev, arrays: list[np.ndarray], runs: int) -> list[float]:
 
 def _signature(node: Node, proto: onnx.NodeProto, graph: ModelGraph) -> str:
     attrs = b"".join(a.SerializeToString() for a in proto.attribute)
-    ins = ";".join(f"{graph.tensors[t].shape}{graph.tensors[t].dtype}{'w' if graph.tensors[t].is_weight else ''}"
-                   for t in node.inputs)
+    ins = ";".join(
+        f"{graph.tensors[t].shape}{graph.tensors[t].dtype}{'w' if graph.tensors[t].is_weight else ''}"
+        for t in node.inputs
+    )
     return f"{node.op_type}|{attrs.hex()}|{ins}"
 
 
@@ -79,18 +81,28 @@ def profile_tvm(
     target = dict(backend.target or {"kind": "llvm"})
     label = f"{processor.name}/tvm"
     if target.get("kind") not in RUNNABLE_HERE or target.get("mtriple", "x86_64").split("-")[0] not in (
-        "x86_64", __import__("platform").machine()
+        "x86_64",
+        __import__("platform").machine(),
     ):
-        return ProcessorProfile(processor.name, backend.key, MEASURED, {}, {},
-                                note=f"target {target} does not run on this machine")
+        return ProcessorProfile(
+            processor.name,
+            backend.key,
+            MEASURED,
+            {},
+            {},
+            note=f"target {target} does not run on this machine",
+        )
     unsupported: dict[str, str] = {}
     nodes: dict[str, NodeCost] = {}
     note = ""
     whole_ms = whole_p90 = None
     cant = [n for n in graph.nodes if not backend.supports(n.op_type) or not processor.supports(n.op_type)]
     for n in cant:
-        unsupported[n.name] = f"TVM has no {n.op_type} converter" if not backend.supports(n.op_type) else (
-            f"{n.op_type} is not supported by {processor.name}")
+        unsupported[n.name] = (
+            f"TVM has no {n.op_type} converter"
+            if not backend.supports(n.op_type)
+            else (f"{n.op_type} is not supported by {processor.name}")
+        )
     if not cant:
         try:
             vm, dev = build_vm(graph.model, target)
@@ -118,13 +130,28 @@ def profile_tvm(
             nodes[node.name] = got
         if progress is not None:
             progress(label, k + 1, len(todo))
-    return ProcessorProfile(processor.name, backend.key, MEASURED, nodes, unsupported,
-                            whole_model_ms=whole_ms, whole_model_p90_ms=whole_p90, note=note,
-                            elapsed_s=time.perf_counter() - started)
+    return ProcessorProfile(
+        processor.name,
+        backend.key,
+        MEASURED,
+        nodes,
+        unsupported,
+        whole_model_ms=whole_ms,
+        whole_model_p90_ms=whole_p90,
+        note=note,
+        elapsed_s=time.perf_counter() - started,
+    )
 
 
-def _measure_node(graph: ModelGraph, node: Node, extractor, target, runs: int,
-                  rng: np.random.Generator, processor: Processor) -> NodeCost | str:
+def _measure_node(
+    graph: ModelGraph,
+    node: Node,
+    extractor,
+    target,
+    runs: int,
+    rng: np.random.Generator,
+    processor: Processor,
+) -> NodeCost | str:
     from edgesplit.model.feeds import random_tensor
 
     acts = [t for t in dict.fromkeys(node.inputs) if not graph.tensors[t].is_weight]

@@ -90,8 +90,15 @@ class LinkEstimator:
 class OffloadPolicy:
     """Chooses ``"remote"`` or ``"local"`` for one part from measured costs (see the module doc)."""
 
-    def __init__(self, nbytes: int, local_ms: float | None, *, hysteresis: float = 0.1,
-                 probe_interval_s: float = 1.0, max_probe_interval_s: float = 30.0):
+    def __init__(
+        self,
+        nbytes: int,
+        local_ms: float | None,
+        *,
+        hysteresis: float = 0.1,
+        probe_interval_s: float = 1.0,
+        max_probe_interval_s: float = 30.0,
+    ):
         self.nbytes = nbytes
         self.local_ms = local_ms
         self.hysteresis = hysteresis
@@ -140,7 +147,9 @@ class OffloadPolicy:
                 self._remote_ms = total_ms  # a probe: fresh news about a stale estimate, not one more sample
             else:
                 self._remote_ms = (1 - a) * self._remote_ms + a * total_ms
-            self._server_ms = server_ms if self._server_ms is None else (1 - a) * self._server_ms + a * server_ms
+            self._server_ms = (
+                server_ms if self._server_ms is None else (1 - a) * self._server_ms + a * server_ms
+            )
 
     def observed_local(self, ms: float) -> None:
         with self._lock:

@@ -65,8 +65,9 @@ class RunReport:
             atomic_write_bytes(Path(folder) / f"{name.replace('/', '_')}.npy", buf.getvalue())
 
 
-def benchmark(sess: Session, feeds: dict[str, np.ndarray], *, repeat: int = 20, warmup: int = 3,
-              stream: int = 0) -> RunReport:
+def benchmark(
+    sess: Session, feeds: dict[str, np.ndarray], *, repeat: int = 20, warmup: int = 3, stream: int = 0
+) -> RunReport:
     """Time ``repeat`` single requests (after ``warmup``), then optionally a stream of ``stream``."""
     outputs = sess.run(feeds)
     for _ in range(max(0, warmup - 1)):
@@ -85,6 +86,15 @@ def benchmark(sess: Session, feeds: dict[str, np.ndarray], *, repeat: int = 20, 
             pass
         per_s = stream / (time.perf_counter() - t0)
     predicted = sess.manifest.plan.get("predicted") or {}
-    return RunReport(stats, repeat, float(np.median(lat)), float(np.percentile(lat, 90)),
-                     predicted.get("latency_ms"), predicted.get("throughput_per_s"), sess.remote_stats(),
-                     stream, per_s, outputs)
+    return RunReport(
+        stats,
+        repeat,
+        float(np.median(lat)),
+        float(np.percentile(lat, 90)),
+        predicted.get("latency_ms"),
+        predicted.get("throughput_per_s"),
+        sess.remote_stats(),
+        stream,
+        per_s,
+        outputs,
+    )

@@ -67,8 +67,16 @@ class _Stale(Exception):
 class OipClient:
     """A thread-safe OIP v2 REST client for one server (``http://host:port[/prefix]``)."""
 
-    def __init__(self, url: str, *, token: str | None = None, connect_timeout_s: float = 1.0,
-                 timeout_s: float = 10.0, retries: int = 2, backoff_s: float = 0.05):
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        connect_timeout_s: float = 1.0,
+        timeout_s: float = 10.0,
+        retries: int = 2,
+        backoff_s: float = 0.05,
+    ):
         u = urlsplit(url if "://" in url else f"http://{url}")
         if u.scheme not in ("http", "https") or not u.hostname:
             raise remote_error(f"server URL {url!r}: expected http://HOST:PORT")
@@ -103,16 +111,23 @@ class OipClient:
         _, _, body, _ = self._call("GET", f"/v2/models/{quote(model)}", [], {}, timeout_s)
         return json.loads(bytes(body))
 
-    def infer(self, model: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str] | None = None,
-              *, binary: bool = True, timeout_s: float | None = None
-              ) -> tuple[dict[str, np.ndarray], Exchange]:
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Iterable[str] | None = None,
+        *,
+        binary: bool = True,
+        timeout_s: float | None = None,
+    ) -> tuple[dict[str, np.ndarray], Exchange]:
         """Run ``model`` on the server; returns its outputs (writable arrays) and what the call cost."""
         chunks, hlen = oip.encode_request(inputs, outputs, binary=binary)
         headers = {"Content-Type": "application/octet-stream" if hlen is not None else "application/json"}
         if hlen is not None:
             headers[oip.HEADER_LENGTH] = str(hlen)
-        _, rheaders, body, ex = self._call("POST", f"/v2/models/{quote(model)}/infer", chunks, headers,
-                                           timeout_s)
+        _, rheaders, body, ex = self._call(
+            "POST", f"/v2/models/{quote(model)}/infer", chunks, headers, timeout_s
+        )
         try:
             out_hlen = oip.parse_header_length(rheaders.get(oip.HEADER_LENGTH.lower()), len(body))
             return oip.decode_response(body, out_hlen), ex
@@ -127,8 +142,15 @@ class OipClient:
 
     # ---- transport
 
-    def _call(self, method: str, path: str, chunks: list, headers: dict[str, str], timeout_s: float | None,
-              raise_status: bool = True) -> tuple[int, dict[str, str], bytearray, Exchange]:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        chunks: list,
+        headers: dict[str, str],
+        timeout_s: float | None,
+        raise_status: bool = True,
+    ) -> tuple[int, dict[str, str], bytearray, Exchange]:
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         attempt, failures = 0, 0
         while True:
@@ -140,18 +162,26 @@ class OipClient:
             except RemoteError as e:
                 failures += 1
                 pause = self.backoff_s * (2 ** (failures - 1))
-                if not getattr(e, "transient", False) or failures > self.retries \
-                        or time.monotonic() + pause >= deadline:
+                if (
+                    not getattr(e, "transient", False)
+                    or failures > self.retries
+                    or time.monotonic() + pause >= deadline
+                ):
                     raise
                 time.sleep(pause)
                 continue
             if status >= 400 and raise_status:
                 msg = _error_message(body)
-                err = remote_error(f"{self.url}{path}: HTTP {status}: {msg}", status=status,
-                                   transient=status in RETRY_STATUS)
+                err = remote_error(
+                    f"{self.url}{path}: HTTP {status}: {msg}", status=status, transient=status in RETRY_STATUS
+                )
                 failures += 1
                 pause = self.backoff_s * (2 ** (failures - 1))
-                if status in RETRY_STATUS and failures <= self.retries and time.monotonic() + pause < deadline:
+                if (
+                    status in RETRY_STATUS
+                    and failures <= self.retries
+                    and time.monotonic() + pause < deadline
+                ):
                     time.sleep(pause)
                     continue
                 raise err
@@ -186,13 +216,18 @@ class OipClient:
             if conn in self._all:
                 self._all.remove(conn)
 
-    def _attempt(self, method: str, path: str, chunks: list, headers: dict[str, str], deadline: float
-                 ) -> tuple[int, dict[str, str], bytearray, Exchange]:
+    def _attempt(
+        self, method: str, path: str, chunks: list, headers: dict[str, str], deadline: float
+    ) -> tuple[int, dict[str, str], bytearray, Exchange]:
         conn, connect_ms = self._connection(deadline)
         reused = connect_ms == 0.0
         body_nbytes = sum(len(c) for c in chunks)
-        all_headers = {"Host": f"{self._host}:{self._port}", "Content-Length": str(body_nbytes),
-                       **self._auth, **headers}
+        all_headers = {
+            "Host": f"{self._host}:{self._port}",
+            "Content-Length": str(body_nbytes),
+            **self._auth,
+            **headers,
+        }
         sent = len(method) + len(path) + 12 + sum(len(k) + len(v) + 4 for k, v in all_headers.items())
         got_any = False
         t0 = time.perf_counter()
@@ -214,8 +249,11 @@ class OipClient:
             raise remote_error(f"{self.url}{path}: no answer within the deadline", transient=True) from e
         except (OSError, http.client.HTTPException) as e:
             self._drop(conn)
-            if reused and not got_any and isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError,
-                                                         BrokenPipeError)):
+            if (
+                reused
+                and not got_any
+                and isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError))
+            ):
                 raise _Stale() from e
             raise remote_error(f"{self.url}{path}: connection broke off ({_why(e)})", transient=True) from e
         elapsed_ms = (time.perf_counter() - t0) * 1e3
@@ -224,11 +262,19 @@ class OipClient:
         received = len(body) + 17 + sum(len(k) + len(v) + 4 for k, v in rheaders.items())
         timing = server_timing(rheaders.get("server-timing"))
         server_ms = timing.get("total", next(iter(timing.values()), 0.0))
-        return resp.status, rheaders, body, Exchange(sent + body_nbytes, received, elapsed_ms, connect_ms,
-                                                     server_ms, 1, timing.get("compute", 0.0))
+        return (
+            resp.status,
+            rheaders,
+            body,
+            Exchange(
+                sent + body_nbytes, received, elapsed_ms, connect_ms, server_ms, 1, timing.get("compute", 0.0)
+            ),
+        )
 
 
-def _read_body(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, deadline: float) -> bytearray:
+def _read_body(
+    conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, deadline: float
+) -> bytearray:
     length = resp.length
     if length is None:  # chunked or close-delimited: read it all under the current timeout
         return bytearray(resp.read())
@@ -239,7 +285,7 @@ def _read_body(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
         if remaining <= 0:
             raise TimeoutError("deadline passed while reading the body")
         conn.sock.settimeout(remaining)
-        n = resp.readinto(view[pos:pos + (1 << 20)])
+        n = resp.readinto(view[pos : pos + (1 << 20)])
         if not n:
             raise http.client.IncompleteRead(bytes(0), length - pos)
         pos += n

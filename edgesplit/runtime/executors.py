@@ -32,8 +32,16 @@ class Executor(Protocol):
 class OrtExecutor:
     """An ONNX Runtime session on the part's ONNX file with its provider and thread count."""
 
-    def __init__(self, part: PartArtifact, bundle: Path, *, file: str | None = None,
-                 provider: str | None = None, options: Mapping | None = None, spin: bool = True):
+    def __init__(
+        self,
+        part: PartArtifact,
+        bundle: Path,
+        *,
+        file: str | None = None,
+        provider: str | None = None,
+        options: Mapping | None = None,
+        spin: bool = True,
+    ):
         """``spin=False`` when other sessions share the processor (see ``ort_session_options``)."""
         import onnxruntime as ort
 
@@ -42,7 +50,9 @@ class OrtExecutor:
         provider = provider or part.provider
         available = ort.get_available_providers()
         if provider not in available:
-            raise BundleError(f"part {part.name}: this onnxruntime has no {provider} (has {', '.join(available)})")
+            raise BundleError(
+                f"part {part.name}: this onnxruntime has no {provider} (has {', '.join(available)})"
+            )
         providers: list = [(provider, dict(options if options is not None else part.provider_options))]
         if provider != "CPUExecutionProvider":
             providers.append(("CPUExecutionProvider", {}))

@@ -100,8 +100,9 @@ def _load_header(body: bytes | bytearray | memoryview, header_nbytes: int | None
 
 def _shape(t: Mapping[str, Any], what: str) -> tuple[int, ...]:
     shape = t.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise _fail(f"{what}: 'shape' must be a list of non-negative integers")
     return tuple(shape)
 
@@ -120,8 +121,9 @@ def _params(d: Mapping[str, Any], what: str) -> Mapping[str, Any]:
     return p
 
 
-def _decode_tensors(tensors: Any, body: bytes | bytearray | memoryview, offset: int, kind: str
-                    ) -> dict[str, np.ndarray]:
+def _decode_tensors(
+    tensors: Any, body: bytes | bytearray | memoryview, offset: int, kind: str
+) -> dict[str, np.ndarray]:
     """Decode a list of OIP tensors (the ``inputs`` of a request or ``outputs`` of a response)."""
     if not isinstance(tensors, list):
         raise _fail(f"'{kind}' must be a list of tensors")
@@ -138,12 +140,15 @@ def _decode_tensors(tensors: Any, body: bytes | bytearray | memoryview, offset: 
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise _fail(f"{what}: binary_data_size must be a non-negative integer")
             if size != count * dtype.itemsize:
-                raise _fail(f"{what}: binary_data_size {size} does not match shape {list(shape)} of "
-                            f"{dtype.name} ({count * dtype.itemsize} bytes)")
+                raise _fail(
+                    f"{what}: binary_data_size {size} does not match shape {list(shape)} of "
+                    f"{dtype.name} ({count * dtype.itemsize} bytes)"
+                )
             if offset + size > len(view):
-                raise _fail(f"{what}: binary data runs past the end of the body "
-                            f"({offset + size} > {len(view)} bytes)")
-            arr = np.frombuffer(view[offset:offset + size], dtype=dtype).reshape(shape)
+                raise _fail(
+                    f"{what}: binary data runs past the end of the body ({offset + size} > {len(view)} bytes)"
+                )
+            arr = np.frombuffer(view[offset : offset + size], dtype=dtype).reshape(shape)
             offset += size
         elif "data" in t:
             try:
@@ -199,17 +204,22 @@ def _raw(arr: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(arr)).cast("B")
 
 
-def _encode(header: dict[str, Any], tensors: Iterable[tuple[np.ndarray, bool]]
-            ) -> tuple[list[bytes | memoryview], int | None]:
+def _encode(
+    header: dict[str, Any], tensors: Iterable[tuple[np.ndarray, bool]]
+) -> tuple[list[bytes | memoryview], int | None]:
     head = json.dumps(header, separators=(",", ":")).encode()
     chunks: list[bytes | memoryview] = [head]
     chunks += [_raw(a) for a, binary in tensors if binary]
     return chunks, (len(head) if len(chunks) > 1 else None)
 
 
-def encode_request(inputs: Mapping[str, np.ndarray], outputs: Iterable[str] | None = None, *,
-                   binary: bool = True, request_id: str | None = None
-                   ) -> tuple[list[bytes | memoryview], int | None]:
+def encode_request(
+    inputs: Mapping[str, np.ndarray],
+    outputs: Iterable[str] | None = None,
+    *,
+    binary: bool = True,
+    request_id: str | None = None,
+) -> tuple[list[bytes | memoryview], int | None]:
     """Encode a request: the body's chunks (JSON header first) and the header length (None: JSON only)."""
     header: dict[str, Any] = {}
     if request_id is not None:
@@ -223,9 +233,14 @@ def encode_request(inputs: Mapping[str, np.ndarray], outputs: Iterable[str] | No
     return _encode(header, ((a, binary) for _, a in arrays))
 
 
-def encode_response(model_name: str, outputs: Mapping[str, np.ndarray], binary: Iterable[str], *,
-                    request_id: str | None = None, model_version: str = "1"
-                    ) -> tuple[list[bytes | memoryview], int | None]:
+def encode_response(
+    model_name: str,
+    outputs: Mapping[str, np.ndarray],
+    binary: Iterable[str],
+    *,
+    request_id: str | None = None,
+    model_version: str = "1",
+) -> tuple[list[bytes | memoryview], int | None]:
     """Encode a response; outputs named in ``binary`` go as raw bytes, the others as JSON data."""
     binary = set(binary)
     header: dict[str, Any] = {"model_name": model_name, "model_version": model_version}

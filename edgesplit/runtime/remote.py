@@ -81,10 +81,23 @@ class RemoteStats:
 class RemoteExecutor:
     """Runs one ``remote=True`` part on an OIP v2 server (``edgesplit serve`` or Triton)."""
 
-    def __init__(self, part: PartArtifact, bundle: Path, *, url: str | None = None, token: str | None = None,
-                 timeout_s: float = 10.0, connect_timeout_s: float = 1.0, retries: int = 2,
-                 backoff_s: float = 0.05, fallback: bool = True, adaptive: bool = False,
-                 cooldown_s: float = 0.5, max_cooldown_s: float = 15.0, probe_interval_s: float = 1.0):
+    def __init__(
+        self,
+        part: PartArtifact,
+        bundle: Path,
+        *,
+        url: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = 1.0,
+        retries: int = 2,
+        backoff_s: float = 0.05,
+        fallback: bool = True,
+        adaptive: bool = False,
+        cooldown_s: float = 0.5,
+        max_cooldown_s: float = 15.0,
+        probe_interval_s: float = 1.0,
+    ):
         self.part = part
         self.url = url
         self._inputs = [t.name for t in part.inputs]
@@ -92,12 +105,23 @@ class RemoteExecutor:
         self._lock = threading.Lock()
         self._local: Executor | None = self._make_local(part, bundle) if fallback else None
         if url is None and self._local is None:
-            raise RemoteError(f"part {part.name} runs on a server, but no server URL was given "
-                              f"(--server URL, or executor_options={{'remote': {{'url': ...}}}}) "
-                              f"and it has no local fallback")
-        self._client = None if url is None else OipClient(
-            url, token=token, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s, retries=retries,
-            backoff_s=backoff_s)
+            raise RemoteError(
+                f"part {part.name} runs on a server, but no server URL was given "
+                f"(--server URL, or executor_options={{'remote': {{'url': ...}}}}) "
+                f"and it has no local fallback"
+            )
+        self._client = (
+            None
+            if url is None
+            else OipClient(
+                url,
+                token=token,
+                connect_timeout_s=connect_timeout_s,
+                timeout_s=timeout_s,
+                retries=retries,
+                backoff_s=backoff_s,
+            )
+        )
         self._link = link_for(url) if url else LinkEstimator()
         self._cooldown = (cooldown_s, max_cooldown_s)
         self._next_cooldown = cooldown_s
@@ -111,7 +135,9 @@ class RemoteExecutor:
         if self._client is not None:
             self._probe_rtt()
         if adaptive and self._client is not None and self._local is not None:
-            nbytes = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in (*part.inputs, *part.outputs))
+            nbytes = sum(
+                int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in (*part.inputs, *part.outputs)
+            )
             self._policy = OffloadPolicy(nbytes, self._calibrate_local(), probe_interval_s=probe_interval_s)
 
     @staticmethod
@@ -120,8 +146,9 @@ class RemoteExecutor:
         if not fb or fb.get("backend", "ort") != "ort" or not fb.get("file"):
             return None
         # The part's threads, cores and provider describe the server's processor, not the device's.
-        local_part = dataclasses.replace(part, threads=fb.get("threads"), cores=None,
-                                         provider="CPUExecutionProvider", provider_options={})
+        local_part = dataclasses.replace(
+            part, threads=fb.get("threads"), cores=None, provider="CPUExecutionProvider", provider_options={}
+        )
         return OrtExecutor(local_part, bundle, file=fb["file"], provider="CPUExecutionProvider", options={})
 
     def _probe_rtt(self, n: int = 3) -> None:
@@ -154,8 +181,10 @@ class RemoteExecutor:
         if time.monotonic() < self._down_until:
             if self._local is not None:
                 return self._run_local(ins)
-            raise RemoteError(f"part {self.part.name}: server {self.url} is unavailable ({self._last_error}); "
-                              f"retrying in {self._down_until - time.monotonic():.1f} s")
+            raise RemoteError(
+                f"part {self.part.name}: server {self.url} is unavailable ({self._last_error}); "
+                f"retrying in {self._down_until - time.monotonic():.1f} s"
+            )
         t0 = time.perf_counter()
         try:
             out, ex = self._client.infer(self.part.name, ins, list(self._outputs))
@@ -189,8 +218,10 @@ class RemoteExecutor:
             arr = out.get(name)
             if arr is None or tuple(arr.shape) != tuple(spec.shape) or arr.dtype != np.dtype(spec.dtype):
                 got = "nothing" if arr is None else f"{arr.dtype}{list(arr.shape)}"
-                raise RemoteError(f"server {self.url} answered {got} for output '{name}' of part "
-                                  f"{self.part.name}, expected {spec.dtype}{list(spec.shape)}")
+                raise RemoteError(
+                    f"server {self.url} answered {got} for output '{name}' of part "
+                    f"{self.part.name}, expected {spec.dtype}{list(spec.shape)}"
+                )
 
     def _trip(self, e: RemoteError) -> None:
         with self._lock:
@@ -226,7 +257,9 @@ class RemoteExecutor:
         link = self._link.estimate()
         with self._lock:
             c = dict(self._counts)
-            med = [float(np.median(d)) if d else None for d in (self._server_ms, self._remote_ms, self._local_ms)]
+            med = [
+                float(np.median(d)) if d else None for d in (self._server_ms, self._remote_ms, self._local_ms)
+            ]
             last_error = self._last_error
         if self._client is None:
             mode = "local"
@@ -234,9 +267,24 @@ class RemoteExecutor:
             mode = f"adaptive:{self._policy.mode}"
         else:
             mode = "remote"
-        return RemoteStats(self.part.name, self.url, c["remote"], c["local"], c["failures"], c["retries"],
-                           c["sent"], c["received"], link.rtt_ms, link.bandwidth_mbps, link.goodput_mbps,
-                           med[0], med[1], med[2], mode, last_error)
+        return RemoteStats(
+            self.part.name,
+            self.url,
+            c["remote"],
+            c["local"],
+            c["failures"],
+            c["retries"],
+            c["sent"],
+            c["received"],
+            link.rtt_ms,
+            link.bandwidth_mbps,
+            link.goodput_mbps,
+            med[0],
+            med[1],
+            med[2],
+            mode,
+            last_error,
+        )
 
     def close(self) -> None:
         if self._client is not None:

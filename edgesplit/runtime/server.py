@@ -73,7 +73,9 @@ class ServedModel:
         # The part was planned for a server processor (a GPU, say); serve it with that provider
         # when this onnxruntime has it, else on the CPU, and say so.
         provider = part.provider if part.provider in available else "CPUExecutionProvider"
-        self.note = "" if provider == part.provider else f"{part.name}: no {part.provider} here, serving on CPU"
+        self.note = (
+            "" if provider == part.provider else f"{part.name}: no {part.provider} here, serving on CPU"
+        )
         providers: list[Any] = [(provider, dict(part.provider_options) if provider == part.provider else {})]
         if provider != "CPUExecutionProvider":
             providers.append(("CPUExecutionProvider", {}))
@@ -93,21 +95,26 @@ class ServedModel:
         unknown = [n for n in req.inputs if n not in self.inputs]
         missing = [n for n in self.inputs if n not in req.inputs]
         if unknown or missing:
-            raise RunInputError(f"model '{self.name}' takes inputs {', '.join(self.inputs)}"
-                                + (f"; unknown {', '.join(unknown)}" if unknown else "")
-                                + (f"; missing {', '.join(missing)}" if missing else ""))
+            raise RunInputError(
+                f"model '{self.name}' takes inputs {', '.join(self.inputs)}"
+                + (f"; unknown {', '.join(unknown)}" if unknown else "")
+                + (f"; missing {', '.join(missing)}" if missing else "")
+            )
         for name, spec in self.inputs.items():
             arr = req.inputs[name]
             if arr.dtype != np.dtype(spec.dtype):
-                raise RunInputError(f"input '{name}': datatype {oip.oip_datatype(arr.dtype)}, "
-                                    f"expected {oip.oip_datatype(spec.dtype)}")
+                raise RunInputError(
+                    f"input '{name}': datatype {oip.oip_datatype(arr.dtype)}, "
+                    f"expected {oip.oip_datatype(spec.dtype)}"
+                )
             if tuple(arr.shape) != tuple(spec.shape):
                 raise RunInputError(f"input '{name}': shape {list(arr.shape)}, expected {list(spec.shape)}")
         if req.outputs is not None:
             bad = [n for n in req.outputs if n not in self.output_names]
             if bad:
-                raise RunInputError(f"model '{self.name}' has no output {', '.join(bad)} "
-                                    f"(has {', '.join(self.output_names)})")
+                raise RunInputError(
+                    f"model '{self.name}' has no output {', '.join(bad)} (has {', '.join(self.output_names)})"
+                )
         return dict(req.inputs)
 
     def run(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> tuple[dict[str, np.ndarray], float]:
@@ -141,13 +148,16 @@ class OffloadServer:
         manifest = open_bundle(self.bundle)  # every checksum before any model loads
         parts = [p for p in manifest.parts if p.remote or options.all_parts]
         if not parts:
-            raise BundleError(f"{self.bundle}: no server parts to serve (remote=True); "
-                              f"use --all-parts to serve every part")
+            raise BundleError(
+                f"{self.bundle}: no server parts to serve (remote=True); use --all-parts to serve every part"
+            )
         self.models = {p.name: ServedModel(p, self.bundle, options.intra_op_threads) for p in parts}
         self.notes = [m.note for m in self.models.values() if m.note]
         self._token = options.token.encode() if options.token else None
-        self._pool = ThreadPoolExecutor(max_workers=options.compute_threads or max(2, os.cpu_count() or 2),
-                                        thread_name_prefix="edgesplit-serve")
+        self._pool = ThreadPoolExecutor(
+            max_workers=options.compute_threads or max(2, os.cpu_count() or 2),
+            thread_name_prefix="edgesplit-serve",
+        )
         self._ready = False
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -227,10 +237,14 @@ class OffloadServer:
         model = self._model(request)
         limit = self.options.max_request_nbytes
         if request.content_length is not None and request.content_length > limit:
-            raise _Refused(413, f"request body of {request.content_length} bytes is over the limit of {limit} bytes")
+            raise _Refused(
+                413, f"request body of {request.content_length} bytes is over the limit of {limit} bytes"
+            )
         encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in _ENCODINGS:  # aiohttp inflates gzip and deflate itself, bounded by the limit
-            raise _Refused(415, f"unsupported Content-Encoding {encoding[:40]!r} (use {', '.join(_ENCODINGS)})")
+            raise _Refused(
+                415, f"unsupported Content-Encoding {encoding[:40]!r} (use {', '.join(_ENCODINGS)})"
+            )
         try:
             body = await request.read()
         except (PayloadEncodingError, RequestPayloadError) as e:
@@ -241,11 +255,13 @@ class OffloadServer:
         feeds = model.check(req)
         names = list(req.outputs) if req.outputs is not None else model.output_names
         outputs, compute_ms = await asyncio.get_running_loop().run_in_executor(
-            self._pool, model.run, feeds, names)
+            self._pool, model.run, feeds, names
+        )
         binary = req.binary_outputs if req.outputs is not None else (names if req.binary_default else ())
         chunks, out_hlen = oip.encode_response(model.name, outputs, binary, request_id=req.id)
-        headers = {"Server-Timing": f"compute;dur={compute_ms:.3f}, "
-                                    f"total;dur={(time.perf_counter() - t0) * 1e3:.3f}"}
+        headers = {
+            "Server-Timing": f"compute;dur={compute_ms:.3f}, total;dur={(time.perf_counter() - t0) * 1e3:.3f}"
+        }
         if out_hlen is not None:
             headers[oip.HEADER_LENGTH] = str(out_hlen)
             content_type = "application/octet-stream"
@@ -257,8 +273,9 @@ class OffloadServer:
 
     async def start(self) -> int:
         """Start listening; returns the bound port (``port=0`` picks a free one)."""
-        self._runner = web.AppRunner(self.app(), access_log=None,
-                                     shutdown_timeout=self.options.shutdown_timeout_s)
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, shutdown_timeout=self.options.shutdown_timeout_s
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.options.host, self.options.port, reuse_address=True)
         await site.start()
@@ -277,6 +294,7 @@ class OffloadServer:
 
     def serve(self, on_ready: Callable[[str, int], None] | None = None) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+
         async def main() -> None:
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -311,11 +329,11 @@ class ServerThread:
     def close(self) -> None:
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(
-                timeout=self.server.options.shutdown_timeout_s + 5)
+                timeout=self.server.options.shutdown_timeout_s + 5
+            )
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
         self._loop.close()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

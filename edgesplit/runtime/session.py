@@ -62,7 +62,9 @@ class _Request:
 class _Worker:
     """A single thread for one processor: pinned, throttled, and owning that processor's executors."""
 
-    def __init__(self, processor: str, cores: tuple[int, ...] | None, quota_pct: float | None, notes: list[str]):
+    def __init__(
+        self, processor: str, cores: tuple[int, ...] | None, quota_pct: float | None, notes: list[str]
+    ):
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"edgesplit-{processor}")
         self.pool.submit(self._setup, processor, cores, quota_pct, notes).result()
 
@@ -74,8 +76,13 @@ class _Worker:
 class Session:
     """A loaded bundle, ready to run. Build it with :func:`edgesplit.load`."""
 
-    def __init__(self, bundle: str | os.PathLike, *, executor_options: Mapping[str, Mapping] | None = None,
-                 adaptive: bool = False):
+    def __init__(
+        self,
+        bundle: str | os.PathLike,
+        *,
+        executor_options: Mapping[str, Mapping] | None = None,
+        adaptive: bool = False,
+    ):
         self.path = Path(bundle)
         self.manifest: Manifest = open_bundle(self.path)  # every checksum before any library loads
         self.notes: list[str] = []
@@ -98,8 +105,9 @@ class Session:
             if p.backend == "ort" and not p.remote and per_proc[p.processor] > 1:
                 extra.setdefault("spin", False)
             if key not in self._workers:
-                self._workers[key] = _Worker(key, None if p.remote else p.cores,
-                                             None if p.remote else p.cpu_quota_pct, self.notes)
+                self._workers[key] = _Worker(
+                    key, None if p.remote else p.cores, None if p.remote else p.cpu_quota_pct, self.notes
+                )
             worker = self._workers[key]
             self._executors[p.name] = worker.pool.submit(make_executor, p, self.path, **extra).result()
 
@@ -128,8 +136,11 @@ class Session:
     # ---- scheduling
 
     def _submit(self, inputs: dict[str, np.ndarray]) -> Future:
-        req = _Request(tensors=dict(inputs), waiting={p.name: len(p.depends_on) for p in self.manifest.parts},
-                       done=Future())
+        req = _Request(
+            tensors=dict(inputs),
+            waiting={p.name: len(p.depends_on) for p in self.manifest.parts},
+            done=Future(),
+        )
         req.left = len(self.manifest.parts)
         for p in self.manifest.parts:
             if not p.depends_on:
@@ -175,12 +186,15 @@ class Session:
 
     # ---- public API
 
-    def run(self, inputs: Mapping[str, np.ndarray], *, timeout_s: float | None = None) -> dict[str, np.ndarray]:
+    def run(
+        self, inputs: Mapping[str, np.ndarray], *, timeout_s: float | None = None
+    ) -> dict[str, np.ndarray]:
         """Run one request; returns the model's outputs by name."""
         return self._submit(self._check_inputs(inputs)).result(timeout=timeout_s)
 
-    def run_stream(self, inputs: Iterable[Mapping[str, np.ndarray]], *, window: int | None = None
-                   ) -> Iterator[dict[str, np.ndarray]]:
+    def run_stream(
+        self, inputs: Iterable[Mapping[str, np.ndarray]], *, window: int | None = None
+    ) -> Iterator[dict[str, np.ndarray]]:
         """Run a stream of requests, pipelined: up to ``window`` requests in flight, results in order."""
         window = window or max(2, len(self.manifest.parts) + 1)
         pending: deque[Future] = deque()
@@ -197,16 +211,31 @@ class Session:
         for p in self.manifest.parts:
             t = self._times[p.name] or [float("nan")]
             ex = self._executors[p.name]
-            parts.append(PartStats(p.name, p.processor, p.backend, len(self._times[p.name]),
-                                   float(np.median(t)), float(np.percentile(t, 90)), float(np.mean(t)),
-                                   p.predicted_ms, getattr(ex, "executed_by", p.backend)))
+            parts.append(
+                PartStats(
+                    p.name,
+                    p.processor,
+                    p.backend,
+                    len(self._times[p.name]),
+                    float(np.median(t)),
+                    float(np.percentile(t, 90)),
+                    float(np.mean(t)),
+                    p.predicted_ms,
+                    getattr(ex, "executed_by", p.backend),
+                )
+            )
         e = self._e2e or [float("nan")]
-        return SessionStats(tuple(parts), len(self._e2e), float(np.median(e)), float(np.percentile(e, 90)),
-                            tuple(self.notes))
+        return SessionStats(
+            tuple(parts), len(self._e2e), float(np.median(e)), float(np.percentile(e, 90)), tuple(self.notes)
+        )
 
     def remote_stats(self) -> dict:
         """Per remote part: runs on the server and on the fallback, bytes, measured link (RemoteStats)."""
-        return {n: ex.stats() for n, ex in self._executors.items() if self._parts[n].remote and hasattr(ex, "stats")}
+        return {
+            n: ex.stats()
+            for n, ex in self._executors.items()
+            if self._parts[n].remote and hasattr(ex, "stats")
+        }
 
     def reset_stats(self) -> None:
         for v in self._times.values():

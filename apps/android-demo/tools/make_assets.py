@@ -59,20 +59,40 @@ def plan_for(graph) -> dict:
             energy_mj += ms * proc.active_w + link_ms * link.rx_power_w
         finish_ms[name] = start + ms
         producer.update({t: name for t in outs})
-        parts.append({"name": name, "processor": proc_name, "backend": "ort", "remote": proc.is_remote,
-                      "nodes": nodes, "inputs": ins, "outputs": outs, "latency_ms": round(ms, 4)})
+        parts.append(
+            {
+                "name": name,
+                "processor": proc_name,
+                "backend": "ort",
+                "remote": proc.is_remote,
+                "nodes": nodes,
+                "inputs": ins,
+                "outputs": outs,
+                "latency_ms": round(ms, 4),
+            }
+        )
     last = max(finish_ms.values())
     if parts[-1]["remote"]:  # the logits come back down
         down_ms = sum(transfer_ms(graph, t, link, up=False) for t in parts[-1]["outputs"])
         last += down_ms
         energy_mj += down_ms * link.rx_power_w
-    plan.update({
-        "server": SERVER, "link": LINK, "objective": "manual", "model_path": "tiny_dag.onnx", "parts": parts,
-        "assignment": {n: {"processor": p, "backend": "ort"} for _, p, nodes in PARTS for n in nodes},
-        "predicted": {"latency_ms": round(last, 3), "energy_mj": round(energy_mj, 3)},
-        "solver": {"name": "manual (apps/android-demo/tools/make_assets.py, roofline figures)",
-                   "time_s": 0.0, "optimal": False, "gap": None},
-    })
+    plan.update(
+        {
+            "server": SERVER,
+            "link": LINK,
+            "objective": "manual",
+            "model_path": "tiny_dag.onnx",
+            "parts": parts,
+            "assignment": {n: {"processor": p, "backend": "ort"} for _, p, nodes in PARTS for n in nodes},
+            "predicted": {"latency_ms": round(last, 3), "energy_mj": round(energy_mj, 3)},
+            "solver": {
+                "name": "manual (apps/android-demo/tools/make_assets.py, roofline figures)",
+                "time_s": 0.0,
+                "optimal": False,
+                "gap": None,
+            },
+        }
+    )
     return plan
 
 
@@ -87,10 +107,19 @@ def write_png(path: Path, rgb: np.ndarray) -> None:
     raw = b"".join(b"\0" + rgb[y].astype(np.uint8).tobytes() for y in range(h))
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 9))
+        + chunk(b"IEND", b"")
+    )
 
 
 def picture(size: int = 64) -> np.ndarray:
@@ -125,8 +154,10 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     write_png(args.out / "picture.png", picture())
-    print(f"wrote {args.out / 'bundle'} ({len(manifest.parts)} parts, predicted "
-          f"{manifest.plan['predicted']['latency_ms']} ms) and {args.out / 'picture.png'}")
+    print(
+        f"wrote {args.out / 'bundle'} ({len(manifest.parts)} parts, predicted "
+        f"{manifest.plan['predicted']['latency_ms']} ms) and {args.out / 'picture.png'}"
+    )
 
 
 if __name__ == "__main__":
