@@ -27,7 +27,9 @@ from edgesplit.cli.common import console
     "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto) here."
 )
 @click.option(
-    "--trace-kernels", is_flag=True, help="Profile ORT parts' kernels too (layout reorders); slows runs."
+    "--trace-detail",
+    is_flag=True,
+    help="Also CPU time per run call and ORT kernels (layout reorders); slows runs.",
 )
 @click.option(
     "--trace-request",
@@ -37,16 +39,18 @@ from edgesplit.cli.common import console
     help="Align the plan's predicted spans to this timed request (0 = the first).",
 )
 def command(
-    bundle, inputs, repeat, warmup, stream, server_url, token, adaptive, output, trace_path, trace_kernels,
+    bundle, inputs, repeat, warmup, stream, server_url, token, adaptive, output, trace_path, trace_detail,
     trace_request,
 ):  # fmt: skip
     """Run BUNDLE on its processors and compare with the plan's predictions."""
     from edgesplit.runtime.api import benchmark, load, read_inputs
 
     if trace_request >= repeat:
-        raise click.BadParameter(f"{trace_request} is not below --repeat {repeat}", param_hint="--trace-request")
+        raise click.BadParameter(
+            f"{trace_request} is not below --repeat {repeat}", param_hint="--trace-request"
+        )
     options = {"remote": {"url": server_url, "token": token}} if server_url else None
-    with load(bundle, executor_options=options, adaptive=adaptive, kernel_trace=trace_kernels) as sess:
+    with load(bundle, executor_options=options, adaptive=adaptive, detailed=trace_detail) as sess:
         feeds = read_inputs(sess, inputs)
         report = benchmark(sess, feeds, repeat=repeat, warmup=warmup, stream=stream)
         if output:

@@ -82,7 +82,7 @@ def benchmark(
 ) -> RunReport:
     """Time ``repeat`` single requests (after ``warmup``), then optionally a stream of ``stream``.
 
-    With a Session loaded with ``kernel_trace=True``, ORT's profiler is stopped at the end and
+    With a Session loaded with ``detailed=True``, ORT's profiler is stopped at the end and
     its kernels are in the report's trace and breakdown.
     """
     outputs = sess.run(feeds)
@@ -102,7 +102,7 @@ def benchmark(
         for _ in sess.run_stream(feeds for _ in range(stream)):
             pass
         per_s = stream / (time.perf_counter() - t0)
-    trace = sess.end_kernel_trace() if sess.kernel_trace else sess.trace_records()
+    trace = sess.end_detailed_trace() if sess.detailed else sess.trace_records()
     predicted = plan_value(sess.manifest.plan, "predicted") or {}
     return RunReport(
         stats,

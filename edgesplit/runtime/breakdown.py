@@ -26,7 +26,8 @@ from edgesplit.runtime.trace import PartRun, ProcessorBusy, Trace, median_ms
 @dataclass(frozen=True)
 class PartBreakdown:
     """Medians over a part's runs (ms). ``handoff_ms`` is over the runs that found the worker idle
-    (None if none did); the ``engine``/``kernels``/``reorder`` figures need a kernel trace."""
+    (None if none did); ``run_cpu_ms`` (the worker's CPU time in the run call) and the
+    ``engine``/``kernels``/``reorder`` figures need a detailed trace."""
 
     part: str
     processor: str
@@ -41,6 +42,7 @@ class PartBreakdown:
     inputs_ms: float
     outputs_ms: float
     bookkeeping_ms: float
+    run_cpu_ms: float | None = None
     engine_ms: float | None = None
     kernels_ms: float | None = None
     reorder_ms: float | None = None
@@ -128,6 +130,7 @@ def breakdown(trace: Trace, manifest: Manifest) -> Breakdown:
                 median_ms(p.inputs_ns for p in runs),
                 median_ms(p.outputs_ns for p in runs),
                 median_ms(p.bookkeeping_ns for p in runs),
+                median_ms(p.run_cpu_ns for p in runs),
                 median_ms(e.dur_ns for e in eng),
                 median_ms(e.kernels_ns for e in eng),
                 median_ms(e.reorder_ns for e in eng),

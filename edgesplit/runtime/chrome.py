@@ -58,7 +58,10 @@ class _Lanes:
         return tid
 
     def metadata(self, process: str) -> list[dict[str, Any]]:
-        out = [_meta(self.pid, 0, "process_name", process), _meta(self.pid, 0, "process_sort_index", self.pid)]
+        out = [
+            _meta(self.pid, 0, "process_name", process),
+            _meta(self.pid, 0, "process_sort_index", self.pid),
+        ]
         for name, tid in self.tids.items():
             out.append(_meta(self.pid, tid, "thread_name", name))
             out.append(_meta(self.pid, tid, "thread_sort_index", tid))
@@ -90,7 +93,9 @@ def predicted_spans(plan: Any) -> list[tuple[str, str, float, float]]:
 def chrome_trace(trace: Trace, manifest: Manifest, *, align_request: int | None = None) -> dict[str, Any]:
     """The Trace Event Format object for ``trace``; the plan's spans are aligned to the start of
     request ``align_request`` (default: the first traced request)."""
-    origin = min((r.start_ns for r in trace.requests), default=min((p.ready_ns for p in trace.parts), default=0))
+    origin = min(
+        (r.start_ns for r in trace.requests), default=min((p.ready_ns for p in trace.parts), default=0)
+    )
 
     def us(ns: int) -> float:
         return round((ns - origin) / 1e3, 3)
@@ -112,6 +117,8 @@ def chrome_trace(trace: Trace, manifest: Manifest, *, align_request: int | None 
             "queue_wait_ms": p.queue_wait_ns / 1e6,
             "worker_idle": p.worker_idle,
         }
+        if p.run_cpu_ns is not None:
+            args["run_cpu_ms"] = p.run_cpu_ns / 1e6
         events.append(_x(p.part, "part", m.pid, tid, us(p.start_ns), p.span_ns / 1e3, args))
         events.append(_x(f"{p.backend} run", "run", m.pid, tid, us(p.run_start_ns), p.run_ns / 1e3))
         ts, end = us(p.ready_ns), us(p.start_ns)
@@ -140,18 +147,31 @@ def _predicted(trace: Trace, manifest: Manifest, align_request: int | None, us) 
     spans = predicted_spans(manifest.plan)
     if not spans or not trace.requests:
         return []
-    req = trace.request(align_request) if align_request is not None else min(trace.requests, key=lambda r: r.start_ns)
+    req = (
+        trace.request(align_request)
+        if align_request is not None
+        else min(trace.requests, key=lambda r: r.start_ns)
+    )
     t0 = us(req.start_ns)
     pr = _Lanes(PREDICTED_PID, 1)
     events = []
     total = plan_value(plan_value(manifest.plan, "predicted") or {}, "latency_ms")
     if total is None:
         total = max(end for *_, end in spans)
-    events.append(_x(f"request {req.request} (predicted)", "request", pr.pid, pr.tid("request"), t0, total * 1e3))
-    for name, proc, start_ms, end_ms in spans:
-        tid = pr.tid(proc)
-        events.append(_x(name, "part", pr.pid, tid, t0 + start_ms * 1e3, (end_ms - start_ms) * 1e3))
-    return pr.metadata(f"predicted: plan ({plan_value(manifest.plan, 'objective')}), aligned to request {req.request}") + events
+    events.append(
+        _x(f"request {req.request} (predicted)", "request", pr.pid, pr.tid("request"), t0, total * 1e3)
+    )
+    for name, proc, start_ms, end_ms in sorted(spans, key=lambda s: s[2]):
+        # The plan's schedule may interleave the nodes of two parts on one processor, so their
+        # spans can overlap: the later one goes on a second row.
+        ts, end = t0 + start_ms * 1e3, t0 + end_ms * 1e3
+        events.append(_x(name, "part", pr.pid, pr.row(proc, ts, end), ts, end - ts))
+    return (
+        pr.metadata(
+            f"predicted: plan ({plan_value(manifest.plan, 'objective')}), aligned to request {req.request}"
+        )
+        + events
+    )
 
 
 def write_chrome_trace(

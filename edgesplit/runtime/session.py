@@ -9,9 +9,10 @@ Every request and part run is timed on one monotonic clock (``time.perf_counter_
 part's inputs were ready, when it was submitted to its worker, when the worker started it, the
 backend's run call, and when its outputs were merged (see :mod:`edgesplit.runtime.trace`).
 These records are always kept (a few clock reads and one tuple per part run) and read back with
-:meth:`Session.trace_records`. ``kernel_trace=True`` also turns on ORT's own profiler on the
-ORT parts, whose kernels (layout reorders among them) become sub-spans of the run calls; it
-slows the runs down, so it is opt-in.
+:meth:`Session.trace_records`. ``detailed=True`` also reads each run call's thread CPU time (a
+system call on each side) and turns on ORT's own profiler on the ORT parts, whose kernels
+(layout reorders among them) become sub-spans of the run calls; it slows the runs down, so it is
+opt-in.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class Session:
         *,
         executor_options: Mapping[str, Mapping] | None = None,
         adaptive: bool = False,
-        kernel_trace: bool = False,
+        detailed: bool = False,
         max_records: int = 100_000,
     ):
         """See :func:`load`. ``max_records`` bounds the part-run records kept (oldest dropped)."""
@@ -118,7 +119,8 @@ class Session:
         self._request_records: deque[tuple[int, int, int]] = deque(maxlen=max_records)
         self._run_counts = dict.fromkeys(self._parts, 0)  # runs since load, for ORT profile matching
         self._request_numbers = itertools.count()
-        self._kernels = KernelTracer() if kernel_trace else None
+        self._kernels = KernelTracer() if detailed else None
+        self._cpu_clock_ns = time.thread_time_ns if detailed else None
         opts = dict(executor_options or {})
         if adaptive:  # per remote part: server or local fallback, whichever is measured faster
             opts["remote"] = {**opts.get("remote", {}), "adaptive": True}
@@ -193,15 +195,20 @@ class Session:
     ) -> None:
         ex = self._executors[part.name]
         call = getattr(ex, "call", None)
+        cpu = self._cpu_clock_ns
+        cpu_ns = cpu() if cpu else 0  # read outside the run call, so it does not lengthen it
         if call is None:  # an executor without phases: its whole run is the run call
             run_start_ns = _clock_ns()
             out = ex.run(req.tensors)
-            run_end_ns = collected_ns = _clock_ns()
+            run_end_ns = _clock_ns()
+            cpu_ns = cpu() - cpu_ns if cpu else None
+            collected_ns = _clock_ns()
         else:
             args = ex.gather(req.tensors)
             run_start_ns = _clock_ns()
             raw = call(args)
             run_end_ns = _clock_ns()
+            cpu_ns = cpu() - cpu_ns if cpu else None
             out = ex.collect(raw)
             collected_ns = _clock_ns()
         run_index = self._run_counts[part.name]
@@ -229,6 +236,7 @@ class Session:
                 run_end_ns,
                 collected_ns,
                 done_ns,
+                cpu_ns,
             )
         )
         for p in ready:
@@ -296,8 +304,8 @@ class Session:
     def trace_records(self) -> Trace:
         """The timing records of the requests and part runs since load or :meth:`reset_stats`.
 
-        Kernel records (ORT engine runs and kernels) are there once :meth:`end_kernel_trace`
-        has been called on a Session loaded with ``kernel_trace=True``.
+        Kernel records (ORT engine runs and kernels) are there once :meth:`end_detailed_trace`
+        has been called on a Session loaded with ``detailed=True``.
         """
         trace = build_trace(
             list(self._part_records), list(self._request_records), self.manifest.parts, _worker_key
@@ -307,18 +315,18 @@ class Session:
         return self._kernels.attach(trace)
 
     @property
-    def kernel_trace(self) -> bool:
-        """Whether ORT's profiler runs on the ORT parts (``load(..., kernel_trace=True)``)."""
+    def detailed(self) -> bool:
+        """Whether ORT's profiler runs on the ORT parts (``load(..., detailed=True)``)."""
         return self._kernels is not None
 
-    def end_kernel_trace(self) -> Trace:
+    def end_detailed_trace(self) -> Trace:
         """Stop ORT's profiler on the ORT parts and read its kernels into the records.
 
-        Only for a Session loaded with ``kernel_trace=True`` (else a :class:`BundleError`); runs
+        Only for a Session loaded with ``detailed=True`` (else a :class:`BundleError`); runs
         after this call are no longer profiled. Returns :meth:`trace_records`.
         """
         if self._kernels is None:
-            raise BundleError(f"{self.path}: load the bundle with kernel_trace=True to trace kernels")
+            raise BundleError(f"{self.path}: load the bundle with detailed=True to trace kernels")
         ended = {}
         for name, ex in self._executors.items():
             end = getattr(ex, "end_profiling", None)
@@ -370,7 +378,7 @@ def load(bundle: str | os.PathLike, **kwargs) -> Session:
     """Open a bundle: verify the manifest and every checksum, then build the executors.
 
     Keyword arguments: ``executor_options`` (per backend: options for its executors),
-    ``adaptive`` (remote parts pick server or fallback by measurement), ``kernel_trace`` (ORT's
-    profiler on the ORT parts, read with :meth:`Session.end_kernel_trace`), ``max_records``.
+    ``adaptive`` (remote parts pick server or fallback by measurement), ``detailed`` (ORT's
+    profiler on the ORT parts, read with :meth:`Session.end_detailed_trace`), ``max_records``.
     """
     return Session(bundle, **kwargs)

@@ -15,8 +15,8 @@ A part run's timeline, in order::
     collected_ns  its outputs are collected (converted to numpy)
     done_ns       its outputs are merged into the request and its ready successors identified
 
-The ORT engine spans and kernels (opt-in, ``load(bundle, kernel_trace=True)``) sit inside the
-run call: see :mod:`edgesplit.runtime.kernels`.
+A detailed trace (opt-in, ``load(bundle, detailed=True)``) adds each run call's thread CPU time
+and the ORT engine spans and kernels that sit inside the run call (:mod:`edgesplit.runtime.kernels`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ class PartRun:
         lane: The worker that ran it: the processor's name, or ``remote:<part>`` for a server part.
         run_index: The part's how-many-th run since the Session was loaded (warm-up runs included).
         worker_idle: Whether its worker had no other part queued or running when it was submitted.
+        run_cpu_ns: CPU time the worker thread got during the run call, with its reads around it
+            (detailed traces only, else None). Against ``run_ns`` it shows time the thread was
+            runnable but not running: CPU quota throttling, or other processes on the core.
     """
 
     request: int
@@ -54,6 +57,7 @@ class PartRun:
     run_end_ns: int
     collected_ns: int
     done_ns: int
+    run_cpu_ns: int | None = None
 
     @property
     def queue_wait_ns(self) -> int:
@@ -170,7 +174,7 @@ class Trace:
     """A snapshot of a Session's timing records (see the module docstring for the timeline).
 
     ``engine_runs`` and ``kernels`` are empty unless the Session was loaded with
-    ``kernel_trace=True`` and :meth:`Session.end_kernel_trace` was called.
+    ``detailed=True`` and :meth:`Session.end_detailed_trace` was called.
     """
 
     parts: tuple[PartRun, ...]
@@ -232,7 +236,7 @@ def build_trace(
 
     Args:
         raw_parts: ``(request, part, run_index, ready_ns, submit_ns, start_ns, run_start_ns,
-            run_end_ns, collected_ns, done_ns)`` per part run.
+            run_end_ns, collected_ns, done_ns, run_cpu_ns)`` per part run.
         raw_requests: ``(request, start_ns, end_ns)`` per finished request.
         parts: The bundle's parts (processor and backend of each).
         lane_of: The worker lane of a part.
