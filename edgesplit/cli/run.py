@@ -39,9 +39,19 @@ from edgesplit.cli.common import console
     help="Align the plan's predicted spans to this timed request (0 = the first).",
 )
 def command(
-    bundle, inputs, repeat, warmup, stream, server_url, token, adaptive, output, trace_path, trace_detail,
+    bundle,
+    inputs,
+    repeat,
+    warmup,
+    stream,
+    server_url,
+    token,
+    adaptive,
+    output,
+    trace_path,
+    trace_detail,
     trace_request,
-):  # fmt: skip
+):
     """Run BUNDLE on its processors and compare with the plan's predictions."""
     from edgesplit.runtime.api import benchmark, load, read_inputs
 
