@@ -308,7 +308,7 @@ class Session:
         has been called on a Session loaded with ``detailed=True``.
         """
         trace = build_trace(
-            list(self._part_records), list(self._request_records), self.manifest.parts, _worker_key
+            self._part_records.copy(), self._request_records.copy(), self.manifest.parts, _worker_key
         )
         if self._kernels is None:
             return trace
