@@ -117,8 +117,8 @@ def timed_blocks(bundles, rounds: int, block: int, little: str):
         singles = {}
         for n, s in sessions.items():
             trace = s.trace_records()
-            timed = [r.request for r in trace.requests if r.request not in untimed[n]]
-            singles[n] = breakdown(trace.select(timed), s.manifest)
+            timed = trace.select(r.request for r in trace.requests if r.request not in untimed[n])
+            singles[n] = (timed, breakdown(timed, s.manifest), s.manifest)
     finally:
         for s in sessions.values():
             s.close()
@@ -150,7 +150,29 @@ def report_variants(plan, big, lat, per_round) -> None:
         print(f"{name:<13}{parts[name]:>6}{'-' if p is None else f'{p:.2f}':>14}{med(t):>13.2f}  {rounds}")
 
 
-def report_path(b, plan) -> None:
+def replay(manifest, dur_ms, edge_ms) -> float:
+    """The runtime's schedule at part granularity: a part starts when its inputs are there
+    (``edge_ms(src, dst)`` after each producer) and its processor is free, first ready first."""
+    deps = {a.name: a.depends_on for a in manifest.parts}
+    proc = {a.name: a.processor for a in manifest.parts}
+    order = {a.name: k for k, a in enumerate(manifest.parts)}
+    done: dict[str, float] = {}
+    free: dict[str, float] = defaultdict(float)
+    pending = set(deps)
+    while pending:
+        ready = {
+            p: max((done[d] + edge_ms(d, p) for d in deps[p]), default=0.0)
+            for p in pending
+            if all(d in done for d in deps[p])
+        }
+        p = min(ready, key=lambda q: (ready[q], order[q]))
+        start = max(ready[p], free[proc[p]])
+        done[p] = free[proc[p]] = start + dur_ms[p]
+        pending.remove(p)
+    return max(done.values())
+
+
+def report_path(timed, b, manifest, plan) -> None:
     pred = {p.name: p.latency_ms for p in plan.parts}
     procs = {p.name: p.processor for p in plan.parts}
     paths = [r.path for r in b.requests]
@@ -159,20 +181,28 @@ def report_path(b, plan) -> None:
     print(f"\nplan, along each request's realised critical path (medians over {len(b.requests)} requests):")
     print(f"  latency {b.latency_ms:.2f} ms, predicted {b.predicted_ms:.2f} ms")
     print(
-        f"  {on_path:.0f} parts on the path; their run calls {b.critical_run_ms:.2f} ms, predicted {path_pred:.2f} ms"
+        f"  {on_path:.0f} parts on the path; their run calls {b.critical_run_ms:.2f} ms, "
+        f"predicted {path_pred:.2f} ms"
     )
     print(
         f"  not in run calls: {b.unexplained_ms:.2f} ms = hand-offs {b.handoff_ms:.2f} + queue waits "
-        f"{b.queue_ms:.2f} + inputs/outputs {b.io_ms:.2f} + bookkeeping {b.bookkeeping_ms:.2f} + other {b.other_ms:.2f}"
+        f"{b.queue_ms:.2f} + inputs/outputs {b.io_ms:.2f} + bookkeeping {b.bookkeeping_ms:.2f} "
+        f"+ other {b.other_ms:.2f}"
     )
-    lanes = defaultdict(list)
-    for p in b.parts:
-        if p.handoff_ms is not None:
-            lanes[procs[p.part]].append(p.handoff_ms)
-    for lane, v in lanes.items():
-        print(
-            f"  hand-off onto {lane}: median over its parts {med(v):.3f} ms (range {min(v):.3f}-{max(v):.3f})"
-        )
+    runs = {(p.request, p.part): p for p in timed.parts}
+    for lane in sorted(set(procs.values())):
+        per_req, each = [], []
+        for r in b.requests:
+            mine = [runs[(r.request, n)] for n in r.path if procs[n] == lane]
+            h = [x.queue_wait_ns / 1e6 for x in mine if x.worker_idle]
+            per_req.append(sum(h))
+            each += h
+        if each:
+            print(
+                f"  hand-offs onto {lane} on the path: {len(each) / len(b.requests):.1f} per request, "
+                f"{med(per_req):.2f} ms per request; each: median {med(each):.3f} ms, "
+                f"p90 {np.percentile(each, 90):.3f}, max {max(each):.3f}"
+            )
     waits = [p for p in b.parts if p.queue_wait_ms > 0.2 and p.handoff_ms is None]
     if waits:
         print(
@@ -180,7 +210,40 @@ def report_path(b, plan) -> None:
             + ", ".join(f"{p.part} {p.queue_wait_ms:.2f}" for p in waits)
         )
     busy = ", ".join(f"{p.lane} {p.utilisation:.0%}" for p in b.processors)
-    print(f"  processors busy in run calls: {busy}")
+    print(f"  processors busy in run calls while requests ran: {busy}")
+    edges = defaultdict(float)
+    for t in plan.transfers:
+        edges[(t.src_part, t.dst_part)] += t.latency_ms
+    by = {p.part: p for p in b.parts}
+    lane_handoff = defaultdict(list)
+    for p in b.parts:
+        if p.handoff_ms is not None:
+            lane_handoff[p.processor].append(p.handoff_ms)
+    lane_med = {k: med(v) for k, v in lane_handoff.items()}
+
+    def handoff(src: str, dst: str) -> float:
+        h = by[dst].handoff_ms
+        return h if h is not None else lane_med.get(procs[dst], 0.0)
+
+    steps = [
+        ("the plan's prediction (node-level schedule)", plan.predicted["latency_ms"]),
+        (
+            "part-level replay, predicted part times + transfers",
+            replay(manifest, pred, lambda s, d: edges[(s, d)]),
+        ),
+        (
+            "  ... with measured run calls",
+            replay(manifest, {p.part: p.run_ms for p in b.parts}, lambda s, d: edges[(s, d)]),
+        ),
+        (
+            "  ... + measured in-worker overhead and hand-offs",
+            replay(manifest, {p.part: p.span_ms for p in b.parts}, handoff),
+        ),
+        ("measured (median)", b.latency_ms),
+    ]
+    print("  the gap, step by step (ms):")
+    for label, v in steps:
+        print(f"    {label:<55}{v:8.2f}")
 
 
 def report_inside(detail, plan, throttled) -> None:
@@ -250,7 +313,7 @@ def main() -> None:
         lat, per_round, singles, throttled = timed_blocks(bundles, args.rounds, args.block, little)
         detail = detailed_pass(bundles, args.block)
     report_variants(plan, big, lat, per_round)
-    report_path(singles["plan"], plan)
+    report_path(*singles["plan"], plan)
     report_inside(detail, plan, throttled)
 
 

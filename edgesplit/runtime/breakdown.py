@@ -77,6 +77,8 @@ class Breakdown:
     """Per part, per request, per processor; the end-to-end figures are medians over requests.
 
     Attributes:
+        processors: Each lane's run calls over the time requests were in flight
+            (:meth:`Trace.busy_in_requests`).
         critical_run_ms: Sum of the run calls on each request's realised critical path.
         unexplained_ms: Latency minus ``critical_run_ms``, split into the other buckets (each a
             median on its own, so they need not add up exactly).
@@ -147,7 +149,7 @@ def breakdown(trace: Trace, manifest: Manifest) -> Breakdown:
     return Breakdown(
         tuple(parts),
         requests,
-        trace.busy(),
+        trace.busy_in_requests(),
         med("latency_ms"),
         predicted,
         med("run_ms"),

@@ -215,6 +215,22 @@ class Trace:
             out.append(ProcessorBusy(lane, hi - lo, busy, worker, n))
         return tuple(out)
 
+    def busy_in_requests(self) -> tuple[ProcessorBusy, ...]:
+        """Each lane's load while requests were in flight: the window is the sum of the request
+        latencies, the busy time the run calls inside them (for requests run one at a time; in a
+        stream, overlapping requests count a run call once per request it overlaps)."""
+        out = []
+        for lane in self.lanes:
+            runs = [p for p in self.parts if p.lane == lane]
+            busy = worker = n = window = 0
+            for r in self.requests:
+                window += r.latency_ns
+                busy += sum(_overlap(p.run_start_ns, p.run_end_ns, r.start_ns, r.end_ns) for p in runs)
+                worker += sum(_overlap(p.start_ns, p.done_ns, r.start_ns, r.end_ns) for p in runs)
+                n += sum(1 for p in runs if p.request == r.request)
+            out.append(ProcessorBusy(lane, window, busy, worker, n))
+        return tuple(out)
+
 
 def _overlap(a: int, b: int, lo: int, hi: int) -> int:
     return max(0, min(b, hi) - max(a, lo))
