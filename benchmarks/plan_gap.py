@@ -30,6 +30,7 @@ import copy
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,11 @@ def build(args, tmp: Path):
     for name, pl in (("plan", plan), ("plan-on-big", on_big), ("big", big)):
         compile_bundle(graph, pl, tmp / name, device=device)
         bundles[name] = tmp / name
+    if any(p.cpu_quota_pct for p in device.processors):
+        # the same plan with no CPU quota anywhere: what the quota's bursts cost, all else equal
+        free = replace(device, processors=tuple(replace(p, cpu_quota_pct=None) for p in device.processors))
+        compile_bundle(graph, plan, tmp / "plan-no-quota", device=free)
+        bundles["plan-no-quota"] = tmp / "plan-no-quota"
     return device, plan, big, bundles
 
 
@@ -142,12 +148,12 @@ def detailed_pass(bundles, block: int):
 
 def report_variants(plan, big, lat, per_round) -> None:
     print(f"\n{'variant':<13}{'parts':>6}{'predicted ms':>14}{'measured ms':>13}  per-round medians")
-    preds = {"plan": plan.predicted["latency_ms"], "big": big.predicted["latency_ms"], "plan-on-big": None}
-    parts = {"plan": len(plan.parts), "big": 1, "plan-on-big": len(plan.parts)}
+    preds = {"plan": plan.predicted["latency_ms"], "big": big.predicted["latency_ms"]}
     for name, t in lat.items():
-        p = preds[name]
+        p = preds.get(name)
+        n = 1 if name == "big" else len(plan.parts)
         rounds = " ".join(f"{v:.1f}" for v in per_round[name])
-        print(f"{name:<13}{parts[name]:>6}{'-' if p is None else f'{p:.2f}':>14}{med(t):>13.2f}  {rounds}")
+        print(f"{name:<13}{n:>6}{'-' if p is None else f'{p:.2f}':>14}{med(t):>13.2f}  {rounds}")
 
 
 def replay(manifest, dur_ms, edge_ms) -> float:
@@ -178,7 +184,7 @@ def report_path(timed, b, manifest, plan) -> None:
     paths = [r.path for r in b.requests]
     path_pred = med(sum(pred[n] for n in path) for path in paths)
     on_path = med(len(path) for path in paths)
-    print(f"\nplan, along each request's realised critical path (medians over {len(b.requests)} requests):")
+    print(f"\nalong each request's realised critical path (medians over {len(b.requests)} requests):")
     print(f"  latency {b.latency_ms:.2f} ms, predicted {b.predicted_ms:.2f} ms")
     print(
         f"  {on_path:.0f} parts on the path; their run calls {b.critical_run_ms:.2f} ms, "
@@ -314,6 +320,9 @@ def main() -> None:
         detail = detailed_pass(bundles, args.block)
     report_variants(plan, big, lat, per_round)
     report_path(*singles["plan"], plan)
+    if "plan-no-quota" in singles:
+        print("\nthe same for plan-no-quota (the plan with no CPU quota on any processor):", end="")
+        report_path(*singles["plan-no-quota"], plan)
     report_inside(detail, plan, throttled)
 
 

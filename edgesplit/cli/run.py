@@ -191,4 +191,4 @@ def print_breakdown(b) -> None:
         f"bookkeeping {f(b.bookkeeping_ms)} + other {f(b.other_ms)} (each a median)"
     )
     busy = ", ".join(f"{p.lane} {p.utilisation:.0%}" for p in b.processors)
-    console.print(f"processors busy in run calls (single requests): {busy}")
+    console.print(f"processors busy in run calls while the single requests ran: {busy}")
