@@ -217,6 +217,13 @@ def report_path(timed, b, manifest, plan) -> None:
         )
     busy = ", ".join(f"{p.lane} {p.utilisation:.0%}" for p in b.processors)
     print(f"  processors busy in run calls while requests ran: {busy}")
+    report_steps(b, manifest, plan)
+
+
+def report_steps(b, manifest, plan) -> None:
+    """From the node-level prediction to the measurement, one substitution at a time."""
+    pred = {p.name: p.latency_ms for p in plan.parts}
+    procs = {p.name: p.processor for p in plan.parts}
     edges = defaultdict(float)
     for t in plan.transfers:
         edges[(t.src_part, t.dst_part)] += t.latency_ms

@@ -195,6 +195,7 @@ def test_detailed_trace_has_cpu_time_and_kernels_inside_run_calls(bundle):
     with load(bundle, detailed=True) as sess:
         rep = benchmark(sess, random_feeds(sess), repeat=3, warmup=1)
         manifest = sess.manifest
+        assert sess.end_detailed_trace().kernels == rep.trace.kernels  # a second call reads nothing new
     trace = rep.trace
     assert len(trace.engine_runs) == 3 * len(manifest.parts)
     runs = {(p.request, p.part): p for p in trace.parts}

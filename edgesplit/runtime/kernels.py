@@ -15,11 +15,10 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from edgesplit.compile.bundle import PartArtifact
 from edgesplit.errors import BundleError
 from edgesplit.runtime.trace import EngineRun, KernelRun, Trace, is_reorder
 
@@ -82,17 +81,18 @@ class KernelTracer:
         self._offset_ns = wall_offset_ns()
         self._events: dict[str, list[_EngineEvent]] = {}
         self._starts_ns: dict[str, int] = {}
+        self._ended = False
 
     def executor_options(self, part: str) -> dict[str, str]:
         return {"profile_prefix": str(self._dir / part)}
 
-    def read(
-        self,
-        ended: Mapping[str, tuple[str, int] | None],
-        parts: Sequence[PartArtifact],
-        lane_of: Callable[[PartArtifact], str],
-    ) -> None:
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def read(self, ended: Mapping[str, tuple[str, int] | None]) -> None:
         """Read the profiles the ORT executors wrote (``end_profiling`` results, by part name)."""
+        self._ended = True
         for name, got in ended.items():
             if got is None:
                 continue

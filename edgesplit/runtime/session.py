@@ -323,16 +323,17 @@ class Session:
         """Stop ORT's profiler on the ORT parts and read its kernels into the records.
 
         Only for a Session loaded with ``detailed=True`` (else a :class:`BundleError`); runs
-        after this call are no longer profiled. Returns :meth:`trace_records`.
+        after the first call are no longer profiled. Returns :meth:`trace_records`.
         """
         if self._kernels is None:
             raise BundleError(f"{self.path}: load the bundle with detailed=True to trace kernels")
-        ended = {}
-        for name, ex in self._executors.items():
-            end = getattr(ex, "end_profiling", None)
-            if end is not None:
-                ended[name] = self._workers[_worker_key(self._parts[name])].pool.submit(end).result()
-        self._kernels.read(ended, self.manifest.parts, _worker_key)
+        if not self._kernels.ended:
+            ended = {}
+            for name, ex in self._executors.items():
+                end = getattr(ex, "end_profiling", None)
+                if end is not None:
+                    ended[name] = self._workers[_worker_key(self._parts[name])].pool.submit(end).result()
+            self._kernels.read(ended)
         return self.trace_records()
 
     def breakdown(self, requests: Iterable[int] | None = None) -> Breakdown:
