@@ -46,6 +46,11 @@ _EXPORTS: dict[str, str] = {
     "load": "edgesplit.runtime.session",
     "Session": "edgesplit.runtime.session",
     "SessionStats": "edgesplit.runtime.session",
+    "Trace": "edgesplit.runtime.trace",
+    "PartRun": "edgesplit.runtime.trace",
+    "RequestRun": "edgesplit.runtime.trace",
+    "Breakdown": "edgesplit.runtime.breakdown",
+    "write_chrome_trace": "edgesplit.runtime.chrome",
     "deploy": "edgesplit.deploy",
     # errors
     "EdgesplitError": "edgesplit.errors",
@@ -102,4 +107,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
     from edgesplit.profile.remote import detect_remote, profile_remote
     from edgesplit.profile.run import profile_model
     from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile, load_profile
+    from edgesplit.runtime.breakdown import Breakdown
+    from edgesplit.runtime.chrome import write_chrome_trace
     from edgesplit.runtime.session import Session, SessionStats, load
+    from edgesplit.runtime.trace import PartRun, RequestRun, Trace

@@ -23,17 +23,56 @@ from edgesplit.cli.common import console
     help="Per remote part, run on the server or the local fallback, whichever is measured faster.",
 )
 @click.option("--output", "-o", type=click.Path(file_okay=False), help="Write the outputs as NAME.npy here.")
-def command(bundle, inputs, repeat, warmup, stream, server_url, token, adaptive, output):
+@click.option(
+    "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto) here."
+)
+@click.option(
+    "--trace-detail",
+    is_flag=True,
+    help="Also CPU time per run call and ORT kernels (layout reorders); slows runs.",
+)
+@click.option(
+    "--trace-request",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Align the plan's predicted spans to this timed request (0 = the first).",
+)
+def command(
+    bundle,
+    inputs,
+    repeat,
+    warmup,
+    stream,
+    server_url,
+    token,
+    adaptive,
+    output,
+    trace_path,
+    trace_detail,
+    trace_request,
+):
     """Run BUNDLE on its processors and compare with the plan's predictions."""
     from edgesplit.runtime.api import benchmark, load, read_inputs
 
+    if trace_request >= repeat:
+        raise click.BadParameter(
+            f"{trace_request} is not below --repeat {repeat}", param_hint="--trace-request"
+        )
     options = {"remote": {"url": server_url, "token": token}} if server_url else None
-    with load(bundle, executor_options=options, adaptive=adaptive) as sess:
+    with load(bundle, executor_options=options, adaptive=adaptive, detailed=trace_detail) as sess:
         feeds = read_inputs(sess, inputs)
         report = benchmark(sess, feeds, repeat=repeat, warmup=warmup, stream=stream)
         if output:
             report.save_outputs(output)
+        if trace_path:
+            from edgesplit.runtime.chrome import write_chrome_trace
+
+            align = sorted(r.request for r in report.trace.requests)[trace_request]
+            write_chrome_trace(trace_path, report.trace, sess.manifest, align_request=align)
     print_report(report)
+    if trace_path:
+        console.print(f"trace: {trace_path} (open in https://ui.perfetto.dev or chrome://tracing)")
 
 
 def print_report(report) -> None:
@@ -65,6 +104,8 @@ def print_report(report) -> None:
             ratio,
         )
     console.print(t)
+    if report.breakdown is not None:
+        print_breakdown(report.breakdown)
     s = Table(title="end to end")
     for col in ("mode", "runs", "median ms", "p90 ms", "predicted ms", "throughput /s", "predicted /s"):
         s.add_column(col)
@@ -119,3 +160,35 @@ def print_report(report) -> None:
             console.print("note: no --server given: remote parts ran on their local fallback")
     for n in st.notes:
         console.print(f"note: {n}")
+
+
+def print_breakdown(b) -> None:
+    """Where the time went (edgesplit.runtime.breakdown.Breakdown): per part, then per request."""
+    from rich.table import Table
+
+    def f(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    kernels = any(p.engine_ms is not None for p in b.parts)
+    t = Table(title="where the time goes (medians, ms)")
+    cols = ["part", "processor", "run call", "predicted", "run/pred", "queue wait", "hand-off", "in+out"]
+    for col in cols + (["engine", "reorders", "reorder ms"] if kernels else []):
+        t.add_column(col)
+    for p in b.parts:
+        ratio = f"{p.run_ms / p.predicted_ms:.2f}" if p.predicted_ms else "-"
+        row = [p.part, p.processor, f(p.run_ms), f(p.predicted_ms), ratio, f(p.queue_wait_ms)]
+        row += [f(p.handoff_ms), f(p.inputs_ms + p.outputs_ms)]
+        if kernels:
+            row += [f(p.engine_ms), "-" if p.reorders is None else str(p.reorders), f(p.reorder_ms)]
+        t.add_row(*row)
+    console.print(t)
+    if b.latency_ms is None:
+        return
+    console.print(
+        f"per request: {f(b.latency_ms)} ms median (predicted {f(b.predicted_ms)}); run calls on the "
+        f"critical path {f(b.critical_run_ms)} ms; unexplained {f(b.unexplained_ms)} ms = hand-offs "
+        f"{f(b.handoff_ms)} + queue waits {f(b.queue_ms)} + inputs/outputs {f(b.io_ms)} + "
+        f"bookkeeping {f(b.bookkeeping_ms)} + other {f(b.other_ms)} (each a median)"
+    )
+    busy = ", ".join(f"{p.lane} {p.utilisation:.0%}" for p in b.processors)
+    console.print(f"processors busy in run calls while the single requests ran: {busy}")

@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from edgesplit.errors import RunInputError
+from edgesplit.runtime.breakdown import Breakdown, breakdown, plan_value
 from edgesplit.runtime.session import Session, SessionStats, load
+from edgesplit.runtime.trace import Trace
 from edgesplit.util import atomic_write_bytes
 
 __all__ = ["load", "read_inputs", "random_feeds", "benchmark", "RunReport"]
@@ -45,6 +47,14 @@ def read_inputs(sess: Session, specs: Sequence[str]) -> dict[str, np.ndarray]:
 
 @dataclass(frozen=True)
 class RunReport:
+    """What :func:`benchmark` measured.
+
+    Attributes:
+        trace: The timing records of the timed requests (single requests, then the stream's).
+        breakdown: Where the time went in the single requests (the stream's are left out: their
+            queue waits measure the pipelining, not the plan's latency).
+    """
+
     stats: SessionStats
     runs: int
     median_ms: float
@@ -55,6 +65,8 @@ class RunReport:
     stream_n: int
     stream_per_s: float | None
     outputs: dict[str, np.ndarray]
+    trace: Trace | None = None
+    breakdown: Breakdown | None = None
 
     def save_outputs(self, folder: str | os.PathLike) -> None:
         import io
@@ -68,7 +80,11 @@ class RunReport:
 def benchmark(
     sess: Session, feeds: dict[str, np.ndarray], *, repeat: int = 20, warmup: int = 3, stream: int = 0
 ) -> RunReport:
-    """Time ``repeat`` single requests (after ``warmup``), then optionally a stream of ``stream``."""
+    """Time ``repeat`` single requests (after ``warmup``), then optionally a stream of ``stream``.
+
+    With a Session loaded with ``detailed=True``, ORT's profiler is stopped at the end and
+    its kernels are in the report's trace and breakdown.
+    """
     outputs = sess.run(feeds)
     for _ in range(max(0, warmup - 1)):
         sess.run(feeds)
@@ -79,13 +95,15 @@ def benchmark(
         outputs = sess.run(feeds)
         lat.append((time.perf_counter() - t0) * 1e3)
     stats = sess.stats()
+    singles = {r.request for r in sess.trace_records().requests}
     per_s = None
     if stream:
         t0 = time.perf_counter()
         for _ in sess.run_stream(feeds for _ in range(stream)):
             pass
         per_s = stream / (time.perf_counter() - t0)
-    predicted = sess.manifest.plan.get("predicted") or {}
+    trace = sess.end_detailed_trace() if sess.detailed else sess.trace_records()
+    predicted = plan_value(sess.manifest.plan, "predicted") or {}
     return RunReport(
         stats,
         repeat,
@@ -97,4 +115,6 @@ def benchmark(
         stream,
         per_s,
         outputs,
+        trace,
+        breakdown(trace.select(singles), sess.manifest),
     )

@@ -3,6 +3,10 @@
 Contract: an executor is built on the thread that will call it (so thread affinity and the cgroup
 of a processor's worker apply to the runtime's own threads too); ``run`` takes a dict holding at
 least the part's inputs and returns a dict with exactly the part's outputs.
+
+An executor may also offer ``run`` in three phases, which the Session then times apart:
+``gather(feeds)`` (pick and convert the inputs), ``call(args)`` (the backend's run call) and
+``collect(raw)`` (the outputs as a dict of numpy arrays); ``run`` is ``collect(call(gather(f)))``.
 """
 
 from __future__ import annotations
@@ -41,12 +45,17 @@ class OrtExecutor:
         provider: str | None = None,
         options: Mapping | None = None,
         spin: bool = True,
+        profile_prefix: str | None = None,
     ):
-        """``spin=False`` when other sessions share the processor (see ``ort_session_options``)."""
+        """``spin=False`` when other sessions share the processor (see ``ort_session_options``);
+        ``profile_prefix`` turns on ORT's profiler, writing there (see ``end_profiling``)."""
         import onnxruntime as ort
 
         self.part = part
         so = ort_session_options(part.threads, part.cores, spin=spin)
+        if profile_prefix is not None:
+            so.enable_profiling = True
+            so.profile_file_prefix = profile_prefix
         provider = provider or part.provider
         available = ort.get_available_providers()
         if provider not in available:
@@ -61,8 +70,23 @@ class OrtExecutor:
         self._inputs = [i.name for i in part.inputs]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        got = self._sess.run(self._outputs, {k: feeds[k] for k in self._inputs})
-        return dict(zip(self._outputs, got))
+        return self.collect(self.call(self.gather(feeds)))
+
+    def gather(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: feeds[k] for k in self._inputs}
+
+    def call(self, args: dict[str, np.ndarray]) -> list:
+        return self._sess.run(self._outputs, args)
+
+    def collect(self, raw: list) -> dict[str, np.ndarray]:
+        return dict(zip(self._outputs, raw))
+
+    def end_profiling(self) -> tuple[str, int] | None:
+        """Stop ORT's profiler: (its JSON file, its start on the wall clock in ns), or None if off."""
+        if not self._sess.get_session_options().enable_profiling:
+            return None
+        start_ns = self._sess.get_profiling_start_time_ns()
+        return self._sess.end_profiling(), start_ns
 
     def close(self) -> None:
         self._sess = None
@@ -87,9 +111,16 @@ class TvmExecutor:
         self._outputs = [o.name for o in part.outputs]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        args = [self._tensor(np.ascontiguousarray(feeds[k]), self._dev) for k in self._inputs]
-        out = self._vm["main"](*args)
-        values = [out] if hasattr(out, "numpy") else list(out)
+        return self.collect(self.call(self.gather(feeds)))
+
+    def gather(self, feeds: Mapping[str, np.ndarray]) -> list:
+        return [self._tensor(np.ascontiguousarray(feeds[k]), self._dev) for k in self._inputs]
+
+    def call(self, args: list):
+        return self._vm["main"](*args)
+
+    def collect(self, raw) -> dict[str, np.ndarray]:
+        values = [raw] if hasattr(raw, "numpy") else list(raw)
         return {name: v.numpy() for name, v in zip(self._outputs, values)}
 
     def close(self) -> None:

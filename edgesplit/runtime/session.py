@@ -4,10 +4,20 @@ One worker thread per processor, pinned to its cores (and throttled by its CPU q
 device spec gives one). A part is submitted to its processor's worker as soon as the parts it
 reads from have finished, so independent parts overlap; requests of a stream overlap the same
 way, which pipelines the stages.
+
+Every request and part run is timed on one monotonic clock (``time.perf_counter_ns``): when the
+part's inputs were ready, when it was submitted to its worker, when the worker started it, the
+backend's run call, and when its outputs were merged (see :mod:`edgesplit.runtime.trace`).
+These records are always kept (a few clock reads and one tuple per part run) and read back with
+:meth:`Session.trace_records`. ``detailed=True`` also reads each run call's thread CPU time (a
+system call on each side) and turns on ORT's own profiler on the ORT parts, whose kernels
+(layout reorders among them) become sub-spans of the run calls; it slows the runs down, so it is
+opt-in.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -21,8 +31,13 @@ import numpy as np
 
 from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
 from edgesplit.cpu import configure_thread
-from edgesplit.errors import RunInputError
+from edgesplit.errors import BundleError, RunInputError
+from edgesplit.runtime.breakdown import Breakdown, breakdown
 from edgesplit.runtime.executors import Executor, make_executor
+from edgesplit.runtime.kernels import KernelTracer
+from edgesplit.runtime.trace import Trace, build_trace
+
+_clock_ns = time.perf_counter_ns
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,8 @@ class _Request:
     tensors: dict[str, np.ndarray]
     waiting: dict[str, int]
     done: Future
-    started: float = field(default_factory=time.perf_counter)
+    number: int = 0
+    start_ns: int = field(default_factory=time.perf_counter_ns)
     left: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -82,7 +98,10 @@ class Session:
         *,
         executor_options: Mapping[str, Mapping] | None = None,
         adaptive: bool = False,
+        detailed: bool = False,
+        max_records: int = 100_000,
     ):
+        """See :func:`load`. ``max_records`` bounds the part-run records kept (oldest dropped)."""
         self.path = Path(bundle)
         self.manifest: Manifest = open_bundle(self.path)  # every checksum before any library loads
         self.notes: list[str] = []
@@ -95,6 +114,13 @@ class Session:
         self._executors: dict[str, Executor] = {}
         self._times: dict[str, list[float]] = {p.name: [] for p in self.manifest.parts}
         self._e2e: list[float] = []
+        # Raw timing tuples (see trace.build_trace); deque appends are atomic, so no lock.
+        self._part_records: deque[tuple] = deque(maxlen=max_records)
+        self._request_records: deque[tuple[int, int, int]] = deque(maxlen=max_records)
+        self._run_counts = dict.fromkeys(self._parts, 0)  # runs since load, for ORT profile matching
+        self._request_numbers = itertools.count()
+        self._kernels = KernelTracer() if detailed else None
+        self._cpu_clock_ns = time.thread_time_ns if detailed else None
         opts = dict(executor_options or {})
         if adaptive:  # per remote part: server or local fallback, whichever is measured faster
             opts["remote"] = {**opts.get("remote", {}), "adaptive": True}
@@ -104,6 +130,8 @@ class Session:
             extra = dict(opts.get("remote" if p.remote else p.backend, {}))
             if p.backend == "ort" and not p.remote and per_proc[p.processor] > 1:
                 extra.setdefault("spin", False)
+            if self._kernels is not None and p.backend == "ort" and not p.remote:
+                extra.update(self._kernels.executor_options(p.name))
             if key not in self._workers:
                 self._workers[key] = _Worker(
                     key, None if p.remote else p.cores, None if p.remote else p.cpu_quota_pct, self.notes
@@ -140,49 +168,85 @@ class Session:
             tensors=dict(inputs),
             waiting={p.name: len(p.depends_on) for p in self.manifest.parts},
             done=Future(),
+            number=next(self._request_numbers),
         )
         req.left = len(self.manifest.parts)
         for p in self.manifest.parts:
             if not p.depends_on:
-                self._launch(p, req)
+                self._launch(p, req, req.start_ns)
         return req.done
 
-    def _launch(self, part: PartArtifact, req: _Request) -> None:
-        worker = self._workers[_worker_key(part)]
-        ex = self._executors[part.name]
+    def _launch(self, part: PartArtifact, req: _Request, ready_ns: int) -> None:
+        self._workers[_worker_key(part)].pool.submit(self._work, part, req, ready_ns, _clock_ns())
 
-        def work() -> tuple[dict[str, np.ndarray], float]:
-            t0 = time.perf_counter()
-            out = ex.run(req.tensors)
-            return out, (time.perf_counter() - t0) * 1e3
-
-        fut = worker.pool.submit(work)
-        fut.add_done_callback(lambda f: self._finished(part, req, f))
-
-    def _finished(self, part: PartArtifact, req: _Request, fut: Future) -> None:
-        if req.done.done():
+    def _work(self, part: PartArtifact, req: _Request, ready_ns: int, submit_ns: int) -> None:
+        """Run one part on its worker's thread, then launch the parts it made ready."""
+        start_ns = _clock_ns()
+        if req.done.done():  # an earlier part of this request failed
             return
         try:
-            out, ms = fut.result()
+            self._run_part(part, req, ready_ns, submit_ns, start_ns)
         except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
             if not req.done.done():
                 req.done.set_exception(e)
-            return
+
+    def _run_part(
+        self, part: PartArtifact, req: _Request, ready_ns: int, submit_ns: int, start_ns: int
+    ) -> None:
+        ex = self._executors[part.name]
+        call = getattr(ex, "call", None)
+        cpu = self._cpu_clock_ns
+        cpu_ns = cpu() if cpu else 0  # read outside the run call, so it does not lengthen it
+        if call is None:  # an executor without phases: its whole run is the run call
+            run_start_ns = _clock_ns()
+            out = ex.run(req.tensors)
+            run_end_ns = _clock_ns()
+            cpu_ns = cpu() - cpu_ns if cpu else None
+            collected_ns = _clock_ns()
+        else:
+            args = ex.gather(req.tensors)
+            run_start_ns = _clock_ns()
+            raw = call(args)
+            run_end_ns = _clock_ns()
+            cpu_ns = cpu() - cpu_ns if cpu else None
+            out = ex.collect(raw)
+            collected_ns = _clock_ns()
+        run_index = self._run_counts[part.name]
+        self._run_counts[part.name] = run_index + 1  # only this part's worker writes it
         ready = []
         with req.lock:
             req.tensors.update(out)
-            self._times[part.name].append(ms)
+            self._times[part.name].append((collected_ns - start_ns) / 1e6)
             req.left -= 1
             for user in self._users[part.name]:
                 req.waiting[user] -= 1
                 if req.waiting[user] == 0:
                     ready.append(self._parts[user])
             finished = req.left == 0
+            done_ns = _clock_ns()
+        self._part_records.append(
+            (
+                req.number,
+                part.name,
+                run_index,
+                ready_ns,
+                submit_ns,
+                start_ns,
+                run_start_ns,
+                run_end_ns,
+                collected_ns,
+                done_ns,
+                cpu_ns,
+            )
+        )
         for p in ready:
-            self._launch(p, req)
+            self._launch(p, req, done_ns)
         if finished:
-            self._e2e.append((time.perf_counter() - req.started) * 1e3)
-            req.done.set_result({t.name: req.tensors[t.name] for t in self.manifest.outputs})
+            result = {t.name: req.tensors[t.name] for t in self.manifest.outputs}
+            end_ns = _clock_ns()
+            self._e2e.append((end_ns - req.start_ns) / 1e6)
+            self._request_records.append((req.number, req.start_ns, end_ns))
+            req.done.set_result(result)
 
     # ---- public API
 
@@ -237,10 +301,55 @@ class Session:
             if self._parts[n].remote and hasattr(ex, "stats")
         }
 
+    def trace_records(self) -> Trace:
+        """The timing records of the requests and part runs since load or :meth:`reset_stats`.
+
+        Kernel records (ORT engine runs and kernels) are there once :meth:`end_detailed_trace`
+        has been called on a Session loaded with ``detailed=True``.
+        """
+        trace = build_trace(
+            self._part_records.copy(), self._request_records.copy(), self.manifest.parts, _worker_key
+        )
+        if self._kernels is None:
+            return trace
+        return self._kernels.attach(trace)
+
+    @property
+    def detailed(self) -> bool:
+        """Whether ORT's profiler runs on the ORT parts (``load(..., detailed=True)``)."""
+        return self._kernels is not None
+
+    def end_detailed_trace(self) -> Trace:
+        """Stop ORT's profiler on the ORT parts and read its kernels into the records.
+
+        Only for a Session loaded with ``detailed=True`` (else a :class:`BundleError`); runs
+        after the first call are no longer profiled. Returns :meth:`trace_records`.
+        """
+        if self._kernels is None:
+            raise BundleError(f"{self.path}: load the bundle with detailed=True to trace kernels")
+        if not self._kernels.ended:
+            ended = {}
+            for name, ex in self._executors.items():
+                end = getattr(ex, "end_profiling", None)
+                if end is not None:
+                    ended[name] = self._workers[_worker_key(self._parts[name])].pool.submit(end).result()
+            self._kernels.read(ended)
+        return self.trace_records()
+
+    def breakdown(self, requests: Iterable[int] | None = None) -> Breakdown:
+        """Where the time went, per part and per request (see :func:`breakdown`)."""
+        trace = self.trace_records()
+        if requests is not None:
+            trace = trace.select(requests)
+        return breakdown(trace, self.manifest)
+
     def reset_stats(self) -> None:
+        """Forget the timings so far (statistics and timing records)."""
         for v in self._times.values():
             v.clear()
         self._e2e.clear()
+        self._part_records.clear()
+        self._request_records.clear()
 
     @property
     def input_specs(self):
@@ -251,6 +360,8 @@ class Session:
             ex.close()
         for w in self._workers.values():
             w.pool.shutdown(wait=True)
+        if self._kernels is not None:
+            self._kernels.close()
 
     def __enter__(self) -> Session:
         return self
@@ -265,5 +376,10 @@ def _worker_key(part: PartArtifact) -> str:
 
 
 def load(bundle: str | os.PathLike, **kwargs) -> Session:
-    """Open a bundle: verify the manifest and every checksum, then build the executors."""
+    """Open a bundle: verify the manifest and every checksum, then build the executors.
+
+    Keyword arguments: ``executor_options`` (per backend: options for its executors),
+    ``adaptive`` (remote parts pick server or fallback by measurement), ``detailed`` (ORT's
+    profiler on the ORT parts, read with :meth:`Session.end_detailed_trace`), ``max_records``.
+    """
     return Session(bundle, **kwargs)
