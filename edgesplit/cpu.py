@@ -54,10 +54,30 @@ def configure_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float 
     if why:
         notes.append(f"{name}: {why}")
     if quota_pct is not None and quota_pct < 100:
-        why = join_cpu_quota(name, quota_pct)
+        why = throttle_thread(name, cores if not notes else None, quota_pct)
         if why:
             notes.append(f"{name}: {why}")
     return notes
+
+
+def throttle_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float) -> str | None:
+    """Give the calling thread ``quota_pct`` of its cores; None on success, else why not.
+
+    A pinned thread gets a real-time duty cycle on its cores (steady to ~0.1 ms, see
+    :mod:`edgesplit.throttle`); an unpinned one, or one refused real-time priority, the cgroup
+    quota (which releases work in bursts of its 2.5 ms period). ``EDGESPLIT_THROTTLE=cgroup-quota``
+    forces the quota.
+    """
+    from edgesplit import throttle
+
+    if cores and throttle.method() == "duty-cycle":
+        try:
+            throttle.configure(tuple(cores), quota_pct / 100.0)
+            return None
+        except OSError as e:
+            fallback = join_cpu_quota(name, quota_pct)
+            return f"{e}; using a cgroup quota" + (f", which also failed: {fallback}" if fallback else "")
+    return join_cpu_quota(name, quota_pct)
 
 
 def run_as_processor(
