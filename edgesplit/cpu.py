@@ -6,6 +6,7 @@ and TVM's worker threads), which is why executors and profilers are built on suc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -34,7 +35,10 @@ def pin_thread(cores: tuple[int, ...] | None) -> str | None:
 
 def join_cpu_quota(name: str, quota_pct: float) -> str | None:
     """Move the calling thread into a cgroup v1 CPU quota group; None on success, else why not."""
-    group = CGROUP_CPU / f"edgesplit-{name}"
+    # One group per process and processor: two processes emulating a "little" core at once must not
+    # share one quota. Groups of processes that have ended are removed on the way.
+    _sweep_groups()
+    group = CGROUP_CPU / f"edgesplit-{os.getpid()}-{name}"
     period_us = max(MIN_QUOTA_US, int(MIN_QUOTA_US * 100 / quota_pct + 0.5))
     try:
         group.mkdir(exist_ok=True)
@@ -45,6 +49,14 @@ def join_cpu_quota(name: str, quota_pct: float) -> str | None:
     except OSError as e:
         return f"cannot apply a {quota_pct:g}% CPU quota ({group}: {e.strerror or e})"
     return None
+
+
+def _sweep_groups() -> None:
+    for old in CGROUP_CPU.glob("edgesplit-*"):
+        pid = old.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                old.rmdir()
 
 
 def configure_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float | None) -> list[str]:
