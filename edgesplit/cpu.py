@@ -6,6 +6,7 @@ and TVM's worker threads), which is why executors and profilers are built on suc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -34,7 +35,10 @@ def pin_thread(cores: tuple[int, ...] | None) -> str | None:
 
 def join_cpu_quota(name: str, quota_pct: float) -> str | None:
     """Move the calling thread into a cgroup v1 CPU quota group; None on success, else why not."""
-    group = CGROUP_CPU / f"edgesplit-{name}"
+    # One group per process and processor: two processes emulating a "little" core at once must not
+    # share one quota. Groups of processes that have ended are removed on the way.
+    _sweep_groups()
+    group = CGROUP_CPU / f"edgesplit-{os.getpid()}-{name}"
     period_us = max(MIN_QUOTA_US, int(MIN_QUOTA_US * 100 / quota_pct + 0.5))
     try:
         group.mkdir(exist_ok=True)
@@ -47,6 +51,14 @@ def join_cpu_quota(name: str, quota_pct: float) -> str | None:
     return None
 
 
+def _sweep_groups() -> None:
+    for old in CGROUP_CPU.glob("edgesplit-*"):
+        pid = old.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                old.rmdir()
+
+
 def configure_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float | None) -> list[str]:
     """Pin and throttle the calling thread as processor ``name``; returns what could not be done."""
     notes = []
@@ -54,10 +66,30 @@ def configure_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float 
     if why:
         notes.append(f"{name}: {why}")
     if quota_pct is not None and quota_pct < 100:
-        why = join_cpu_quota(name, quota_pct)
+        why = throttle_thread(name, cores if not notes else None, quota_pct)
         if why:
             notes.append(f"{name}: {why}")
     return notes
+
+
+def throttle_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float) -> str | None:
+    """Give the calling thread ``quota_pct`` of its cores; None on success, else why not.
+
+    A pinned thread gets a real-time duty cycle on its cores (steady to ~0.1 ms, see
+    :mod:`edgesplit.throttle`); an unpinned one, or one refused real-time priority, the cgroup
+    quota (which releases work in bursts of its 2.5 ms period). ``EDGESPLIT_THROTTLE=cgroup-quota``
+    forces the quota.
+    """
+    from edgesplit import throttle
+
+    if cores and throttle.method() == "duty-cycle":
+        try:
+            throttle.configure(tuple(cores), quota_pct / 100.0)
+            return None
+        except OSError as e:
+            fallback = join_cpu_quota(name, quota_pct)
+            return f"{e}; using a cgroup quota" + (f", which also failed: {fallback}" if fallback else "")
+    return join_cpu_quota(name, quota_pct)
 
 
 def run_as_processor(

@@ -26,6 +26,7 @@ from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
+from edgesplit.throttle import busy_call
 
 Progress = Callable[[str, int, int], None]
 
@@ -180,10 +181,14 @@ def profile_ort(
         ).result()
         # One phase after the other, not alternating: an idle ORT session's threads spin for a
         # while after each run and would slow the other session down.
-        whole = time_runs(lambda: (worker.submit(sess.run, None, feeds).result(), tick()), runs, warmup)
+        whole = time_runs(
+            lambda: (worker.submit(busy_call, sess.run, None, feeds).result(), tick()), runs, warmup
+        )
         one = {"x": np.ones(1, np.float32)}
-        dispatch = float(np.median(time_runs(lambda: worker.submit(trivial.run, None, one).result(), 30, 5)))
-        worker.submit(time_runs, lambda: (psess.run(None, feeds), tick()), runs, warmup).result()
+        dispatch = float(
+            np.median(time_runs(lambda: worker.submit(busy_call, trivial.run, None, one).result(), 30, 5))
+        )
+        worker.submit(time_runs, lambda: (busy_call(psess.run, None, feeds), tick()), runs, warmup).result()
         kernels = _kernel_times(worker.submit(psess.end_profiling).result())
         optimized = onnx.load(opt_path, load_external_data=False).graph
     nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)

@@ -36,6 +36,7 @@ from edgesplit.runtime.breakdown import Breakdown, breakdown
 from edgesplit.runtime.executors import Executor, make_executor
 from edgesplit.runtime.kernels import KernelTracer
 from edgesplit.runtime.trace import Trace, build_trace
+from edgesplit.throttle import busy
 
 _clock_ns = time.perf_counter_ns
 
@@ -185,7 +186,8 @@ class Session:
         if req.done.done():  # an earlier part of this request failed
             return
         try:
-            self._run_part(part, req, ready_ns, submit_ns, start_ns)
+            with busy():  # a throttled processor's duty cycle runs while it works
+                self._run_part(part, req, ready_ns, submit_ns, start_ns)
         except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
             if not req.done.done():
                 req.done.set_exception(e)
