@@ -74,8 +74,10 @@ def main() -> None:
             path = calibration_path(device)
             write_calibration(path, calibration_document(spec, published, entries))
             print(f"{device:18s} wrote {path}")
-    print(f"{'all':18s} {'':10s} {'':5s} {len(all_before):3d} {'':6s} | before: {stats(all_before)} | "
-          f"after (LOO): {stats(all_after)} ({len(all_after)} figures with a LOO prediction)")
+    print(
+        f"{'all':18s} {'':10s} {'':5s} {len(all_before):3d} {'':6s} | before: {stats(all_before)} | "
+        f"after (LOO): {stats(all_after)} ({len(all_after)} figures with a LOO prediction)"
+    )
 
 
 if __name__ == "__main__":

@@ -135,13 +135,17 @@ def test_predictor_uses_the_calibration_when_present_and_the_plain_roofline_when
     calibrated = predict(squeezenet, proc, backend, device=spec.name)
     cal = ProcessorCalibration("cpu", "fp32", 0.2, 0.3, 0.05, 0.7)
     for node in squeezenet.nodes:
-        assert calibrated.nodes[node.name].latency_ms == pytest.approx(roofline_ms(node, proc, squeezenet, cal), abs=1e-6)
+        assert calibrated.nodes[node.name].latency_ms == pytest.approx(
+            roofline_ms(node, proc, squeezenet, cal), abs=1e-6
+        )
     assert calibrated.dispatch_ms == 0.7
 
     monkeypatch.setenv("EDGESPLIT_PROFILES_DIR", str(tmp_path / "empty"))
     plain = predict(squeezenet, proc, backend, device=spec.name)
     for node in squeezenet.nodes:
-        assert plain.nodes[node.name].latency_ms == pytest.approx(roofline_ms(node, proc, squeezenet), abs=1e-6)
+        assert plain.nodes[node.name].latency_ms == pytest.approx(
+            roofline_ms(node, proc, squeezenet), abs=1e-6
+        )
     assert plain.dispatch_ms is None
     assert calibrated.whole_model_ms > 1.5 * plain.whole_model_ms  # 0.2 of peak against 0.55
 

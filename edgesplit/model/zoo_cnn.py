@@ -134,9 +134,13 @@ def resnet50(seed: int = 0) -> onnx.ModelProto:
 
 
 # (output channels, stride) of the 13 depthwise-separable blocks, MobileNets paper, table 1.
-_MBV1_BLOCKS = ((64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)) + ((512, 1),) * 5 + (
-    (1024, 2),
-    (1024, 1),
+_MBV1_BLOCKS = (
+    ((64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2))
+    + ((512, 1),) * 5
+    + (
+        (1024, 2),
+        (1024, 1),
+    )
 )
 
 

@@ -102,7 +102,12 @@ def model_ms(
 def plain_ms(arrays: NodeArrays, processor: Processor) -> float:
     """Whole-model latency under today's uncalibrated roofline (what the predictor did before)."""
     return model_ms(
-        arrays, processor, "fp32", conv_efficiency(processor.kind), _MEMORY_EFFICIENCY, processor.launch_overhead_ms
+        arrays,
+        processor,
+        "fp32",
+        conv_efficiency(processor.kind),
+        _MEMORY_EFFICIENCY,
+        processor.launch_overhead_ms,
     )
 
 
@@ -113,7 +118,12 @@ def fit_efficiencies(
     from scipy.optimize import least_squares
 
     prior = np.log(
-        [conv_efficiency(processor.kind), _MEMORY_EFFICIENCY, max(processor.launch_overhead_ms, 1e-4), PRIOR_CALL_MS]
+        [
+            conv_efficiency(processor.kind),
+            _MEMORY_EFFICIENCY,
+            max(processor.launch_overhead_ms, 1e-4),
+            PRIOR_CALL_MS,
+        ]
     )
     lo, hi = np.log([b[0] for b in _BOUNDS]), np.log([b[1] for b in _BOUNDS])
     observed = np.log([ms for _, ms in cases])
@@ -164,7 +174,9 @@ def groups(spec: DeviceSpec, published: PublishedSet) -> list[Group]:
 
 def fit_group(group: Group) -> ProcessorCalibration:
     ec, em, oh, call = fit_efficiencies(
-        [(a, f.latency_ms) for a, f in zip(group.arrays, group.figures, strict=True)], group.processor, group.precision
+        [(a, f.latency_ms) for a, f in zip(group.arrays, group.figures, strict=True)],
+        group.processor,
+        group.precision,
     )
     ids = tuple(f.id for f in group.figures)
     return ProcessorCalibration(
@@ -185,7 +197,11 @@ def leave_one_out(group: Group) -> list[Prediction]:
     """Per figure: plain roofline, and the fit on every other zoo model's figures."""
     out = []
     for model in group.models:
-        rest = [(a, f.latency_ms) for a, f in zip(group.arrays, group.figures, strict=True) if f.zoo_model != model]
+        rest = [
+            (a, f.latency_ms)
+            for a, f in zip(group.arrays, group.figures, strict=True)
+            if f.zoo_model != model
+        ]
         params = (
             fit_efficiencies(rest, group.processor, group.precision)
             if len({f.zoo_model for f in group.figures} - {model}) >= 2
@@ -199,7 +215,9 @@ def leave_one_out(group: Group) -> list[Prediction]:
     return sorted(out, key=lambda p: order[p.figure.id])
 
 
-def calibration_document(spec: DeviceSpec, published: PublishedSet, entries: Sequence[ProcessorCalibration]) -> dict:
+def calibration_document(
+    spec: DeviceSpec, published: PublishedSet, entries: Sequence[ProcessorCalibration]
+) -> dict:
     """The JSON document of ``profiles/calibrated/DEVICE.json``."""
     rel = Path(published.path).resolve()
     try:

@@ -81,7 +81,9 @@ def roofline_ms(
     return overhead_ms + max(compute_ms, memory_ms)
 
 
-def calibration_for(device: str | None, processor: Processor, backend: Backend) -> ProcessorCalibration | None:
+def calibration_for(
+    device: str | None, processor: Processor, backend: Backend
+) -> ProcessorCalibration | None:
     """The shipped calibration entry for this processor at the precision it runs, if any."""
     spec = processor.server or device
     cal = load_calibration(spec) if spec else None

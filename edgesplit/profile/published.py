@@ -56,16 +56,32 @@ PUBLISHED_SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "object",
                 "required": [
-                    "id", "model", "architecture", "zoo_model", "input_shape", "batch", "precision",
-                    "runtime", "processor", "hardware", "threads", "latency_ms", "statistic", "source",
-                ],  # fmt: skip
+                    "id",
+                    "model",
+                    "architecture",
+                    "zoo_model",
+                    "input_shape",
+                    "batch",
+                    "precision",
+                    "runtime",
+                    "processor",
+                    "hardware",
+                    "threads",
+                    "latency_ms",
+                    "statistic",
+                    "source",
+                ],
                 "additionalProperties": False,
                 "properties": {
                     "id": {"type": "string", "minLength": 1},
                     "model": {"type": "string", "minLength": 1},
                     "architecture": {"type": "string", "minLength": 3},
                     "zoo_model": {"type": ["string", "null"]},
-                    "input_shape": {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 2},
+                    "input_shape": {
+                        "type": "array",
+                        "items": {"type": "integer", "minimum": 1},
+                        "minItems": 2,
+                    },
                     "batch": {"const": 1},
                     "precision": {"enum": list(PRECISIONS)},
                     "runtime": {"type": "string", "minLength": 3},
@@ -142,7 +158,9 @@ def _validate(data: Any, path: Path) -> None:
             if f["source"] not in data["sources"]
         ]
     if msgs:
-        raise ProfileError(f"{path}: " + "; ".join(msgs[:5]) + (f" (+{len(msgs) - 5} more)" if len(msgs) > 5 else ""))
+        raise ProfileError(
+            f"{path}: " + "; ".join(msgs[:5]) + (f" (+{len(msgs) - 5} more)" if len(msgs) > 5 else "")
+        )
 
 
 def published_devices() -> list[str]:
