@@ -18,6 +18,8 @@ from edgesplit.model.load import load_model
 EXPECTED_OUTPUTS: dict[str, tuple[str, tuple[int, ...]]] = {
     "mobilenetv2": ("logits", (1, 1000)),
     "resnet18": ("logits", (1, 1000)),
+    "resnet50": ("logits", (1, 1000)),
+    "mobilenetv1": ("logits", (1, 1000)),
     "squeezenet": ("logits", (1, 1000)),
     "googlenet": ("logits", (1, 1000)),
     "transformer": ("hidden", (1, 128, 256)),
@@ -111,6 +113,8 @@ def test_save_writes_the_built_bytes(tmp_path: Path):
     [
         ("resnet18", 1.82, 0.10),
         ("mobilenetv2", 0.30, 0.10),
+        ("resnet50", 4.1, 0.10),  # torchvision's count for v1.5
+        ("mobilenetv1", 0.569, 0.10),  # MobileNets paper, table 8
         ("squeezenet", 0.35, 0.10),
         ("googlenet", 1.5, 0.15),  # 5x5 convs as in the paper (torchvision has 3x3 there)
     ],

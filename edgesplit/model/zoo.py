@@ -70,6 +70,16 @@ ZOO: dict[str, ZooEntry] = {
             _lazy("zoo_cnn", "resnet18"),
         ),
         ZooEntry(
+            "resnet50",
+            "ResNet-50 v1.5, bottleneck blocks with skips; input 1x3x224x224 -> logits 1x1000",
+            _lazy("zoo_cnn", "resnet50"),
+        ),
+        ZooEntry(
+            "mobilenetv1",
+            "MobileNetV1 1.0, depthwise-separable stack; input 1x3x224x224 -> logits 1x1000",
+            _lazy("zoo_cnn", "mobilenetv1"),
+        ),
+        ZooEntry(
             "squeezenet",
             "SqueezeNet 1.1, fire modules; input 1x3x224x224 -> logits 1x1000",
             _lazy("zoo_cnn", "squeezenet"),

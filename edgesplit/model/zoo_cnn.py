@@ -1,4 +1,4 @@
-"""Convolutional networks of the zoo: MobileNetV2, ResNet-18, SqueezeNet 1.1, GoogLeNet and two
+"""Convolutional networks of the zoo: MobileNetV1/V2, ResNet-18/50, SqueezeNet 1.1, GoogLeNet and two
 small test graphs (a pure chain and a tiny DAG).
 
 Layer names follow torchvision where it has the model (``layer1.0.conv1``, ``features.3.dw``), so
@@ -105,6 +105,59 @@ def resnet18(seed: int = 0) -> onnx.ModelProto:
             cin = cout
     _classifier(b, x, 512)
     return b.model({"input": _IMAGE}, {"logits": (1, 1000)}, "ResNet-18, random weights")
+
+
+def resnet50(seed: int = 0) -> onnx.ModelProto:
+    """ResNet-50 (v1.5, torchvision's layout): four stages of bottleneck blocks, stride on the 3x3.
+
+    About 4.1 G multiply-adds; input ``input`` 1x3x224x224, output ``logits`` 1x1000.
+    """
+    b = _Builder("resnet50", seed)
+    x = b.conv("input", "conv1", 3, 64, 7, 2, bias=False)
+    x = b.relu(b.bn(x, "bn1", 64), "relu")
+    x = b.maxpool(x, "maxpool", 3, 2, pad=1)
+    cin = 64
+    for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3)), start=1):
+        cout = width * 4
+        for block in range(blocks):
+            stride = 2 if stage > 1 and block == 0 else 1
+            name = f"layer{stage}.{block}"
+            y = _conv_bn(b, x, f"{name}.conv1", cin, width, 1)
+            y = _conv_bn(b, y, f"{name}.conv2", width, width, 3, stride)
+            y = _conv_bn(b, y, f"{name}.conv3", width, cout, 1, act=None, gamma=0.5)
+            if block == 0:
+                x = _conv_bn(b, x, f"{name}.downsample", cin, cout, 1, stride, act=None)
+            x = b.relu(b.add(x, y, f"{name}.add"), f"{name}.relu")
+            cin = cout
+    _classifier(b, x, 2048)
+    return b.model({"input": _IMAGE}, {"logits": (1, 1000)}, "ResNet-50 v1.5, random weights")
+
+
+# (output channels, stride) of the 13 depthwise-separable blocks, MobileNets paper, table 1.
+_MBV1_BLOCKS = (
+    ((64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2))
+    + ((512, 1),) * 5
+    + (
+        (1024, 2),
+        (1024, 1),
+    )
+)
+
+
+def mobilenetv1(seed: int = 0) -> onnx.ModelProto:
+    """MobileNetV1 (width 1.0): a plain stack of depthwise 3x3 + pointwise 1x1 convolutions, ReLU.
+
+    About 569 M multiply-adds; input ``input`` 1x3x224x224, output ``logits`` 1x1000.
+    """
+    b = _Builder("mobilenetv1", seed)
+    x = _conv_bn(b, "input", "features.0", 3, 32, 3, 2)
+    cin = 32
+    for i, (cout, stride) in enumerate(_MBV1_BLOCKS, start=1):
+        x = _conv_bn(b, x, f"features.{i}.dw", cin, cin, 3, stride, group=cin)
+        x = _conv_bn(b, x, f"features.{i}.pw", cin, cout, 1)
+        cin = cout
+    _classifier(b, x, 1024)
+    return b.model({"input": _IMAGE}, {"logits": (1, 1000)}, "MobileNetV1 1.0, random weights")
 
 
 def _fire(b: _Builder, x: str, name: str, cin: int, squeeze: int, expand: int) -> str:

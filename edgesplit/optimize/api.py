@@ -36,7 +36,7 @@ def complete_profile(graph: ModelGraph, device: DeviceSpec, profile: Profile | N
             # a roofline guess must not outbid measurements (untuned TVM is 3.5-35x slower than
             # ORT here, DESIGN.md, while the roofline model knows nothing of tuning).
             if profile.entry(proc.name, backend.key) is None and not measured:
-                entries.append(predict(graph, proc, backend))
+                entries.append(predict(graph, proc, backend, device=device.name))
     return replace(profile, entries=tuple(entries))
 
 

@@ -4,6 +4,11 @@ latency = launch overhead + max(FLOPs / (peak x efficiency), bytes / (bandwidth 
 The efficiencies per op class are what well-tuned mobile kernels reach in published
 measurements (e.g. nn-Meter, MobiSys 2021, Fig. 3; MLPerf Mobile): dense convolutions and
 GEMMs reach a good share of peak, depthwise convolutions and elementwise ops are memory bound.
+
+Where ``profiles/calibrated/DEVICE.json`` has an entry for the processor at the precision it
+runs, its fitted figures replace the guesses: the dense-Conv efficiency (other op classes keep
+their ratio to it), the memory efficiency and the per-node overhead; bytes scale with the
+precision's element size, and the fitted per-call cost becomes the part dispatch cost. See :mod:`edgesplit.profile.fit` for how they are fitted.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import time
 
 from edgesplit.device import Backend, Processor
 from edgesplit.model.graph import ModelGraph, Node
+from edgesplit.profile.published import ProcessorCalibration, load_calibration
 from edgesplit.profile.store import PREDICTED, NodeCost, ProcessorProfile
 
 # Share of peak FLOPs reached, by op type and processor kind.
@@ -23,6 +29,7 @@ _COMPUTE_EFFICIENCY = {
 }
 _DEFAULT_COMPUTE = 0.25
 _MEMORY_EFFICIENCY = 0.6
+_ELEMENT_NBYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 
 
 def _depthwise(node: Node, graph: ModelGraph | None) -> bool:
@@ -32,23 +39,68 @@ def _depthwise(node: Node, graph: ModelGraph | None) -> bool:
     return len(w) >= 2 and w[1] == 1
 
 
-def roofline_ms(node: Node, processor: Processor, graph: ModelGraph | None = None) -> float:
-    """Predicted latency of ``node`` on ``processor`` in ms."""
-    eff = _COMPUTE_EFFICIENCY.get(processor.kind, {}).get(node.op_type, _DEFAULT_COMPUTE)
+def plain_efficiency(node: Node, kind: str, graph: ModelGraph | None = None) -> float:
+    """Uncalibrated share of peak FLOPs for ``node`` on a processor of this kind."""
     if _depthwise(node, graph):
-        eff = 0.1
+        return 0.1
+    return _COMPUTE_EFFICIENCY.get(kind, {}).get(node.op_type, _DEFAULT_COMPUTE)
+
+
+def conv_efficiency(kind: str) -> float:
+    """The plain share of peak for dense Conv, the reference a calibration rescales."""
+    return _COMPUTE_EFFICIENCY.get(kind, {}).get("Conv", _DEFAULT_COMPUTE)
+
+
+def run_precision(processor: Processor, backend: Backend) -> str:
+    """The precision ``processor`` runs fp32 models in: an explicit spec field where there is one,
+    fp16 where the backend says it converts (QNN HTP's ``enable_htp_fp16_precision``), else fp32."""
+    explicit = getattr(processor, "precision", None)
+    if explicit:
+        return str(explicit)
+    if str(backend.options.get("enable_htp_fp16_precision", "")) == "1":
+        return "fp16"
+    return "fp32"
+
+
+def roofline_ms(
+    node: Node,
+    processor: Processor,
+    graph: ModelGraph | None = None,
+    calibration: ProcessorCalibration | None = None,
+) -> float:
+    """Predicted latency of ``node`` on ``processor`` in ms (fitted figures when calibrated)."""
+    eff = plain_efficiency(node, processor.kind, graph)
+    mem_eff, overhead_ms = _MEMORY_EFFICIENCY, processor.launch_overhead_ms
+    nbytes = float(node.bytes_read + node.bytes_written)
+    if calibration is not None:
+        eff *= calibration.compute_efficiency / conv_efficiency(processor.kind)
+        mem_eff, overhead_ms = calibration.memory_efficiency, calibration.overhead_ms
+        nbytes *= _ELEMENT_NBYTES[calibration.precision] / 4
     compute_ms = node.flops / (processor.peak_gflops * 1e9 * eff) * 1e3
-    memory_ms = (
-        (node.bytes_read + node.bytes_written)
-        / (processor.mem_bandwidth_gbps * 1e9 * _MEMORY_EFFICIENCY)
-        * 1e3
-    )
-    return processor.launch_overhead_ms + max(compute_ms, memory_ms)
+    memory_ms = nbytes / (processor.mem_bandwidth_gbps * 1e9 * mem_eff) * 1e3
+    return overhead_ms + max(compute_ms, memory_ms)
 
 
-def predict(graph: ModelGraph, processor: Processor, backend: Backend) -> ProcessorProfile:
-    """Roofline costs for every node the processor and backend support."""
+def calibration_for(
+    device: str | None, processor: Processor, backend: Backend
+) -> ProcessorCalibration | None:
+    """The shipped calibration entry for this processor at the precision it runs, if any."""
+    spec = processor.server or device
+    cal = load_calibration(spec) if spec else None
+    return cal.lookup(processor.name, run_precision(processor, backend)) if cal else None
+
+
+def predict(
+    graph: ModelGraph, processor: Processor, backend: Backend, *, device: str | None = None
+) -> ProcessorProfile:
+    """Roofline costs for every node the processor and backend support.
+
+    Args:
+        device: Name of the device spec the processor belongs to; with it, the spec's shipped
+            calibration (``profiles/calibrated/``) is used where it covers the processor.
+    """
     started = time.perf_counter()
+    calibration = calibration_for(device, processor, backend)
     nodes: dict[str, NodeCost] = {}
     unsupported: dict[str, str] = {}
     for node in graph.nodes:
@@ -65,10 +117,13 @@ def predict(graph: ModelGraph, processor: Processor, backend: Backend) -> Proces
         if not backend.supports(node.op_type):
             unsupported[node.name] = f"{node.op_type} is not supported by {processor.name}/{backend.key}"
             continue
-        ms = roofline_ms(node, processor, graph)
+        ms = roofline_ms(node, processor, graph, calibration)
         nodes[node.name] = NodeCost(
             round(ms, 6), round(ms, 6), PREDICTED, round(ms * processor.active_w, 6), 0
         )
+    # The per-call cost goes to dispatch_ms (paid per part by the cost model), not into the
+    # whole-model figure: costs.py rescales node costs by whole / sum, which would count it twice.
+    call_ms = calibration.call_ms if calibration is not None else None
     whole = sum(c.latency_ms for c in nodes.values()) if not unsupported else None
     return ProcessorProfile(
         processor.name,
@@ -79,4 +134,5 @@ def predict(graph: ModelGraph, processor: Processor, backend: Backend) -> Proces
         whole_model_ms=whole,
         whole_model_p90_ms=whole,
         elapsed_s=time.perf_counter() - started,
+        dispatch_ms=call_ms,
     )

@@ -94,7 +94,7 @@ def profile_model(
                 continue
             why = _measurable(device, proc, backend)
             if why is not None:
-                entries.append(predict(graph, proc, backend))
+                entries.append(predict(graph, proc, backend, device=device.name))
             elif backend.runtime == "ort":
                 entries.append(profile_ort(graph, proc, backend, runs=runs, warmup=warmup, progress=progress))
             else:
