@@ -132,7 +132,7 @@ def profiles(model: Path, tmp: Path, quota: CpuQuota):
 
 
 def pinned(graph, dev, srv, link, prof, assign: dict[str, str]):
-    from edgesplit.optimize import partition
+    from edgesplit.pipeline import partition
 
     return partition(graph, dev, profile=prof, server=srv, link=link, pins=assign)
 
@@ -140,7 +140,7 @@ def pinned(graph, dev, srv, link, prof, assign: dict[str, str]):
 def plans_at(graph, dev, srv, prof, mbps: float) -> dict[str, tuple[object, float]]:
     """name -> (plan, predicted ms) for edgesplit's plan and the three baselines, at ``mbps``."""
     from edgesplit.device import network_link
-    from edgesplit.optimize import partition
+    from edgesplit.pipeline import partition
 
     link = network_link(None, bandwidth_mbps=mbps, rtt_ms=RTT_MS)
     plan = partition(graph, dev, profile=prof, server=srv, link=link)

@@ -21,8 +21,8 @@ from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.optimize import partition
-from edgesplit.profile.run import profile_model
+from edgesplit.pipeline import partition
+from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.session import load
 
@@ -48,7 +48,7 @@ def main() -> None:
         for name in args.models.split(","):
             path = zoo.save(name, Path(tmp) / f"{name}.onnx")
             graph = load_model(path)
-            prof = profile_model(graph, device, runs=10, warmup=3)
+            prof = profile_model(graph, device, ProfileOptions(runs=10, warmup=3))
             e = prof.entry("core0", "ort")
             # The 2-stage plan: cut where the measured per-node latency on core0 reaches half.
             acc, cut = 0.0, 1

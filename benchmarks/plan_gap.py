@@ -40,8 +40,9 @@ from edgesplit.cpu import CGROUP_CPU
 from edgesplit.device import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.optimize import partition
-from edgesplit.profile.run import profile_model
+from edgesplit.optimize.plan import Plan
+from edgesplit.pipeline import partition
+from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
 from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.breakdown import breakdown
@@ -68,7 +69,7 @@ def build(args, tmp: Path):
     if args.profile:
         prof = load_profile(args.profile)
     else:
-        prof = profile_model(graph, device, backends=["ort"], runs=20, warmup=5)
+        prof = profile_model(graph, device, ProfileOptions(["ort"], runs=20, warmup=5))
         prof.save(tmp / "profile.json")
     plan = partition(graph, device, profile=prof, objective="latency")
     big = partition(graph, device, profile=prof, pins={n.name: first for n in graph.nodes})
@@ -78,6 +79,7 @@ def build(args, tmp: Path):
         p["latency_ms"] = None  # not predicted: the cut alone, on one processor
     for a in on_big["assignment"].values():
         a["processor"] = first
+    on_big = Plan.from_json(on_big)
     bundles = {}
     for name, pl in (("plan", plan), ("plan-on-big", on_big), ("big", big)):
         compile_bundle(graph, pl, tmp / name, device=device)

@@ -20,8 +20,8 @@ from edgesplit.compile.api import compile_bundle
 from edgesplit.device import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.optimize import partition
-from edgesplit.profile.run import profile_model
+from edgesplit.pipeline import partition
+from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.session import load
 
@@ -53,7 +53,7 @@ def main() -> None:
         for name in args.models.split(","):
             path = zoo.save(name, Path(tmp) / f"{name}.onnx")
             graph = load_model(path)
-            prof = profile_model(graph, device, backends=["ort"], runs=20, warmup=5)
+            prof = profile_model(graph, device, ProfileOptions(["ort"], runs=20, warmup=5))
             plans = {"latency": dict(objective="latency")}
             for p in procs:
                 plans[f"only:{p}"] = dict(objective="latency", pins={n.name: p for n in graph.nodes})

@@ -16,7 +16,7 @@ from pathlib import Path
 from edgesplit.device import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.profile.run import profile_model
+from edgesplit.profile.run import ProfileOptions, profile_model
 
 
 def models(tmp: Path) -> list[tuple[str, Path, dict]]:
@@ -49,7 +49,7 @@ def main() -> None:
             t0 = time.perf_counter()
             graph = load_model(path, shapes or None)
             t1 = time.perf_counter()
-            prof = profile_model(graph, host, backends=backends, runs=args.runs, warmup=5)
+            prof = profile_model(graph, host, ProfileOptions(backends, runs=args.runs, warmup=5))
             t2 = time.perf_counter()
             e = prof.entry("cpu", "ort")
             ratio = e.sum_ms / e.whole_model_ms

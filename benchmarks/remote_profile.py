@@ -37,7 +37,8 @@ def main() -> None:
     from edgesplit.device import load_device
     from edgesplit.model import zoo
     from edgesplit.model.load import load_model
-    from edgesplit.profile.remote import profile_remote
+    from edgesplit.profile.remote import RemoteOptions, profile_remote
+    from edgesplit.profile.run import ProfileOptions
     from edgesplit.profile.ssh import SshOptions
     from edgesplit.profile.steps import profile_steps
 
@@ -45,10 +46,10 @@ def main() -> None:
         tmp_path = Path(tmp)
         model = zoo.save(args.model, tmp_path / f"{args.model}.onnx")
         size_mb = model.stat().st_size / 1e6
-        common = dict(backends=args.backend, runs=args.runs, warmup=args.warmup)
+        options = ProfileOptions(args.backend, runs=args.runs, warmup=args.warmup)
 
         t0 = time.perf_counter()
-        local = profile_steps(load_model(model), load_device("host"), **common)
+        local = profile_steps(load_model(model), load_device("host"), options)
         local_s = time.perf_counter() - t0
 
         server = start_sshd(tmp_path / "sshd")
@@ -66,10 +67,10 @@ def main() -> None:
             remote = profile_remote(
                 model,
                 server.target,
-                opts,
+                RemoteOptions(opts),
                 output=tmp_path / "remote.json",
+                options=options,
                 on_event=lambda ev: marks.setdefault(ev["event"], time.perf_counter() - t0),
-                **common,
             )
             remote_s = time.perf_counter() - t0
             left = list(remote_tmp.iterdir())

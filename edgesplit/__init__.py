@@ -27,6 +27,8 @@ _EXPORTS: dict[str, str] = {
     "NetworkLink": "edgesplit.device",
     # profiles
     "profile_model": "edgesplit.profile.run",
+    "ProfileOptions": "edgesplit.profile.run",
+    "RemoteOptions": "edgesplit.profile.remote",
     "profile_remote": "edgesplit.profile.remote",
     "profile_fleet": "edgesplit.profile.fleet",
     "detect_remote": "edgesplit.profile.remote",
@@ -35,7 +37,7 @@ _EXPORTS: dict[str, str] = {
     "NodeCost": "edgesplit.profile.store",
     "load_profile": "edgesplit.profile.store",
     # partition
-    "partition": "edgesplit.optimize",
+    "partition": "edgesplit.pipeline",
     "Plan": "edgesplit.optimize",
     "load_plan": "edgesplit.optimize",
     # compile and run
@@ -51,7 +53,7 @@ _EXPORTS: dict[str, str] = {
     "RequestRun": "edgesplit.runtime.trace",
     "Breakdown": "edgesplit.runtime.breakdown",
     "write_chrome_trace": "edgesplit.runtime.chrome",
-    "deploy": "edgesplit.deploy",
+    "deploy": "edgesplit.deployment",
     # errors
     "EdgesplitError": "edgesplit.errors",
     "InputError": "edgesplit.errors",
@@ -85,7 +87,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is used
     from edgesplit.compile.api import compile_bundle
     from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
-    from edgesplit.deploy import deploy
+    from edgesplit.deployment import deploy
     from edgesplit.device import DeviceSpec, NetworkLink, Processor, load_device, load_links
     from edgesplit.errors import (
         BundleError,
@@ -102,10 +104,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
     from edgesplit.model.graph import ModelGraph, Node, TensorInfo
     from edgesplit.model.load import load_model
     from edgesplit.model.zoo import save as zoo_save
-    from edgesplit.optimize import Plan, load_plan, partition
+    from edgesplit.optimize import Plan, load_plan
+    from edgesplit.pipeline import partition
     from edgesplit.profile.fleet import profile_fleet
-    from edgesplit.profile.remote import detect_remote, profile_remote
-    from edgesplit.profile.run import profile_model
+    from edgesplit.profile.remote import RemoteOptions, detect_remote, profile_remote
+    from edgesplit.profile.run import ProfileOptions, profile_model
     from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile, load_profile
     from edgesplit.runtime.breakdown import Breakdown
     from edgesplit.runtime.chrome import write_chrome_trace

@@ -15,115 +15,30 @@ from typing import Any
 
 import yaml
 
+from edgesplit.device_schema import BACKENDS, KINDS, BackendKind, device_to_mapping, validate
 from edgesplit.errors import DeviceSpecError
+
+__all__ = [
+    "BACKENDS",
+    "KINDS",
+    "Backend",
+    "BackendKind",
+    "DeviceSpec",
+    "NetworkLink",
+    "Processor",
+    "SpecSource",
+    "device_from_mapping",
+    "device_to_mapping",
+    "load_device",
+    "load_links",
+    "network_link",
+    "read_spec",
+    "resolve",
+    "validate",
+]
 
 DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
 """Where the shipped specs live (a source checkout); ``EDGESPLIT_DEVICES`` adds folders."""
-
-KINDS = ("cpu", "gpu", "npu", "dsp")
-
-_NUM = {"type": "number", "exclusiveMinimum": 0}
-_NUM0 = {"type": "number", "minimum": 0}
-_OPS = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
-_BACKEND = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["runtime"],
-    "properties": {
-        "runtime": {"enum": ["ort", "tvm"]},
-        "provider": {"type": "string"},
-        "options": {"type": "object"},
-        "target": {"type": "object", "required": ["kind"]},
-        "ops": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {"only": _OPS, "exclude": _OPS},
-        },
-    },
-}
-_PROCESSOR = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["kind", "backends", "peak_gflops", "mem_bandwidth_gbps", "active_w", "idle_w"],
-    "properties": {
-        "kind": {"enum": list(KINDS)},
-        "description": {"type": "string"},
-        "backends": {"type": "array", "minItems": 1, "items": _BACKEND},
-        "ops": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {"only": _OPS, "exclude": _OPS},
-        },
-        "dtypes": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "cores": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-        "threads": {"type": "integer", "minimum": 1},
-        "cpu_quota_pct": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
-        "peak_gflops": _NUM,
-        "mem_bandwidth_gbps": _NUM,
-        "launch_overhead_ms": _NUM0,
-        "memory_mb": _NUM,
-        "active_w": _NUM0,
-        "idle_w": _NUM0,
-    },
-}
-_LINK = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["between", "bandwidth_gbps", "latency_ms"],
-    "properties": {
-        "between": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2},
-        "bandwidth_gbps": _NUM,
-        "latency_ms": _NUM0,
-    },
-}
-_NETWORK = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["up_mbps", "down_mbps", "rtt_ms", "tx_power_w", "rx_power_w"],
-    "properties": {
-        "description": {"type": "string"},
-        "up_mbps": _NUM,
-        "down_mbps": _NUM,
-        "rtt_ms": _NUM0,
-        "tx_power_w": _NUM0,
-        "rx_power_w": _NUM0,
-    },
-}
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name", "kind"],
-    "properties": {
-        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
-        "kind": {"enum": ["device", "server", "links"]},
-        "description": {"type": "string"},
-        "detect": {"type": "boolean"},
-        "local": {"type": "boolean"},
-        "memory_mb": _NUM,
-        "processors": {
-            "type": "object",
-            "minProperties": 1,
-            "additionalProperties": _PROCESSOR,
-            "propertyNames": {"pattern": "^[A-Za-z0-9_]+$"},
-        },
-        "links": {"type": "array", "items": _LINK},
-        "default_link": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["bandwidth_gbps", "latency_ms"],
-            "properties": {"bandwidth_gbps": _NUM, "latency_ms": _NUM0},
-        },
-        "presets": {"type": "object", "minProperties": 1, "additionalProperties": _NETWORK},
-        "servers": {"type": "array", "items": {"type": "string"}},
-    },
-    "allOf": [
-        {
-            "if": {"required": ["kind"], "properties": {"kind": {"const": "links"}}},
-            "then": {"required": ["presets"]},
-            "else": {"required": ["processors"]},
-        },
-    ],
-}
 
 
 @dataclass(frozen=True)
@@ -299,55 +214,41 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def validate(data: dict[str, Any], path: Path | str) -> None:
-    """Check a spec against the schema; the error names the file and every bad key."""
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(SCHEMA)
-    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
-    if errors:
-        msgs = []
-        for e in errors[:5]:
-            key = ".".join(str(k) for k in e.absolute_path) or "(top)"
-            msgs.append(f"{key}: {e.message}")
-        more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
-        raise DeviceSpecError(f"{path}: " + "; ".join(msgs) + more)
-
-
 def _ops(d: Mapping[str, Any] | None) -> tuple[frozenset[str] | None, frozenset[str]]:
     d = d or {}
     only = frozenset(d["only"]) if "only" in d else None
     return only, frozenset(d.get("exclude", ()))
 
 
-def _processor(name: str, d: Mapping[str, Any], path: Path) -> Processor:
-    backends = []
-    for i, b in enumerate(d["backends"]):
-        if b["runtime"] == "tvm" and "target" not in b:
+def _backend(proc: str, i: int, b: Mapping[str, Any], source: str) -> Backend:
+    kind = BACKENDS[b["runtime"]]
+    for key in kind.requires:
+        if key not in b:
             raise DeviceSpecError(
-                f"{path}: processors.{name}.backends.{i}.target: a tvm backend needs a target"
+                f"{source}: processors.{proc}.backends.{i}.{key}: a {b['runtime']} backend needs a {key}"
             )
-        only, excl = _ops(b.get("ops"))
-        target = b.get("target")
-        if target is not None and target.get("mcpu") == "native":
-            from edgesplit.hostinfo import llvm_target
+    only, excl = _ops(b.get("ops"))
+    target = b.get("target")
+    if target is not None and target.get("mcpu") == "native":
+        from edgesplit.hostinfo import llvm_target
 
-            target = {**llvm_target(), **{k: v for k, v in target.items() if k != "mcpu"}}
-        backends.append(
-            Backend(
-                runtime=b["runtime"],
-                provider=b.get("provider", "CPUExecutionProvider"),
-                options=dict(b.get("options", {})),
-                target=target,
-                ops_only=only,
-                ops_exclude=excl,
-            )
-        )
+        target = {**llvm_target(), **{k: v for k, v in target.items() if k != "mcpu"}}
+    return Backend(
+        runtime=b["runtime"],
+        provider=b.get("provider", "CPUExecutionProvider"),
+        options=dict(b.get("options", {})),
+        target=target,
+        ops_only=only,
+        ops_exclude=excl,
+    )
+
+
+def _processor(name: str, d: Mapping[str, Any], source: str) -> Processor:
     only, excl = _ops(d.get("ops"))
     return Processor(
         name=name,
         kind=d["kind"],
-        backends=tuple(backends),
+        backends=tuple(_backend(name, i, b, source) for i, b in enumerate(d["backends"])),
         peak_gflops=float(d["peak_gflops"]),
         mem_bandwidth_gbps=float(d["mem_bandwidth_gbps"]),
         active_w=float(d["active_w"]),
@@ -364,43 +265,93 @@ def _processor(name: str, d: Mapping[str, Any], path: Path) -> Processor:
     )
 
 
-def load_device(name_or_path: str | os.PathLike) -> DeviceSpec:
-    """Load and validate a device or server spec by name or path.
+def device_from_mapping(
+    data: Mapping[str, Any], source: str | os.PathLike = "<spec>", *, local: bool | None = None
+) -> DeviceSpec:
+    """The one way from a spec mapping (parsed YAML, or JSON from a remote client) to a DeviceSpec.
+
+    Validates against the schema, detects ``detect: true`` specs on the machine that runs this,
+    and checks what the schema cannot (backend keys, link ends). :func:`load_device` and the
+    remote profiling agent both come through here.
+
+    Args:
+        source: What to name in errors (the file, or ``name (on host)``); kept as ``DeviceSpec.path``.
+        local: Overrides the spec's ``local`` (the agent profiles the device it runs on).
 
     Raises:
-        DeviceSpecError: naming the file and the key at fault.
+        DeviceSpecError: naming ``source`` and the key at fault.
     """
-    path = resolve(name_or_path)
-    data = _read_yaml(path)
-    validate(data, path)
+    src = str(source)
+    validate(data, src)
     if data["kind"] == "links":
-        raise DeviceSpecError(f"{path}: is a link preset file, not a device")
+        raise DeviceSpecError(f"{src}: is a link preset file, not a device")
+    data = dict(data)
     if data.get("detect"):
         from edgesplit.hostinfo import detect_host
 
         data = detect_host(data)
-    procs = tuple(_processor(n, d, path) for n, d in data["processors"].items())
+    procs = tuple(_processor(n, d, src) for n, d in data["processors"].items())
     names = {p.name for p in procs}
     links: dict[tuple[str, str], tuple[float, float]] = {}
     for i, link in enumerate(data.get("links", [])):
         a, b = link["between"]
         for end in (a, b):
             if end not in names:
-                raise DeviceSpecError(f"{path}: links.{i}.between: unknown processor '{end}'")
+                raise DeviceSpecError(f"{src}: links.{i}.between: unknown processor '{end}'")
         links[(a, b)] = (float(link["bandwidth_gbps"]), float(link["latency_ms"]))
     dl = data.get("default_link", {"bandwidth_gbps": 10.0, "latency_ms": 0.02})
     return DeviceSpec(
         name=data["name"],
         kind=data["kind"],
         processors=procs,
-        path=str(path),
+        path=src,
         description=data.get("description", ""),
         memory_mb=data.get("memory_mb"),
         links=links,
         default_link=(float(dl["bandwidth_gbps"]), float(dl["latency_ms"])),
         servers=tuple(data.get("servers", ())),
-        local=bool(data.get("local", False)),
+        local=bool(data.get("local", False)) if local is None else local,
     )
+
+
+@dataclass(frozen=True)
+class SpecSource:
+    """A spec file read and validated, not yet turned into a DeviceSpec.
+
+    What remote profiling sends to the device: a ``detect: true`` spec (``host``) must be detected
+    there, not here. :meth:`load` makes the DeviceSpec on this machine.
+    """
+
+    data: Mapping[str, Any]
+    path: str
+
+    @property
+    def name(self) -> str:
+        return str(self.data["name"])
+
+    @property
+    def kind(self) -> str:
+        return str(self.data["kind"])
+
+    def load(self, *, local: bool | None = None) -> DeviceSpec:
+        return device_from_mapping(self.data, self.path, local=local)
+
+
+def read_spec(name_or_path: str | os.PathLike) -> SpecSource:
+    """A spec by name or path, read and validated (detection, if any, is left to :meth:`SpecSource.load`)."""
+    path = resolve(name_or_path)
+    data = _read_yaml(path)
+    validate(data, path)
+    return SpecSource(data, str(path))
+
+
+def load_device(name_or_path: str | os.PathLike) -> DeviceSpec:
+    """Load and validate a device or server spec by name or path.
+
+    Raises:
+        DeviceSpecError: naming the file and the key at fault.
+    """
+    return read_spec(name_or_path).load()
 
 
 def load_links(path: str | os.PathLike | None = None) -> dict[str, NetworkLink]:
@@ -421,18 +372,28 @@ def load_links(path: str | os.PathLike | None = None) -> dict[str, NetworkLink]:
 
 
 def network_link(
-    preset: str | None, *, bandwidth_mbps: float | None = None, rtt_ms: float | None = None
+    preset: NetworkLink | str | None,
+    *,
+    bandwidth_mbps: float | None = None,
+    rtt_ms: float | None = None,
 ) -> NetworkLink:
-    """A preset, overridden by flags; with no preset, flags alone (radio power of Wi-Fi)."""
-    presets = load_links()
-    if preset is not None and preset not in presets:
-        raise DeviceSpecError(f"unknown link '{preset}' (presets: {', '.join(presets)})")
-    base = presets[preset or "wifi"]
+    """A preset (by name, or a link as it is), overridden by flags; with no preset, flags alone
+    (radio power of Wi-Fi)."""
+    if isinstance(preset, NetworkLink):
+        base = preset
+    else:
+        presets = load_links()
+        if preset is not None and preset not in presets:
+            raise DeviceSpecError(f"unknown link '{preset}' (presets: {', '.join(presets)})")
+        base = presets[preset or "wifi"]
     if bandwidth_mbps is not None:
         if bandwidth_mbps <= 0:
             raise DeviceSpecError(f"--bandwidth-mbps must be positive, got {bandwidth_mbps}")
         base = replace(
-            base, name=f"{base.name}@{bandwidth_mbps:g}mbps", up_mbps=bandwidth_mbps, down_mbps=bandwidth_mbps
+            base,
+            name=f"{base.name.split('@')[0]}@{bandwidth_mbps:g}mbps",
+            up_mbps=bandwidth_mbps,
+            down_mbps=bandwidth_mbps,
         )
     if rtt_ms is not None:
         if rtt_ms < 0:

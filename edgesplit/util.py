@@ -1,4 +1,4 @@
-"""Small helpers shared by every stage: atomic writes, hashing."""
+"""Small helpers shared by every stage: atomic writes, hashing, tolerant JSON readers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -82,3 +83,24 @@ def read_json_object(path: str | os.PathLike, error: type[Exception], what: str)
     if not isinstance(data, dict):
         raise error(f"{p}: not a JSON {what} (top level is {type(data).__name__})")
     return data
+
+
+def known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The items of ``data`` whose keys are fields of the dataclass ``cls``.
+
+    Readers of our JSON files build their dataclasses from this: a key an older writer did not
+    know takes the field's default, and a key a newer writer added is left for that version, so a
+    new optional field is one line in the dataclass.
+
+    Raises:
+        KeyError: naming the first field without a default that ``data`` lacks.
+    """
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            out[f.name] = data[f.name]
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise KeyError(f.name)
+    return out

@@ -363,6 +363,7 @@ def make_bundle(
     from onnx import helper, shape_inference, utils
 
     from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec, checksums, write_manifest
+    from edgesplit.optimize.plan import Part, Plan
     from edgesplit.util import sha256_file
 
     model = shape_inference.infer_shapes(onnx.load(model_path))
@@ -415,7 +416,27 @@ def make_bundle(
             outputs=tuple(spec(t) for t in outs),
             parts=tuple(parts),
             files=checksums(out, files),
-            plan={},
+            plan=Plan(
+                model_sha256=sha256_file(model_path),
+                model_name=model_path.stem,
+                model_path=str(model_path),
+                device="host",
+                server="test-server" if any(remote) else None,
+                objective="manual",
+                assignment={},
+                parts=tuple(
+                    Part(
+                        name=p.name,
+                        processor=p.processor,
+                        backend=p.backend,
+                        remote=p.remote,
+                        nodes=(),
+                        inputs=tuple(t.name for t in p.inputs),
+                        outputs=tuple(t.name for t in p.outputs),
+                    )
+                    for p in parts
+                ),
+            ),
             server="test-server" if any(remote) else None,
         ),
     )

@@ -57,10 +57,11 @@ def core(tmp_path_factory) -> Path:
     return out
 
 
-def diamond_plan(graph) -> dict:
+def diamond_plan(graph):
     from edgesplit.compile.manual import contiguous_plan, part_boundaries
+    from edgesplit.optimize.plan import Plan
 
-    plan = contiguous_plan(graph, "host-biglittle", [("big", "ort")] * len(DIAMOND))
+    plan = contiguous_plan(graph, "host-biglittle", [("big", "ort")] * len(DIAMOND)).to_json()
     index = {n.name: i for i, n in enumerate(graph.nodes)}
     groups = [[index[n] for n in nodes] for _, _, nodes in DIAMOND]
     plan["parts"] = [
@@ -78,7 +79,7 @@ def diamond_plan(graph) -> dict:
     plan["assignment"] = {
         n: {"processor": proc, "backend": "ort"} for _, proc, nodes in DIAMOND for n in nodes
     }
-    return plan
+    return Plan.from_json(plan)
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +219,7 @@ def test_demo_assets_bundle_is_valid_for_both_runtimes(core):
 
     manifest = open_bundle(ASSETS / "bundle")  # every checksum, as the Python runtime checks it
     assert any(p.remote and p.fallback for p in manifest.parts)
-    assert manifest.plan["predicted"]["latency_ms"] > 0
+    assert manifest.plan.predicted["latency_ms"] > 0
     r = remote_run(core, "--bundle", str(ASSETS / "bundle"), "--check", token=None)
     assert r.returncode == 0, r.stderr
     assert "ok: manifest and" in r.stdout

@@ -114,7 +114,7 @@ def test_missing_cross_toolchain_is_named(zoo_models, tmp_path):
     )
     graph = load_model(zoo_models["tiny_dag"])
     plan = contiguous_plan(graph, str(spec), [("cpu", "tvm")])
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     r = run_cli(
         "compile",
         str(zoo_models["tiny_dag"]),
@@ -180,7 +180,7 @@ def test_missing_file_and_other_format_version(bundle):
 
 def test_plan_for_another_model(zoo_models, tmp_path):
     plan = contiguous_plan(load_model(zoo_models["tiny_dag"]), "host-biglittle", [("big", "ort")])
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     with pytest.raises(PlanError, match="does not fit"):
         compile_bundle(zoo_models["squeezenet"], tmp_path / "plan.json", tmp_path / "b")
     r = run_cli(
@@ -211,7 +211,7 @@ def test_wrong_inputs_name_the_expected(bundle, tmp_path):
 def test_cli_compile_and_run(zoo_models, tmp_path):
     graph = load_model(zoo_models["tiny_dag"])
     (tmp_path / "plan.json").write_text(
-        json.dumps(contiguous_plan(graph, "host-biglittle", [("big", "ort"), ("little", "ort")]))
+        json.dumps(contiguous_plan(graph, "host-biglittle", [("big", "ort"), ("little", "ort")]).to_json())
     )
     r = run_cli(
         "compile",

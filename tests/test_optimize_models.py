@@ -10,8 +10,8 @@ import pytest
 from edgesplit.device import DeviceSpec, load_device, network_link
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.optimize import partition
 from edgesplit.optimize.evaluate import violations
+from edgesplit.pipeline import partition
 
 BANDWIDTHS = (1, 3, 10, 30, 100, 300, 1000)
 

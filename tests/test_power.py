@@ -13,7 +13,8 @@ from edgesplit.device import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile.power import ENERGY, POWER, PowerSampler, find_rails
-from edgesplit.profile.remote import profile_remote
+from edgesplit.profile.remote import RemoteOptions, profile_remote
+from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.ssh import SshOptions
 from edgesplit.profile.steps import profile_steps
 
@@ -142,11 +143,11 @@ def test_measured_energy_is_power_times_latency(tmp_path):
     put(tmp_path, "sys/class/hwmon/hwmon0/power1_input", 5_000_000)  # a steady 5 W
     graph = load_model(zoo.save("tiny_dag", tmp_path / "t.onnx"))
     prof = profile_steps(
-        graph, load_device("host"), backends=["ort"], runs=3, warmup=1, rails=find_rails(tmp_path)
+        graph, load_device("host"), ProfileOptions(["ort"], runs=3, warmup=1), rails=find_rails(tmp_path)
     )
     assert prof.energy == "measured"
     e = prof.entry("cpu", "ort")
-    assert "energy measured: hwmon mean 5.00 W" in e.note
+    assert e.energy == "measured" and "energy measured: hwmon mean 5.00 W" in e.note
     for c in e.nodes.values():
         assert c.energy_mj == pytest.approx(5.0 * c.latency_ms, abs=1e-6)
 
@@ -163,7 +164,11 @@ def test_remote_profile_measures_energy_where_the_device_has_rails(sshd, remote_
         remote_env={"EDGESPLIT_SYSFS_ROOT": str(root)},
     )
     prof = profile_remote(
-        model, sshd.target, opts, output=tmp_path / "p.json", backends=["ort"], runs=3, warmup=1
+        model,
+        sshd.target,
+        RemoteOptions(opts),
+        output=tmp_path / "p.json",
+        options=ProfileOptions(["ort"], runs=3, warmup=1),
     )
     assert prof.energy == "measured"
     for c in prof.entry("cpu", "ort").nodes.values():

@@ -12,7 +12,7 @@ from onnx import helper
 from edgesplit.device import load_device
 from edgesplit.errors import ProfileError
 from edgesplit.model.load import load_model, parse_input_shapes
-from edgesplit.profile.run import profile_model
+from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
 
 
@@ -23,7 +23,7 @@ def host():
 
 def test_every_node_measured_on_ort_and_tvm(tiny_conv, host):
     g = load_model(tiny_conv)
-    prof = profile_model(g, host, runs=5, warmup=2)
+    prof = profile_model(g, host, ProfileOptions(runs=5, warmup=2))
     ort_e = prof.entry("cpu", "ort")
     tvm_e = prof.entry("cpu", "tvm")
     assert ort_e.source == "measured" and tvm_e.source == "measured"
@@ -38,7 +38,7 @@ def test_every_node_measured_on_ort_and_tvm(tiny_conv, host):
 def test_ort_sum_of_nodes_matches_whole_model_on_real_model(host):
     path = ppocr_model("det")
     g = load_model(path, parse_input_shapes([PPOCR_SHAPES["det"]]))
-    prof = profile_model(g, host, backends=["ort"], runs=15, warmup=3)
+    prof = profile_model(g, host, ProfileOptions(["ort"], runs=15, warmup=3))
     e = prof.entry("cpu", "ort")
     assert set(e.nodes) == {n.name for n in g.nodes}
     assert all(c.source == "measured" for c in e.nodes.values())
@@ -59,7 +59,7 @@ def test_tvm_says_why_it_cannot_run_lstm(tmp_path, host):
     )
     p = tmp_path / "lstm.onnx"
     onnx.save(m, p)
-    prof = profile_model(load_model(p), host, runs=3, warmup=1)
+    prof = profile_model(load_model(p), host, ProfileOptions(runs=3, warmup=1))
     tvm_e = prof.entry("cpu", "tvm")
     assert "lstm" in tvm_e.unsupported and "LSTM" in tvm_e.unsupported["lstm"]
     assert "relu" in tvm_e.nodes
@@ -89,7 +89,7 @@ def test_absent_processors_are_predicted(tiny_conv, tmp_path):
 
 def test_profile_json_round_trip_and_bad_files(tiny_conv, host, tmp_path):
     g = load_model(tiny_conv)
-    prof = profile_model(g, host, backends=["ort"], runs=3, warmup=1)
+    prof = profile_model(g, host, ProfileOptions(["ort"], runs=3, warmup=1))
     out = tmp_path / "p.json"
     prof.save(out)
     assert load_profile(out) == prof

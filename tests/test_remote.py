@@ -18,8 +18,8 @@ from edgesplit.device import load_device
 from edgesplit.errors import RemoteError
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.profile.remote import detect_remote, profile_remote
-from edgesplit.profile.run import profile_model
+from edgesplit.profile.remote import RemoteOptions, detect_remote, profile_remote
+from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.ssh import SshOptions, parse_target
 from edgesplit.profile.store import load_profile
 
@@ -76,16 +76,15 @@ def test_remote_profile_has_the_local_shape(sshd, remote_tmp, tiny, tmp_path):  
     prof = profile_remote(
         tiny,
         sshd.target,
-        options(sshd, remote_tmp),
+        RemoteOptions(options(sshd, remote_tmp)),
         output=out,
-        runs=3,
-        warmup=1,
+        options=ProfileOptions(runs=3, warmup=1),
         progress=lambda label, done, total: seen.append((label, done, total)),
         on_event=on_event,
     )
     assert modes == [0o700]
     graph = load_model(tiny)
-    local = profile_model(graph, load_device("host"), runs=3, warmup=1)
+    local = profile_model(graph, load_device("host"), ProfileOptions(runs=3, warmup=1))
     assert load_profile(out) == prof
     assert [e.key for e in prof.entries] == [e.key for e in local.entries] == ["cpu/ort", "cpu/tvm"]
     for r, loc in zip(prof.entries, local.entries):
@@ -241,10 +240,12 @@ def test_unreachable_port_and_missing_python_are_clear(sshd, remote_tmp, tiny, t
 
     opts = options(sshd, remote_tmp, connect_timeout_s=3)
     with pytest.raises(RemoteError, match=r"root@127.0.0.1:\d+: connection refused"):
-        profile_remote(tiny, f"{sshd.user}@127.0.0.1:{free_port()}", opts, output=tmp_path / "x.json")
+        profile_remote(
+            tiny, f"{sshd.user}@127.0.0.1:{free_port()}", RemoteOptions(opts), output=tmp_path / "x.json"
+        )
     opts = options(sshd, remote_tmp, remote_python="/no/such/python3")
     with pytest.raises(RemoteError, match="remote Python '/no/such/python3' not found"):
-        profile_remote(tiny, sshd.target, opts, output=tmp_path / "x.json")
+        profile_remote(tiny, sshd.target, RemoteOptions(opts), output=tmp_path / "x.json")
 
 
 def test_a_silent_agent_hits_the_step_timeout_and_is_cleaned_up(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
@@ -256,7 +257,7 @@ def test_a_silent_agent_hits_the_step_timeout_and_is_cleaned_up(sshd, remote_tmp
     with pytest.raises(
         RemoteError, match=r"no word from the agent for 1.5 s while starting the agent \(step timeout\)"
     ):
-        profile_remote(tiny, sshd.target, opts, output=tmp_path / "x.json")
+        profile_remote(tiny, sshd.target, RemoteOptions(opts), output=tmp_path / "x.json")
     assert time.monotonic() - started < 20
     assert not list(remote_tmp.iterdir())  # removed by the client, not left to the 120 s sleep
 

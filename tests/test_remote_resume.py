@@ -59,6 +59,7 @@ def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_t
     assert sshd.target in line and "connection dropped" in line and "--resume" in line and str(part) in line
     saved = load_profile(part)
     assert [e.key for e in saved.entries] == ["cpu/ort"] and not out.exists()
+    assert saved.entry("cpu", "ort").dispatch_ms is not None  # checkpoints keep every field
 
     p = cli(*args, "--resume")
     _, err = p.communicate(timeout=120)

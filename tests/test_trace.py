@@ -17,7 +17,7 @@ from conftest import run_cli
 from edgesplit.compile.api import compile_bundle
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.optimize import partition
+from edgesplit.pipeline import partition
 from edgesplit.runtime.api import benchmark, random_feeds
 from edgesplit.runtime.chrome import chrome_trace, trace_event_problems
 from edgesplit.runtime.session import load
@@ -119,7 +119,7 @@ def test_breakdown_is_consistent(report):
         assert min(r.run_ms, r.io_ms, r.handoff_ms, r.queue_ms, r.bookkeeping_ms, r.other_ms) >= 0
         assert r.unexplained_ms == pytest.approx(r.latency_ms - r.run_ms)
     assert b.critical_run_ms <= b.latency_ms
-    assert b.predicted_ms == manifest.plan["predicted"]["latency_ms"]
+    assert b.predicted_ms == manifest.plan.predicted["latency_ms"]
     assert {p.lane for p in b.processors} == {"core0", "core1"}
     assert all(0 < p.busy_ns <= p.worker_ns <= p.window_ns for p in b.processors)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import click
 from rich.console import Console
@@ -27,6 +27,61 @@ device_option = click.option(
     show_default=True,
     metavar="NAME|FILE.yaml",
     help="A device spec name from devices/ or a path to a spec file.",
+)
+
+
+class TableChoice(click.ParamType):
+    """A choice among the names of a registry table, read when a value is checked or help is shown.
+
+    The table is not imported when the command is (``edgesplit --help`` stays fast), and entries
+    added at run time count.
+    """
+
+    name = "choice"
+
+    def __init__(self, names: Callable[[], Iterable[str]]):
+        self._names = names
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "[" + "|".join(self._names()) + "]"
+
+    def convert(self, value, param, ctx):
+        names = list(self._names())
+        if value not in names:
+            self.fail(f"{value!r} is not one of {', '.join(names)}", param, ctx)
+        return value
+
+
+def objective_names() -> Iterable[str]:
+    from edgesplit.optimize.objectives import OBJECTIVES
+
+    return OBJECTIVES
+
+
+objective_option = click.option(
+    "--objective",
+    default="latency",
+    show_default=True,
+    type=TableChoice(objective_names),
+    help="What to minimise (see edgesplit.optimize.objectives).",
+)
+slo_option = click.option(
+    "--slo-ms", type=click.FloatRange(min=0, min_open=True), help="Latency limit in ms (energy, pareto)."
+)
+
+
+def link_options(f):
+    """``--server``, ``--link``, ``--bandwidth-mbps`` and ``--rtt-ms`` (partition and deploy)."""
+    f = click.option("--rtt-ms", type=float, help="Network round-trip time (overrides the preset).")(f)
+    f = click.option(
+        "--bandwidth-mbps", type=float, help="Network bandwidth, up and down (overrides the preset)."
+    )(f)
+    f = click.option("--link", help="Network preset from devices/links.yaml (wifi, lte, 5g ...).")(f)
+    return click.option("--server", help="A server spec whose processors may take parts.")(f)
+
+
+pin_option = click.option(
+    "--pin", "pins", multiple=True, metavar="NODE=PROC", help="Force a node onto a processor (repeatable)."
 )
 
 

@@ -15,7 +15,13 @@ from edgesplit.cli.common import console, input_shape_option
 @click.option(
     "-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle directory to write."
 )
-@click.option("--device", "-d", default=None, help="Device spec (default: the plan's).")
+@click.option(
+    "--device",
+    "-d",
+    default=None,
+    metavar="NAME|FILE.yaml",
+    help="Device spec (default: the spec file the plan was made with, else its name).",
+)
 @input_shape_option
 @click.option(
     "--tune-trials",
@@ -28,10 +34,11 @@ def command(model, plan_path, output, device, input_shapes, tune_trials):
     """Extract, check and compile every part of PLAN for MODEL into a bundle."""
     from edgesplit.compile.api import compile_bundle
     from edgesplit.model.load import parse_input_shapes
+    from edgesplit.pipeline import as_plan
 
     manifest = compile_bundle(
         model,
-        plan_path,
+        as_plan(plan_path),
         output,
         device=device,
         input_shapes=parse_input_shapes(input_shapes) or None,

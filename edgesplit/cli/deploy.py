@@ -4,45 +4,48 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console, device_option, input_shape_option, progress_bar
+from edgesplit.cli.common import (
+    console,
+    device_option,
+    input_shape_option,
+    link_options,
+    objective_option,
+    pin_option,
+    progress_bar,
+    slo_option,
+)
 
 
 @click.command("deploy")
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
-@click.option(
-    "--objective",
-    default="latency",
-    show_default=True,
-    type=click.Choice(["latency", "energy", "throughput"]),
-)
+@objective_option
+@slo_option
 @click.option(
     "--profile",
     "profile_path",
     type=click.Path(dir_okay=False),
     help="Use this profile instead of measuring.",
 )
-@click.option("--server", default=None, help="Server spec to offload to (e.g. server-a100).")
-@click.option("--link", default=None, help="Network link preset (wifi, lte, 5g ...).")
-@click.option("--bandwidth-mbps", type=float, default=None, help="Override the link's bandwidth.")
-@click.option("--rtt-ms", type=float, default=None, help="Override the link's round-trip time.")
-@click.option("--slo-ms", type=float, default=None, help="Latency bound for the energy objective.")
-@click.option("--pin", "pins", multiple=True, metavar="NODE=PROC", help="Force a node onto a processor.")
+@link_options
+@pin_option
 @input_shape_option
-@click.option("--runs", default=10, show_default=True, help="Timed runs per measurement.")
+@click.option(
+    "--runs", default=20, show_default=True, type=click.IntRange(1), help="Timed runs per measurement."
+)
 @click.option("--tune-trials", default=0, show_default=True, help="MetaSchedule trials for TVM parts.")
 def command(
     model,
     device,
     output,
     objective,
+    slo_ms,
     profile_path,
     server,
     link,
     bandwidth_mbps,
     rtt_ms,
-    slo_ms,
     pins,
     input_shapes,
     runs,
@@ -50,36 +53,30 @@ def command(
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
     from edgesplit.cli.compile import print_manifest
-    from edgesplit.deploy import deploy
-    from edgesplit.errors import InputError
+    from edgesplit.deployment import deploy
     from edgesplit.model.load import parse_input_shapes
+    from edgesplit.profile.run import ProfileOptions
 
-    pin_map = {}
-    for p in pins:
-        node, sep, proc = p.partition("=")
-        if not sep:
-            raise InputError(f"--pin '{p}' is not NODE=PROC")
-        pin_map[node] = proc
     with progress_bar() as update:
         manifest = deploy(
             model,
             device,
             output,
+            tune_trials=tune_trials,
+            progress=update,
             objective=objective,
+            slo_ms=slo_ms,
             profile=profile_path,
             server=server,
             link=link,
             bandwidth_mbps=bandwidth_mbps,
             rtt_ms=rtt_ms,
-            slo_ms=slo_ms,
-            pins=pin_map,
+            pins=pins,
             input_shapes=parse_input_shapes(input_shapes) or None,
-            runs=runs,
-            tune_trials=tune_trials,
-            progress=update,
+            profiling=ProfileOptions(runs=runs),
         )
     print_manifest(manifest)
-    pred = manifest.plan.get("predicted", {})
+    pred = manifest.plan.predicted
     if pred:
         console.print(
             f"predicted: {pred.get('latency_ms', float('nan')):.3f} ms, "

@@ -56,7 +56,7 @@ def show_cmd(name: str) -> None:
         if p.ops_exclude:
             ops += f" minus {len(p.ops_exclude)}"
         backends = ", ".join(
-            b.provider if b.runtime == "ort" else f"tvm:{(b.target or {}).get('kind')}" for b in p.backends
+            f"{b.runtime}:{b.target.get('kind')}" if b.target is not None else b.provider for b in p.backends
         )
         table.add_row(
             p.name,
@@ -129,7 +129,7 @@ def detect_cmd(
     for col in ("processor", "kind", "cores", "backends", "GFLOP/s (est.)", "description"):
         table.add_column(col)
     for key, p in draft.data["processors"].items():
-        backends = ", ".join(b.get("provider", "") if b["runtime"] == "ort" else "tvm" for b in p["backends"])
+        backends = ", ".join(b.get("provider") or b["runtime"] for b in p["backends"])
         table.add_row(
             key,
             p["kind"],

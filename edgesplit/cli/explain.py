@@ -30,9 +30,11 @@ def command(plan_path, bandwidth_sweep, per_decade, plot_path):
         print_plan(plan)
         return
     from edgesplit.optimize.sweep import bandwidth_sweep as sweep
-    from edgesplit.optimize.sweep import log_bandwidths
+    from edgesplit.optimize.sweep import log_bandwidths, needs_network
+    from edgesplit.pipeline import problem_from_plan
 
-    rows = sweep(plan, log_bandwidths(0.1, 1000.0, per_decade))
+    needs_network(bool(plan.server and plan.link))  # before the problem is loaded (and measured)
+    rows = sweep(problem_from_plan(plan), log_bandwidths(0.1, 1000.0, per_decade))
     names = list(dict.fromkeys(k for r in rows for k in r.baselines))
     table = Table(title=f"{plan.model_name} on {plan.device} + {plan.server}: latency against bandwidth")
     for col in ("Mbit/s", "plan ms", "mJ", *names, "decision"):

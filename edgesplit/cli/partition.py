@@ -6,19 +6,15 @@ from pathlib import Path
 
 import click
 
-from edgesplit.cli.common import console, device_option, input_shape_option, load_graph
-
-
-def _pins(values: tuple[str, ...]) -> dict[str, str]:
-    from edgesplit.errors import PlanError
-
-    out = {}
-    for v in values:
-        node, sep, proc = v.rpartition("=")
-        if not sep or not node or not proc:
-            raise PlanError(f"--pin '{v}' is not NODE=PROCESSOR")
-        out[node] = proc
-    return out
+from edgesplit.cli.common import (
+    console,
+    device_option,
+    input_shape_option,
+    link_options,
+    objective_option,
+    pin_option,
+    slo_option,
+)
 
 
 @click.command("partition")
@@ -31,20 +27,10 @@ def _pins(values: tuple[str, ...]) -> dict[str, str]:
     help="A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest).",
 )
 @input_shape_option
-@click.option(
-    "--objective",
-    default="latency",
-    show_default=True,
-    type=click.Choice(["latency", "energy", "throughput", "pareto"]),
-)
-@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), help="Latency limit in ms.")
-@click.option("--server", help="A server spec whose processors may take parts.")
-@click.option("--link", "link_name", help="Network preset from devices/links.yaml (wifi, lte, 5g ...).")
-@click.option("--bandwidth-mbps", type=float, help="Network bandwidth, up and down (overrides the preset).")
-@click.option("--rtt-ms", type=float, help="Network round-trip time (overrides the preset).")
-@click.option(
-    "--pin", "pins", multiple=True, metavar="NODE=PROC", help="Force a node onto a processor (repeatable)."
-)
+@objective_option
+@slo_option
+@link_options
+@pin_option
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a Gantt chart (PNG).")
 @click.option("-o", "--output", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
 @click.option(
@@ -61,7 +47,7 @@ def command(
     objective,
     slo_ms,
     server,
-    link_name,
+    link,
     bandwidth_mbps,
     rtt_ms,
     pins,
@@ -70,43 +56,43 @@ def command(
     onnx_out,
     quiet,
 ):
-    """Split MODEL across the processors of DEVICE (and a server) for an objective."""
-    from edgesplit.device import load_device, network_link
-    from edgesplit.errors import PlanError
-    from edgesplit.optimize.annotate import write_annotated
-    from edgesplit.optimize.api import partition
-    from edgesplit.profile.store import load_profile
+    """Split MODEL across the processors of DEVICE (and a server) for an objective.
 
-    graph = load_graph(model, input_shapes)
-    spec = load_device(device)
-    srv = load_device(server) if server else None
-    if srv is None and (link_name or bandwidth_mbps is not None or rtt_ms is not None):
-        raise PlanError("--link, --bandwidth-mbps and --rtt-ms need --server")
-    link = network_link(link_name, bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_ms) if srv is not None else None
-    out = Path(output)
-    if profile_path:
-        prof = load_profile(profile_path)
-    else:
-        from edgesplit.profile.run import profile_model
-
-        full = spec.with_server(srv) if srv is not None else spec
-        prof = profile_model(graph, full)
-        profile_path = str(out.with_suffix(".profile.json"))
-        prof.save(profile_path)
-    plan = partition(
-        graph, spec, objective=objective, profile=prof, server=srv, link=link, slo_ms=slo_ms, pins=_pins(pins)
-    )
-    import os
+    Without --profile, the processors of DEVICE that are on this machine are measured and the
+    profile is written beside the plan (PLAN.profile.json).
+    """
     from dataclasses import replace
 
-    plan = replace(plan, profile_path=os.path.abspath(profile_path))
-    plan.save(out)
+    from edgesplit.errors import PlanError
+    from edgesplit.model.load import parse_input_shapes
+    from edgesplit.optimize.annotate import write_annotated
+    from edgesplit.optimize.api import solve_plan
+    from edgesplit.pipeline import Choices, resolve
+
+    out = Path(output)
     onnx_path = Path(onnx_out) if onnx_out else out.with_suffix(".onnx")
     if onnx_path.resolve() == Path(model).resolve():
         if onnx_out:
             raise PlanError(f"--onnx-out {onnx_out} would overwrite the model")
         onnx_path = out.with_suffix(".annotated.onnx")  # never overwrite the input model
-    write_annotated(graph.model, plan, onnx_path)
+    choices = Choices(
+        objective=objective,
+        slo_ms=slo_ms,
+        profile=profile_path,
+        server=server,
+        link=link,
+        bandwidth_mbps=bandwidth_mbps,
+        rtt_ms=rtt_ms,
+        pins=pins,
+        input_shapes=parse_input_shapes(input_shapes) or None,
+    )
+    problem = resolve(model, device, choices)
+    if problem.profile_path is None:  # measured here: keep it beside the plan, for explain and compile
+        problem.profile.save(out.with_suffix(".profile.json"))
+        problem = replace(problem, profile_path=str(out.with_suffix(".profile.json")))
+    plan = solve_plan(problem)
+    plan.save(out)
+    write_annotated(problem.graph.model, plan, onnx_path)
     if plot_path:
         from edgesplit.optimize.plot import gantt
 

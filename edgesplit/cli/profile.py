@@ -7,7 +7,20 @@ from pathlib import Path
 
 import click
 
-from edgesplit.cli.common import console, device_option, input_shape_option, load_graph, progress_bar
+from edgesplit.cli.common import (
+    TableChoice,
+    console,
+    device_option,
+    input_shape_option,
+    load_graph,
+    progress_bar,
+)
+
+
+def _backend_names():
+    from edgesplit.device import BACKENDS
+
+    return BACKENDS
 
 
 def ssh_options(f):
@@ -83,7 +96,7 @@ def make_ssh_options(
     "--backend",
     "backends",
     multiple=True,
-    type=click.Choice(["ort", "tvm"]),
+    type=TableChoice(_backend_names),
     help="Only these backends (repeatable); default all the device offers.",
 )
 @click.option("--processor", "processors", multiple=True, help="Only these processors (repeatable).")
@@ -146,6 +159,7 @@ def command(
     host as detected there, describes it); with --hosts, on every host of a fleet file.
     """
     from edgesplit.errors import InputError
+    from edgesplit.profile.run import ProfileOptions
 
     if remote and fleet_file:
         raise InputError("--remote and --hosts exclude each other")
@@ -159,49 +173,15 @@ def command(
         step_timeout,
     )
     graph = load_graph(model, input_shapes)  # validate locally first: a bad model never travels
-    common = dict(backends=backends or None, processors=processors or None, runs=runs, warmup=warmup)
+    options = ProfileOptions(backends, processors, runs, warmup)
     if fleet_file:
         return run_fleet(
-            model,
-            graph,
-            fleet_file,
-            ssh,
-            output,
-            jobs=jobs,
-            resume=resume,
-            quiet=quiet,
-            input_shapes=graph.input_shapes(),
-            **common,
+            model, graph, fleet_file, ssh, output, options, jobs=jobs, resume=resume, quiet=quiet
         )
     if remote:
-        from edgesplit.profile.remote import device_data, profile_remote
-        from edgesplit.profile.ssh import parse_target
-
-        target = parse_target(remote)
-        spec = device_data(device)
-        out = Path(output or f"{graph.name}.{target.host}.profile.json")
-        plan: dict = {}
-
-        def on_event(ev) -> None:
-            if ev.get("event") == "plan":
-                plan.update(ev)
-
-        with progress_bar(not quiet) as update:
-            prof = profile_remote(
-                model,
-                target,
-                ssh,
-                output=out,
-                device=spec,
-                input_shapes=graph.input_shapes(),
-                resume=resume,
-                progress=update,
-                on_event=on_event,
-                **common,
-            )
-        skipped = plan.get("skipped", [])
+        prof, out, skipped = _remote(model, graph, remote, device, ssh, output, options, resume, quiet)
     else:
-        prof, out, skipped = _local(graph, device, output, resume, quiet, **common)
+        prof, out, skipped = _local(graph, device, output, options, resume, quiet)
     if not quiet:
         print_summary(graph, prof, top)
         for why in skipped:
@@ -209,7 +189,33 @@ def command(
     console.print(f"wrote {out} (energy: {prof.energy})")
 
 
-def _local(graph, device, output, resume, quiet, **common):
+def _remote(model, graph, remote, device, ssh, output, options, resume, quiet):
+    from edgesplit.profile.remote import RemoteOptions, profile_remote, remote_spec
+    from edgesplit.profile.ssh import parse_target
+
+    target = parse_target(remote)
+    out = Path(output or f"{graph.name}.{target.host}.profile.json")
+    plan: dict = {}
+
+    def on_event(ev) -> None:
+        if ev.get("event") == "plan":
+            plan.update(ev)
+
+    with progress_bar(not quiet) as update:
+        prof = profile_remote(
+            model,
+            target,
+            RemoteOptions(ssh, remote_spec(device), resume),
+            output=out,
+            options=options,
+            input_shapes=graph.input_shapes(),
+            progress=update,
+            on_event=on_event,
+        )
+    return prof, out, plan.get("skipped", [])
+
+
+def _local(graph, device, output, options, resume, quiet):
     from edgesplit.device import load_device
     from edgesplit.profile.power import find_rails
     from edgesplit.profile.steps import load_partial, partial_path, profile_steps, save_partial
@@ -227,22 +233,21 @@ def _local(graph, device, output, resume, quiet, **common):
     rails = find_rails()
     with progress_bar(not quiet) as update:
         prof = profile_steps(
-            graph, spec, progress=update, done=done, on_entry=checkpoint, rails=rails, **common
+            graph, spec, options, progress=update, done=done, on_entry=checkpoint, rails=rails
         )
     prof.save(out)
     part.unlink(missing_ok=True)
     return prof, out, list(rails.skipped)
 
 
-def run_fleet(model, graph, fleet_file, ssh, output, *, jobs, resume, quiet, **common) -> None:
+def run_fleet(model, graph, fleet_file, ssh, output, options, *, jobs, resume, quiet) -> None:
     """Profile on every host of a fleet file: one progress row per host, then a status table."""
     import threading
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from edgesplit.cli.common import err_console
-    from edgesplit.errors import EdgesplitError, InputError
+    from edgesplit.errors import InputError
     from edgesplit.profile.fleet import load_fleet, profile_fleet
 
     if not output:
@@ -291,7 +296,25 @@ def run_fleet(model, graph, fleet_file, ssh, output, *, jobs, resume, quiet, **c
                     )
                     bar.stop_task(task)
 
-        results = profile_fleet(model, fleet, output, jobs=jobs, resume=resume, on_event=on_event, **common)
+        results = profile_fleet(
+            model,
+            fleet,
+            output,
+            options=options,
+            input_shapes=graph.input_shapes(),
+            jobs=jobs,
+            resume=resume,
+            on_event=on_event,
+        )
+    print_fleet(graph, results)
+
+
+def print_fleet(graph, results) -> None:
+    """The status table of a fleet run; fails (exit 1) when any host failed."""
+    from rich.table import Table
+
+    from edgesplit.errors import EdgesplitError
+
     table = Table(title=f"{graph.name} on {len(results)} hosts")
     for col in ("host", "target", "status", "pairs", "reused", "energy", "time s", "profile or error"):
         table.add_column(

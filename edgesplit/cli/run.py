@@ -132,6 +132,16 @@ def print_report(report) -> None:
         )
     console.print(s)
     if report.remote:
+        print_remote(report.remote)
+    for n in st.notes:
+        console.print(f"note: {n}")
+
+
+def print_remote(remote) -> None:
+    """Per remote part: where it ran, failures, and the link as measured."""
+    from rich.table import Table
+
+    if remote:
         r = Table(title="remote parts (offload)")
         for col in (
             "part",
@@ -144,7 +154,7 @@ def print_report(report) -> None:
             "last error",
         ):
             r.add_column(col)
-        for name, rs in report.remote.items():
+        for name, rs in remote.items():
             r.add_row(
                 name,
                 rs.mode,
@@ -156,10 +166,8 @@ def print_report(report) -> None:
                 (rs.last_error or "")[:60],
             )
         console.print(r)
-        if any(rs.url is None for rs in report.remote.values()):
+        if any(rs.url is None for rs in remote.values()):
             console.print("note: no --server given: remote parts ran on their local fallback")
-    for n in st.notes:
-        console.print(f"note: {n}")
 
 
 def print_breakdown(b) -> None:

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgesplit.errors import BundleError
-from edgesplit.util import atomic_write_text, sha256_file
+from edgesplit.errors import BundleError, PlanError
+from edgesplit.optimize.plan import Plan
+from edgesplit.util import atomic_write_text, known_fields, sha256_file
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -28,6 +29,9 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> TensorSpec:
@@ -67,20 +71,27 @@ class PartArtifact:
     predicted_ms: float | None = None
     note: str = ""
 
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> PartArtifact:
-        d = dict(d)
-        d["inputs"] = tuple(TensorSpec.from_json(t) for t in d["inputs"])
-        d["outputs"] = tuple(TensorSpec.from_json(t) for t in d["outputs"])
-        d["depends_on"] = tuple(d.get("depends_on", ()))
+        kw = known_fields(PartArtifact, d)
+        kw["inputs"] = tuple(TensorSpec.from_json(t) for t in d["inputs"])
+        kw["outputs"] = tuple(TensorSpec.from_json(t) for t in d["outputs"])
+        kw["depends_on"] = tuple(d.get("depends_on", ()))
         if d.get("cores") is not None:
-            d["cores"] = tuple(d["cores"])
-        return PartArtifact(**d)
+            kw["cores"] = tuple(d["cores"])
+        return PartArtifact(**kw)
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a bundle holds. ``files`` maps every relative path to its sha256."""
+    """What a bundle holds. ``files`` maps every relative path to its sha256.
+
+    ``plan`` is the plan the bundle was compiled from; in ``manifest.json`` it is the plan's own
+    JSON (:meth:`Plan.to_json`), so a bundle is read by the Java core and older readers alike.
+    """
 
     model_sha256: str
     model_name: str
@@ -89,7 +100,7 @@ class Manifest:
     outputs: tuple[TensorSpec, ...]
     parts: tuple[PartArtifact, ...]
     files: Mapping[str, str]
-    plan: Mapping[str, Any]
+    plan: Plan
     server: str | None = None
     notes: tuple[str, ...] = ()
     format_version: int = FORMAT_VERSION
@@ -101,7 +112,9 @@ class Manifest:
         raise BundleError(f"no part '{name}' in the bundle")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["plan"] = self.plan.to_json()
+        return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any], source: str) -> Manifest:
@@ -111,19 +124,17 @@ class Manifest:
                 f"{source}: manifest format version {version!r}, this edgesplit reads {FORMAT_VERSION}"
             )
         try:
-            return Manifest(
-                model_sha256=d["model_sha256"],
-                model_name=d["model_name"],
-                device=d["device"],
-                inputs=tuple(TensorSpec.from_json(t) for t in d["inputs"]),
-                outputs=tuple(TensorSpec.from_json(t) for t in d["outputs"]),
-                parts=tuple(PartArtifact.from_json(p) for p in d["parts"]),
-                files=dict(d["files"]),
-                plan=d["plan"],
-                server=d.get("server"),
-                notes=tuple(d.get("notes", ())),
-            )
-        except (KeyError, TypeError, ValueError) as e:
+            kw = known_fields(Manifest, d)
+            kw["inputs"] = tuple(TensorSpec.from_json(t) for t in d["inputs"])
+            kw["outputs"] = tuple(TensorSpec.from_json(t) for t in d["outputs"])
+            kw["parts"] = tuple(PartArtifact.from_json(p) for p in d["parts"])
+            kw["files"] = dict(d["files"])
+            kw["plan"] = Plan.from_json(d["plan"], f"{source}: plan")
+            kw["notes"] = tuple(d.get("notes", ()))
+            return Manifest(**kw)
+        except PlanError as e:
+            raise BundleError(str(e)) from e
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise BundleError(f"{source}: malformed manifest ({type(e).__name__}: {e})") from e
 
 

@@ -7,12 +7,13 @@ graph). Parts are balanced by FLOPs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from edgesplit.model.graph import ModelGraph
+from edgesplit.optimize.plan import MANUAL, Part, Plan
 
 
 def part_boundaries(graph: ModelGraph, groups: Sequence[Sequence[int]]) -> list[tuple[list[str], list[str]]]:
@@ -44,8 +45,11 @@ def contiguous_plan(
     sites: Sequence[tuple[str, str]],
     *,
     weights: Sequence[float] | None = None,
-) -> dict[str, Any]:
+) -> Plan:
     """A plan with ``len(sites)`` parts: contiguous topological slices balanced by FLOPs.
+
+    The plan carries no predictions (its parts' figures are None) and names ``device`` as given,
+    a spec name or a spec file; ``device_path`` is set when it is a file.
 
     Args:
         sites: ``(processor, backend)`` of each part, in order.
@@ -65,35 +69,34 @@ def contiguous_plan(
         cuts.append(c)
     cuts.append(len(graph.nodes))
     groups = [list(range(a, b)) for a, b in zip(cuts, cuts[1:])]
-    parts = []
-    for k, ((ins, outs), g, (proc, backend)) in enumerate(zip(part_boundaries(graph, groups), groups, sites)):
-        parts.append(
-            {
-                "name": f"p{k}",
-                "processor": proc,
-                "backend": backend,
-                "remote": "." in proc,
-                "nodes": [graph.nodes[i].name for i in g],
-                "inputs": ins,
-                "outputs": outs,
-            }
+    parts = tuple(
+        Part(
+            name=f"p{k}",
+            processor=proc,
+            backend=backend,
+            remote="." in proc,
+            nodes=tuple(graph.nodes[i].name for i in g),
+            inputs=tuple(ins),
+            outputs=tuple(outs),
+            stage=k,
         )
-    return {
-        "format_version": 1,
-        "model_sha256": graph.sha256,
-        "model_name": graph.name,
-        "model_path": graph.path,
-        "device": device,
-        "objective": "manual",
-        "input_shapes": {k: list(v) for k, v in graph.input_shapes().items()},
-        "assignment": {
+        for k, ((ins, outs), g, (proc, backend)) in enumerate(
+            zip(part_boundaries(graph, groups), groups, sites)
+        )
+    )
+    return Plan(
+        model_sha256=graph.sha256,
+        model_name=graph.name,
+        model_path=graph.path,
+        device=device,
+        objective="manual",
+        input_shapes=graph.input_shapes(),
+        assignment={
             graph.nodes[i].name: {"processor": sites[k][0], "backend": sites[k][1]}
             for k, g in enumerate(groups)
             for i in g
         },
-        "parts": parts,
-        "transfers": [],
-        "predicted": {},
-        "baselines": [],
-        "solver": {"name": "manual", "time_s": 0.0, "optimal": False, "gap": None},
-    }
+        parts=parts,
+        solver=MANUAL,
+        device_path=os.path.abspath(device) if os.path.isfile(device) else "",
+    )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from edgesplit.cpu import ort_session_options
 from edgesplit.errors import CompileError
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
@@ -58,10 +59,8 @@ def reference_tensors(graph: ModelGraph, names: Sequence[str], seed: int = 0) ->
     for n in names:
         if n not in have and n not in graph.inputs:
             probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(n))
-    so = ort.SessionOptions()
     # The same optimisations as the parts get; tensors named as outputs survive the fusions.
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
+    so = ort_session_options(None, None)
     sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
     feeds = random_inputs(graph, seed)
     wanted = [o.name for o in sess.get_outputs()]
@@ -84,8 +83,7 @@ def check_parts(graph: ModelGraph, parts: Sequence[PartModel], rtol: float = 1e-
     ref = reference_tensors(graph, sorted(names))
     errors = {}
     for p in parts:
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so = ort_session_options(None, None)
         sess = ort.InferenceSession(p.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         got = sess.run(list(p.outputs), {t: ref[t] for t in p.inputs})
         worst = 0.0

@@ -5,6 +5,9 @@
   toolchain is a clear error naming the package to install;
 - cuda: TVM's default GPU pipeline (dlight schedules).
 Optional MetaSchedule tuning uses a database cached per target and reused across runs.
+
+:class:`TvmLibrary` runs a built library; the compiler's check (:func:`check_library`) and the
+runtime's TVM executor both use it, so compile needs nothing from the runtime.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
+from edgesplit.compile.split import rel_error
 from edgesplit.errors import CompileError
+
+GPU_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")  # target kinds with a device of their own
 
 _ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
@@ -117,3 +124,64 @@ def _cross_fcompile(cc: str):
     import tvm
 
     return tvm.support.cc.cross_compiler(cc) if hasattr(tvm.support, "cc") else cc
+
+
+class TvmLibrary:
+    """A built library in a Relax VM, on the device its target names (the CPU for llvm and c).
+
+    Raises:
+        LookupError: when that device is not present on this machine.
+    """
+
+    def __init__(self, path: str | os.PathLike, target: Mapping[str, Any] | None):
+        import tvm
+        from tvm import relax
+
+        lib = tvm.runtime.load_module(str(path))
+        kind = (target or {}).get("kind", "llvm")
+        self.device = tvm.device(kind if kind in GPU_KINDS else "cpu", 0)
+        if not self.device.exist:
+            raise LookupError(f"its {kind} device is not present on this machine")
+        self._vm = relax.VirtualMachine(lib, self.device)
+        self._tensor = tvm.runtime.tensor
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """``main`` on the inputs in order; the outputs in order."""
+        return self.outputs(self.call(self.tensors(arrays)))
+
+    def tensors(self, arrays: list[np.ndarray]) -> list:
+        """The inputs as TVM tensors on the library's device."""
+        return [self._tensor(np.ascontiguousarray(a), self.device) for a in arrays]
+
+    def call(self, args: list):
+        """``main`` itself (what a runtime times as the backend's run call)."""
+        return self._vm["main"](*args)
+
+    def outputs(self, raw) -> list[np.ndarray]:
+        return [v.numpy() for v in ([raw] if hasattr(raw, "numpy") else list(raw))]
+
+    def close(self) -> None:
+        self._vm = None
+
+
+def check_library(
+    lib: Path, target: Mapping[str, Any], feeds: dict[str, np.ndarray], want: list[np.ndarray]
+) -> float:
+    """Run a built library on ``feeds`` (in the part's input order); the largest relative error
+    against ``want`` (what ORT computed), which must be within 1e-4.
+
+    Raises:
+        RuntimeError: when the library's outputs differ from ``want``.
+    """
+    import tempfile
+
+    # Load a private copy: the library stays mapped in this process until exit, and the bundle's
+    # own file must stay free to be moved, replaced or (in tests) tampered with.
+    with tempfile.TemporaryDirectory(prefix="edgesplit-tvm-check-") as tmp:
+        copy = Path(tmp) / lib.name
+        shutil.copyfile(lib, copy)
+        got = TvmLibrary(copy, target).run(list(feeds.values()))
+    worst = max(rel_error(g, w) for g, w in zip(got, want))
+    if worst > 1e-4:
+        raise RuntimeError(f"TVM output differs from ORT (rel error {worst:.1e})")
+    return worst

@@ -292,9 +292,9 @@ def _shapes_by_running(model: onnx.ModelProto, names: list[str]) -> dict[str, tu
     for name in names:
         if name not in existing:
             probe.graph.output.append(helper.make_empty_tensor_value_info(name))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    from edgesplit.cpu import ort_session_options
+
+    so = ort_session_options(None, None, graph_optimization_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
     weights = {t.name for t in model.graph.initializer}
     feeds = {}

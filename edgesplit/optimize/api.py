@@ -1,19 +1,22 @@
-"""``partition``: the public entry point from a model, a device and a profile to a :class:`Plan`."""
+"""From a resolved :class:`Problem` to a :class:`Plan`: costs, solve, and the plan's parts.
+
+The public ``partition`` (paths and names in, a plan out) is :func:`edgesplit.pipeline.partition`,
+which resolves and checks the problem once and then calls :func:`solve_plan` here.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import asdict, replace
 
 import numpy as np
 
-from edgesplit.device import DeviceSpec, NetworkLink
-from edgesplit.errors import PlanError
+from edgesplit.device import DeviceSpec
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.parts import part_labels
 from edgesplit.optimize.plan import Part, Plan, Transfer
+from edgesplit.optimize.problem import Problem
 from edgesplit.optimize.solve import Outcome, solve
 from edgesplit.profile.store import Profile
 
@@ -40,106 +43,38 @@ def complete_profile(graph: ModelGraph, device: DeviceSpec, profile: Profile | N
     return replace(profile, entries=tuple(entries))
 
 
-def partition(
-    model_or_graph: ModelGraph | str | os.PathLike,
-    device: DeviceSpec | str,
-    *,
-    objective: str = "latency",
-    profile: Profile | str | os.PathLike | None = None,
-    server: DeviceSpec | str | None = None,
-    link: NetworkLink | str | None = None,
-    slo_ms: float | None = None,
-    pins: Mapping[str, str] | None = None,
-    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-    time_limit_s: float = 60.0,
-    max_evals: int = 300,
-) -> Plan:
-    """Split a model over a device's processors (and a server's) for an objective.
+def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int = 300) -> Plan:
+    """Split ``problem.graph`` over its device's processors (and the server's) for its objective.
 
-    Args:
-        model_or_graph: A loaded :class:`ModelGraph` or the path of an ONNX file.
-        device: A :class:`DeviceSpec` or a spec name / path.
-        objective: ``latency``, ``latency_sequential``, ``energy``, ``throughput`` or ``pareto``.
-        profile: A :class:`Profile` (or its path); entries it lacks are predicted with the roofline
-            model; ``None`` predicts everything.
-        server: The server spec (or its name) whose processors may take parts.
-        link: The network link (or a preset name from ``devices/links.yaml``); Wi-Fi when a server
-            is given without one.
-        slo_ms: Latency limit (for ``energy`` and ``pareto``; checked for every objective).
-        pins: ``node -> processor`` assignments to force.
+    Pure: the problem is resolved and checked already (:func:`edgesplit.pipeline.resolve`); the
+    public entry point from paths and names is :func:`edgesplit.pipeline.partition`.
 
     Returns:
         The plan, with the baselines predicted by the same cost model.
 
     Raises:
-        PlanError: a profile for another model, an unknown processor or node in ``pins``, ops no
-            processor supports (all listed), an SLO that cannot be met (with the best latency).
+        PlanError: an unknown processor or node in the pins, ops no processor supports (all
+            listed), an SLO that cannot be met (with the best latency).
     """
-    from edgesplit.device import load_device, network_link
-    from edgesplit.profile.store import load_profile
-
-    graph = model_or_graph
-    if not isinstance(graph, ModelGraph):
-        from edgesplit.model.load import load_model
-
-        graph = load_model(graph, input_shapes)
-    dev = load_device(device) if isinstance(device, str) else device
-    srv = load_device(server) if isinstance(server, str) else server
-    if srv is not None and srv.kind != "server":
-        raise PlanError(f"'{srv.name}' is a {srv.kind} spec, not a server")
-    if srv is not None and link is None:
-        link = "wifi"
-    net = network_link(link) if isinstance(link, str) else link
-    profile_path = None
-    if profile is not None and not isinstance(profile, Profile):
-        profile_path = str(profile)
-        profile = load_profile(profile)
-    full = dev.with_server(srv) if srv is not None and not any(p.is_remote for p in dev.processors) else dev
-    if profile is not None and profile.model_sha256 != graph.sha256:
-        where = f"{profile_path}: " if profile_path else ""
-        raise PlanError(
-            f"{where}the profile is for model {profile.model_sha256[:12]} ({profile.model_name}), "
-            f"not {graph.sha256[:12]} ({graph.name})"
-        )
-    prof = complete_profile(graph, full, profile)
-    cm = build_costs(graph, prof, full, server=srv, link=net if srv is not None else None, pins=pins)
-    outcome = solve(cm, objective, slo_ms=slo_ms, time_limit_s=time_limit_s, max_evals=max_evals)
-    return make_plan(
-        graph,
-        cm,
-        outcome,
-        objective=objective,
-        slo_ms=slo_ms,
-        device=dev,
-        server=srv,
-        link=net if srv is not None else None,
-        profile_path=profile_path,
+    cm = build_costs(
+        problem.graph,
+        problem.profile,
+        problem.full_device,
+        server=problem.server,
+        link=problem.link,
+        pins=problem.pins,
     )
+    outcome = solve(
+        cm, problem.objective, slo_ms=problem.slo_ms, time_limit_s=time_limit_s, max_evals=max_evals
+    )
+    return make_plan(problem, cm, outcome)
 
 
-def make_plan(
-    graph: ModelGraph,
-    cm: CostModel,
-    out: Outcome,
-    *,
-    objective: str,
-    slo_ms: float | None,
-    device: DeviceSpec,
-    server: DeviceSpec | None,
-    link: NetworkLink | None,
-    profile_path: str | None = None,
-) -> Plan:
-    """Assemble a :class:`Plan` from a solved assignment."""
-    x = out.assign
-    sched = out.schedule
-    backends = [cm.backend[n][x[n]] for n in range(cm.n_nodes)]
-    groups = part_labels(cm, x, backends)
-    part_of = np.zeros(cm.n_nodes, dtype=np.int64)
-    for i, g in enumerate(groups):
-        part_of[g] = i
-    ins: list[dict[str, None]] = [{} for _ in groups]
-    outs: list[dict[str, None]] = [{} for _ in groups]
-    succ: list[set[int]] = [set() for _ in groups]
+def _boundaries(cm: CostModel, part_of: np.ndarray, n_parts: int):
+    """Per part: tensors read from other parts, tensors written for other parts, successor parts."""
+    ins: list[dict[str, None]] = [{} for _ in range(n_parts)]
+    outs: list[dict[str, None]] = [{} for _ in range(n_parts)]
+    succ: list[set[int]] = [set() for _ in range(n_parts)]
     for f in cm.flows:
         src = part_of[f.src] if f.src >= 0 else -1
         for d in f.dsts:
@@ -150,6 +85,18 @@ def make_plan(
                     succ[src].add(int(part_of[d]))
         if f.to_home and src >= 0:
             outs[src][f.tensor] = None
+    return ins, outs, succ
+
+
+def _parts(
+    cm: CostModel, out: Outcome, groups: list[np.ndarray], backends: list
+) -> tuple[list[Part], np.ndarray]:
+    """The parts of the chosen assignment (groups in topological order), and each node's part."""
+    x, sched = out.assign, out.schedule
+    part_of = np.zeros(cm.n_nodes, dtype=np.int64)
+    for i, g in enumerate(groups):
+        part_of[g] = i
+    ins, outs, succ = _boundaries(cm, part_of, len(groups))
     stage = [0] * len(groups)
     for i in range(len(groups)):  # groups are in topological order
         for j in succ[i]:
@@ -173,8 +120,14 @@ def make_plan(
                 stage=stage[i],
             )
         )
+    return parts, part_of
+
+
+def _transfers(cm: CostModel, out: Outcome, parts: list[Part], part_of: np.ndarray) -> list[Transfer]:
+    """One transfer per crossing and reading part; a tensor read by several parts crosses once."""
+    x = out.assign
     transfers = []
-    for c in sched.crossings:
+    for c in out.schedule.crossings:
         f = cm.flows[c.flow]
         src_name = parts[part_of[f.src]].name if f.src >= 0 else "input"
         readers = sorted({int(part_of[d]) for d in f.dsts if x[d] == c.dst})
@@ -192,6 +145,15 @@ def make_plan(
                     energy_mj=round(c.energy_mj, 6) if k == 0 else 0.0,
                 )
             )
+    return transfers
+
+
+def make_plan(problem: Problem, cm: CostModel, out: Outcome) -> Plan:
+    """Assemble a :class:`Plan` from a solved assignment, recording where its inputs came from."""
+    x, sched = out.assign, out.schedule
+    backends = [cm.backend[n][x[n]] for n in range(cm.n_nodes)]
+    parts, part_of = _parts(cm, out, part_labels(cm, x, backends), backends)
+    graph, device, server = problem.graph, problem.device, problem.server
     predicted = {
         "latency_ms": round(sched.makespan_ms, 6),
         "energy_mj": round(sched.energy_mj, 6),
@@ -205,15 +167,15 @@ def make_plan(
         model_path=os.path.abspath(graph.path),
         device=device.name,
         server=server.name if server is not None else None,
-        link=asdict(link) if link is not None else None,
-        objective=objective,
-        slo_ms=slo_ms,
+        link=asdict(problem.link) if problem.link is not None else None,
+        objective=problem.objective,
+        slo_ms=problem.slo_ms,
         assignment={
             cm.nodes[n]: {"processor": cm.processors[x[n]], "backend": backends[n] or ""}
             for n in range(cm.n_nodes)
         },
         parts=tuple(parts),
-        transfers=tuple(transfers),
+        transfers=tuple(_transfers(cm, out, parts, part_of)),
         predicted=predicted,
         baselines=out.baselines,
         solver=replace(out.solver, time_s=round(out.solver.time_s, 6)),
@@ -221,7 +183,12 @@ def make_plan(
         home=cm.processors[cm.home],
         pins=dict(cm.pins),
         input_shapes={k: tuple(v) for k, v in graph.input_shapes().items()},
-        device_path=os.path.abspath(device.path) if device.path else "",
-        server_path=os.path.abspath(server.path) if server is not None and server.path else "",
-        profile_path=os.path.abspath(profile_path) if profile_path else None,
+        device_path=_abspath(device.path),
+        server_path=_abspath(server.path) if server is not None else "",
+        profile_path=os.path.abspath(problem.profile_path) if problem.profile_path else None,
     )
+
+
+def _abspath(path: str) -> str:
+    """A spec's file as an absolute path ("" when the spec came from no file)."""
+    return os.path.abspath(path) if path and os.path.isfile(path) else ""

@@ -49,10 +49,11 @@ def _best_whole(cm: CostModel, procs: list[int]) -> int | None:
     return min(ok, key=lambda p: sequential_cost(cm, _whole(cm, p), "latency"))
 
 
-def cut_costs(cm: CostModel, d: int, s: int, objective: str) -> np.ndarray:
-    """Sequential cost of every cut k = 0..N: nodes [0, k) on ``d``, [k, N) on ``s``."""
+def cut_costs(cm: CostModel, d: int, s: int, form: str) -> np.ndarray:
+    """Sequential cost (``form``: ``latency`` or ``energy``) of every cut k = 0..N: nodes [0, k)
+    on ``d``, [k, N) on ``s``."""
     n_nodes = cm.n_nodes
-    a, alpha, beta = cm.linear(objective)
+    a, alpha, beta = cm.linear(form)
     a = np.where(np.isfinite(cm.node_ms), a, np.inf)
     cost = np.concatenate([[0.0], np.cumsum(a[:, d])]) + np.concatenate([np.cumsum(a[::-1, s])[::-1], [0.0]])
     for f in cm.flows:
@@ -73,9 +74,11 @@ def cut_costs(cm: CostModel, d: int, s: int, objective: str) -> np.ndarray:
     return cost
 
 
-def baseline_candidates(cm: CostModel, objective: str = "latency", keep_cuts: int = 3) -> list[Candidate]:
+def baseline_candidates(cm: CostModel, metric: str = "latency", keep_cuts: int = 3) -> list[Candidate]:
     """The baselines' assignments; ``best-single-cut`` lists its ``keep_cuts`` cheapest cuts
-    (by the sequential form of ``objective``) for the caller to score with the schedule."""
+    (by the sequential ``metric``: ``latency`` or ``energy``, see
+    :attr:`~edgesplit.optimize.objectives.Objective.baseline_metric`) for the caller to score
+    with the schedule."""
     local = [p for p in range(cm.n_procs) if not cm.remote[p]]
     remote = [p for p in range(cm.n_procs) if cm.remote[p]]
     out: list[Candidate] = []
@@ -101,8 +104,7 @@ def baseline_candidates(cm: CostModel, objective: str = "latency", keep_cuts: in
     dev = _best_whole(cm, local)
     if remote and srv is not None:
         dev_p = dev if dev is not None else cm.home
-        form = "energy" if objective == "energy" else "latency"
-        cost = cut_costs(cm, dev_p, srv, form)
+        cost = cut_costs(cm, dev_p, srv, metric)
         order = [int(k) for k in np.argsort(cost, kind="stable") if np.isfinite(cost[k])]
         kept = 0
         for k in order:

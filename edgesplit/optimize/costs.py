@@ -133,8 +133,11 @@ class CostModel:
             return 0.0
         return float(self.link_ms[p, q] + nbytes * self.link_ms_per_byte[p, q])
 
-    def linear(self, objective: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The sequential objective as ``(a, alpha, beta)``.
+    def linear(self, form: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A sequential cost form (``latency``, ``energy`` or ``mix:W``) as ``(a, alpha, beta)``.
+
+        These forms are what the exact solvers minimise; the objectives a plan is made for are
+        :mod:`edgesplit.optimize.objectives`, which use them.
 
         Cost of an assignment ``x`` is ``sum_n a[n, x_n]`` plus, for each flow and each destination
         processor ``q != src``, ``alpha[src, q] + nbytes * beta[src, q]``. ``latency`` sums every
@@ -142,15 +145,15 @@ class CostModel:
         ``mix:W`` is ``energy + W * latency``.
         """
         ms = np.where(self.allowed, self.node_ms, np.inf)
-        if objective.startswith("mix:"):
+        if form.startswith("mix:"):
             # energy + w * latency (w in W = mJ/ms): one point of the latency-energy trade-off
-            w = float(objective[4:])
+            w = float(form[4:])
             forms = [self.linear("energy"), self.linear("latency")]
             return tuple(e + w * lt for e, lt in zip(*forms, strict=True))  # type: ignore[return-value]
-        if objective == "latency":
+        if form == "latency":
             return ms, self.link_ms.copy(), self.link_ms_per_byte.copy()
-        if objective != "energy":
-            raise ValueError(f"no linear form for objective '{objective}'")
+        if form != "energy":
+            raise ValueError(f"no linear form '{form}'")
         idle = self.idle_total_w
         a = np.where(self.allowed, self.node_mj + self.node_ms * (idle - self.idle_w[None, :]), np.inf)
         alpha = self.link_ms * idle
@@ -270,6 +273,76 @@ def _pins(graph: ModelGraph, procs: tuple[Processor, ...], pins: Mapping[str, st
     return out
 
 
+def _check_supported(graph: ModelGraph, device: DeviceSpec, supported: np.ndarray) -> None:
+    """Every node runs somewhere; else one error listing every unsupported op."""
+    missing = [i for i in range(len(graph.nodes)) if not supported[i].any()]
+    if not missing:
+        return
+    by_op: dict[str, list[str]] = {}
+    for i in missing:
+        by_op.setdefault(graph.nodes[i].op_type, []).append(graph.nodes[i].name)
+    listed = "; ".join(
+        f"{op} ({', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''})" for op, ns in sorted(by_op.items())
+    )
+    raise PlanError(f"no processor of {device.name} supports {len(by_op)} op(s): {listed}")
+
+
+def _allowed(
+    graph: ModelGraph, procs: tuple[Processor, ...], supported: np.ndarray, pins: Mapping[str, str]
+) -> tuple[np.ndarray, dict[int, int]]:
+    """Support and pins together, and the pins by index."""
+    allowed = supported.copy()
+    pin_idx = _pins(graph, procs, pins)
+    for n, p in pin_idx.items():
+        if not supported[n, p]:
+            raise PlanError(
+                f"--pin {graph.nodes[n].name}={procs[p].name}: {procs[p].name} cannot run "
+                f"{graph.nodes[n].op_type}"
+            )
+        allowed[n] = False
+        allowed[n, p] = True
+    return allowed, pin_idx
+
+
+def _add_dispatch(lat: np.ndarray, profile: Profile, procs: tuple[Processor, ...]) -> None:
+    """A crossing onto another local processor starts a part there, which costs the measured
+    hand-off to that processor's runtime worker (profile ``dispatch_ms``; 0 where predicted)."""
+    dispatch = [
+        min((e.dispatch_ms for e in profile.for_processor(p.name) if e.dispatch_ms is not None), default=0.0)
+        for p in procs
+    ]
+    for a, pa in enumerate(procs):
+        for b, pb in enumerate(procs):
+            if a != b and not pa.is_remote and not pb.is_remote:
+                lat[a, b] += dispatch[b]
+
+
+def _node_memory(graph: ModelGraph) -> np.ndarray:
+    """Weights plus activations written, per node."""
+    return np.array(
+        [
+            n.weight_nbytes
+            + sum(graph.tensors[t].nbytes for t in n.outputs if not graph.tensors[t].is_weight)
+            for n in graph.nodes
+        ],
+        dtype=float,
+    )
+
+
+def _memory_limits(device: DeviceSpec, server: DeviceSpec | None):
+    """Per-processor limits, and the limits the device's (and server's) processors share."""
+    procs = device.processors
+    limits = np.array([p.memory_mb * MB if p.memory_mb else np.inf for p in procs])
+    groups = []
+    local = tuple(i for i, p in enumerate(procs) if not p.is_remote)
+    remote = tuple(i for i, p in enumerate(procs) if p.is_remote)
+    if device.memory_mb:
+        groups.append((local, device.memory_mb * MB))
+    if server is not None and server.memory_mb and remote:
+        groups.append((remote, server.memory_mb * MB))
+    return limits, groups
+
+
 def build_costs(
     graph: ModelGraph,
     profile: Profile,
@@ -301,58 +374,11 @@ def build_costs(
         device = device.with_server(server)
     procs = device.processors
     ms, mj, backend = _node_costs(graph, profile, procs)
-    supported = np.isfinite(ms)
-    missing = [i for i in range(len(graph.nodes)) if not supported[i].any()]
-    if missing:
-        by_op: dict[str, list[str]] = {}
-        for i in missing:
-            by_op.setdefault(graph.nodes[i].op_type, []).append(graph.nodes[i].name)
-        listed = "; ".join(
-            f"{op} ({', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''})" for op, ns in sorted(by_op.items())
-        )
-        raise PlanError(f"no processor of {device.name} supports {len(by_op)} op(s): {listed}")
-    allowed = supported.copy()
-    pin_idx = _pins(graph, procs, pins or {})
-    for n, p in pin_idx.items():
-        if not supported[n, p]:
-            raise PlanError(
-                f"--pin {graph.nodes[n].name}={procs[p].name}: {procs[p].name} cannot run "
-                f"{graph.nodes[n].op_type}"
-            )
-        allowed[n] = False
-        allowed[n, p] = True
+    _check_supported(graph, device, np.isfinite(ms))
+    allowed, pin_idx = _allowed(graph, procs, np.isfinite(ms), pins or {})
     lat, per_byte, radio, channel = _links(device, server, link)
-    # A crossing onto another local processor starts a part there, which costs the measured
-    # hand-off to that processor's runtime worker (profile ``dispatch_ms``; 0 where predicted).
-    dispatch = np.array(
-        [
-            min(
-                (e.dispatch_ms for e in profile.for_processor(p.name) if e.dispatch_ms is not None),
-                default=0.0,
-            )
-            for p in procs
-        ]
-    )
-    for a, pa in enumerate(procs):
-        for b, pb in enumerate(procs):
-            if a != b and not pa.is_remote and not pb.is_remote:
-                lat[a, b] += dispatch[b]
-    mem_nodes = np.array(
-        [
-            n.weight_nbytes
-            + sum(graph.tensors[t].nbytes for t in n.outputs if not graph.tensors[t].is_weight)
-            for n in graph.nodes
-        ],
-        dtype=float,
-    )
-    limits = np.array([p.memory_mb * MB if p.memory_mb else np.inf for p in procs])
-    groups = []
-    local = tuple(i for i, p in enumerate(procs) if not p.is_remote)
-    remote = tuple(i for i, p in enumerate(procs) if p.is_remote)
-    if device.memory_mb:
-        groups.append((local, device.memory_mb * MB))
-    if server is not None and server.memory_mb and remote:
-        groups.append((remote, server.memory_mb * MB))
+    _add_dispatch(lat, profile, procs)
+    limits, groups = _memory_limits(device, server)
     return CostModel(
         nodes=tuple(n.name for n in graph.nodes),
         op_types=tuple(n.op_type for n in graph.nodes),
@@ -370,7 +396,7 @@ def build_costs(
         radio_w=radio,
         channel=channel,
         idle_w=np.array([0.0 if p.is_remote else p.idle_w for p in procs]),
-        mem_nbytes=mem_nodes,
+        mem_nbytes=_node_memory(graph),
         mem_limit_nbytes=limits,
         group_limits=tuple(groups),
         pins={graph.nodes[n].name: procs[p].name for n, p in pin_idx.items()},

@@ -42,7 +42,7 @@ def crossings(cm: CostModel, assign: Sequence[int] | np.ndarray) -> list[Crossin
     return out
 
 
-def sequential_cost(cm: CostModel, assign: Sequence[int] | np.ndarray, objective: str) -> float:
+def sequential_cost(cm: CostModel, assign: Sequence[int] | np.ndarray, form: str) -> float:
     """Cost when nothing overlaps: ``latency`` (ms) or device ``energy`` (mJ)."""
     x = np.asarray(assign)
     busy = np.zeros(cm.n_procs)
@@ -52,12 +52,12 @@ def sequential_cost(cm: CostModel, assign: Sequence[int] | np.ndarray, objective
         active_mj += cm.node_mj[n, x[n]]
     xs = crossings(cm, x)
     total_ms = float(busy.sum()) + sum(c.latency_ms for c in xs)
-    if objective == "latency":
+    if form == "latency":
         return total_ms
-    if objective.startswith("mix:"):
-        return sequential_cost(cm, x, "energy") + float(objective[4:]) * total_ms
-    if objective != "energy":
-        raise ValueError(objective)
+    if form.startswith("mix:"):
+        return sequential_cost(cm, x, "energy") + float(form[4:]) * total_ms
+    if form != "energy":
+        raise ValueError(form)
     return device_energy_mj(cm, total_ms, busy, active_mj + sum(c.energy_mj for c in xs))
 
 

@@ -22,11 +22,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_array
 
 from edgesplit.optimize.costs import CostModel
-from edgesplit.optimize.milp import Infeasible, Solution
+from edgesplit.optimize.milp import Infeasible, MilpModel, Solution, solution
 
 
 @dataclass
@@ -156,100 +154,66 @@ def _pair(pairs: dict, a: int, b: int) -> np.ndarray:
 def _core_milp(
     cm: CostModel, unary: np.ndarray, pairs: dict, hypers: list[_Hyper], core: np.ndarray, time_limit_s: float
 ) -> Solution:
-    n_procs = cm.n_procs
+    """The MILP on the nodes elimination left: unary costs, pairwise and hyper factors."""
+    started = time.perf_counter()
     index = {int(n): i for i, n in enumerate(core)}
-    cost: list[float] = []
-    ub: list[float] = []
-    integral: list[int] = []
-    r: list[int] = []
-    c: list[int] = []
-    v: list[float] = []
-    lo: list[float] = []
-    hi: list[float] = []
-
-    def var(value: float, binary: bool = False) -> int:
-        finite = np.isfinite(value)
-        cost.append(float(value) if finite else 0.0)
-        ub.append(1.0 if finite else 0.0)
-        integral.append(1 if binary else 0)
-        return len(cost) - 1
-
-    def row(terms, low: float, high: float) -> None:
-        i = len(lo)
-        for var_i, coef in terms:
-            r.append(i)
-            c.append(var_i)
-            v.append(coef)
-        lo.append(low)
-        hi.append(high)
-
-    x = np.full((len(core), n_procs), -1, dtype=np.int64)
+    m = MilpModel()
+    x = np.full((len(core), cm.n_procs), -1, dtype=np.int64)
     for i, n in enumerate(core):
         ps = np.flatnonzero(np.isfinite(unary[n]))
         if ps.size == 0:
             raise Infeasible("a node has no processor left")
         for p in ps:
-            x[i, p] = var(unary[n, p], binary=True)
-        row([(int(x[i, p]), 1.0) for p in ps], 1.0, 1.0)
-    for (a, b), m in pairs.items():
+            x[i, p] = _var(m, unary[n, p], binary=True)
+        m.row([(int(x[i, p]), 1.0) for p in ps], 1.0, 1.0)
+    for (a, b), mat in pairs.items():
         ia, ib = index[a], index[b]
         pa, pb = np.flatnonzero(x[ia] >= 0), np.flatnonzero(x[ib] >= 0)
-        w = {(p, q): var(m[p, q]) for p in pa for q in pb}
+        w = {(p, q): _var(m, mat[p, q]) for p in pa for q in pb}
         for p in pa:
-            row([*((w[p, q], 1.0) for q in pb), (int(x[ia, p]), -1.0)], 0.0, 0.0)
+            m.row([*((w[p, q], 1.0) for q in pb), (int(x[ia, p]), -1.0)], 0.0, 0.0)
         for q in pb:
-            row([*((w[p, q], 1.0) for p in pa), (int(x[ib, q]), -1.0)], 0.0, 0.0)
+            m.row([*((w[p, q], 1.0) for p in pa), (int(x[ib, q]), -1.0)], 0.0, 0.0)
     for h in hypers:
-        need: dict[int, tuple[str, int]] = {}
-        opts = set()
-        for d in h.dsts:
-            opts.update(np.flatnonzero(x[index[d]] >= 0).tolist())
-        if h.to_home:
-            opts.add(cm.home)
-        for q in sorted(opts):
-            if h.to_home and q == cm.home:
-                need[q] = ("const", -1)
-                continue
-            y = var(0.0)
-            for d in h.dsts:
-                if x[index[d], q] >= 0:
-                    row([(y, 1.0), (int(x[index[d], q]), -1.0)], 0.0, np.inf)
-            need[q] = ("var", y)
-        if h.src < 0:
-            for q, (_, ref) in need.items():
-                if q != cm.home:
-                    cost[ref] += float(h.cost[cm.home, q])
+        _hyper_rows(m, cm, h, x, index)
+    return solution(m.solve(time_limit_s), x, started)
+
+
+def _var(m: MilpModel, value: float, binary: bool = False) -> int:
+    """A variable costing ``value``; fixed at 0 where the cost is infinite (not allowed)."""
+    finite = bool(np.isfinite(value))
+    return m.var(float(value) if finite else 0.0, binary=binary, ub=1.0 if finite else 0.0)
+
+
+def _hyper_rows(m: MilpModel, cm: CostModel, h: _Hyper, x: np.ndarray, index: dict[int, int]) -> None:
+    """A tensor read on several processors: counted once per destination (as in the full MILP)."""
+    need: dict[int, tuple[str, int]] = {}
+    opts = {cm.home} if h.to_home else set()
+    for d in h.dsts:
+        opts.update(np.flatnonzero(x[index[d]] >= 0).tolist())
+    for q in sorted(opts):
+        if h.to_home and q == cm.home:
+            need[q] = ("const", -1)
             continue
-        src = np.flatnonzero(x[index[h.src]] >= 0)
-        z = {(p, q): var(0.0 if p == q else h.cost[p, q]) for p in src for q in need}
-        for (p, _q), zi in z.items():
-            row([(zi, 1.0), (int(x[index[h.src], p]), -1.0)], -np.inf, 0.0)
-        for q, (kind, ref) in need.items():
-            terms = [(z[p, q], 1.0) for p in src]
-            row(terms, 1.0, 1.0) if kind == "const" else row([*terms, (ref, -1.0)], 0.0, 0.0)
-        for p in src:
-            row([*((z[p, q], 1.0) for q in need), (int(x[index[h.src], p]), -1.0)], 0.0, np.inf)
-    started = time.perf_counter()
-    a = csr_array((v, (r, c)), shape=(len(lo), len(cost)))
-    res = milp(
-        c=np.asarray(cost),
-        integrality=np.asarray(integral),
-        bounds=Bounds(0.0, np.asarray(ub)),
-        constraints=LinearConstraint(a, np.asarray(lo), np.asarray(hi)),
-        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-7, "presolve": True},
-    )
-    if res.x is None:
-        raise Infeasible(f"the MILP solver stopped without a solution ({res.message})")
-    assign = np.array(
-        [int(np.flatnonzero(x[i] >= 0)[np.argmax(res.x[x[i][x[i] >= 0]])]) for i in range(len(core))]
-    )
-    gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
-    optimal = res.status == 0
-    return Solution(
-        assign,
-        float(res.fun),
-        "milp-highs",
-        optimal,
-        0.0 if optimal and gap < 1e-6 else gap,
-        time.perf_counter() - started,
-    )
+        y = _var(m, 0.0)
+        for d in h.dsts:
+            if x[index[d], q] >= 0:
+                m.row([(y, 1.0), (int(x[index[d], q]), -1.0)], 0.0, np.inf)
+        need[q] = ("var", y)
+    if h.src < 0:
+        for q, (_, ref) in need.items():
+            if q != cm.home:
+                m.cost[ref] += float(h.cost[cm.home, q])
+        return
+    src = np.flatnonzero(x[index[h.src]] >= 0)
+    z = {(p, q): _var(m, 0.0 if p == q else h.cost[p, q]) for p in src for q in need}
+    for (p, _q), zi in z.items():
+        m.row([(zi, 1.0), (int(x[index[h.src], p]), -1.0)], -np.inf, 0.0)
+    for q, (kind, ref) in need.items():
+        terms = [(z[p, q], 1.0) for p in src]
+        if kind == "const":
+            m.row(terms, 1.0, 1.0)
+        else:
+            m.row([*terms, (ref, -1.0)], 0.0, 0.0)
+    for p in src:
+        m.row([*((z[p, q], 1.0) for q in need), (int(x[index[h.src], p]), -1.0)], 0.0, np.inf)

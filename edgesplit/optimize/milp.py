@@ -25,7 +25,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_array
 
-from edgesplit.optimize.costs import CostModel
+from edgesplit.optimize.costs import CostModel, Flow
 
 _DISP = bool(os.environ.get("ES_MILP_DISP"))
 
@@ -46,24 +46,175 @@ class Solution:
     time_s: float
 
 
-class _Rows:
-    """Sparse rows ``lb <= sum coef * var <= ub`` collected as triplets."""
+class MilpModel:
+    """Variables (objective cost, latency, bounds, integrality) and sparse rows ``lb <= sum coef *
+    var <= ub``, solved by HiGHS through ``scipy.optimize.milp``. Shared by :func:`solve_milp` and
+    the MILP on the core left by variable elimination (:mod:`edgesplit.optimize.factor`)."""
 
     def __init__(self) -> None:
-        self.r: list[int] = []
-        self.c: list[int] = []
-        self.v: list[float] = []
+        self.cost: list[float] = []
+        self.lat: list[float] = []
         self.lb: list[float] = []
         self.ub: list[float] = []
+        self.integral: list[int] = []
+        self._r: list[int] = []
+        self._c: list[int] = []
+        self._v: list[float] = []
+        self._row_lb: list[float] = []
+        self._row_ub: list[float] = []
 
-    def add(self, terms: list[tuple[int, float]], lb: float, ub: float) -> None:
-        i = len(self.lb)
-        for var, coef in terms:
-            self.r.append(i)
-            self.c.append(var)
-            self.v.append(coef)
+    def var(
+        self, cost: float, lat: float = 0.0, *, binary: bool = False, lb: float = 0.0, ub: float = 1.0
+    ) -> int:
+        self.cost.append(cost)
+        self.lat.append(lat)
         self.lb.append(lb)
         self.ub.append(ub)
+        self.integral.append(1 if binary else 0)
+        return len(self.cost) - 1
+
+    def row(self, terms, lb: float, ub: float) -> None:
+        i = len(self._row_lb)
+        for var, coef in terms:
+            self._r.append(i)
+            self._c.append(var)
+            self._v.append(coef)
+        self._row_lb.append(lb)
+        self._row_ub.append(ub)
+
+    def solve(self, time_limit_s: float, rel_gap: float = 1e-7):
+        """scipy's ``OptimizeResult``."""
+        a = csr_array((self._v, (self._r, self._c)), shape=(len(self._row_lb), len(self.cost)))
+        return milp(
+            c=np.asarray(self.cost),
+            integrality=np.asarray(self.integral),
+            bounds=Bounds(np.asarray(self.lb), np.asarray(self.ub)),
+            constraints=LinearConstraint(a, np.asarray(self._row_lb), np.asarray(self._row_ub)),
+            options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap, "presolve": True, "disp": _DISP},
+        )
+
+
+def solution(res, x: np.ndarray, started: float) -> Solution:
+    """The assignment read off the binary ``x[n, p]`` (-1 where not allowed), and the solver's account.
+
+    Raises:
+        Infeasible: when the solver found no solution.
+    """
+    if res.x is None:
+        if res.status == 2:
+            raise Infeasible("no assignment meets the constraints")
+        raise Infeasible(f"the MILP solver stopped without a solution ({res.message})")
+    assign = np.zeros(len(x), dtype=np.int64)
+    for n in range(len(x)):
+        ps = np.flatnonzero(x[n] >= 0)
+        assign[n] = ps[np.argmax(res.x[x[n, ps]])]
+    gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
+    optimal = res.status == 0
+    return Solution(
+        assign,
+        float(res.fun),
+        "milp-highs",
+        optimal,
+        0.0 if optimal and gap < 1e-6 else gap,
+        time.perf_counter() - started,
+    )
+
+
+Forms = tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+Need = dict[int, tuple[str, int]]  # destination processor -> ("const", -1) | ("var", index)
+
+
+def _node_vars(m: MilpModel, cm: CostModel, forms: Forms) -> np.ndarray:
+    """Binary ``x[n, p]`` for every allowed pair (-1 elsewhere), one processor per node."""
+    (a_obj, _, _), (a_lat, _, _) = forms
+    x = np.full((cm.n_nodes, cm.n_procs), -1, dtype=np.int64)
+    for n in range(cm.n_nodes):
+        ps = np.flatnonzero(cm.allowed[n])
+        for p in ps:
+            lb = 1.0 if len(ps) == 1 else 0.0
+            x[n, p] = m.var(float(a_obj[n, p]), float(a_lat[n, p]), binary=True, lb=lb)
+        m.row([(int(x[n, p]), 1.0) for p in ps], 1.0, 1.0)
+    return x
+
+
+def _needs(m: MilpModel, cm: CostModel, f: Flow, x: np.ndarray) -> Need:
+    """Where flow ``f`` is needed: a constant at home for a graph output, a reader's own ``x`` for
+    a tensor with one reader, else ``y[t, q] >= x[c, q]`` for each reader c."""
+    dst_opts = {cm.home} if f.to_home else set()
+    for c in f.dsts:
+        dst_opts.update(np.flatnonzero(cm.allowed[c]).tolist())
+    need: Need = {}
+    for q in sorted(dst_opts):
+        if f.to_home and q == cm.home:
+            need[q] = ("const", -1)
+        elif len(f.dsts) == 1 and not f.to_home:
+            need[q] = ("var", int(x[f.dsts[0], q]))
+        else:
+            y = m.var(0.0)
+            for c in f.dsts:
+                if cm.allowed[c, q]:
+                    m.row([(y, 1.0), (int(x[c, q]), -1.0)], 0.0, np.inf)
+            need[q] = ("var", y)
+    return need
+
+
+def _crossing(forms: Forms, f: Flow, p: int, q: int) -> tuple[float, float]:
+    """(objective, latency) cost of flow ``f`` crossing from p to q."""
+    (_, al_obj, be_obj), (_, al_lat, be_lat) = forms
+    if p == q:
+        return 0.0, 0.0
+    return float(al_obj[p, q] + f.nbytes * be_obj[p, q]), float(al_lat[p, q] + f.nbytes * be_lat[p, q])
+
+
+def _flow(m: MilpModel, cm: CostModel, f: Flow, x: np.ndarray, forms: Forms, receive: list[list]) -> None:
+    """The crossing terms of one flow; ``receive[q]`` gets the bytes it brings to q."""
+    need = _needs(m, cm, f, x)
+    src_opts = [cm.home] if f.src < 0 else np.flatnonzero(cm.allowed[f.src]).tolist()
+    if len(src_opts) == 1:  # a fixed source: the costs sit on the destinations' own variables
+        p = src_opts[0]
+        for q, (kind, ref) in need.items():
+            if q == p:
+                continue
+            c_obj, c_lat = _crossing(forms, f, p, q)
+            if kind == "const":  # a forced crossing: a constant, carried on a fixed variable
+                receive[q].append((m.var(c_obj, c_lat, lb=1.0), float(f.nbytes)))
+            else:
+                m.cost[ref] += c_obj
+                m.lat[ref] += c_lat
+                receive[q].append((ref, float(f.nbytes)))
+        return
+    # exactly one destination when the tensor has one reader and is no graph output; then
+    # sum_q z[p,q] = x[src,p] and the rows z[p,q] <= x[src,p] are implied
+    single = len(f.dsts) == 1 and not f.to_home
+    z: dict[tuple[int, int], int] = {}
+    for p in src_opts:
+        for q in need:
+            z[p, q] = m.var(*_crossing(forms, f, p, q))
+            if not single:
+                m.row([(z[p, q], 1.0), (int(x[f.src, p]), -1.0)], -np.inf, 0.0)
+    for q, (kind, ref) in need.items():
+        terms = [(z[p, q], 1.0) for p in src_opts]
+        if kind == "const":
+            m.row(terms, 1.0, 1.0)
+        else:
+            m.row([*terms, (ref, -1.0)], 0.0, 0.0)
+        receive[q].extend((z[p, q], float(f.nbytes)) for p in src_opts if p != q)
+    for p in src_opts:
+        m.row([*((z[p, q], 1.0) for q in need), (int(x[f.src, p]), -1.0)], 0.0, 0.0 if single else np.inf)
+
+
+def _memory_rows(m: MilpModel, cm: CostModel, x: np.ndarray, receive: list[list]) -> None:
+    """Per-processor and per-group memory limits over weights, activations and received bytes."""
+
+    def mem_terms(p: int) -> list[tuple[int, float]]:
+        terms = [(int(x[n, p]), float(cm.mem_nbytes[n])) for n in range(cm.n_nodes) if x[n, p] >= 0]
+        return terms + receive[p]
+
+    for p in range(cm.n_procs):
+        if np.isfinite(cm.mem_limit_nbytes[p]):
+            m.row(mem_terms(p), -np.inf, float(cm.mem_limit_nbytes[p]))
+    for procs, limit in cm.group_limits:
+        m.row([t for p in procs for t in mem_terms(p)], -np.inf, float(limit))
 
 
 def solve_milp(
@@ -80,133 +231,13 @@ def solve_milp(
         Infeasible: when memory, pins or the SLO leave no assignment.
     """
     started = time.perf_counter()
-    a_obj, al_obj, be_obj = cm.linear(objective)
-    a_lat, al_lat, be_lat = cm.linear("latency")
-    n_nodes, n_procs = cm.n_nodes, cm.n_procs
-    allowed = cm.allowed
-    cost: list[float] = []
-    lat: list[float] = []
-    ub_vars: list[float] = []
-    lb_vars: list[float] = []
-    integral: list[int] = []
-
-    def new(c_obj: float, c_lat: float, binary: bool = False, lb: float = 0.0) -> int:
-        cost.append(c_obj)
-        lat.append(c_lat)
-        lb_vars.append(lb)
-        ub_vars.append(1.0)
-        integral.append(1 if binary else 0)
-        return len(cost) - 1
-
-    rows = _Rows()
-    x = np.full((n_nodes, n_procs), -1, dtype=np.int64)
-    for n in range(n_nodes):
-        ps = np.flatnonzero(allowed[n])
-        for p in ps:
-            x[n, p] = new(
-                float(a_obj[n, p]), float(a_lat[n, p]), binary=True, lb=1.0 if len(ps) == 1 else 0.0
-            )
-        rows.add([(int(x[n, p]), 1.0) for p in ps], 1.0, 1.0)
-    # receive[q]: terms whose sum is the bytes received on q (for the memory rows)
-    receive: list[list[tuple[int, float]]] = [[] for _ in range(n_procs)]
+    forms: Forms = (cm.linear(objective), cm.linear("latency"))
+    m = MilpModel()
+    x = _node_vars(m, cm, forms)
+    receive: list[list[tuple[int, float]]] = [[] for _ in range(cm.n_procs)]
     for f in cm.flows:
-        dst_opts = set()
-        for c in f.dsts:
-            dst_opts.update(np.flatnonzero(allowed[c]).tolist())
-        if f.to_home:
-            dst_opts.add(cm.home)
-        # need[q]: ("const", 1.0) | ("var", index)
-        need: dict[int, tuple[str, float | int]] = {}
-        for q in sorted(dst_opts):
-            if f.to_home and q == cm.home:
-                need[q] = ("const", 1.0)
-            elif len(f.dsts) == 1 and not f.to_home:
-                need[q] = ("var", int(x[f.dsts[0], q]))
-            else:
-                y = new(0.0, 0.0)
-                for c in f.dsts:
-                    if allowed[c, q]:
-                        rows.add([(y, 1.0), (int(x[c, q]), -1.0)], 0.0, np.inf)
-                need[q] = ("var", y)
-        src_opts = [cm.home] if f.src < 0 else np.flatnonzero(allowed[f.src]).tolist()
-        if len(src_opts) == 1:
-            p = src_opts[0]
-            for q, (kind, ref) in need.items():
-                if q == p:
-                    continue
-                c_obj = al_obj[p, q] + f.nbytes * be_obj[p, q]
-                c_lat = al_lat[p, q] + f.nbytes * be_lat[p, q]
-                if kind == "const":
-                    # a forced crossing: a constant; carry it on a fixed variable
-                    v = new(float(c_obj), float(c_lat), lb=1.0)
-                    receive[q].append((v, float(f.nbytes)))
-                else:
-                    cost[int(ref)] += float(c_obj)
-                    lat[int(ref)] += float(c_lat)
-                    receive[q].append((int(ref), float(f.nbytes)))
-            continue
-        # exactly one destination when the tensor has one reader and is no graph output; then
-        # sum_q z[p,q] = x[src,p] and the rows z[p,q] <= x[src,p] are implied
-        single = len(f.dsts) == 1 and not f.to_home
-        z: dict[tuple[int, int], int] = {}
-        for p in src_opts:
-            for q in need:
-                c_obj = 0.0 if p == q else float(al_obj[p, q] + f.nbytes * be_obj[p, q])
-                c_lat = 0.0 if p == q else float(al_lat[p, q] + f.nbytes * be_lat[p, q])
-                z[p, q] = new(c_obj, c_lat)
-                if not single:
-                    rows.add([(z[p, q], 1.0), (int(x[f.src, p]), -1.0)], -np.inf, 0.0)
-        for q, (kind, ref) in need.items():
-            terms = [(z[p, q], 1.0) for p in src_opts]
-            if kind == "const":
-                rows.add(terms, 1.0, 1.0)
-            else:
-                rows.add([*terms, (int(ref), -1.0)], 0.0, 0.0)
-            for p in src_opts:
-                if p != q:
-                    receive[q].append((z[p, q], float(f.nbytes)))
-        for p in src_opts:
-            rows.add(
-                [*((z[p, q], 1.0) for q in need), (int(x[f.src, p]), -1.0)], 0.0, 0.0 if single else np.inf
-            )
-
-    def mem_terms(p: int) -> list[tuple[int, float]]:
-        terms = [(int(x[n, p]), float(cm.mem_nbytes[n])) for n in range(n_nodes) if x[n, p] >= 0]
-        return terms + receive[p]
-
-    for p in range(n_procs):
-        if np.isfinite(cm.mem_limit_nbytes[p]):
-            rows.add(mem_terms(p), -np.inf, float(cm.mem_limit_nbytes[p]))
-    for procs, limit in cm.group_limits:
-        rows.add([t for p in procs for t in mem_terms(p)], -np.inf, float(limit))
+        _flow(m, cm, f, x, forms, receive)
+    _memory_rows(m, cm, x, receive)
     if slo_ms is not None:
-        rows.add([(i, v) for i, v in enumerate(lat) if v != 0.0], -np.inf, float(slo_ms))
-
-    n_vars = len(cost)
-    a = csr_array((rows.v, (rows.r, rows.c)), shape=(len(rows.lb), n_vars))
-    res = milp(
-        c=np.asarray(cost),
-        integrality=np.asarray(integral),
-        bounds=Bounds(np.asarray(lb_vars), np.asarray(ub_vars)),
-        constraints=LinearConstraint(a, np.asarray(rows.lb), np.asarray(rows.ub)),
-        options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap, "presolve": True, "disp": _DISP},
-    )
-    if res.x is None:
-        if res.status == 2:
-            raise Infeasible("no assignment meets the constraints")
-        raise Infeasible(f"the MILP solver stopped without a solution ({res.message})")
-    sol = res.x
-    assign = np.zeros(n_nodes, dtype=np.int64)
-    for n in range(n_nodes):
-        ps = np.flatnonzero(x[n] >= 0)
-        assign[n] = ps[np.argmax(sol[x[n, ps]])]
-    gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
-    optimal = res.status == 0
-    return Solution(
-        assign,
-        float(res.fun),
-        "milp-highs",
-        optimal,
-        0.0 if optimal and gap < 1e-6 else gap,
-        time.perf_counter() - started,
-    )
+        m.row([(i, v) for i, v in enumerate(m.lat) if v != 0.0], -np.inf, float(slo_ms))
+    return solution(m.solve(time_limit_s, rel_gap), x, started)

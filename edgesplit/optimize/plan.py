@@ -12,35 +12,46 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edgesplit.errors import PlanError
-from edgesplit.util import atomic_write_text, read_json_object
+from edgesplit.util import atomic_write_text, known_fields, read_json_object
 
 FORMAT_VERSION = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Part:
     """A maximal connected group of nodes on one processor and backend.
 
+    New fields go last with a default, so that older plans still read (see :meth:`Plan.from_json`).
+
     Attributes:
+        latency_ms, energy_mj, start_ms, end_ms: The optimiser's predictions (None in a plan made
+            by hand, :func:`edgesplit.compile.manual.contiguous_plan`).
         stage: Depth in the part graph (parts of one stage do not depend on each other).
     """
 
     name: str
     processor: str
     backend: str
-    remote: bool
+    remote: bool = False
     nodes: tuple[str, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    latency_ms: float
-    energy_mj: float
-    start_ms: float
-    end_ms: float
-    stage: int
+    latency_ms: float | None = None
+    energy_mj: float | None = None
+    start_ms: float | None = None
+    end_ms: float | None = None
+    stage: int = 0
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Part:
+        kw = known_fields(Part, d)
+        for key in ("nodes", "inputs", "outputs"):
+            kw[key] = tuple(d[key])
+        return Part(**kw)
 
 
 @dataclass(frozen=True)
@@ -81,29 +92,37 @@ class SolverInfo:
     name: str
     time_s: float
     optimal: bool
-    gap: float
+    gap: float | None
     model: str = "sequential"
     detail: str = ""
 
 
-@dataclass(frozen=True)
+MANUAL = SolverInfo("manual", 0.0, False, None, "none", "made by hand, not by the optimiser")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plan:
-    """A partition of a model over the processors of a device (and a server)."""
+    """A partition of a model over the processors of a device (and a server).
+
+    The fields are in the JSON's key order. A new field goes with a default (in :class:`Part` too):
+    :meth:`from_json` fills what an older plan lacks from the defaults, and leaves keys it does not
+    know, so adding a field is one line.
+    """
 
     model_sha256: str
     model_name: str
     model_path: str
     device: str
-    server: str | None
-    link: Mapping[str, Any] | None
+    server: str | None = None
+    link: Mapping[str, Any] | None = None
     objective: str
-    slo_ms: float | None
+    slo_ms: float | None = None
     assignment: Mapping[str, Mapping[str, str]]
     parts: tuple[Part, ...]
-    transfers: tuple[Transfer, ...]
-    predicted: Mapping[str, float]
-    baselines: tuple[Baseline, ...]
-    solver: SolverInfo
+    transfers: tuple[Transfer, ...] = ()
+    predicted: Mapping[str, float] = field(default_factory=dict)
+    baselines: tuple[Baseline, ...] = ()
+    solver: SolverInfo = MANUAL
     pareto: tuple[Mapping[str, Any], ...] = ()
     home: str = ""
     pins: Mapping[str, str] = field(default_factory=dict)
@@ -140,27 +159,17 @@ class Plan:
                 raise PlanError(
                     f"{source}: plan format version {d.get('format_version')!r}, expected {FORMAT_VERSION}"
                 )
-            kw = {f.name: d[f.name] for f in fields(Plan) if f.name in d}
-            kw["parts"] = tuple(
-                Part(
-                    **{
-                        **p,
-                        "nodes": tuple(p["nodes"]),
-                        "inputs": tuple(p["inputs"]),
-                        "outputs": tuple(p["outputs"]),
-                    }
-                )
-                for p in d["parts"]
-            )
-            kw["transfers"] = tuple(Transfer(**t) for t in d["transfers"])
-            kw["baselines"] = tuple(Baseline(**b) for b in d["baselines"])
-            kw["solver"] = SolverInfo(**d["solver"])
+            kw = known_fields(Plan, d)
+            kw["parts"] = tuple(Part.from_json(p) for p in d["parts"])
+            kw["transfers"] = tuple(Transfer(**known_fields(Transfer, t)) for t in d.get("transfers", ()))
+            kw["baselines"] = tuple(Baseline(**known_fields(Baseline, b)) for b in d.get("baselines", ()))
+            if "solver" in d:
+                kw["solver"] = SolverInfo(**known_fields(SolverInfo, d["solver"]))
             kw["pareto"] = tuple(dict(p) for p in d.get("pareto", ()))
             kw["input_shapes"] = {k: tuple(v) for k, v in d.get("input_shapes", {}).items()}
             kw["assignment"] = {k: dict(v) for k, v in d["assignment"].items()}
-            for key in ("model_sha256", "model_name", "model_path", "device", "objective", "predicted"):
-                if key not in d:
-                    raise KeyError(key)
+            kw["predicted"] = dict(d.get("predicted", {}))
+            kw["pins"] = dict(d.get("pins", {}))
             return Plan(**kw)
         except PlanError:
             raise

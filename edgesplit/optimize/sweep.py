@@ -1,8 +1,8 @@
 """Re-solve a plan's problem at other network bandwidths, to see where the decision changes.
 
 The plan records where its inputs came from (model path and shapes, device and server specs, the
-profile path, the link and the pins), so the costs can be rebuilt; only the link's up and down
-rates change from one row to the next.
+profile path, the link and the pins), so :func:`edgesplit.pipeline.problem_from_plan` can load its
+:class:`Problem` again; only the link's up and down rates change from one row to the next.
 """
 
 from __future__ import annotations
@@ -11,14 +11,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from edgesplit.device import DeviceSpec, NetworkLink
 from edgesplit.errors import PlanError
-from edgesplit.model.graph import ModelGraph
-from edgesplit.optimize.api import complete_profile
 from edgesplit.optimize.costs import build_costs
-from edgesplit.optimize.plan import Plan
+from edgesplit.optimize.objectives import objective
+from edgesplit.optimize.problem import Problem
 from edgesplit.optimize.solve import solve
-from edgesplit.profile.store import Profile
 
 
 @dataclass(frozen=True)
@@ -39,51 +36,6 @@ class SweepRow:
     baselines: dict[str, float | None]
 
 
-@dataclass(frozen=True)
-class PlanContext:
-    """What a plan was made from, loaded again."""
-
-    graph: ModelGraph
-    profile: Profile
-    device: DeviceSpec
-    server: DeviceSpec | None
-    link: NetworkLink | None
-
-
-def load_context(plan: Plan) -> PlanContext:
-    """Load the model, specs and profile a plan names, checking the model is the same.
-
-    Raises:
-        PlanError: when the model file is gone or has another hash than the plan's.
-    """
-    from pathlib import Path
-
-    from edgesplit.device import load_device
-    from edgesplit.model.load import load_model
-    from edgesplit.profile.store import load_profile
-
-    if not Path(plan.model_path).is_file():
-        raise PlanError(f"the plan's model {plan.model_path} is missing")
-    graph = load_model(plan.model_path, plan.input_shapes or None)
-    if graph.sha256 != plan.model_sha256:
-        raise PlanError(
-            f"the plan is for model {plan.model_sha256[:12]}, but {plan.model_path} is "
-            f"{graph.sha256[:12]} (re-run edgesplit partition)"
-        )
-    device = load_device(
-        plan.device_path if plan.device_path and Path(plan.device_path).is_file() else plan.device
-    )
-    server = None
-    if plan.server:
-        server = load_device(
-            plan.server_path if plan.server_path and Path(plan.server_path).is_file() else plan.server
-        )
-    full = device.with_server(server) if server is not None else device
-    profile = load_profile(plan.profile_path) if plan.profile_path else None
-    link = NetworkLink(**plan.link) if plan.link else None
-    return PlanContext(graph, complete_profile(graph, full, profile), full, server, link)
-
-
 def log_bandwidths(lo_mbps: float = 0.1, hi_mbps: float = 1000.0, per_decade: int = 4) -> list[float]:
     """Log-spaced bandwidths from ``lo_mbps`` to ``hi_mbps``."""
     n = int(round(np.log10(hi_mbps / lo_mbps) * per_decade)) + 1
@@ -95,32 +47,46 @@ def decision_of(plan_assign: np.ndarray, processors: tuple[str, ...]) -> str:
     return " ".join(f"{processors[p]}:{int(c)}" for p, c in enumerate(counts) if c)
 
 
-def bandwidth_sweep(
-    plan: Plan,
-    bandwidths: list[float] | None = None,
-    context: PlanContext | None = None,
-    *,
-    max_evals: int = 150,
-) -> list[SweepRow]:
-    """Re-solve ``plan``'s objective at each bandwidth (up and down set alike).
+def needs_network(has_server_and_link: bool) -> None:
+    """Refuse a sweep of a plan without a server: no bandwidth changes it.
 
     Raises:
-        PlanError: for a plan without a server (nothing crosses a network).
+        PlanError: when ``has_server_and_link`` is false.
     """
-    if not plan.server or not plan.link:
+    if not has_server_and_link:
         raise PlanError(
             "the plan has no server and link, so bandwidth changes nothing (partition with --server)"
         )
-    ctx = context or load_context(plan)
+
+
+def bandwidth_sweep(
+    problem: Problem, bandwidths: list[float] | None = None, *, max_evals: int = 150
+) -> list[SweepRow]:
+    """Re-solve ``problem`` at each bandwidth (up and down set alike).
+
+    ``problem`` is usually a plan's own, loaded again by :func:`edgesplit.pipeline.problem_from_plan`.
+
+    Raises:
+        PlanError: for a problem without a server (nothing crosses a network).
+    """
+    needs_network(problem.server is not None and problem.link is not None)
+    assert problem.link is not None
+    base = problem.link
+    name = objective(problem.objective).sweep_objective
     rows: list[SweepRow] = []
     prev = None
-    objective = "latency" if plan.objective == "pareto" else plan.objective
     for bw in bandwidths or log_bandwidths():
-        assert ctx.link is not None
-        link = replace(ctx.link, up_mbps=bw, down_mbps=bw, name=f"{ctx.link.name.split('@')[0]}@{bw:g}mbps")
-        cm = build_costs(ctx.graph, ctx.profile, ctx.device, server=ctx.server, link=link, pins=plan.pins)
+        link = replace(base, up_mbps=bw, down_mbps=bw, name=f"{base.name.split('@')[0]}@{bw:g}mbps")
+        cm = build_costs(
+            problem.graph,
+            problem.profile,
+            problem.full_device,
+            server=problem.server,
+            link=link,
+            pins=problem.pins,
+        )
         try:
-            out = solve(cm, objective, slo_ms=plan.slo_ms, max_evals=max_evals)
+            out = solve(cm, name, slo_ms=problem.slo_ms, max_evals=max_evals)
         except PlanError:
             continue  # an SLO this bandwidth cannot meet
         decision = decision_of(out.assign, cm.processors)

@@ -68,6 +68,43 @@ def block_edges(
     return preds[:n_nodes]
 
 
+def _flows(preds: list[tuple[int, ...]], rng: np.random.Generator) -> list[Flow]:
+    """One graph input read by node 0, each node's output to its readers; the last node's is the
+    graph output."""
+    n_nodes = len(preds)
+    consumers: dict[int, list[int]] = {}
+    for i, ps in enumerate(preds):
+        for p in ps:
+            consumers.setdefault(p, []).append(i)
+    nbytes = rng.integers(1_000, 400_000, n_nodes)
+    flows = [Flow("input", int(rng.integers(10_000, 600_000)), -1, (0,), False)]
+    for i in range(n_nodes):
+        dsts = tuple(consumers.get(i, ()))
+        if dsts or i == n_nodes - 1:
+            flows.append(Flow(f"t{i}", int(nbytes[i]), i, dsts, i == n_nodes - 1))
+    return flows
+
+
+def _links(remote: np.ndarray, rng: np.random.Generator):
+    """Random on-chip links, and one random network link between the device and the server."""
+    n_procs = len(remote)
+    lat = rng.uniform(0.01, 0.3, (n_procs, n_procs))
+    per_byte = 1e-6 / rng.uniform(2.0, 20.0, (n_procs, n_procs))
+    radio = np.zeros((n_procs, n_procs))
+    channel = 2 + np.arange(n_procs * n_procs).reshape(n_procs, n_procs)
+    up, down, rtt = rng.uniform(1, 200), rng.uniform(5, 400), rng.uniform(2, 60)
+    for a in range(n_procs):
+        for b in range(n_procs):
+            if remote[a] != remote[b]:
+                lat[a, b] = rtt / 2
+                per_byte[a, b] = 8e-3 / (up if remote[b] else down)
+                radio[a, b] = 2.5 if remote[b] else 1.5
+                channel[a, b] = 0 if remote[b] else 1
+    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(per_byte, 0.0)
+    return lat, per_byte, radio, channel
+
+
 def random_costs(
     n_nodes: int,
     n_procs: int,
@@ -111,30 +148,8 @@ def random_costs(
     ms[:, 0] = work + 0.01 if device_like else work  # the home CPU runs everything
     active_w = rng.uniform(0.5, 6.0, n_procs)
     mj = np.where(remote[None, :], 0.0, np.where(np.isfinite(ms), ms, 0.0) * active_w[None, :])
-    consumers: dict[int, list[int]] = {}
-    for i, ps in enumerate(preds):
-        for p in ps:
-            consumers.setdefault(p, []).append(i)
-    nbytes = rng.integers(1_000, 400_000, n_nodes)
-    flows = [Flow("input", int(rng.integers(10_000, 600_000)), -1, (0,), False)]
-    for i in range(n_nodes):
-        dsts = tuple(consumers.get(i, ()))
-        if dsts or i == n_nodes - 1:
-            flows.append(Flow(f"t{i}", int(nbytes[i]), i, dsts, i == n_nodes - 1))
-    lat = rng.uniform(0.01, 0.3, (n_procs, n_procs))
-    per_byte = 1e-6 / rng.uniform(2.0, 20.0, (n_procs, n_procs))
-    radio = np.zeros((n_procs, n_procs))
-    channel = 2 + np.arange(n_procs * n_procs).reshape(n_procs, n_procs)
-    up, down, rtt = rng.uniform(1, 200), rng.uniform(5, 400), rng.uniform(2, 60)
-    for a in range(n_procs):
-        for b in range(n_procs):
-            if remote[a] != remote[b]:
-                lat[a, b] = rtt / 2
-                per_byte[a, b] = 8e-3 / (up if remote[b] else down)
-                radio[a, b] = 2.5 if remote[b] else 1.5
-                channel[a, b] = 0 if remote[b] else 1
-    np.fill_diagonal(lat, 0.0)
-    np.fill_diagonal(per_byte, 0.0)
+    flows = _flows(preds, rng)
+    lat, per_byte, radio, channel = _links(remote, rng)
     mem = rng.integers(10_000, 2_000_000, n_nodes).astype(float)
     limits = np.full(n_procs, np.inf)
     if memory:

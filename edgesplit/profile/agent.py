@@ -7,7 +7,8 @@ prints goes to stderr, so a chatty library cannot break the protocol).
 Requests (one JSON object per line)::
 
     {"op": "put", "name": "model.onnx", "nbytes": N}    followed by exactly N raw bytes
-    {"op": "profile", "model": "model.onnx", "input_shapes": {...}, "device": {spec}, "done": [...], ...}
+    {"op": "profile", "model": "model.onnx", "input_shapes": {...}, "device": {spec},
+     "options": {ProfileOptions}, "done": [entries]}
     {"op": "detect"}
     {"op": "exit"}                                       (end of input means the same)
 
@@ -170,28 +171,25 @@ class Agent:
                 message=f"the remote Python lacks {', '.join(missing)}",
             )
             return
+        from edgesplit.device import device_from_mapping
         from edgesplit.model.load import load_model
         from edgesplit.profile.power import find_rails
-        from edgesplit.profile.steps import (
-            device_from_dict,
-            entry_from_json,
-            entry_to_json,
-            pairs,
-            profile_steps,
-        )
+        from edgesplit.profile.run import ProfileOptions
+        from edgesplit.profile.steps import pairs, profile_steps
+        from edgesplit.profile.store import ProcessorProfile
 
         name = str(msg["model"])
         if not _SAFE_NAME.match(name):
             raise ValueError(f"bad model name {name!r}")
         graph = load_model(os.path.join(self.workdir, name), msg.get("input_shapes") or {})
         spec = msg["device"]
-        device = device_from_dict(spec, f"{spec['name']} (on {platform.node()})", local=True)
+        device = device_from_mapping(spec, f"{spec.get('name')} (on {platform.node()})", local=True)
+        options = ProfileOptions.from_json(msg.get("options") or {})
         rails = find_rails(os.environ.get("EDGESPLIT_SYSFS_ROOT", "/"))
-        done = [entry_from_json(e) for e in msg.get("done", [])]
-        backends, processors = msg.get("backends") or None, msg.get("processors") or None
+        done = [ProcessorProfile.from_json(e) for e in msg.get("done", [])]
         self.send(
             "plan",
-            pairs=pairs(device, backends, processors),
+            pairs=pairs(device, options),
             reused=[e.key for e in done],
             power=rails.source,
             power_rails=[r.name for r in rails.rails],
@@ -208,14 +206,11 @@ class Agent:
         prof = profile_steps(
             graph,
             device,
-            backends=backends,
-            processors=processors,
-            runs=int(msg.get("runs", 20)),
-            warmup=int(msg.get("warmup", 5)),
+            options,
             progress=progress,
             done=done,
             rails=rails,
-            on_entry=lambda e: self.send("entry", entry=entry_to_json(e)),
+            on_entry=lambda e: self.send("entry", entry=e.to_json()),
         )
         if msg.get("model_name"):
             import dataclasses

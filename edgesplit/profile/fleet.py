@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgesplit.device import SpecSource
 from edgesplit.errors import EdgesplitError, InputError, RemoteError
+from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.ssh import SshOptions, Target, parse_target
 
 _OPTION_KEYS = {
@@ -145,106 +147,116 @@ def load_fleet(path: str | Path, base: SshOptions | None = None) -> Fleet:
     return Fleet(str(p), tuple(hosts), int(data.get("jobs", 4)))
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What every host of one fleet run shares."""
+
+    model: Path
+    out: Path
+    specs: Mapping[str, SpecSource]
+    options: ProfileOptions | None
+    input_shapes: Mapping[str, Sequence[int]] | None
+    resume: bool
+    cancel: threading.Event
+    on_event: FleetEvent | None
+
+    def tell(self, name: str, ev: Mapping[str, Any]) -> None:
+        if self.cancel.is_set():
+            raise RemoteError(f"{name}: cancelled")
+        if self.on_event is not None:
+            self.on_event(name, ev)
+
+
+def _profile_host(run: _Run, h: FleetHost) -> HostResult:
+    """One host; every failure becomes a failed :class:`HostResult`, never an exception."""
+    from edgesplit.profile.remote import RemoteOptions, profile_remote
+
+    started = time.perf_counter()
+    run.tell(h.name, {"event": "start", "target": str(h.target)})
+    reused: list[str] = []
+    path = run.out / f"{h.name}.profile.json"
+
+    def watch(ev: Mapping[str, Any]) -> None:
+        if ev.get("event") == "plan":
+            reused.extend(ev.get("reused", []))
+        run.tell(h.name, ev)
+
+    try:
+        prof = profile_remote(
+            run.model,
+            h.target,
+            RemoteOptions(h.opts, run.specs[h.device], run.resume),
+            output=path,
+            options=run.options,
+            input_shapes=run.input_shapes,
+            on_event=watch,
+        )
+        res = HostResult(
+            h.name,
+            str(h.target),
+            True,
+            str(path),
+            elapsed_s=time.perf_counter() - started,
+            entries=len(prof.entries),
+            reused=len(reused),
+            energy=prof.energy,
+        )
+    except EdgesplitError as e:
+        res = HostResult(
+            h.name,
+            str(h.target),
+            False,
+            error=str(e),
+            exit_code=e.exit_code,
+            elapsed_s=time.perf_counter() - started,
+        )
+    except Exception as e:  # noqa: BLE001 - one host's bug must not take the others down
+        res = HostResult(
+            h.name,
+            str(h.target),
+            False,
+            error=f"{type(e).__name__}: {e}",
+            exit_code=1,
+            elapsed_s=time.perf_counter() - started,
+        )
+    if run.on_event is not None:
+        run.on_event(h.name, {"event": "done", "result": res})
+    return res
+
+
 def profile_fleet(
     model: str | Path,
     fleet: Fleet,
     out_dir: str | Path,
     *,
-    jobs: int | None = None,
+    options: ProfileOptions | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
-    backends: Sequence[str] | None = None,
-    processors: Sequence[str] | None = None,
-    runs: int = 20,
-    warmup: int = 5,
+    jobs: int | None = None,
     resume: bool = False,
     on_event: FleetEvent | None = None,
 ) -> list[HostResult]:
     """Profile ``model`` on every host of ``fleet``, at most ``jobs`` at a time.
 
-    Writes ``out_dir/NAME.profile.json`` per host. ``on_event(name, event)`` sees each host's
-    agent events plus ``{"event": "start"}`` and ``{"event": "done", "result": HostResult}``.
-    Ctrl-C stops every host (each removes its remote folder) and is re-raised.
+    Writes ``out_dir/NAME.profile.json`` per host. ``options`` (which pairs, how many runs) are the
+    same for every host. ``on_event(name, event)`` sees each host's agent events plus
+    ``{"event": "start"}`` and ``{"event": "done", "result": HostResult}``. Ctrl-C stops every host
+    (each removes its remote folder) and is re-raised.
     """
-    from edgesplit.profile.remote import device_data, profile_remote
+    from edgesplit.profile.remote import remote_spec
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cancel = threading.Event()
-    specs = {h.device: device_data(h.device) for h in fleet.hosts}  # bad specs fail before any connection
-
-    def tell(name: str, ev: Mapping[str, Any]) -> None:
-        if cancel.is_set():
-            raise RemoteError(f"{name}: cancelled")
-        if on_event is not None:
-            on_event(name, ev)
-
-    def one(h: FleetHost) -> HostResult:
-        started = time.perf_counter()
-        tell(h.name, {"event": "start", "target": str(h.target)})
-        reused: list[str] = []
-        path = out / f"{h.name}.profile.json"
-
-        def watch(ev: Mapping[str, Any]) -> None:
-            if ev.get("event") == "plan":
-                reused.extend(ev.get("reused", []))
-            tell(h.name, ev)
-
-        try:
-            prof = profile_remote(
-                model,
-                h.target,
-                h.opts,
-                output=path,
-                device=specs[h.device],
-                input_shapes=input_shapes,
-                backends=backends,
-                processors=processors,
-                runs=runs,
-                warmup=warmup,
-                resume=resume,
-                on_event=watch,
-            )
-            res = HostResult(
-                h.name,
-                str(h.target),
-                True,
-                str(path),
-                elapsed_s=time.perf_counter() - started,
-                entries=len(prof.entries),
-                reused=len(reused),
-                energy=prof.energy,
-            )
-        except EdgesplitError as e:
-            res = HostResult(
-                h.name,
-                str(h.target),
-                False,
-                error=str(e),
-                exit_code=e.exit_code,
-                elapsed_s=time.perf_counter() - started,
-            )
-        except Exception as e:  # noqa: BLE001 - one host's bug must not take the others down
-            res = HostResult(
-                h.name,
-                str(h.target),
-                False,
-                error=f"{type(e).__name__}: {e}",
-                exit_code=1,
-                elapsed_s=time.perf_counter() - started,
-            )
-        if on_event is not None:
-            on_event(h.name, {"event": "done", "result": res})
-        return res
-
+    specs = {h.device: remote_spec(h.device) for h in fleet.hosts}  # bad specs fail before any connection
+    run = _Run(Path(model), out, specs, options, input_shapes, resume, threading.Event(), on_event)
     workers = max(1, min(jobs or fleet.jobs, len(fleet.hosts)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleet") as pool:
-        futures = [pool.submit(one, h) for h in fleet.hosts]
+        futures = [pool.submit(_profile_host, run, h) for h in fleet.hosts]
         try:
             pending = set(futures)
             while pending:
                 _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
         except BaseException:
-            cancel.set()  # each running host stops at its next event, cleaning up its remote folder
+            run.cancel.set()  # each running host stops at its next event, cleaning up its remote folder
             for f in futures:
                 f.cancel()
             raise

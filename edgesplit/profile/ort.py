@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -127,12 +127,15 @@ def profile_ort(
     runs: int = 20,
     warmup: int = 5,
     progress: Progress | None = None,
+    session_attrs: Mapping[str, object] | None = None,
 ) -> ProcessorProfile:
     """Measure every node of ``graph`` on ORT with ``backend``'s execution provider.
 
     Returns per-node median and p90 over ``runs`` timed runs after ``warmup`` runs, and the
-    whole-model latency measured without the profiler.
+    whole-model latency measured without the profiler. ``session_attrs`` are ``SessionOptions``
+    attributes set on every session (a backend that runs ORT differently, say unoptimised).
     """
+    attrs = dict(session_attrs or {})
     started = time.perf_counter()
     feeds = random_inputs(graph)
     unsupported = {
@@ -166,18 +169,7 @@ def profile_ort(
     ):
         opt_path = os.path.join(tmp, "optimized.onnx")
         sess, trivial, psess = worker.submit(
-            lambda: (
-                make_session(graph.model, processor, backend),
-                make_session(_trivial_model(), processor, backend),
-                make_session(
-                    graph.model,
-                    processor,
-                    backend,
-                    enable_profiling=True,
-                    profile_file_prefix=os.path.join(tmp, "trace"),
-                    optimized_model_filepath=opt_path,
-                ),
-            )
+            _sessions, graph, processor, backend, attrs, tmp, opt_path
         ).result()
         # One phase after the other, not alternating: an idle ORT session's threads spin for a
         # while after each run and would slow the other session down.
@@ -203,6 +195,26 @@ def profile_ort(
         elapsed_s=time.perf_counter() - started,
         note="; ".join(notes),
         dispatch_ms=round(dispatch, 6),
+    )
+
+
+def _sessions(
+    graph: ModelGraph, processor: Processor, backend: Backend, attrs: dict, tmp: str, opt_path: str
+):
+    """The whole model; a trivial model (what a part costs to dispatch); the whole model under ORT's
+    profiler, which also saves the graph ORT optimised (to map its kernels back to our nodes)."""
+    return (
+        make_session(graph.model, processor, backend, **attrs),
+        make_session(_trivial_model(), processor, backend, **attrs),
+        make_session(
+            graph.model,
+            processor,
+            backend,
+            **attrs,
+            enable_profiling=True,
+            profile_file_prefix=os.path.join(tmp, "trace"),
+            optimized_model_filepath=opt_path,
+        ),
     )
 
 
@@ -259,3 +271,34 @@ def _ticker(progress: Progress | None, label: str, total: int) -> Callable[[], N
             progress(label, count[0], total)
 
     return tick
+
+
+class OrtProfiler:
+    """The ``ort`` entry of the profiler table: ORT's own per-kernel profiler (:func:`profile_ort`).
+
+    ``session_attrs`` are ``SessionOptions`` attributes for every session it makes, so that a
+    backend running ORT with other settings is one more entry of this class.
+    """
+
+    def __init__(self, **session_attrs: object):
+        self.session_attrs = session_attrs
+
+    def unavailable(self, backend: Backend) -> str | None:
+        import onnxruntime as ort
+
+        if backend.provider not in ort.get_available_providers():
+            return f"this onnxruntime has no {backend.provider}"
+        return None
+
+    def profile(
+        self, graph: ModelGraph, processor: Processor, backend: Backend, options, progress: Progress | None
+    ) -> ProcessorProfile:
+        return profile_ort(
+            graph,
+            processor,
+            backend,
+            runs=options.runs,
+            warmup=options.warmup,
+            progress=progress,
+            session_attrs=self.session_attrs,
+        )

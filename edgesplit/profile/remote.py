@@ -18,11 +18,14 @@ import select
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgesplit.device import SpecSource
 from edgesplit.errors import EdgesplitError, RemoteError
 from edgesplit.profile.agentzip import EXIT_MKTEMP, EXIT_NO_PYTHON, HELLO, build_agent, remote_command
+from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.ssh import SshOptions, Target, connect, parse_target
 from edgesplit.profile.steps import load_partial, partial_path, save_partial
 from edgesplit.profile.store import ProcessorProfile, Profile
@@ -267,109 +270,117 @@ class AgentSession:
         return err
 
 
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How to profile on a remote host.
+
+    Attributes:
+        ssh: How to reach it and run the agent there.
+        device: The spec to profile it with (read and validated here, detected there); default
+            ``host``, i.e. the remote host as detected there.
+        resume: Reuse the pairs already saved in ``OUTPUT.partial`` by an earlier, broken run.
+    """
+
+    ssh: SshOptions = field(default_factory=SshOptions)
+    device: SpecSource | None = None
+    resume: bool = False
+
+
+@dataclass
+class _Job:
+    """One remote profile in progress: what goes up, and the entries that came back so far."""
+
+    model: Path
+    sha256: str
+    spec: SpecSource
+    partial: Path
+    options: ProfileOptions
+    input_shapes: Mapping[str, Sequence[int]]
+    done: list[ProcessorProfile]
+    entries: dict[str, ProcessorProfile] = field(default_factory=dict)
+
+    def checkpoint(self, host: str) -> None:
+        save_partial(
+            self.partial,
+            self.sha256,
+            _model_name(self.model),
+            self.spec.name,
+            self.input_shapes,
+            self.entries.values(),
+            host,
+        )
+
+
 def profile_remote(
     model: str | os.PathLike,
     target: str | Target,
-    opts: SshOptions | None = None,
+    remote: RemoteOptions | None = None,
     *,
     output: str | os.PathLike,
-    device: Mapping[str, Any] | None = None,
+    options: ProfileOptions | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
-    backends: Sequence[str] | None = None,
-    processors: Sequence[str] | None = None,
-    runs: int = 20,
-    warmup: int = 5,
-    resume: bool = False,
     progress: Progress | None = None,
     on_event: EventHook | None = None,
 ) -> Profile:
     """Profile ``model`` on ``target`` and write the profile to ``output`` (atomically).
 
     Args:
-        device: A validated device spec mapping (default: ``devices/host.yaml``, i.e. the remote
-            host as detected there).
-        resume: Reuse the pairs already saved in ``OUTPUT.partial`` by an earlier, broken run.
+        remote: SSH options, the device spec and whether to resume (:class:`RemoteOptions`).
+        options: Which pairs and how many runs, as locally (:class:`ProfileOptions`).
         on_event: Sees every agent event (tests use it to break the connection mid-run).
 
     Raises:
         RemoteError: the host cannot be reached, refuses us, drops the connection, lacks modules,
             or the agent fails; the message names the host.
+        DeviceSpecError: the spec is not a device spec.
     """
     tgt = parse_target(target) if isinstance(target, str) else target
-    opts = opts or SshOptions()
-    model = Path(model)
+    remote = remote or RemoteOptions()
+    spec = remote_spec(remote.device)
     out = Path(output)
-    part = partial_path(out)
-    spec = dict(device) if device is not None else default_device()
-    sha = sha256_file(model)
-    done = load_partial(part, sha, str(spec.get("name", ""))) if resume else []
-    entries: dict[str, ProcessorProfile] = {e.key: e for e in done}
-    prof: Profile | None = None
+    job = _Job(
+        model=Path(model),
+        sha256=sha256_file(model),
+        spec=spec,
+        partial=partial_path(out),
+        options=options or ProfileOptions(),
+        input_shapes=dict(input_shapes or {}),
+        done=[],
+    )
+    if remote.resume:
+        job.done = load_partial(job.partial, job.sha256, spec.name)
+    job.entries = {e.key: e for e in job.done}
     try:
-        with AgentSession(tgt, opts, on_event) as s:
-            prof = _run_profile(
-                s,
-                model,
-                sha,
-                spec,
-                part,
-                entries,
-                progress,
-                input_shapes=input_shapes,
-                backends=backends,
-                processors=processors,
-                runs=runs,
-                warmup=warmup,
-                done=done,
-            )
+        with AgentSession(tgt, remote.ssh, on_event) as s:
+            prof = _run_profile(s, job, progress)
     except RemoteError as e:
-        if entries:
-            one = len(entries) == 1
+        if job.entries:
+            one = len(job.entries) == 1
             raise RemoteError(
-                f"{e}; {', '.join(entries)} {'is' if one else 'are'} saved in {part}: "
+                f"{e}; {', '.join(job.entries)} {'is' if one else 'are'} saved in {job.partial}: "
                 f"rerun with --resume to keep {'it' if one else 'them'}"
             ) from e
         raise
-    if prof.model_sha256 != sha:
+    if prof.model_sha256 != job.sha256:
         raise RemoteError(f"{tgt}: the profile is of another model (sha256 {prof.model_sha256[:12]})")
     prof.save(out)
-    part.unlink(missing_ok=True)
+    job.partial.unlink(missing_ok=True)
     return prof
 
 
-def _run_profile(
-    s: AgentSession,
-    model: Path,
-    sha: str,
-    spec: Mapping[str, Any],
-    part: Path,
-    entries: dict[str, ProcessorProfile],
-    progress: Progress | None,
-    *,
-    input_shapes: Mapping[str, Sequence[int]] | None,
-    backends: Sequence[str] | None,
-    processors: Sequence[str] | None,
-    runs: int,
-    warmup: int,
-    done: Sequence[ProcessorProfile],
-) -> Profile:
-    from edgesplit.profile.steps import entry_from_json, entry_to_json
-
-    s.stage = f"uploading {model.name}"
-    s.upload(model, "model.onnx", progress)
+def _run_profile(s: AgentSession, job: _Job, progress: Progress | None) -> Profile:
+    s.stage = f"uploading {job.model.name}"
+    s.upload(job.model, "model.onnx", progress)
     s.stage = "profiling"
     s.send(
         "profile",
         model="model.onnx",
-        display=str(model),
-        model_name=_model_name(model),
-        input_shapes={k: list(v) for k, v in (input_shapes or {}).items()},
-        device=spec,
-        backends=list(backends or []),
-        processors=list(processors or []),
-        runs=runs,
-        warmup=warmup,
-        done=[entry_to_json(e) for e in done],
+        display=str(job.model),
+        model_name=_model_name(job.model),
+        input_shapes={k: list(v) for k, v in job.input_shapes.items()},
+        device=dict(job.spec.data),
+        options=job.options.to_json(),
+        done=[e.to_json() for e in job.done],
     )
     for ev in s.events():
         kind = ev.get("event")
@@ -378,18 +389,10 @@ def _run_profile(
         elif kind == "plan":
             s.stage = f"profiling ({', '.join(ev['pairs'])})"
         elif kind == "entry":
-            e = entry_from_json(ev["entry"])
-            entries[e.key] = e
+            e = ProcessorProfile.from_json(ev["entry"])
+            job.entries[e.key] = e
             s.stage = f"profiling (after {e.key})"
-            save_partial(
-                part,
-                sha,
-                _model_name(model),
-                str(spec.get("name", "")),
-                input_shapes,
-                entries.values(),
-                str(s.target),
-            )
+            job.checkpoint(str(s.target))
         elif kind == "result":
             return Profile.from_json(ev["profile"], str(s.target))
     raise AssertionError("unreachable: events() ends only by raising")
@@ -399,29 +402,19 @@ def _model_name(path: Path) -> str:
     return path.name[:-5] if path.name.endswith(".onnx") else path.stem
 
 
-def default_device() -> dict[str, Any]:
-    """The spec a remote host is profiled with by default: ``host`` (detected there)."""
-    return device_data("host")
+def remote_spec(device: SpecSource | str | os.PathLike | None = None) -> SpecSource:
+    """The spec a remote host is profiled with, read and validated here: ``host`` by default.
 
-
-def device_data(name_or_path: str) -> dict[str, Any]:
-    """A spec file's mapping, validated here (detection, if any, happens on the remote)."""
-    import yaml
-
-    from edgesplit.device import resolve, validate
+    Raises:
+        DeviceSpecError: for a spec that cannot be read, or is not a device spec.
+    """
+    from edgesplit.device import read_spec
     from edgesplit.errors import DeviceSpecError
 
-    path = resolve(name_or_path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise DeviceSpecError(f"{path}: cannot read the spec ({e})") from e
-    if not isinstance(data, dict):
-        raise DeviceSpecError(f"{path}: expected a mapping at the top")
-    validate(data, path)
-    if data["kind"] != "device":
-        raise DeviceSpecError(f"{path}: kind: a remote profile needs a device spec, not '{data['kind']}'")
-    return data
+    spec = device if isinstance(device, SpecSource) else read_spec(device or "host")
+    if spec.kind != "device":
+        raise DeviceSpecError(f"{spec.path}: kind: a remote profile needs a device spec, not '{spec.kind}'")
+    return spec
 
 
 def detect_remote(target: str | Target, opts: SshOptions | None = None) -> dict[str, Any]:

@@ -1,18 +1,22 @@
 """Profile a model on a device: measure what is here, predict what is not.
 
 For each processor of the device and each of its backends:
-- a local processor (the spec says ``local: true``) is measured: ORT with its execution provider
-  (when this ORT build has it), TVM where the target runs on this CPU;
+- a local processor (the spec says ``local: true``) is measured by the backend's profiler from
+  the table in :mod:`edgesplit.profile.backends`, where that profiler can measure here (ORT with
+  an execution provider this build has, TVM for a target that runs on this CPU);
 - anything else gets roofline predictions from the spec, marked ``predicted``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from edgesplit.device import Backend, DeviceSpec, Processor
+from edgesplit.errors import InputError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.predict import predict
 from edgesplit.profile.store import ProcessorProfile, Profile
@@ -20,93 +24,135 @@ from edgesplit.profile.store import ProcessorProfile, Profile
 Progress = Callable[[str, int, int], None]
 
 
-def versions() -> dict[str, str]:
-    import onnx
-    import onnxruntime
+@dataclasses.dataclass(frozen=True)
+class ProfileOptions:
+    """What to profile and for how long; the same options locally, over SSH and on a fleet.
 
-    out = {
-        "python": platform.python_version(),
-        "onnx": onnx.__version__,
-        "onnxruntime": onnxruntime.__version__,
-    }
-    try:
-        import tvm
-
-        out["tvm"] = tvm.__version__
-    except Exception:  # noqa: BLE001 - TVM is optional at run time on a device
-        pass
-    return out
-
-
-def _measurable(device: DeviceSpec, proc: Processor, backend: Backend) -> str | None:
-    """None when (proc, backend) can be measured here, else why not."""
-    if not device.local or proc.is_remote:
-        return "not on this machine"
-    if backend.runtime == "ort":
-        import onnxruntime as ort
-
-        if backend.provider not in ort.get_available_providers():
-            return f"this onnxruntime has no {backend.provider}"
-        return None
-    from edgesplit.profile.tvm import RUNNABLE_HERE
-
-    kind = (backend.target or {}).get("kind")
-    return None if kind in RUNNABLE_HERE else f"TVM target kind '{kind}' does not run here"
-
-
-def profile_model(
-    graph: ModelGraph,
-    device: DeviceSpec,
-    *,
-    backends: Sequence[str] | None = None,
-    processors: Sequence[str] | None = None,
-    runs: int = 20,
-    warmup: int = 5,
-    progress: Progress | None = None,
-    previous: Profile | None = None,
-) -> Profile:
-    """Profile ``graph`` on every processor and backend of ``device``.
-
-    Args:
-        backends: Only these runtimes (``ort``, ``tvm``); default all.
-        processors: Only these processors; default all.
+    Attributes:
+        backends: Only these backends (``ort``, ``tvm`` ...); None: every one the device offers.
+        processors: Only these processors; None: all.
         runs: Timed runs per measurement (median and p90 are over these).
         warmup: Untimed runs first.
-        progress: Called as ``progress(label, done, total)``.
-        previous: Entries of an earlier profile of the same model to keep (``--resume``).
-    """
-    from edgesplit.profile.ort import profile_ort
-    from edgesplit.profile.tvm import profile_tvm
 
-    entries: list[ProcessorProfile] = []
-    wanted = set(processors) if processors else None
-    if wanted:
-        for name in wanted:
-            device.processor(name)  # raises on unknown names
-    for proc in device.processors:
-        if wanted and proc.name not in wanted:
-            continue
-        for backend in proc.backends:
-            if backends and backend.runtime not in backends:
-                continue
-            if previous is not None and (kept := previous.entry(proc.name, backend.key)) is not None:
-                entries.append(kept)
-                continue
-            why = _measurable(device, proc, backend)
-            if why is not None:
-                entries.append(predict(graph, proc, backend, device=device.name))
-            elif backend.runtime == "ort":
-                entries.append(profile_ort(graph, proc, backend, runs=runs, warmup=warmup, progress=progress))
-            else:
-                entries.append(profile_tvm(graph, proc, backend, runs=max(3, runs // 2), progress=progress))
+    Raises:
+        InputError: for an unknown backend name, fewer than 1 run or a negative warm-up.
+    """
+
+    backends: tuple[str, ...] | None = None
+    processors: tuple[str, ...] | None = None
+    runs: int = 20
+    warmup: int = 5
+
+    def __post_init__(self) -> None:
+        from edgesplit.device import BACKENDS
+
+        for name in ("backends", "processors"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, tuple(value) if value else None)
+        unknown = [b for b in self.backends or () if b not in BACKENDS]
+        if unknown:
+            raise InputError(f"unknown backend '{unknown[0]}' (backends: {', '.join(BACKENDS)})")
+        if self.runs < 1 or self.warmup < 0:
+            raise InputError(
+                f"runs must be at least 1 and warmup at least 0, got {self.runs} and {self.warmup}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> ProfileOptions:
+        from edgesplit.util import known_fields
+
+        return ProfileOptions(**known_fields(ProfileOptions, d))
+
+
+def versions() -> dict[str, str]:
+    """Python's version and the installed versions of the runtimes, read without importing them
+    (importing TVM takes seconds, and a profile of predictions only needs neither)."""
+    from edgesplit.profile.detect import module_versions
+
+    found = module_versions(("onnx", "onnxruntime", "tvm"))
+    return {"python": platform.python_version(), **{k: v for k, v in found.items() if v is not None}}
+
+
+def selected(device: DeviceSpec, options: ProfileOptions) -> list[tuple[Processor, Backend]]:
+    """The (processor, backend) pairs ``options`` asks for, in profile order.
+
+    Raises:
+        DeviceSpecError: for a processor the device does not have.
+    """
+    for name in options.processors or ():
+        device.processor(name)  # raises on unknown names
+    return [
+        (p, b)
+        for p in device.processors
+        if not options.processors or p.name in options.processors
+        for b in p.backends
+        if not options.backends or b.key in options.backends
+    ]
+
+
+def unavailable(device: DeviceSpec, processor: Processor, backend: Backend) -> str | None:
+    """None when (processor, backend) can be measured here, else why not."""
+    from edgesplit.profile.backends import PROFILERS
+
+    if not device.local or processor.is_remote:
+        return "not on this machine"
+    profiler = PROFILERS.get(backend.key)
+    if profiler is None:
+        return f"no profiler for backend '{backend.key}'"
+    return profiler.unavailable(backend)
+
+
+def profile_pair(
+    graph: ModelGraph,
+    device: DeviceSpec,
+    processor: Processor,
+    backend: Backend,
+    options: ProfileOptions,
+    progress: Progress | None = None,
+) -> ProcessorProfile:
+    """Measure one pair with its backend's profiler, or predict it where it cannot be measured."""
+    from edgesplit.profile.backends import PROFILERS
+
+    if unavailable(device, processor, backend) is not None:
+        return predict(graph, processor, backend, device=device.name)
+    return PROFILERS[backend.key].profile(graph, processor, backend, options, progress)
+
+
+def empty_profile(graph: ModelGraph, device: DeviceSpec) -> Profile:
+    """A profile of ``graph`` on ``device`` with no entries yet: the metadata of a run made now."""
     return Profile(
         model_sha256=graph.sha256,
         model_name=graph.name,
         device=device.name,
         input_shapes=graph.input_shapes(),
-        entries=tuple(entries),
-        energy="modelled",
+        entries=(),
         versions=versions(),
         host=platform.node(),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
+
+
+def profile_model(
+    graph: ModelGraph,
+    device: DeviceSpec,
+    options: ProfileOptions | None = None,
+    *,
+    progress: Progress | None = None,
+    previous: Profile | None = None,
+) -> Profile:
+    """Profile ``graph`` on every processor and backend of ``device`` that ``options`` selects.
+
+    Args:
+        options: Which pairs, how many runs (default :class:`ProfileOptions`).
+        progress: Called as ``progress(label, done, total)``.
+        previous: Entries of an earlier profile of the same model to keep (``--resume``).
+    """
+    opts = options or ProfileOptions()
+    entries: list[ProcessorProfile] = []
+    for proc, backend in selected(device, opts):
+        kept = previous.entry(proc.name, backend.key) if previous is not None else None
+        entries.append(kept or profile_pair(graph, device, proc, backend, opts, progress))
+    return dataclasses.replace(empty_profile(graph, device), entries=tuple(entries))

@@ -19,61 +19,21 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from edgesplit.device import DeviceSpec
+from edgesplit.device import Backend, DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.power import PowerSampler, Rails, find_rails
-from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile, Profile, load_profile
+from edgesplit.profile.run import ProfileOptions, empty_profile, profile_pair, selected
+from edgesplit.profile.store import MEASURED, MODELLED, ProcessorProfile, Profile, load_profile
 from edgesplit.util import atomic_write_text
 
 Progress = Callable[[str, int, int], None]
 OnEntry = Callable[[ProcessorProfile], None]
 
 
-def device_from_dict(data: Mapping[str, Any], source: str = "<spec>", *, local: bool = True) -> DeviceSpec:
-    """A DeviceSpec from an already-validated spec mapping (the agent gets it as JSON).
-
-    ``detect: true`` specs are detected here (on the machine that runs this).
-    """
-    from edgesplit.device import _processor
-
-    data = dict(data)
-    if data.get("detect"):
-        from edgesplit.hostinfo import detect_host
-
-        data = detect_host(data)
-    procs = tuple(_processor(n, d, source) for n, d in data["processors"].items())
-    links = {
-        tuple(link["between"]): (float(link["bandwidth_gbps"]), float(link["latency_ms"]))
-        for link in data.get("links", [])
-    }
-    dl = data.get("default_link", {"bandwidth_gbps": 10.0, "latency_ms": 0.02})
-    return DeviceSpec(
-        name=data["name"],
-        kind=data["kind"],
-        processors=procs,
-        path=source,
-        description=data.get("description", ""),
-        memory_mb=data.get("memory_mb"),
-        links=links,
-        default_link=(float(dl["bandwidth_gbps"]), float(dl["latency_ms"])),
-        servers=tuple(data.get("servers", ())),
-        local=local,
-    )
-
-
-def pairs(device: DeviceSpec, backends: Sequence[str] | None, processors: Sequence[str] | None) -> list[str]:
+def pairs(device: DeviceSpec, options: ProfileOptions) -> list[str]:
     """The ``processor/backend`` keys a profile of ``device`` has, in profile order."""
-    for name in processors or ():
-        device.processor(name)  # raises on unknown names
-    return [
-        f"{p.name}/{b.key}"
-        for p in device.processors
-        if not processors or p.name in processors
-        for b in p.backends
-        if not backends or b.runtime in backends
-    ]
+    return [f"{p.name}/{b.key}" for p, b in selected(device, options)]
 
 
 def with_energy(entry: ProcessorProfile, power_w: float, how: str) -> ProcessorProfile:
@@ -85,17 +45,14 @@ def with_energy(entry: ProcessorProfile, power_w: float, how: str) -> ProcessorP
         for name, c in entry.nodes.items()
     }
     note = "; ".join(x for x in (entry.note, how) if x)
-    return dataclasses.replace(entry, nodes=nodes, note=note)
+    return dataclasses.replace(entry, nodes=nodes, note=note, energy=MEASURED)
 
 
 def profile_steps(
     graph: ModelGraph,
     device: DeviceSpec,
+    options: ProfileOptions | None = None,
     *,
-    backends: Sequence[str] | None = None,
-    processors: Sequence[str] | None = None,
-    runs: int = 20,
-    warmup: int = 5,
     progress: Progress | None = None,
     done: Sequence[ProcessorProfile] = (),
     on_entry: OnEntry | None = None,
@@ -105,82 +62,65 @@ def profile_steps(
     """Profile ``graph`` on ``device`` pair by pair; see the module docstring.
 
     Args:
+        options: Which pairs and how many runs (as for :func:`profile_model`).
         done: Entries measured earlier (a resumed run); their pairs are not measured again.
         on_entry: Called with each newly finished entry, in order.
         rails: The power rails to sample (default: those found under ``sysfs_root``).
     """
-    from edgesplit.profile.run import profile_model
-
+    opts = options or ProfileOptions()
     rails = find_rails(sysfs_root) if rails is None else rails
     kept = {e.key: e for e in done}
     entries: list[ProcessorProfile] = []
-    measured_energy = any("energy measured" in e.note for e in kept.values())
-    meta: Profile | None = None
-    for key in pairs(device, backends, processors):
+    for proc, backend in selected(device, opts):
+        key = f"{proc.name}/{backend.key}"
         if key in kept:
             entries.append(kept[key])
             continue
-        proc, backend = key.split("/")
-        window: dict[str, float] = {}
-        with PowerSampler(rails) as sampler:
-
-            def tick(
-                label: str,
-                n: int,
-                total: int,
-                sampler: PowerSampler = sampler,
-                window: dict[str, float] = window,
-            ) -> None:
-                if rails and ("t0" not in window or n == total):
-                    window.setdefault("t0", sampler.mark())
-                    if n == total:
-                        window["t1"] = sampler.mark()
-                if progress is not None:
-                    progress(label, n, total)
-
-            start = sampler.mark()
-            meta = profile_model(
-                graph, device, backends=[backend], processors=[proc], runs=runs, warmup=warmup, progress=tick
-            )
-            end = sampler.mark()
-        entry = meta.entries[0]
-        if rails and entry.source == MEASURED and entry.nodes:
-            t0, t1 = window.get("t0", start), window.get("t1", end)
-            if t1 - t0 < 0.05:
-                t0, t1 = start, end
-            power_w = sampler.mean_power_w(t0, t1)
-            if power_w is not None:
-                entry = with_energy(
-                    entry,
-                    power_w,
-                    f"energy measured: {rails.source} mean {power_w:.2f} W over {t1 - t0:.1f} s",
-                )
-                measured_energy = True
+        entry = _measure_pair(graph, device, proc, backend, opts, rails, progress)
         entries.append(entry)
         if on_entry is not None:
             on_entry(entry)
-    if meta is None:  # everything came from ``done``: the metadata of a fresh, empty run
-        meta = profile_model(graph, device, processors=[device.processors[0].name], backends=["none"])
+    measured = any(e.energy == MEASURED for e in entries)
     return dataclasses.replace(
-        meta, entries=tuple(entries), energy="measured" if measured_energy else "modelled"
+        empty_profile(graph, device), entries=tuple(entries), energy=MEASURED if measured else MODELLED
     )
 
 
-def entry_from_json(d: Mapping[str, Any]) -> ProcessorProfile:
-    """One entry of a profile JSON (the agent's checkpoints)."""
-    return dataclasses.replace(
-        ProcessorProfile(d["processor"], d["backend"], d["source"], {}),
-        nodes={k: NodeCost(**v) for k, v in d["nodes"].items()},
-        unsupported=dict(d.get("unsupported", {})),
-        whole_model_ms=d.get("whole_model_ms"),
-        whole_model_p90_ms=d.get("whole_model_p90_ms"),
-        note=d.get("note", ""),
-        elapsed_s=d.get("elapsed_s", 0.0),
+def _measure_pair(
+    graph: ModelGraph,
+    device: DeviceSpec,
+    proc: Processor,
+    backend: Backend,
+    options: ProfileOptions,
+    rails: Rails,
+    progress: Progress | None,
+) -> ProcessorProfile:
+    """One pair, with the rails' mean power over its timed runs turned into node energies."""
+    window: dict[str, float] = {}
+    with PowerSampler(rails) as sampler:
+
+        def tick(label: str, n: int, total: int) -> None:
+            if rails and ("t0" not in window or n == total):
+                window.setdefault("t0", sampler.mark())
+                if n == total:
+                    window["t1"] = sampler.mark()
+            if progress is not None:
+                progress(label, n, total)
+
+        start = sampler.mark()
+        entry = profile_pair(graph, device, proc, backend, options, tick)
+        end = sampler.mark()
+    if not (rails and entry.source == MEASURED and entry.nodes):
+        return entry
+    t0, t1 = window.get("t0", start), window.get("t1", end)
+    if t1 - t0 < 0.05:
+        t0, t1 = start, end
+    power_w = sampler.mean_power_w(t0, t1)
+    if power_w is None:
+        return entry
+    return with_energy(
+        entry, power_w, f"energy measured: {rails.source} mean {power_w:.2f} W over {t1 - t0:.1f} s"
     )
-
-
-def entry_to_json(e: ProcessorProfile) -> dict[str, Any]:
-    return dataclasses.asdict(e)
 
 
 def partial_path(output: str | os.PathLike) -> Path:

@@ -9,12 +9,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edgesplit.errors import ProfileError
-from edgesplit.util import atomic_write_text, read_json_object
+from edgesplit.util import atomic_write_text, known_fields, read_json_object
 
 FORMAT_VERSION = 1
 
 MEASURED = "measured"
 PREDICTED = "predicted"
+MODELLED = "modelled"
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,13 @@ class NodeCost:
     energy_mj: float | None = None
     runs: int = 0
 
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> NodeCost:
+        return NodeCost(**known_fields(NodeCost, d))
+
 
 @dataclass(frozen=True)
 class ProcessorProfile:
@@ -48,6 +56,8 @@ class ProcessorProfile:
         note: Why the backend could not measure, where it could not (e.g. a TVM import failure).
         dispatch_ms: Measured cost of handing one part to this processor's runtime worker and
             back (a thread round trip plus a trivial run), which every extra part pays.
+        energy: ``measured`` when the node energies come from power rails sampled over this
+            pair's runs, else ``modelled`` (active power from the spec x latency).
     """
 
     processor: str
@@ -60,10 +70,26 @@ class ProcessorProfile:
     note: str = ""
     elapsed_s: float = 0.0
     dispatch_ms: float | None = None
+    energy: str = MODELLED
 
     @property
     def key(self) -> str:
         return f"{self.processor}/{self.backend}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> ProcessorProfile:
+        """One entry of a profile (the one reader: profile files, the agent's checkpoints).
+
+        Raises:
+            KeyError, TypeError, AttributeError, ValueError: for a malformed entry; callers name the file.
+        """
+        kw = known_fields(ProcessorProfile, d)
+        kw["nodes"] = {k: NodeCost.from_json(v) for k, v in d["nodes"].items()}
+        kw["unsupported"] = dict(d.get("unsupported", {}))
+        return ProcessorProfile(**kw)
 
     @property
     def sum_ms(self) -> float:
@@ -83,17 +109,14 @@ class Profile:
     device: str
     input_shapes: Mapping[str, tuple[int, ...]]
     entries: tuple[ProcessorProfile, ...]
-    energy: str = "modelled"  # "measured" where power rails were sampled
+    energy: str = MODELLED  # "measured" where power rails were sampled
     versions: Mapping[str, str] = field(default_factory=dict)
     host: str = ""
     created: str = ""
     format_version: int = FORMAT_VERSION
 
     def entry(self, processor: str, backend: str) -> ProcessorProfile | None:
-        for e in self.entries:
-            if e.processor == processor and e.backend == backend:
-                return e
-        return None
+        return next((e for e in self.entries if e.key == f"{processor}/{backend}"), None)
 
     def for_processor(self, processor: str) -> list[ProcessorProfile]:
         return [e for e in self.entries if e.processor == processor]
@@ -101,6 +124,7 @@ class Profile:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
+        d["entries"] = [e.to_json() for e in self.entries]
         return d
 
     def save(self, path: str | os.PathLike) -> None:
@@ -114,32 +138,11 @@ class Profile:
                 raise ProfileError(
                     f"{source}: profile format version {d.get('format_version')!r}, expected {FORMAT_VERSION}"
                 )
-            entries = tuple(
-                ProcessorProfile(
-                    processor=e["processor"],
-                    backend=e["backend"],
-                    source=e["source"],
-                    nodes={k: NodeCost(**v) for k, v in e["nodes"].items()},
-                    unsupported=dict(e.get("unsupported", {})),
-                    whole_model_ms=e.get("whole_model_ms"),
-                    whole_model_p90_ms=e.get("whole_model_p90_ms"),
-                    note=e.get("note", ""),
-                    elapsed_s=e.get("elapsed_s", 0.0),
-                    dispatch_ms=e.get("dispatch_ms"),
-                )
-                for e in d["entries"]
-            )
-            return Profile(
-                model_sha256=d["model_sha256"],
-                model_name=d["model_name"],
-                device=d["device"],
-                input_shapes={k: tuple(v) for k, v in d["input_shapes"].items()},
-                entries=entries,
-                energy=d.get("energy", "modelled"),
-                versions=dict(d.get("versions", {})),
-                host=d.get("host", ""),
-                created=d.get("created", ""),
-            )
+            kw = known_fields(Profile, d)
+            kw["input_shapes"] = {k: tuple(v) for k, v in d["input_shapes"].items()}
+            kw["entries"] = tuple(ProcessorProfile.from_json(e) for e in d["entries"])
+            kw["versions"] = dict(d.get("versions", {}))
+            return Profile(**kw)
         except ProfileError:
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as e:

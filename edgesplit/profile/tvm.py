@@ -163,3 +163,19 @@ def _measure_node(
         return f"TVM cannot import or compile {node.op_type}: {_first_line(e)}"
     med, p90 = float(np.median(samples)), float(np.percentile(samples, 90))
     return NodeCost(round(med, 6), round(p90, 6), MEASURED, round(med * processor.active_w, 6), len(samples))
+
+
+class TvmProfiler:
+    """The ``tvm`` entry of the profiler table: one node at a time on the Relax VM (:func:`profile_tvm`).
+
+    Each node is compiled, so it takes half the timed runs of ORT (at least 3).
+    """
+
+    def unavailable(self, backend: Backend) -> str | None:
+        kind = (backend.target or {}).get("kind")
+        return None if kind in RUNNABLE_HERE else f"TVM target kind '{kind}' does not run here"
+
+    def profile(
+        self, graph: ModelGraph, processor: Processor, backend: Backend, options, progress: Progress | None
+    ) -> ProcessorProfile:
+        return profile_tvm(graph, processor, backend, runs=max(3, options.runs // 2), progress=progress)

@@ -2,7 +2,8 @@
 
 Contract: an executor is built on the thread that will call it (so thread affinity and the cgroup
 of a processor's worker apply to the runtime's own threads too); ``run`` takes a dict holding at
-least the part's inputs and returns a dict with exactly the part's outputs.
+least the part's inputs and returns a dict with exactly the part's outputs. The table that picks
+one per part is :data:`edgesplit.runtime.backends.EXECUTORS`.
 
 An executor may also offer ``run`` in three phases, which the Session then times apart:
 ``gather(feeds)`` (pick and convert the inputs), ``call(args)`` (the backend's run call) and
@@ -19,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from edgesplit.compile.bundle import PartArtifact
+from edgesplit.compile.tvm_build import TvmLibrary
 from edgesplit.cpu import ort_session_options
 from edgesplit.errors import BundleError
 
@@ -44,15 +46,18 @@ class OrtExecutor:
         file: str | None = None,
         provider: str | None = None,
         options: Mapping | None = None,
-        spin: bool = True,
+        shares_processor: bool = False,
         profile_prefix: str | None = None,
+        session_attrs: Mapping[str, object] | None = None,
     ):
-        """``spin=False`` when other sessions share the processor (see ``ort_session_options``);
-        ``profile_prefix`` turns on ORT's profiler, writing there (see ``end_profiling``)."""
+        """``shares_processor`` when other parts run on the same processor: the session's threads
+        then stop spinning after each run (see ``ort_session_options``). ``profile_prefix`` turns
+        on ORT's profiler, writing there (see ``end_profiling``). ``session_attrs`` are
+        ``SessionOptions`` attributes (a backend that runs ORT differently sets them)."""
         import onnxruntime as ort
 
         self.part = part
-        so = ort_session_options(part.threads, part.cores, spin=spin)
+        so = ort_session_options(part.threads, part.cores, spin=not shares_processor, **(session_attrs or {}))
         if profile_prefix is not None:
             so.enable_profiling = True
             so.profile_file_prefix = profile_prefix
@@ -95,18 +100,20 @@ class OrtExecutor:
 class TvmExecutor:
     """A TVM Relax VM over the part's compiled library (checksum verified by open_bundle)."""
 
-    def __init__(self, part: PartArtifact, bundle: Path):
-        import tvm
-        from tvm import relax
-
+    def __init__(
+        self,
+        part: PartArtifact,
+        bundle: Path,
+        *,
+        shares_processor: bool = False,
+        profile_prefix: str | None = None,
+    ):
+        """Neither option applies: TVM's pool is its own, and it has no per-kernel profiler here."""
         self.part = part
-        lib = tvm.runtime.load_module(str(bundle / part.file))
-        kind = (part.target or {}).get("kind", "llvm")
-        self._dev = tvm.device(kind if kind in ("cuda", "rocm", "metal", "vulkan", "opencl") else "cpu", 0)
-        if not self._dev.exist:
-            raise BundleError(f"part {part.name}: its {kind} device is not present on this machine")
-        self._vm = relax.VirtualMachine(lib, self._dev)
-        self._tensor = tvm.runtime.tensor
+        try:
+            self._lib = TvmLibrary(bundle / part.file, part.target)
+        except LookupError as e:
+            raise BundleError(f"part {part.name}: {e}") from e
         self._inputs = [i.name for i in part.inputs]
         self._outputs = [o.name for o in part.outputs]
 
@@ -114,38 +121,16 @@ class TvmExecutor:
         return self.collect(self.call(self.gather(feeds)))
 
     def gather(self, feeds: Mapping[str, np.ndarray]) -> list:
-        return [self._tensor(np.ascontiguousarray(feeds[k]), self._dev) for k in self._inputs]
+        return self._lib.tensors([feeds[k] for k in self._inputs])
 
     def call(self, args: list):
-        return self._vm["main"](*args)
+        return self._lib.call(args)
 
     def collect(self, raw) -> dict[str, np.ndarray]:
-        values = [raw] if hasattr(raw, "numpy") else list(raw)
-        return {name: v.numpy() for name, v in zip(self._outputs, values)}
+        return dict(zip(self._outputs, self._lib.outputs(raw)))
 
     def close(self) -> None:
-        self._vm = None
-
-
-ExecutorFactory = Callable[..., Executor]
-
-
-def _remote_executor(part: PartArtifact, bundle: Path, **options) -> Executor:
-    from edgesplit.runtime.remote import RemoteExecutor  # imported on use: it builds on this module
-
-    return RemoteExecutor(part, bundle, **options)
-
-
-# Explicit registry: backend name -> factory(part, bundle_dir, **options). "remote" runs parts
-# with remote=True (edgesplit.runtime.remote: OIP v2 client with a local fallback).
-EXECUTORS: dict[str, ExecutorFactory] = {"ort": OrtExecutor, "tvm": TvmExecutor, "remote": _remote_executor}
-
-
-def make_executor(part: PartArtifact, bundle: Path, **options) -> Executor:
-    factory = EXECUTORS.get("remote" if part.remote else part.backend)
-    if factory is None:
-        raise BundleError(f"part {part.name}: no executor for backend '{part.backend}'")
-    return factory(part, bundle, **options)
+        self._lib.close()
 
 
 def timed(fn: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], float]:

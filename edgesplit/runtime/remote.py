@@ -14,18 +14,18 @@ calls go straight to the fallback, so a dead server costs one deadline, not one 
 
 Options (``load(bundle, executor_options={"remote": {...}})``): ``url``, ``token``,
 ``timeout_s``, ``connect_timeout_s``, ``retries``, ``backoff_s``, ``fallback`` (False to
-forbid it), ``adaptive`` (see :mod:`edgesplit.runtime.adaptive`).
+forbid it), ``adaptive`` (see :mod:`edgesplit.runtime.adaptive`). The local fallback executor is
+built by the executor table (:func:`edgesplit.runtime.backends.remote_executor`) and handed in
+as ``local``, so this module needs no other executor.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from edgesplit.compile.bundle import PartArtifact
 from edgesplit.errors import RemoteError
 from edgesplit.runtime.adaptive import LinkEstimator, OffloadPolicy
 from edgesplit.runtime.client import OipClient
-from edgesplit.runtime.executors import EXECUTORS, Executor, OrtExecutor
+from edgesplit.runtime.executors import Executor
 
 _LINKS: dict[str, LinkEstimator] = {}
 _LINKS_LOCK = threading.Lock()
@@ -84,15 +84,14 @@ class RemoteExecutor:
     def __init__(
         self,
         part: PartArtifact,
-        bundle: Path,
         *,
+        local: Executor | None = None,
         url: str | None = None,
         token: str | None = None,
         timeout_s: float = 10.0,
         connect_timeout_s: float = 1.0,
         retries: int = 2,
         backoff_s: float = 0.05,
-        fallback: bool = True,
         adaptive: bool = False,
         cooldown_s: float = 0.5,
         max_cooldown_s: float = 15.0,
@@ -103,7 +102,7 @@ class RemoteExecutor:
         self._inputs = [t.name for t in part.inputs]
         self._outputs = {t.name: t for t in part.outputs}
         self._lock = threading.Lock()
-        self._local: Executor | None = self._make_local(part, bundle) if fallback else None
+        self._local = local
         if url is None and self._local is None:
             raise RemoteError(
                 f"part {part.name} runs on a server, but no server URL was given "
@@ -139,17 +138,6 @@ class RemoteExecutor:
                 int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in (*part.inputs, *part.outputs)
             )
             self._policy = OffloadPolicy(nbytes, self._calibrate_local(), probe_interval_s=probe_interval_s)
-
-    @staticmethod
-    def _make_local(part: PartArtifact, bundle: Path) -> Executor | None:
-        fb = part.fallback
-        if not fb or fb.get("backend", "ort") != "ort" or not fb.get("file"):
-            return None
-        # The part's threads, cores and provider describe the server's processor, not the device's.
-        local_part = dataclasses.replace(
-            part, threads=fb.get("threads"), cores=None, provider="CPUExecutionProvider", provider_options={}
-        )
-        return OrtExecutor(local_part, bundle, file=fb["file"], provider="CPUExecutionProvider", options={})
 
     def _probe_rtt(self, n: int = 3) -> None:
         assert self._client is not None
@@ -291,8 +279,3 @@ class RemoteExecutor:
             self._client.close()
         if self._local is not None:
             self._local.close()
-
-
-def register() -> None:
-    """Put the remote executor in the executor registry (idempotent)."""
-    EXECUTORS.setdefault("remote", RemoteExecutor)

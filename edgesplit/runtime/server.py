@@ -63,12 +63,10 @@ class ServedModel:
 
         self.part = part
         self.name = part.name
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        threads = intra_op_threads or part.threads  # the server processor's threads, as planned
-        if threads:
-            so.intra_op_num_threads = threads
-            so.inter_op_num_threads = 1
+        from edgesplit.cpu import ort_session_options
+
+        # the server processor's threads, as planned
+        so = ort_session_options(intra_op_threads or part.threads, None)
         available = ort.get_available_providers()
         # The part was planned for a server processor (a GPU, say); serve it with that provider
         # when this onnxruntime has it, else on the CPU, and say so.

@@ -32,8 +32,9 @@ import numpy as np
 from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
 from edgesplit.cpu import configure_thread
 from edgesplit.errors import BundleError, RunInputError
+from edgesplit.runtime.backends import make_executor
 from edgesplit.runtime.breakdown import Breakdown, breakdown
-from edgesplit.runtime.executors import Executor, make_executor
+from edgesplit.runtime.executors import Executor
 from edgesplit.runtime.kernels import KernelTracer
 from edgesplit.runtime.trace import Trace, build_trace
 from edgesplit.throttle import busy
@@ -129,9 +130,8 @@ class Session:
         for p in self.manifest.parts:
             key = _worker_key(p)
             extra = dict(opts.get("remote" if p.remote else p.backend, {}))
-            if p.backend == "ort" and not p.remote and per_proc[p.processor] > 1:
-                extra.setdefault("spin", False)
-            if self._kernels is not None and p.backend == "ort" and not p.remote:
+            extra.setdefault("shares_processor", not p.remote and per_proc[p.processor] > 1)
+            if self._kernels is not None and not p.remote:  # executors that cannot profile ignore it
                 extra.update(self._kernels.executor_options(p.name))
             if key not in self._workers:
                 self._workers[key] = _Worker(

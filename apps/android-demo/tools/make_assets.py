@@ -33,14 +33,17 @@ PARTS = [  # name, processor, nodes of tiny_dag
 ]
 
 
-def plan_for(graph) -> dict:
+def plan_for(graph):
+    from dataclasses import asdict
+
     from edgesplit.compile.manual import contiguous_plan, part_boundaries
     from edgesplit.device import load_device, network_link
+    from edgesplit.optimize.plan import Plan
     from edgesplit.profile.predict import roofline_ms
 
     spec = load_device(DEVICE).with_server(load_device(SERVER))
     link = network_link(LINK)
-    plan = contiguous_plan(graph, DEVICE, [("cpu_big", "ort")] * len(PARTS))
+    plan = contiguous_plan(graph, DEVICE, [("cpu_big", "ort")] * len(PARTS)).to_json()
     index = {n.name: i for i, n in enumerate(graph.nodes)}
     groups = [[index[n] for n in nodes] for _, _, nodes in PARTS]
     parts, producer, finish_ms, energy_mj = [], {}, {}, 0.0
@@ -79,7 +82,7 @@ def plan_for(graph) -> dict:
     plan.update(
         {
             "server": SERVER,
-            "link": LINK,
+            "link": asdict(link),
             "objective": "manual",
             "model_path": "tiny_dag.onnx",
             "parts": parts,
@@ -93,7 +96,7 @@ def plan_for(graph) -> dict:
             },
         }
     )
-    return plan
+    return Plan.from_json(plan)
 
 
 def transfer_ms(graph, tensor: str, link, *, up: bool) -> float:
@@ -156,7 +159,7 @@ def main() -> None:
     write_png(args.out / "picture.png", picture())
     print(
         f"wrote {args.out / 'bundle'} ({len(manifest.parts)} parts, predicted "
-        f"{manifest.plan['predicted']['latency_ms']} ms) and {args.out / 'picture.png'}"
+        f"{manifest.plan.predicted['latency_ms']} ms) and {args.out / 'picture.png'}"
     )
 
 

@@ -1,0 +1,44 @@
+"""``deploy``: profile, partition and compile in one step (the Python deployment API).
+
+The module is not called ``deploy``: importing a submodule binds its name on the package, which
+would hide the function ``edgesplit.deploy`` behind the module once anything imported it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from edgesplit.compile.bundle import Manifest
+
+
+def deploy(
+    model: str | os.PathLike,
+    device: str | os.PathLike = "host",
+    out: str | os.PathLike = "bundle",
+    *,
+    tune_trials: int = 0,
+    progress: Callable[[str, int, int], None] | None = None,
+    **choices,
+) -> Manifest:
+    """Profile ``model`` on ``device`` (measured here, predicted elsewhere), partition it and
+    compile the plan into a bundle at ``out``.
+
+    Args:
+        choices: The fields of :class:`edgesplit.pipeline.Choices`, as for
+            :func:`edgesplit.partition`: ``objective``, ``slo_ms``, ``profile``, ``server``,
+            ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``, ``profiling``.
+        tune_trials: MetaSchedule trials for TVM parts.
+
+    The bundle's manifest carries the plan (``Manifest.plan``), with the predicted figures and the
+    baselines. Returns the manifest; open the bundle with :func:`edgesplit.load`.
+    """
+    from edgesplit.compile.api import compile_bundle
+    from edgesplit.optimize.api import solve_plan
+    from edgesplit.pipeline import Choices, resolve
+
+    problem = resolve(model, device, Choices(**choices), progress=progress)
+    plan = solve_plan(problem)
+    return compile_bundle(
+        problem.graph, plan, out, device=problem.full_device, tune_trials=tune_trials, progress=progress
+    )

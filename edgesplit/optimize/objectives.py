@@ -1,0 +1,253 @@
+"""The objectives a plan can be made for: one class each, in one table keyed by name.
+
+:func:`edgesplit.optimize.solve.solve` looks the objective up in :data:`OBJECTIVES` and calls its
+:meth:`Objective.choose`; nothing else branches on objective names. A new objective is one class
+here and one line in the table (the CLI's ``--objective`` choices are read from it).
+
+* ``latency``: one request, parts on different processors run concurrently. The exact sequential
+  optimum (DP or MILP) and every feasible baseline seed a bounded local search on the list-schedule
+  makespan; the gap is to :func:`makespan_lower_bound`. On a chain nothing can overlap, so the
+  sequential optimum is the makespan optimum.
+* ``latency_sequential``: the sum of all node and crossing times (exact).
+* ``energy``: device energy with nothing overlapping (exact), optionally with the sequential latency
+  under ``slo_ms`` (a safe bound: the concurrent schedule only finishes sooner).
+* ``throughput``: the pipelined period (:mod:`edgesplit.optimize.pipeline`), balanced stages then
+  the local search; the gap is to a period lower bound.
+* ``pareto``: latency against energy: the two extremes and exact minima of ``energy + w *
+  latency`` for weights around their slope (the supported points of the front; points in its
+  non-convex dents are not found), plus, with ``slo_ms``, the exact least energy under it. The plan
+  is the point that meets ``slo_ms`` with the least energy or, without an SLO, the point nearest the
+  utopia point after normalising both axes.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgesplit.errors import PlanError
+from edgesplit.optimize.costs import CostModel
+from edgesplit.optimize.evaluate import feasible
+from edgesplit.optimize.exact import Infeasible, is_chain, solve_sequential
+from edgesplit.optimize.front import pareto_front, pick
+from edgesplit.optimize.pipeline import balance_stages, period_ms
+from edgesplit.optimize.plan import SolverInfo
+from edgesplit.optimize.schedule import makespan_lower_bound, schedule
+from edgesplit.optimize.search import local_search
+
+Score = Callable[[np.ndarray], float]
+
+
+@dataclass(frozen=True)
+class Search:
+    """What every objective's solver is given.
+
+    Attributes:
+        starts: Feasible baseline assignments, to seed local searches.
+        t0: ``time.perf_counter()`` when solving began (solver times count from it).
+    """
+
+    cm: CostModel
+    slo_ms: float | None = None
+    time_limit_s: float = 60.0
+    max_evals: int = 300
+    pareto_points: int = 9
+    starts: tuple[np.ndarray, ...] = ()
+    t0: float = field(default_factory=time.perf_counter)
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+@dataclass(frozen=True)
+class Choice:
+    """An objective's answer: the assignment, the solver's account, and a Pareto front if any."""
+
+    assign: np.ndarray
+    info: SolverInfo
+    pareto: tuple[dict, ...] = ()
+
+
+class Objective(ABC):
+    """One objective. Contract: :meth:`choose` returns a feasible assignment (support, pins and
+    memory) or raises :class:`~edgesplit.optimize.exact.Infeasible`; it honours ``slo_ms`` where
+    it can (the caller checks the chosen schedule against it either way).
+
+    Attributes:
+        name: The key in :data:`OBJECTIVES` (and the CLI choice).
+        baseline_metric: ``latency`` or ``energy``: how the best of a baseline's candidates is picked.
+    """
+
+    name: str = ""
+    baseline_metric: str = "latency"
+
+    def score(self, cm: CostModel) -> Score:
+        """The figure a local search minimises for this objective (default: the makespan)."""
+        return lambda a: schedule(cm, a).makespan_ms
+
+    @property
+    def sweep_objective(self) -> str:
+        """The objective a bandwidth sweep re-solves at each bandwidth (itself, by default)."""
+        return self.name
+
+    @abstractmethod
+    def choose(self, search: Search) -> Choice: ...
+
+
+def _plain_chain(cm: CostModel) -> bool:
+    """A chain where no crossing can overlap any work: the makespan equals the sequential latency."""
+    return is_chain(cm) and not any(f.to_home and f.dsts for f in cm.flows)
+
+
+def fastest(search: Search) -> Choice:
+    """The least makespan: the sequential optimum, improved by a local search off a chain."""
+    cm = search.cm
+    seq = solve_sequential(cm, "latency")
+    if _plain_chain(cm):
+        detail = "on a chain the makespan is the sequential latency"
+        return Choice(
+            seq.assign, SolverInfo(seq.solver, search.elapsed_s(), seq.optimal, seq.gap, "makespan", detail)
+        )
+    score = OBJECTIVES["latency"].score(cm)
+    assign, value, evals = local_search(cm, [seq.assign, *search.starts], score, max_evals=search.max_evals)
+    bound = makespan_lower_bound(cm)
+    gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
+    info = SolverInfo(
+        f"{seq.solver}+list-schedule+local-search",
+        search.elapsed_s(),
+        gap <= 1e-9,
+        round(gap, 6),
+        "makespan",
+        f"{evals} schedules evaluated; lower bound {bound:.4f} ms (critical path / work)",
+    )
+    return Choice(assign, info)
+
+
+def no_slo_message(slo_ms: float, best_ms: float) -> str:
+    return f"no plan meets the SLO of {slo_ms:g} ms: the best achievable latency is {best_ms:.3f} ms"
+
+
+class Latency(Objective):
+    name = "latency"
+
+    def choose(self, search: Search) -> Choice:
+        return fastest(search)
+
+
+class LatencySequential(Objective):
+    name = "latency_sequential"
+
+    def choose(self, search: Search) -> Choice:
+        sol = solve_sequential(search.cm, "latency", slo_ms=search.slo_ms, time_limit_s=search.time_limit_s)
+        return Choice(
+            sol.assign, SolverInfo(sol.solver, search.elapsed_s(), sol.optimal, sol.gap, "sequential")
+        )
+
+
+class Energy(Objective):
+    name = "energy"
+    baseline_metric = "energy"
+
+    def score(self, cm: CostModel) -> Score:
+        return lambda a: schedule(cm, a).energy_mj
+
+    def choose(self, search: Search) -> Choice:
+        try:
+            sol = solve_sequential(
+                search.cm, "energy", slo_ms=search.slo_ms, time_limit_s=search.time_limit_s
+            )
+        except Infeasible:
+            if search.slo_ms is None:
+                raise
+            # the sequential bound is safe but strict; the concurrent plan may still meet the SLO
+            got = fastest(search)
+            detail = "no sequential plan meets the SLO; the fastest concurrent plan is used"
+            return Choice(
+                got.assign, SolverInfo(got.info.name, got.info.time_s, False, 1.0, "makespan", detail)
+            )
+        return Choice(
+            sol.assign, SolverInfo(sol.solver, search.elapsed_s(), sol.optimal, sol.gap, "sequential")
+        )
+
+
+class Throughput(Objective):
+    name = "throughput"
+
+    def score(self, cm: CostModel) -> Score:
+        return lambda a: period_ms(cm, a)
+
+    def choose(self, search: Search) -> Choice:
+        cm = search.cm
+        staged = balance_stages(cm)
+        seeds = [staged] if staged is not None and feasible(cm, staged) else []
+        seeds.append(solve_sequential(cm, "latency", time_limit_s=search.time_limit_s).assign)
+        assign, value, evals = local_search(
+            cm, [*seeds, *search.starts], self.score(cm), max_evals=search.max_evals
+        )
+        fastest_ms = np.where(cm.allowed, cm.node_ms, np.inf).min(axis=1)
+        bound = max(float(fastest_ms.max()), float(fastest_ms.sum()) / cm.n_procs) if cm.n_nodes else 0.0
+        gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
+        info = SolverInfo(
+            "stage-balance+local-search",
+            search.elapsed_s(),
+            gap <= 1e-9,
+            round(gap, 6),
+            "period",
+            f"{evals} assignments evaluated; lower bound {bound:.4f} ms per input",
+        )
+        return Choice(assign, info)
+
+
+class Pareto(Objective):
+    """The front itself is :func:`edgesplit.optimize.front.pareto_front`."""
+
+    name = "pareto"
+
+    @property
+    def sweep_objective(self) -> str:
+        return "latency"  # one point per bandwidth: re-solving the whole front each time is not needed
+
+    def choose(self, search: Search) -> Choice:
+        points, exact = pareto_front(search.cm, search.slo_ms, search.pareto_points, search.time_limit_s)
+        chosen = pick(points, search.slo_ms)
+        if chosen is None:
+            assert search.slo_ms is not None
+            raise PlanError(no_slo_message(search.slo_ms, min(p["latency_ms"] for p in points)))
+        front = tuple(
+            {**{k: v for k, v in p.items() if k != "_assign"}, "chosen": p is chosen} for p in points
+        )
+        info = SolverInfo(
+            "weighted-sum-exact",
+            search.elapsed_s(),
+            exact,
+            0.0 if exact else 1.0,
+            "sequential",
+            f"{len(front)} non-dominated points" + ("" if exact else "; some points hit the time limit"),
+        )
+        return Choice(chosen["_assign"], info, front)
+
+
+# The objectives by name: every entry point (API, partition, deploy, sweep) offers exactly these.
+OBJECTIVES: dict[str, Objective] = {
+    "latency": Latency(),
+    "latency_sequential": LatencySequential(),
+    "energy": Energy(),
+    "throughput": Throughput(),
+    "pareto": Pareto(),
+}
+
+
+def objective(name: str) -> Objective:
+    """The objective called ``name``.
+
+    Raises:
+        PlanError: for an unknown name, listing the known ones.
+    """
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise PlanError(f"unknown objective '{name}' (objectives: {', '.join(OBJECTIVES)})") from None

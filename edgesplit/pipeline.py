@@ -1,0 +1,276 @@
+"""The pipeline context: one place that turns what the user gave into a checked :class:`Problem`.
+
+What a plan is made from arrives in many forms: a model as a :class:`ModelGraph` or a path (str or
+``os.PathLike``); a device and a server as a :class:`DeviceSpec`, a name or a path; a link as a
+preset name or a :class:`NetworkLink`, with ``--bandwidth-mbps`` / ``--rtt-ms`` overrides; a
+profile as a :class:`Profile`, a path, or nothing (then it is measured here where the device is
+local, and predicted elsewhere); pins as ``NODE=PROC`` strings or a mapping; an objective name
+and an SLO. :func:`resolve` turns all of these into one :class:`Problem` and checks them once,
+with one-line errors; every entry point comes through it, so they cannot drift apart:
+
+- :func:`partition` (the Python API) and :func:`edgesplit.deployment.deploy`;
+- the ``partition``, ``deploy`` and ``compile`` commands;
+- the bandwidth sweep (:func:`problem_from_plan` loads a plan's problem again);
+- :func:`edgesplit.compile.api.compile_bundle` (:func:`as_plan`, :func:`plan_device`).
+
+Layering: this module sits after ``optimize/`` (it builds the optimiser's :class:`Problem` and
+checks the objective against its table) and before ``compile/``; ``optimize/`` stays pure because
+it never loads anything itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgesplit.device import DeviceSpec, NetworkLink, load_device, network_link
+from edgesplit.errors import PlanError
+from edgesplit.model.graph import ModelGraph
+from edgesplit.optimize.api import complete_profile, solve_plan
+from edgesplit.optimize.objectives import objective as objective_named
+from edgesplit.optimize.plan import Plan, load_plan
+from edgesplit.optimize.problem import Problem, combined
+from edgesplit.profile.run import ProfileOptions, profile_model
+from edgesplit.profile.store import Profile, load_profile
+
+ModelLike = ModelGraph | str | os.PathLike
+SpecLike = DeviceSpec | str | os.PathLike
+Progress = Callable[[str, int, int], None]
+
+__all__ = [
+    "Choices",
+    "Problem",
+    "as_plan",
+    "load_graph",
+    "parse_pins",
+    "partition",
+    "plan_device",
+    "problem_from_plan",
+    "resolve",
+    "resolve_link",
+]
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What the user chose for a plan, before anything is loaded; :func:`resolve` checks it.
+
+    Attributes:
+        objective: A name from :data:`edgesplit.optimize.objectives.OBJECTIVES` (``latency``,
+            ``latency_sequential``, ``energy``, ``throughput``, ``pareto``).
+        slo_ms: Latency limit (for ``energy`` and ``pareto``; checked for every objective).
+        profile: A :class:`Profile` or its file; entries it lacks are predicted. None: measure the
+            device's local processors (with ``profiling``) and predict the rest.
+        server: A server spec (object, name or path) whose processors may take parts.
+        link: A preset from ``devices/links.yaml`` or a :class:`NetworkLink`; Wi-Fi when a server
+            is given without one. Only with a server, as are the two overrides.
+        bandwidth_mbps, rtt_ms: Override the link's up and down rate, and its round-trip time.
+        pins: ``node -> processor`` to force, as a mapping or ``NODE=PROC`` strings.
+        input_shapes: Static shapes for dynamic inputs (when the model is a path).
+        profiling: How to measure when no profile is given (default :class:`ProfileOptions`).
+    """
+
+    objective: str = "latency"
+    slo_ms: float | None = None
+    profile: Profile | str | os.PathLike | None = None
+    server: SpecLike | None = None
+    link: NetworkLink | str | None = None
+    bandwidth_mbps: float | None = None
+    rtt_ms: float | None = None
+    pins: Mapping[str, str] | Iterable[str] | None = None
+    input_shapes: Mapping[str, Sequence[int]] | None = None
+    profiling: ProfileOptions | None = None
+
+
+def load_graph(model: ModelLike, input_shapes: Mapping[str, Sequence[int]] | None = None) -> ModelGraph:
+    """A loaded graph as it is, or an ONNX file (str or ``os.PathLike``) loaded with ``input_shapes``."""
+    if isinstance(model, ModelGraph):
+        return model
+    from edgesplit.model.load import load_model
+
+    return load_model(os.fspath(model), input_shapes)
+
+
+def load_spec(spec: SpecLike) -> DeviceSpec:
+    """A spec as it is, or loaded by name or path."""
+    return spec if isinstance(spec, DeviceSpec) else load_device(spec)
+
+
+def _server(server: SpecLike | None) -> DeviceSpec | None:
+    srv = load_spec(server) if server is not None else None
+    if srv is not None and srv.kind != "server":
+        raise PlanError(f"{srv.path or srv.name}: '{srv.name}' is a {srv.kind} spec, not a server")
+    return srv
+
+
+def resolve_link(
+    server: DeviceSpec | None,
+    link: NetworkLink | str | None = None,
+    *,
+    bandwidth_mbps: float | None = None,
+    rtt_ms: float | None = None,
+) -> NetworkLink | None:
+    """The network link to ``server``: the preset (or link) with the overrides applied.
+
+    Raises:
+        PlanError: for a link or an override without a server (nothing would cross it).
+        DeviceSpecError: for an unknown preset or an override out of range.
+    """
+    if server is None:
+        if link is not None or bandwidth_mbps is not None or rtt_ms is not None:
+            raise PlanError("--link, --bandwidth-mbps and --rtt-ms need --server (a server to reach)")
+        return None
+    return network_link(link, bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_ms)
+
+
+def parse_pins(pins: Mapping[str, str] | Iterable[str] | None) -> dict[str, str]:
+    """``node -> processor`` from a mapping, or from ``NODE=PROC`` strings (the CLI's ``--pin``).
+
+    Node names may hold ``=``; processor names never do, so the last ``=`` splits. Unknown nodes
+    and processors are reported (all at once) when the costs are built.
+
+    Raises:
+        PlanError: for a string that is not ``NODE=PROC``.
+    """
+    if pins is None:
+        return {}
+    if isinstance(pins, Mapping):
+        return {str(k): str(v) for k, v in pins.items()}
+    out: dict[str, str] = {}
+    for v in [pins] if isinstance(pins, str) else pins:
+        node, sep, proc = str(v).rpartition("=")
+        if not sep or not node or not proc:
+            raise PlanError(f"--pin '{v}' is not NODE=PROC")
+        out[node] = proc
+    return out
+
+
+def _profile(
+    graph: ModelGraph,
+    full: DeviceSpec,
+    given: Profile | str | os.PathLike | None,
+    options: ProfileOptions | None,
+    progress: Progress | None,
+) -> tuple[Profile, str | None]:
+    """The profile to plan with, completed with predictions, and the file it came from."""
+    path = None
+    if given is None:
+        prof = profile_model(graph, full, options, progress=progress)
+    elif isinstance(given, Profile):
+        prof = given
+    else:
+        path = os.fspath(given)
+        prof = load_profile(path)
+    if prof.model_sha256 != graph.sha256:
+        raise PlanError(
+            f"{path + ': ' if path else ''}the profile is for model {prof.model_sha256[:12]} "
+            f"({prof.model_name}), not {graph.sha256[:12]} ({graph.name})"
+        )
+    return complete_profile(graph, full, prof), path
+
+
+def resolve(
+    model: ModelLike,
+    device: SpecLike = "host",
+    choices: Choices | None = None,
+    *,
+    progress: Progress | None = None,
+) -> Problem:
+    """Load and check everything a plan is made from (see :class:`Choices`); measure if need be.
+
+    Cheap checks (objective, SLO, pins' form, link without a server) come before anything is
+    loaded or measured.
+
+    Raises:
+        PlanError: an unknown objective, a non-positive SLO, a malformed pin, a link without a
+            server, a server spec that is not a server, a profile of another model.
+        DeviceSpecError, ModelLoadError, ProfileError: for specs, models and profiles that cannot
+            be read (naming the file).
+    """
+    c = choices or Choices()
+    objective_named(c.objective)
+    if c.slo_ms is not None and not c.slo_ms > 0:
+        raise PlanError(f"--slo-ms must be positive, got {c.slo_ms:g}")
+    pins = parse_pins(c.pins)
+    if c.server is None:
+        resolve_link(None, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
+    graph = load_graph(model, c.input_shapes)
+    dev = load_spec(device)
+    srv = _server(c.server)
+    link = resolve_link(srv, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
+    prof, path = _profile(graph, combined(dev, srv), c.profile, c.profiling, progress)
+    return Problem(graph, dev, prof, srv, link, c.objective, c.slo_ms, pins, path)
+
+
+def partition(
+    model: ModelLike,
+    device: SpecLike = "host",
+    *,
+    time_limit_s: float = 60.0,
+    max_evals: int = 300,
+    progress: Progress | None = None,
+    **choices,
+) -> Plan:
+    """Split a model over a device's processors (and a server's) for an objective.
+
+    Args:
+        model: A loaded :class:`ModelGraph` or the path of an ONNX file (str or ``os.PathLike``).
+        device: A :class:`DeviceSpec` or a spec name / path.
+        choices: The fields of :class:`Choices`: ``objective``, ``slo_ms``, ``profile``,
+            ``server``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
+            ``profiling``. Without a profile, the local processors are measured and the rest
+            predicted, as ``edgesplit partition`` does.
+
+    Returns:
+        The plan, with the baselines predicted by the same cost model.
+
+    Raises:
+        PlanError: see :func:`resolve`; also unknown processors or nodes in pins, ops no processor
+            supports (all listed), an SLO that cannot be met (with the best latency).
+    """
+    problem = resolve(model, device, Choices(**choices), progress=progress)
+    return solve_plan(problem, time_limit_s=time_limit_s, max_evals=max_evals)
+
+
+def as_plan(plan: Plan | str | os.PathLike) -> Plan:
+    """A plan as it is, or read from its JSON file (the API edge: paths become Plans here, once)."""
+    return plan if isinstance(plan, Plan) else load_plan(plan)
+
+
+def _recorded_spec(path: str, name: str) -> DeviceSpec:
+    """The spec a plan names: its recorded file when it is still there, else by name."""
+    return load_device(path if path and Path(path).is_file() else name)
+
+
+def plan_device(plan: Plan, device: SpecLike | None = None) -> DeviceSpec:
+    """The device a plan runs on, with its server's processors: ``device`` when given, else the
+    spec file the plan was made with (``plan.device_path``), else the spec named ``plan.device``."""
+    spec = load_spec(device) if device is not None else _recorded_spec(plan.device_path, plan.device)
+    return combined(spec, _recorded_spec(plan.server_path, plan.server) if plan.server else None)
+
+
+def problem_from_plan(plan: Plan) -> Problem:
+    """The problem a plan was made from, loaded again from what it records.
+
+    Raises:
+        PlanError: when the model file is gone or has another hash than the plan's.
+    """
+    if not Path(plan.model_path).is_file():
+        raise PlanError(f"the plan's model {plan.model_path} is missing")
+    graph = load_graph(plan.model_path, plan.input_shapes or None)
+    if graph.sha256 != plan.model_sha256:
+        raise PlanError(
+            f"the plan is for model {plan.model_sha256[:12]}, but {plan.model_path} is "
+            f"{graph.sha256[:12]} (re-run edgesplit partition)"
+        )
+    choices = Choices(
+        objective=plan.objective,
+        slo_ms=plan.slo_ms,
+        profile=plan.profile_path,
+        server=_recorded_spec(plan.server_path, plan.server) if plan.server else None,
+        link=NetworkLink(**plan.link) if plan.link else None,
+        pins=plan.pins,
+    )
+    return resolve(graph, _recorded_spec(plan.device_path, plan.device), choices)

@@ -1,0 +1,52 @@
+"""The profiler table: how each backend is measured on this machine, keyed by backend name.
+
+:func:`edgesplit.profile.run.profile_model` looks every (processor, backend) pair up here; a
+backend with no entry, or whose profiler says it cannot measure here, gets roofline predictions.
+A new backend adds one line (and one in ``device_schema.BACKENDS``, ``compile/backends.py`` and
+``runtime/backends.py``); tests may add an entry at run time and remove it after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from edgesplit.profile.ort import OrtProfiler
+from edgesplit.profile.tvm import TvmProfiler
+
+if TYPE_CHECKING:
+    from edgesplit.device import Backend, Processor
+    from edgesplit.model.graph import ModelGraph
+    from edgesplit.profile.run import ProfileOptions
+    from edgesplit.profile.store import ProcessorProfile
+
+Progress = Callable[[str, int, int], None]
+
+
+class Profiler(Protocol):
+    """Measures one (processor, backend) pair of a local device.
+
+    Contract: :meth:`profile` is called only when :meth:`unavailable` returned None, on a device
+    whose processors are on this machine; it returns a ``ProcessorProfile`` with ``source``
+    ``measured`` whose ``nodes`` cover every node it could run (the others in ``unsupported``
+    with the reason), keyed by the ModelGraph's node names.
+    """
+
+    def unavailable(self, backend: Backend) -> str | None:
+        """None when this machine can measure ``backend``, else why not (one line)."""
+        ...
+
+    def profile(
+        self,
+        graph: ModelGraph,
+        processor: Processor,
+        backend: Backend,
+        options: ProfileOptions,
+        progress: Progress | None,
+    ) -> ProcessorProfile: ...
+
+
+PROFILERS: dict[str, Profiler] = {
+    "ort": OrtProfiler(),
+    "tvm": TvmProfiler(),
+}
