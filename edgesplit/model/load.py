@@ -15,6 +15,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -40,6 +41,8 @@ UPGRADE_BELOW_OPSET = 7
 and up, and onnxslim cannot import older models."""
 
 UPGRADE_TO_OPSET = 13
+
+_ASSERTION = re.compile(r"^\S+:\d+: \w+: Assertion `.*?` failed: ")
 
 
 def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -111,8 +114,8 @@ def load_model(
     except Exception as e:  # noqa: BLE001 - onnx raises several types; all mean "invalid"
         raise ModelLoadError(where, f"invalid model: {first_line(e)}") from e
     notes: list[str] = []
-    model, upgraded = _upgrade(model, notes)
-    model = _simplify(where, model, shapes, fold=upgraded, notes=notes)
+    model, not_upgraded = _upgrade(model, notes)
+    model = _simplify(where, model, shapes, cannot_fold=not_upgraded, notes=notes)
     return build_graph(where, sha256, model, values, max_tensor_mb, tuple(notes))
 
 
@@ -120,29 +123,27 @@ def _default_opset(model: onnx.ModelProto) -> int | None:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
-def _upgrade(model: onnx.ModelProto, notes: list[str]) -> tuple[onnx.ModelProto, bool]:
-    """Upgrade an old-opset model; returns (model, whether it can be folded by onnxslim)."""
+def _upgrade(model: onnx.ModelProto, notes: list[str]) -> tuple[onnx.ModelProto, str | None]:
+    """Upgrade an old-opset model; returns (model, why the upgrade failed or None)."""
     opset = _default_opset(model)
     if opset is None or opset >= UPGRADE_BELOW_OPSET:
-        return model, True
+        return model, None
     from onnx import version_converter
 
     try:
         new = version_converter.convert_version(model, UPGRADE_TO_OPSET)
         onnx.checker.check_model(new)
     except Exception as e:  # noqa: BLE001 - the converter raises bare errors per adapter
-        notes.append(
-            f"opset {opset} could not be upgraded to {UPGRADE_TO_OPSET} ({first_line(e)}); "
-            "loaded without folding shape computations"
-        )
-        return model, False
+        no_schema = sorted({n.op_type for n in model.graph.node if not onnx.defs.has(n.op_type, n.domain)})
+        why = f"no onnx schema for {', '.join(no_schema)}" if no_schema else _ASSERTION.sub("", first_line(e))
+        return model, f"opset {opset} could not be upgraded to {UPGRADE_TO_OPSET} ({why})"
     weights = {t.name for t in new.graph.initializer}
     keep = [i for i in new.graph.input if i.name not in weights]  # IR < 4 listed weights as inputs
     del new.graph.input[:]
     new.graph.input.extend(keep)
     new.ir_version = max(new.ir_version, onnx.helper.find_min_ir_version_for(list(new.opset_import)))
     notes.append(f"upgraded from opset {opset} to {UPGRADE_TO_OPSET} with onnx.version_converter")
-    return new, True
+    return new, None
 
 
 def topological(g: onnx.GraphProto) -> list[onnx.NodeProto]:
@@ -188,26 +189,26 @@ def name_nodes(g: onnx.GraphProto) -> None:
 
 
 def _simplify(
-    where: str, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], *, fold: bool, notes: list[str]
+    where: str,
+    model: onnx.ModelProto,
+    shapes: dict[str, tuple[int, ...]],
+    *,
+    cannot_fold: str | None,
+    notes: list[str],
 ) -> onnx.ModelProto:
-    """Fold shape computations with onnxslim, or fix the input shapes and fold nothing."""
-    import onnxslim
-
+    """Fold shape computations with onnxslim; or, where there is nothing to fold, fix the input
+    shapes and leave the graph as it is (onnxslim failed or could not take it, or it is too big
+    for onnxslim to be worth its time)."""
     _sort_and_name(model.graph)
     slim = None
-    if fold:
-        spec = [f"{k}:{','.join(map(str, v))}" for k, v in shapes.items()]
-        logging.getLogger("onnxslim").setLevel(logging.ERROR)
-        original = onnx.ModelProto()
-        original.CopyFrom(model)  # onnxslim changes the model it is given
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                slim = onnxslim.slim(model, input_shapes=spec or None)
-        except Exception as e:  # noqa: BLE001 - onnxslim raises bare Exceptions
-            if not _nothing_to_fold(original, shapes):
-                raise ModelLoadError(where, f"cannot fold shape computations ({first_line(e)})") from e
-            notes.append(f"onnxslim failed ({first_line(e)}); loaded without folding (nothing to fold)")
-        model = original
+    if cannot_fold is not None:
+        if not _nothing_to_fold(model):
+            raise ModelLoadError(where, f"{cannot_fold}, and it has shape computations to fold")
+        notes.append(f"{cannot_fold}; loaded without folding (nothing to fold)")
+    elif _too_big_for_onnxslim(model.graph) and _nothing_to_fold(model):
+        notes.append(f"not simplified: nothing to fold in {len(model.graph.node)} nodes")
+    else:
+        slim = _slim(where, model, shapes, notes)
     if slim is None:
         slim = _with_input_shapes(model, shapes)
     try:
@@ -216,6 +217,47 @@ def _simplify(
         raise ModelLoadError(where, f"shape inference failed ({first_line(e)})") from e
     _sort_and_name(slim.graph)
     return slim
+
+
+def _slim(
+    where: str, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], notes: list[str]
+) -> onnx.ModelProto | None:
+    """onnxslim's result, or None where it fails on a model with nothing to fold."""
+    import onnxslim
+
+    spec = [f"{k}:{','.join(map(str, v))}" for k, v in shapes.items()]
+    logging.getLogger("onnxslim").setLevel(logging.ERROR)
+    given = onnx.ModelProto()
+    given.CopyFrom(model)  # onnxslim changes the model it is given
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            slim = onnxslim.slim(given, input_shapes=spec or None)
+        if slim is None:
+            raise RuntimeError("onnxslim returned no model")
+    except Exception as e:  # noqa: BLE001 - onnxslim raises bare Exceptions
+        if not _nothing_to_fold(model):
+            raise ModelLoadError(where, f"cannot fold shape computations ({first_line(e)})") from e
+        notes.append(f"onnxslim failed ({first_line(e)}); loaded without folding (nothing to fold)")
+        return None
+    return slim
+
+
+# onnxslim spends about 8 ms per node here (10,000 nodes: 80 s, on a shared machine) and is
+# quadratic in a tensor's consumers; past these sizes a graph with nothing to fold skips it.
+_ONNXSLIM_MAX_NODES = 2000
+_ONNXSLIM_MAX_FAN = 1000
+
+
+def _too_big_for_onnxslim(g: onnx.GraphProto) -> bool:
+    if len(g.node) > _ONNXSLIM_MAX_NODES:
+        return True
+    fan: dict[str, int] = {}
+    for n in g.node:
+        if len(n.input) > _ONNXSLIM_MAX_FAN:
+            return True
+        for t in n.input:
+            fan[t] = fan.get(t, 0) + 1
+    return any(c > _ONNXSLIM_MAX_FAN for c in fan.values())
 
 
 def _with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
@@ -230,12 +272,15 @@ def _with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int
     return out
 
 
-def _nothing_to_fold(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> bool:
-    """True when shape inference alone gives every tensor a static shape."""
-    from edgesplit.model.shapes import missing_shapes
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(_with_input_shapes(model, shapes), data_prop=True)
-    except Exception:  # noqa: BLE001
-        return False
-    return not missing_shapes(inferred)
+def _nothing_to_fold(model: onnx.ModelProto) -> bool:
+    """True when no node reads shapes (Shape, Size) or computes from constants alone: folding
+    would not change the graph. (Shapes inference cannot find come from one ORT run later.)"""
+    g = model.graph
+    constants = {t.name for t in g.initializer} | {
+        o for n in g.node if n.op_type == "Constant" for o in n.output
+    }
+    for n in g.node:
+        ins = [t for t in all_inputs(n) if t]
+        if n.op_type in ("Shape", "Size") or (n.op_type != "Constant" and ins and set(ins) <= constants):
+            return False
+    return True

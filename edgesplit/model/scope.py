@@ -46,11 +46,15 @@ def outer_reads(node: onnx.NodeProto) -> list[str]:
     return list(out)
 
 
+_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
 def all_inputs(node: onnx.NodeProto) -> list[str]:
     """A node's inputs (optional ones left out dropped) followed by its outer-scope reads."""
     seen = dict.fromkeys(t for t in node.input if t)
-    for t in outer_reads(node):
-        seen.setdefault(t)
+    if any(a.type in _GRAPH_TYPES for a in node.attribute):
+        for t in outer_reads(node):
+            seen.setdefault(t)
     return list(seen)
 
 

@@ -8,6 +8,7 @@ against the size limit before anything allocates it, and must hold numbers or bo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -17,7 +18,7 @@ from onnx import helper, numpy_helper
 from edgesplit.errors import ModelLoadError
 from edgesplit.model.flops import control_flow_flops, count_flops
 from edgesplit.model.graph import ModelGraph, Node, TensorInfo
-from edgesplit.model.scope import all_inputs, outer_reads
+from edgesplit.model.scope import all_inputs
 from edgesplit.model.validate import FEEDABLE_TYPES, human_bytes, ort_message, ort_session, type_name
 
 Infos = dict[str, tuple[tuple[int, ...] | None, int]]
@@ -59,7 +60,7 @@ def _check_sizes(where: str, model: onnx.ModelProto, infos: Infos, max_tensor_mb
             itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(elem)).itemsize if elem else 4
         except Exception:  # noqa: BLE001 - unknown element type: refused later, by type
             itemsize = 1
-        nbytes = int(np.prod(shape, dtype=np.float64)) * itemsize
+        nbytes = math.prod(shape) * itemsize
         if nbytes > max_tensor_mb * 1e6:
             by = f" (written by node '{producer[name]}')" if name in producer else ""
             raise ModelLoadError(
@@ -172,7 +173,7 @@ def _tensors(where: str, model: onnx.ModelProto, infos: Infos) -> dict[str, Tens
             bad.append(f"tensor '{name}'{by} has element type {type_name(elem)}")
             continue
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem)) if elem else np.dtype("float32")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         tensors[name] = TensorInfo(name, tuple(shape), dtype.name, nbytes, name in weights)
     if bad:
         raise ModelLoadError(where, bad[:5] + ["edgesplit moves numeric and bool tensors only"])
@@ -229,7 +230,7 @@ def build_graph(
                 bytes_read=sum(tensors[t].nbytes for t in ins),
                 bytes_written=sum(tensors[t].nbytes for t in outs),
                 weight_nbytes=sum(tensors[t].nbytes for t in ins if t in weights),
-                outer_inputs=tuple(t for t in outer_reads(n) if t not in n.input),
+                outer_inputs=tuple(t for t in ins if t not in n.input),
             )
         )
     inputs = tuple(i.name for i in g.input if i.name not in weights)

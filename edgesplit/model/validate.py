@@ -9,6 +9,7 @@ whether the model runs, and turns ORT's multi-line errors into one line naming t
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import deque
@@ -82,10 +83,22 @@ def _op_problems(model: onnx.ModelProto) -> list[str]:
             if node.domain not in KNOWN_DOMAINS:
                 if node.domain not in opsets:  # a listed domain is reported once by opset_problems
                     unknown[f"unknown domain '{node.domain}' (op {node.op_type})"] = None
-            elif node.domain != "com.microsoft" and not onnx.defs.has(node.op_type, node.domain):
+            elif not onnx.defs.has(node.op_type, node.domain) and not _ort_has(node.domain, node.op_type):
                 where = f" in domain '{node.domain}'" if node.domain else ""
                 unknown[f"unknown op '{node.op_type}'{where}"] = None
     return list(unknown)
+
+
+@functools.cache
+def _ort_kernels() -> frozenset[tuple[str, str]]:
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    return frozenset((k.domain, k.op_name) for k in ort_c.get_all_opkernel_def())
+
+
+def _ort_has(domain: str, op: str) -> bool:
+    """ORT has a CPU kernel for the op: contrib ops, and experimental ones onnx dropped (ImageScaler)."""
+    return ("" if domain == "ai.onnx" else domain, op) in _ort_kernels()
 
 
 def structure_problems(
@@ -94,6 +107,8 @@ def structure_problems(
     """Every problem of the graph's structure and interface, without running anything."""
     g = model.graph
     problems = opset_problems(model) + _op_problems(model)
+    if not g.node:
+        problems.append("the graph has no nodes (its outputs are inputs or weights): nothing to split or run")
     weights = {t.name for t in g.initializer}
     produced = {i.name for i in g.input} | weights | {o for n in g.node for o in n.output if o}
     for i, node in enumerate(g.node):

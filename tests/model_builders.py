@@ -1,8 +1,12 @@
-"""Models built in code whose control-flow nodes (If, Loop, Scan) read outer-scope tensors.
+"""Models built in code that stress loading: control flow reading outer scopes, old opsets.
 
-Shared by ``test_control_flow.py`` and the hostile corpus. Every subgraph reads at least one
-tensor of the enclosing graph that it does not take as an input (ONNX's outer-scope rule), so
-a part boundary that forgets those reads gives an invalid part.
+Shared by ``test_control_flow.py``, ``test_old_opsets.py`` and the hostile corpus.
+
+* Control flow: every If, Loop and Scan subgraph reads at least one tensor of an enclosing graph
+  that it does not take as an input (ONNX's outer-scope rule), so a part boundary that forgets
+  those reads gives an invalid part.
+* Old opsets: a CNN written the way exporters wrote them for opset 6 and IR version 3 (weights
+  listed among the graph inputs, Gemm's ``broadcast`` attribute, AveragePool-1).
 """
 
 from __future__ import annotations
@@ -136,4 +140,47 @@ def nested_model() -> onnx.ModelProto:
     g = helper.make_graph(nodes, "nested", [_vi("x", [1, 8])], [_vi("y", [1, 8])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
+    return m
+
+
+def old_cnn(*, ort_runs_it: bool = False) -> onnx.ModelProto:
+    """A CNN exported the old way: IR version 3 (weights listed as graph inputs), opset 6.
+
+    By default Conv -> Relu -> AveragePool-1 -> Flatten -> Gemm-6 (with its ``broadcast``
+    attribute): ONNX Runtime has kernels for neither AveragePool-1 nor Gemm-6, so only an upgrade
+    makes it run. ``ort_runs_it`` gives Conv -> Relu -> MaxPool-1 -> Flatten -> MatMul-1 -> Sum-6,
+    which ORT runs as it is. x[1,3,8,8] -> y[1,10].
+    """
+    rng = np.random.default_rng(3)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    pool = "MaxPool" if ort_runs_it else "AveragePool"
+    nodes = [
+        helper.make_node(
+            "Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv"
+        ),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+        helper.make_node(pool, ["r1"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+    ]
+    if ort_runs_it:
+        nodes += [
+            helper.make_node("MatMul", ["f", "wf"], ["m"], name="fc"),
+            helper.make_node("Sum", ["m", "bf"], ["y"], name="bias"),
+        ]
+        inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("wf", 128, 10), w("bf", 1, 10)]
+    else:
+        nodes.append(helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, broadcast=1, name="fc"))
+        inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("wf", 10, 128), w("bf", 10)]
+    g = helper.make_graph(
+        nodes,
+        "old_cnn",
+        [_vi("x", [1, 3, 8, 8])] + [_vi(t.name, list(t.dims)) for t in inits],  # IR 3: weights are inputs
+        [_vi("y", [1, 10])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 6)], producer_name="old-exporter")
+    m.ir_version = 3
     return m
