@@ -26,8 +26,8 @@ from edgesplit.errors import ModelLoadError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.model.read import first_line, read_model
 from edgesplit.model.scope import all_inputs
-from edgesplit.model.shapes import build_graph
-from edgesplit.model.validate import structure_problems, value_problems
+from edgesplit.model.shapes import build_graph, check_sizes, value_infos
+from edgesplit.model.validate import quiet_ort, structure_problems, value_problems
 
 DEFAULT_MAX_MODEL_MB = 1024.0
 """Models over this size (external data included) are refused: past it, protobuf and a phone's
@@ -113,10 +113,23 @@ def load_model(
         onnx.checker.check_model(model, full_check=True)
     except Exception as e:  # noqa: BLE001 - onnx raises several types; all mean "invalid"
         raise ModelLoadError(where, f"invalid model: {first_line(e)}") from e
+    _check_sizes_before_folding(where, model, shapes, max_tensor_mb)
     notes: list[str] = []
     model, not_upgraded = _upgrade(model, notes)
     model = _simplify(where, model, shapes, cannot_fold=not_upgraded, notes=notes)
     return build_graph(where, sha256, model, values, max_tensor_mb, tuple(notes))
+
+
+def _check_sizes_before_folding(
+    where: str, model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], max_tensor_mb: float
+) -> None:
+    """Tensor sizes that inference finds before folding: onnxslim would compute a huge constant
+    (a ConstantOfShape of constant shape) while folding it."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(_with_input_shapes(model, shapes), data_prop=True)
+    except Exception:  # noqa: BLE001 - strict inference after folding reports what is wrong
+        return
+    check_sizes(where, inferred, value_infos(inferred), max_tensor_mb)
 
 
 def _default_opset(model: onnx.ModelProto) -> int | None:
@@ -230,7 +243,7 @@ def _slim(
     given = onnx.ModelProto()
     given.CopyFrom(model)  # onnxslim changes the model it is given
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), quiet_ort():
             slim = onnxslim.slim(given, input_shapes=spec or None)
         if slim is None:
             raise RuntimeError("onnxslim returned no model")

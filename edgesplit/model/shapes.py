@@ -50,7 +50,8 @@ def missing_shapes(model: onnx.ModelProto) -> list[str]:
     return sorted(t for t in _needed(model.graph) if infos.get(t, (None, 0))[0] is None)
 
 
-def _check_sizes(where: str, model: onnx.ModelProto, infos: Infos, max_tensor_mb: float) -> None:
+def check_sizes(where: str, model: onnx.ModelProto, infos: Infos, max_tensor_mb: float) -> None:
+    """Refuse the first tensor of a known shape over the size limit, naming the node writing it."""
     weights = {t.name for t in model.graph.initializer}
     producer = {o: n.name for n in model.graph.node for o in n.output}
     for name, (shape, elem) in infos.items():
@@ -138,7 +139,7 @@ def _complete(
     where: str, model: onnx.ModelProto, values: Mapping[str, np.ndarray], max_tensor_mb: float
 ) -> Infos:
     infos = value_infos(model)
-    _check_sizes(where, model, infos, max_tensor_mb)
+    check_sizes(where, model, infos, max_tensor_mb)
     missing = sorted(t for t in _needed(model.graph) if infos.get(t, (None, 0))[0] is None)
     if not missing:
         ort_session(where, model)  # the last word: ORT can run what we will split
@@ -148,14 +149,19 @@ def _complete(
         shown = ", ".join(missing[:3]) + (" ..." if len(missing) > 3 else "")
         raise ModelLoadError(
             where,
-            f"the shapes of {len(missing)} tensors ({shown}) depend on the values of input "
+            (
+                f"the shapes of {len(missing)} tensors ({shown}) depend"
+                if len(missing) > 1
+                else f"the shape of {shown} depends"
+            )
+            + " on the values of input "
             + ", ".join(f"'{n}'" for n in waiting)
             + "; give sample values (--input "
             + " --input ".join(f"{n}=FILE.npy" for n in waiting)
             + ")",
         )
     infos.update(_shapes_by_running(where, model, missing, values))
-    _check_sizes(where, model, infos, max_tensor_mb)
+    check_sizes(where, model, infos, max_tensor_mb)
     return infos
 
 

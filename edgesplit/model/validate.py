@@ -9,11 +9,12 @@ whether the model runs, and turns ORT's multi-line errors into one line naming t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -247,6 +248,20 @@ def ort_message(e: BaseException) -> str:
     return text[:300] or type(e).__name__
 
 
+@contextlib.contextmanager
+def quiet_ort() -> Iterator[None]:
+    """ORT's default logger silenced, then set back to ORT's default (warnings). Sessions made
+    here (and onnxslim's, which fold constants with ORT) would otherwise print warnings about old
+    opsets, or errors for a constant they cannot fold, beside our one-line message."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(4)
+    try:
+        yield
+    finally:
+        ort.set_default_logger_severity(2)
+
+
 def ort_session(path: str, model: onnx.ModelProto | bytes):
     """A CPU ORT session of the model with optimisations off (nodes keep their names).
 
@@ -260,6 +275,7 @@ def ort_session(path: str, model: onnx.ModelProto | bytes):
     so.log_severity_level = 4  # our one-line error replaces ORT's own log lines
     data = model if isinstance(model, bytes) else model.SerializeToString()
     try:
-        return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        with quiet_ort():
+            return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - ORT raises its own exception types per status code
         raise ModelLoadError(path, f"ONNX Runtime cannot run it: {ort_message(e)}") from e

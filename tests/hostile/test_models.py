@@ -8,6 +8,9 @@ console script, so the corpus stays fast; the defect tests drive the real consol
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import make_model, rand
+from conftest import REPO, make_model, rand, run_cli
 from model_builders import control_flow_model, nested_model, old_cnn
 from onnx import TensorProto, helper, numpy_helper
 
@@ -410,7 +413,7 @@ CASES = {
         external_ok, "loads", check=lambda g: g.tensors["w"].nbytes == 64
     ),
     "value-dependent shape, no sample value": Case(
-        value_dependent, "refused", "depend on the values of input 'shape'"
+        value_dependent, "refused", "the shape of y depends on the values of input 'shape'"
     ),
     "IR 3, opset 6": Case(ir3_opset6, "loads", check=_loads_with_note("upgraded from opset 6 to 13")),
     "If, Loop, Scan reading outer scope": Case(
@@ -466,3 +469,122 @@ def _assert_cli_refuses(path: Path, expect: str, tmp_path: Path, capfd) -> None:
 def test_corpus_has_at_least_25_cases_of_each_kind():
     assert len(CASES) >= 25
     assert {c.outcome for c in CASES.values()} == {"refused", "loads"}
+
+
+# ---- the defects of issue 12 that are about models, each with its own test
+
+
+def _cli_with_memory_cap(args: list[str], cap_bytes: int) -> subprocess.CompletedProcess:
+    """The CLI's ``main`` in a process whose address space is capped, so a model that would make
+    it read gigabytes fails fast instead of filling this machine's memory."""
+    code = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({cap_bytes}, {cap_bytes}))\n"
+        "from edgesplit.cli.main import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=_env()
+    )
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _one_line(r: subprocess.CompletedProcess, path: Path, *texts: str) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and str(path) in lines[0] and "Traceback" not in r.stderr, r.stderr
+    assert all(t in lines[0] for t in texts), r.stderr
+    return lines[0]
+
+
+def test_defect5_external_data_counts_against_the_limit(tmp_path):
+    d = _case_dir(tmp_path)
+    (d / "w.bin").write_bytes(b"\0" * 20_000)
+    p = _external(d, "small_file_big_weights", "w.bin", length=20_000)
+    assert p.stat().st_size < 1_000  # the file alone is far under the limit
+    with pytest.raises(
+        ModelLoadError, match=r"MB of external data \(w.bin\) .* over the model size limit of 0.01 MB"
+    ):
+        load_model(p, max_model_mb=0.01)
+    # 1.5 GB of (sparse) external weights behind a tiny model.onnx: refused before any is read
+    p = external_over_limit(d)
+    r = _cli_with_memory_cap(["partition", str(p), "-o", str(tmp_path / "plan.json")], 3 << 30)
+    _one_line(r, p, "1500.0 MB of external data (big.bin)", "over the model size limit of 1024 MB")
+
+
+def test_defect9_opset_999_and_mismatched_matmul_are_refused_by_partition(tmp_path):
+    d = _case_dir(tmp_path)
+    for path, texts in [
+        (opset_999(d), ["opset 999 of domain 'ai.onnx'"]),
+        (matmul_mismatch(d), ["MatMul", "mm", "Incompatible dimensions"]),
+    ]:
+        out = tmp_path / f"{path.stem}.plan.json"
+        r = run_cli("partition", str(path), "-d", "raspberry-pi5", "-o", str(out))
+        _one_line(r, path, *texts)
+        assert not out.exists()
+
+
+def test_defect10_huge_input_shape_names_the_model_the_input_and_the_bytes(tmp_path):
+    p = huge_input(_case_dir(tmp_path))
+    r = run_cli("partition", str(p), "-o", str(tmp_path / "plan.json"))
+    _one_line(r, p, "input 'x' of shape [1, 3, 100000, 200000] needs 240.0 GB")
+
+
+def test_defect10_string_input_exits_2(tmp_path):
+    p = string_input(_case_dir(tmp_path))
+    r = run_cli("partition", str(p), "-o", str(tmp_path / "plan.json"))
+    _one_line(r, p, "input 'text' has element type STRING")
+
+
+def test_defect12_zero_size_dimension_is_not_called_dynamic(tmp_path):
+    p = zero_size_dim(_case_dir(tmp_path))
+    with pytest.raises(ModelLoadError) as info:
+        load_model(p)
+    msg = str(info.value)
+    assert "zero-size dimension [1, 0, 4]" in msg
+    assert "dynamic" not in msg and "--input-shape" not in msg  # no hint that --input-shape rejects
+
+
+def test_value_dependent_shapes_fold_from_sample_inputs(tmp_path):
+    p = value_dependent(_case_dir(tmp_path))
+    shape = np.array([3, 4], np.int64)
+    g = load_model(p, input_values={"shape": shape})
+    assert g.tensors["y"].shape == (3, 4)
+    np.testing.assert_array_equal(g.sample_inputs["shape"], shape)
+    with pytest.raises(ModelLoadError, match=r"--input shape is int32, the model takes int64"):
+        load_model(p, input_values={"shape": shape.astype(np.int32)})
+    np.save(tmp_path / "shape.npy", shape)
+    out = tmp_path / "plan.json"
+    r = run_cli(
+        "partition",
+        str(p),
+        "-d",
+        "raspberry-pi5",
+        "--input",
+        f"shape={tmp_path / 'shape.npy'}",
+        "-o",
+        str(out),
+    )
+    assert r.returncode == 0 and out.exists(), r.stderr
+
+
+def test_value_dependent_model_deploys_with_its_sample_inputs(tmp_path):
+    import onnxruntime as ort
+
+    import edgesplit
+    from edgesplit.runtime.session import load
+
+    p = value_dependent(_case_dir(tmp_path))
+    shape = np.array([3, 4], np.int64)
+    x = rand(1, 4)
+    edgesplit.deploy(p, "host", tmp_path / "bundle", input_values={"shape": shape}, runs=2)
+    want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "shape": shape}
+    )[0]
+    with load(tmp_path / "bundle") as sess:
+        np.testing.assert_allclose(sess.run({"x": x, "shape": shape})["y"], want)
