@@ -120,9 +120,15 @@ def structure_problems(
                 )
                 if len(problems) > 20:
                     return [*problems, "..."]
+    made = {o for n in g.node for o in n.output if o}
     for out in g.output:
         if out.name not in produced:
             problems.append(f"graph output '{out.name}' is never produced")
+        elif out.name not in made and g.node:
+            # a part produces every output the runtime returns: an input or weight passed
+            # straight through has no part to come from
+            what = "a weight" if out.name in weights else "an input"
+            problems.append(f"graph output '{out.name}' is {what} passed through, not computed by a node")
     cyclic = cycle_nodes(g)
     if cyclic:
         shown = ", ".join(cyclic[:5]) + (" ..." if len(cyclic) > 5 else "")

@@ -95,6 +95,23 @@ def zero_nodes(d):
     return _save(make_model([], [("x", [1, 4])], [("x", [1, 4])]), d, "zero_nodes")
 
 
+def output_is_input(d):
+    m = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 4])], [("y", [1, 4]), ("x", [1, 4])]
+    )
+    return _save(m, d, "output_is_input")
+
+
+def output_is_weight(d):
+    m = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")],
+        [("x", [1, 4])],
+        [("y", [1, 4]), ("w", [1, 4])],
+        [("w", rand(1, 4))],
+    )
+    return _save(m, d, "output_is_weight")
+
+
 def opset_999(d):
     return _save(_relu(opset=999), d, "opset999")
 
@@ -374,6 +391,12 @@ CASES = {
     "/dev/zero (must not hang)": Case(dev_zero, "refused", "not a regular file"),
     # Nothing to split: the bundle side would have zero parts, so the load side refuses it.
     "zero nodes, output = input": Case(zero_nodes, "refused", "no nodes"),
+    "an output that is an input": Case(
+        output_is_input, "refused", "graph output 'x' is an input passed through"
+    ),
+    "an output that is a weight": Case(
+        output_is_weight, "refused", "graph output 'w' is a weight passed through"
+    ),
     "opset 999": Case(opset_999, "refused", "opset 999 of domain 'ai.onnx' is not a released opset"),
     "ai.onnx.ml opset 99": Case(ml_opset_99, "refused", "opset 99 of domain 'ai.onnx.ml'"),
     "unknown domain": Case(unknown_domain, "refused", "unknown domain 'com.example'"),
