@@ -161,11 +161,11 @@ def _input_problems(
             f"input '{name}' has element type {type_name(tt.elem_type)}; "
             "edgesplit feeds numeric and bool tensors only"
         ]
+    # exporters write -1 for a dynamic dimension (PP-OCR's cls model does)
     dims: list[int | str] = [
-        d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim
+        d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
+        for d in tt.shape.dim
     ]
-    if any(isinstance(d, int) and d < 0 for d in dims):
-        return [f"input '{name}' has a negative dimension {dims}"]
     if given is not None:
         fixed_mismatch = len(given) == len(dims) and any(
             isinstance(d, int) and d != s for d, s in zip(dims, given)

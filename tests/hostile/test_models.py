@@ -417,7 +417,10 @@ CASES = {
     ),
     "huge intermediate tensor": Case(huge_intermediate, "refused", "over the tensor size limit"),
     "zero-size dimension": Case(zero_size_dim, "refused", "input 'x' has a zero-size dimension"),
-    "negative dimension": Case(negative_dim, "refused", "negative dimension"),
+    # exporters write -1 for "dynamic": any negative dimension is taken as one
+    "negative dimension": Case(
+        negative_dim, "refused", "dynamic dimensions [1, '?']; pass --input-shape x=1,N"
+    ),
     "string input": Case(string_input, "refused", "input 'text' has element type STRING"),
     "sequence input": Case(sequence_input, "refused", "input 'xs' is not a tensor"),
     "external data missing": Case(external_missing, "refused", "external data file 'weights.bin' is missing"),
