@@ -9,6 +9,7 @@ against the size limit before anything allocates it, and must hold numbers or bo
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -22,6 +23,9 @@ from edgesplit.model.scope import all_inputs
 from edgesplit.model.validate import FEEDABLE_TYPES, human_bytes, ort_message, ort_session, type_name
 
 Infos = dict[str, tuple[tuple[int, ...] | None, int]]
+
+PROBE_TIMEOUT_S = 60.0
+"""The one run that finds data-dependent shapes is stopped after this long (ORT's terminate flag)."""
 
 
 def value_infos(model: onnx.ModelProto) -> Infos:
@@ -120,13 +124,25 @@ def _shapes_by_running(
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
         info = TensorInfo(vi.name, tuple(d.dim_value for d in tt.shape.dim), dtype.name, 0)
         feeds[vi.name] = values[vi.name] if vi.name in values else random_tensor(info, rng)
+    import onnxruntime as ort
+
+    stop = ort.RunOptions()
+    timer = threading.Timer(PROBE_TIMEOUT_S, lambda: setattr(stop, "terminate", True))
+    timer.start()
     try:
-        results = sess.run(names, feeds)
+        results = sess.run(names, feeds, stop)
     except Exception as e:  # noqa: BLE001 - ORT's run errors, MemoryError included
         shown = ", ".join(names[:5])
+        why = (
+            f"it ran over {PROBE_TIMEOUT_S:g} s and was stopped (a loop that does not end?)"
+            if stop.terminate
+            else ort_message(e)
+        )
         raise ModelLoadError(
-            where, f"no static shape for {len(names)} tensors ({shown}): one run failed ({ort_message(e)})"
+            where, f"no static shape for {len(names)} tensors ({shown}): one run failed ({why})"
         ) from e
+    finally:
+        timer.cancel()
     out: Infos = {}
     for name, value in zip(names, results):
         arr = np.asarray(value)

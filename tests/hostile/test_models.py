@@ -365,6 +365,41 @@ def nan_weights(d):
     return _save(m, d, "nan_weights")
 
 
+def endless_loop(d):
+    """A Loop of 10^12 trips whose scan output's length only a run can tell: the run is stopped."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
+            helper.make_node("Add", ["v_in", "x"], ["v_out"], name="body_add"),
+            helper.make_node("Identity", ["v_out"], ["scan_out"], name="body_scan"),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
+            helper.make_tensor_value_info("scan_out", TensorProto.FLOAT, [1]),
+        ],
+    )
+    m = make_model(
+        [
+            helper.make_node(
+                "Constant", [], ["M"], value=numpy_helper.from_array(np.array(10**12, np.int64))
+            ),
+            helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(True))),
+            helper.make_node("Loop", ["M", "c", "x"], ["final", "all"], body=body, name="forever"),
+            helper.make_node("ReduceSum", ["all"], ["y"], keepdims=0, name="sum"),
+        ],
+        [("x", [1])],
+        [("y", [])],
+    )
+    return _save(m, d, "endless_loop")
+
+
 def dev_zero(d):
     p = d / "zero.onnx"
     p.symlink_to("/dev/zero")
@@ -451,6 +486,9 @@ CASES = {
     "node with 10,000 inputs": Case(wide_node, "loads", check=lambda g: g.nodes[0].inputs == ("x",)),
     "chain of 10,000 nodes": Case(deep_chain, "loads", check=lambda g: len(g.nodes) == 10_000),
     # NaN and Inf weights are data, not structure: the model loads and parts reproduce the NaNs.
+    "Loop of 10^12 trips (the shape-finding run is stopped)": Case(
+        endless_loop, "refused", "ran over 2 s and was stopped"
+    ),
     "NaN and Inf weights": Case(nan_weights, "loads", check=lambda g: g.tensors["w"].is_weight),
 }
 
@@ -459,6 +497,14 @@ def _case_dir(tmp_path: Path) -> Path:
     d = tmp_path / "models"
     d.mkdir()
     return d
+
+
+@pytest.fixture(autouse=True)
+def _short_shape_run(monkeypatch):
+    """The run that finds data-dependent shapes stops after 2 s here (60 s by default)."""
+    from edgesplit.model import shapes
+
+    monkeypatch.setattr(shapes, "PROBE_TIMEOUT_S", 2.0)
 
 
 @pytest.mark.parametrize("label", list(CASES))
