@@ -276,9 +276,14 @@ def ort_session(path: str, model: onnx.ModelProto | bytes):
     """
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 4  # our one-line error replaces ORT's own log lines
+    from edgesplit.cpu import ort_session_options
+
+    so = ort_session_options(
+        None,
+        None,
+        graph_optimization_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        log_severity_level=4,  # our one-line error replaces ORT's own log lines
+    )
     data = model if isinstance(model, bytes) else model.SerializeToString()
     try:
         with quiet_ort():
