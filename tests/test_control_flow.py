@@ -9,6 +9,8 @@ branches of the If.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -19,8 +21,10 @@ from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan, part_boundaries
 from edgesplit.device import load_device
 from edgesplit.model.load import load_model
-from edgesplit.optimize import partition
+from edgesplit.optimize.plan import Part
+from edgesplit.pipeline import partition
 from edgesplit.profile.ort import _kernel_times, map_regions, profile_ort
+from edgesplit.profile.run import ProfileOptions
 from edgesplit.runtime.session import load
 
 BRANCH_INPUTS = {
@@ -71,7 +75,7 @@ def test_split_into_2_and_3_contiguous_parts_matches_whole_model(cf_path, tmp_pa
     g = load_model(cf_path)
     for k in (2, 3):
         plan = contiguous_plan(g, "host-biglittle", [("big", "ort"), ("little", "ort"), ("big", "ort")][:k])
-        assert len(plan["parts"]) == k
+        assert len(plan.parts) == k
         compile_bundle(g, plan, tmp_path / f"b{k}")
         _check_bundle(cf_path, tmp_path / f"b{k}")
 
@@ -79,24 +83,19 @@ def test_split_into_2_and_3_contiguous_parts_matches_whole_model(cf_path, tmp_pa
 def _hand_plan(g, groups):
     """A plan from explicit node groups (in topological order), alternating big and little."""
     plan = contiguous_plan(g, "host-biglittle", [("big", "ort")])
-    parts = []
-    for k, ((ins, outs), grp) in enumerate(zip(part_boundaries(g, groups), groups)):
-        parts.append(
-            {
-                "name": f"p{k}",
-                "processor": "big" if k % 2 == 0 else "little",
-                "backend": "ort",
-                "remote": False,
-                "nodes": [g.nodes[i].name for i in grp],
-                "inputs": ins,
-                "outputs": outs,
-            }
+    parts = tuple(
+        Part(
+            name=f"p{k}",
+            processor="big" if k % 2 == 0 else "little",
+            backend="ort",
+            nodes=tuple(g.nodes[i].name for i in grp),
+            inputs=tuple(ins),
+            outputs=tuple(outs),
         )
-    plan["parts"] = parts
-    plan["assignment"] = {
-        n: {"processor": p["processor"], "backend": "ort"} for p in parts for n in p["nodes"]
-    }
-    return plan
+        for k, ((ins, outs), grp) in enumerate(zip(part_boundaries(g, groups), groups))
+    )
+    assignment = {n: {"processor": p.processor, "backend": "ort"} for p in parts for n in p.nodes}
+    return replace(plan, parts=parts, assignment=assignment)
 
 
 def test_part_boundary_carries_outer_scope_reads(cf_path, tmp_path):
@@ -106,8 +105,8 @@ def test_part_boundary_carries_outer_scope_reads(cf_path, tmp_path):
     # p0 makes a and b; p1 is the If alone (its branches read a and b); p2 has the Loop (reads a)
     groups = [list(range(cut1)), [cut1], list(range(cut1 + 1, len(names)))]
     plan = _hand_plan(g, groups)
-    assert {"a", "b", "cond"} <= set(plan["parts"][1]["inputs"])
-    assert "a" in plan["parts"][2]["inputs"] and cut2 in groups[2]
+    assert {"a", "b", "cond"} <= set(plan.parts[1].inputs)
+    assert "a" in plan.parts[2].inputs and cut2 in groups[2]
     compile_bundle(g, plan, tmp_path / "hand")
     _check_bundle(cf_path, tmp_path / "hand")
 
@@ -159,5 +158,5 @@ def test_profile_attributes_subgraph_time_to_the_control_flow_node(cf_path, tmp_
 def test_deploy_control_flow_model_matches_whole_model(cf_path, tmp_path):
     import edgesplit
 
-    edgesplit.deploy(cf_path, "host", tmp_path / "bundle", runs=2)
+    edgesplit.deploy(cf_path, "host", tmp_path / "bundle", profiling=ProfileOptions(runs=2))
     _check_bundle(cf_path, tmp_path / "bundle")

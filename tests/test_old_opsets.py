@@ -22,6 +22,7 @@ from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.errors import ModelLoadError
 from edgesplit.model.load import load_model
+from edgesplit.profile.run import ProfileOptions
 from edgesplit.runtime.session import load
 
 X = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
@@ -64,7 +65,7 @@ def test_opset6_cnn_with_averagepool_deploys_and_matches_the_original(tmp_path):
     upgraded = onnx.version_converter.convert_version(onnx.load(p), 13)
     via_ort = ort.InferenceSession(upgraded.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(via_ort.run(None, {"x": X})[0], want, rtol=1e-5, atol=1e-6)
-    edgesplit.deploy(p, "host", tmp_path / "bundle", runs=2)
+    edgesplit.deploy(p, "host", tmp_path / "bundle", profiling=ProfileOptions(runs=2))
     np.testing.assert_allclose(_bundle_output(tmp_path / "bundle"), want, rtol=1e-5, atol=1e-6)
     # and split in two on the big and little cores
     g = load_model(p)

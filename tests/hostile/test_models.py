@@ -649,12 +649,15 @@ def test_value_dependent_model_deploys_with_its_sample_inputs(tmp_path):
     import onnxruntime as ort
 
     import edgesplit
+    from edgesplit.profile.run import ProfileOptions
     from edgesplit.runtime.session import load
 
     p = value_dependent(_case_dir(tmp_path))
     shape = np.array([3, 4], np.int64)
     x = rand(1, 4)
-    edgesplit.deploy(p, "host", tmp_path / "bundle", input_values={"shape": shape}, runs=2)
+    edgesplit.deploy(
+        p, "host", tmp_path / "bundle", input_values={"shape": shape}, profiling=ProfileOptions(runs=2)
+    )
     want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(
         None, {"x": x, "shape": shape}
     )[0]
