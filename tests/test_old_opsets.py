@@ -55,6 +55,7 @@ def test_opset6_model_ort_runs_deploys_with_the_cli_and_matches_ort_on_the_origi
     want = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
     r = run_cli("deploy", str(p), "-d", "host", "-o", str(tmp_path / "bundle"), "--runs", "2")
     assert r.returncode == 0, r.stderr
+    assert f"note: {p}: upgraded from opset 6 to 13" in " ".join(r.stderr.split())  # deploy says it too
     np.testing.assert_allclose(_bundle_output(tmp_path / "bundle"), want, rtol=1e-5, atol=1e-6)
 
 

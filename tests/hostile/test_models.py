@@ -643,6 +643,20 @@ def test_value_dependent_shapes_fold_from_sample_inputs(tmp_path):
         str(out),
     )
     assert r.returncode == 0 and out.exists(), r.stderr
+    # a plan records shapes, not sample values: compile takes --input too
+    r = run_cli("compile", str(p), "--plan", str(out), "-o", str(tmp_path / "bundle"))
+    assert r.returncode == 2 and "--input shape=FILE.npy" in r.stderr, r.stderr
+    r = run_cli(
+        "compile",
+        str(p),
+        "--plan",
+        str(out),
+        "--input",
+        f"shape={tmp_path / 'shape.npy'}",
+        "-o",
+        str(tmp_path / "b"),
+    )
+    assert r.returncode == 0 and (tmp_path / "b" / "manifest.json").exists(), r.stderr
 
 
 def test_value_dependent_model_deploys_with_its_sample_inputs(tmp_path):
@@ -663,3 +677,32 @@ def test_value_dependent_model_deploys_with_its_sample_inputs(tmp_path):
     )[0]
     with load(tmp_path / "bundle") as sess:
         np.testing.assert_allclose(sess.run({"x": x, "shape": shape})["y"], want)
+
+
+def test_sample_inputs_travel_in_the_pipeline_choices(tmp_path):
+    """``input_values`` is a field of the pipeline's Choices, as ``input_shapes`` is: the API,
+    ``resolve`` and the deploy command's ``--input`` all load the model with it."""
+    import onnxruntime as ort
+
+    import edgesplit
+    from edgesplit.pipeline import Choices, resolve
+    from edgesplit.runtime.session import load
+
+    p = value_dependent(_case_dir(tmp_path))
+    shape = np.array([3, 4], np.int64)
+    problem = resolve(p, "raspberry-pi5", Choices(input_values={"shape": shape}))
+    assert problem.graph.tensors["y"].shape == (3, 4)
+    plan = edgesplit.partition(p, "raspberry-pi5", input_values={"shape": shape})
+    assert plan.input_shapes == {"x": (1, 4), "shape": (2,)}
+    np.save(tmp_path / "shape.npy", shape)
+    bundle = tmp_path / "bundle"
+    r = run_cli(
+        "deploy", str(p), "--input", f"shape={tmp_path / 'shape.npy'}", "--runs", "2", "-o", str(bundle)
+    )
+    assert r.returncode == 0, r.stderr
+    x = rand(1, 4)
+    want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "shape": shape}
+    )
+    with load(bundle) as sess:
+        np.testing.assert_allclose(sess.run({"x": x, "shape": shape})["y"], want[0])
