@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from edgesplit.compile.bundle import Manifest
 
+if TYPE_CHECKING:
+    from edgesplit.model.graph import ModelGraph
+
 
 def deploy(
-    model: str | os.PathLike,
+    model: ModelGraph | str | os.PathLike,
     device: str | os.PathLike = "host",
     out: str | os.PathLike = "bundle",
     *,
@@ -25,9 +29,13 @@ def deploy(
     compile the plan into a bundle at ``out``.
 
     Args:
+        model: A loaded :class:`ModelGraph` (the ``deploy`` command loads first, to print what
+            loading changed) or the path of an ONNX file, loaded with ``input_shapes`` and
+            ``input_values``.
         choices: The fields of :class:`edgesplit.pipeline.Choices`, as for
             :func:`edgesplit.partition`: ``objective``, ``slo_ms``, ``profile``, ``server``,
-            ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``, ``profiling``.
+            ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
+            ``input_values``, ``profiling``.
         tune_trials: MetaSchedule trials for TVM parts.
 
     The bundle's manifest carries the plan (``Manifest.plan``), with the predicted figures and the

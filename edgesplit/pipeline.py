@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgesplit.device import DeviceSpec, NetworkLink, load_device, network_link
 from edgesplit.errors import PlanError
@@ -35,6 +36,9 @@ from edgesplit.optimize.problem import Problem, combined
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import Profile, load_profile
 
+if TYPE_CHECKING:
+    import numpy as np
+
 ModelLike = ModelGraph | str | os.PathLike
 SpecLike = DeviceSpec | str | os.PathLike
 Progress = Callable[[str, int, int], None]
@@ -43,6 +47,7 @@ __all__ = [
     "Choices",
     "Problem",
     "as_plan",
+    "check_choices",
     "load_graph",
     "parse_pins",
     "partition",
@@ -69,6 +74,9 @@ class Choices:
         bandwidth_mbps, rtt_ms: Override the link's up and down rate, and its round-trip time.
         pins: ``node -> processor`` to force, as a mapping or ``NODE=PROC`` strings.
         input_shapes: Static shapes for dynamic inputs (when the model is a path).
+        input_values: Sample values for inputs whose values decide shapes (when the model is a
+            path): an ``Expand`` whose shape is an input. Their shapes count as given shapes, and
+            the model is run on them wherever it is run on made-up data.
         profiling: How to measure when no profile is given (default :class:`ProfileOptions`).
     """
 
@@ -81,16 +89,22 @@ class Choices:
     rtt_ms: float | None = None
     pins: Mapping[str, str] | Iterable[str] | None = None
     input_shapes: Mapping[str, Sequence[int]] | None = None
+    input_values: Mapping[str, np.ndarray] | None = None
     profiling: ProfileOptions | None = None
 
 
-def load_graph(model: ModelLike, input_shapes: Mapping[str, Sequence[int]] | None = None) -> ModelGraph:
-    """A loaded graph as it is, or an ONNX file (str or ``os.PathLike``) loaded with ``input_shapes``."""
+def load_graph(
+    model: ModelLike,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    input_values: Mapping[str, np.ndarray] | None = None,
+) -> ModelGraph:
+    """A loaded graph as it is, or an ONNX file (str or ``os.PathLike``) loaded with
+    ``input_shapes`` and the sample ``input_values`` (see :func:`edgesplit.load_model`)."""
     if isinstance(model, ModelGraph):
         return model
     from edgesplit.model.load import load_model
 
-    return load_model(os.fspath(model), input_shapes)
+    return load_model(os.fspath(model), input_shapes, input_values=input_values)
 
 
 def load_spec(spec: SpecLike) -> DeviceSpec:
@@ -171,6 +185,24 @@ def _profile(
     return complete_profile(graph, full, prof), path
 
 
+def check_choices(choices: Choices) -> dict[str, str]:
+    """The checks of :func:`resolve` that need nothing loaded (objective, SLO, pins' form, a link
+    without a server); returns the pins parsed. Commands that load the model before
+    :func:`resolve` (to print what loading changed) call it first.
+
+    Raises:
+        PlanError: as :func:`resolve` does for these.
+    """
+    c = choices
+    objective_named(c.objective)
+    if c.slo_ms is not None and not c.slo_ms > 0:
+        raise PlanError(f"--slo-ms must be positive, got {c.slo_ms:g}")
+    pins = parse_pins(c.pins)
+    if c.server is None:
+        resolve_link(None, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
+    return pins
+
+
 def resolve(
     model: ModelLike,
     device: SpecLike = "host",
@@ -190,13 +222,8 @@ def resolve(
             be read (naming the file).
     """
     c = choices or Choices()
-    objective_named(c.objective)
-    if c.slo_ms is not None and not c.slo_ms > 0:
-        raise PlanError(f"--slo-ms must be positive, got {c.slo_ms:g}")
-    pins = parse_pins(c.pins)
-    if c.server is None:
-        resolve_link(None, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
-    graph = load_graph(model, c.input_shapes)
+    pins = check_choices(c)
+    graph = load_graph(model, c.input_shapes, c.input_values)
     dev = load_spec(device)
     srv = _server(c.server)
     link = resolve_link(srv, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
@@ -220,7 +247,7 @@ def partition(
         device: A :class:`DeviceSpec` or a spec name / path.
         choices: The fields of :class:`Choices`: ``objective``, ``slo_ms``, ``profile``,
             ``server``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
-            ``profiling``. Without a profile, the local processors are measured and the rest
+            ``input_values``, ``profiling``. Without a profile, the local processors are measured and the rest
             predicted, as ``edgesplit partition`` does.
 
     Returns:

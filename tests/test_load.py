@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from conftest import make_model, rand, run_cli
+from conftest import PPOCR_SHAPES, make_model, ppocr_model, rand, run_cli
 from onnx import TensorProto, helper
 
 from edgesplit.errors import ModelLoadError
@@ -261,3 +261,11 @@ def test_debug_flag_shows_traceback(tmp_path):
     (tmp_path / "g.onnx").write_bytes(b"garbage")
     r = run_cli("--debug", "profile", str(tmp_path / "g.onnx"))
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["det", "rec", "cls"])
+def test_real_ppocr_models_load(kind):
+    # cls declares its dynamic dimensions as -1: dynamic, not negative
+    g = load_model(ppocr_model(kind), parse_input_shapes([PPOCR_SHAPES[kind]]))
+    assert g.nodes and not g.notes
+    assert all(t.shape and min(t.shape) > 0 for t in g.tensors.values() if not t.is_weight)

@@ -234,6 +234,16 @@ def test_resolve_checks_cheap_things_before_loading(tmp_path):
         resolve(missing, "host", Choices(rtt_ms=3))
 
 
+def test_commands_check_flags_before_loading(capsys, tmp_path):
+    """partition and deploy load the model before resolving (to print what loading changed), but
+    bad flags still fail first: the model here does not exist."""
+    missing = str(tmp_path / "nope.onnx")
+    for cmd in ("partition", "deploy"):
+        for flag, msg in ((["--pin", "x"], "is not NODE=PROC"), (["--rtt-ms", "3"], "need --server")):
+            code, _, err = run(capsys, cmd, missing, *flag, "-o", str(tmp_path / cmd))
+            assert code == 2 and msg in err and "nope.onnx" not in err, (cmd, flag, err)
+
+
 def test_a_server_must_be_a_server_and_a_link_gets_its_overrides(tiny, board):
     from edgesplit.pipeline import Choices, resolve
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgesplit.model.graph import ModelGraph
 
 _WIDTH = None if sys.stdout.isatty() else 160
 console = Console(highlight=False, width=_WIDTH)
@@ -19,6 +25,13 @@ input_shape_option = click.option(
     multiple=True,
     metavar="NAME=D1,D2,...",
     help="Static shape for an input with dynamic dimensions (repeatable).",
+)
+input_values_option = click.option(
+    "--input",
+    "input_values",
+    multiple=True,
+    metavar="NAME=FILE.npy",
+    help="A sample value for an input whose values decide shapes (repeatable).",
 )
 device_option = click.option(
     "--device",
@@ -85,10 +98,30 @@ pin_option = click.option(
 )
 
 
-def load_graph(model: str, input_shapes: tuple[str, ...]):
-    from edgesplit.model.load import load_model, parse_input_shapes
+def model_inputs(input_shapes: tuple[str, ...], input_values: tuple[str, ...]) -> dict:
+    """``--input-shape`` and ``--input`` parsed, as the ``input_shapes`` and ``input_values`` fields
+    of :class:`edgesplit.pipeline.Choices`."""
+    from edgesplit.model.load import parse_input_shapes, parse_input_values
 
-    return load_model(model, parse_input_shapes(input_shapes))
+    return {
+        "input_shapes": parse_input_shapes(input_shapes) or None,
+        "input_values": parse_input_values(input_values) or None,
+    }
+
+
+def load_graph(
+    model: str,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    input_values: Mapping[str, np.ndarray] | None = None,
+) -> ModelGraph:
+    """Load MODEL for a subcommand with the pipeline's loader, and print what loading changed (an
+    opset upgrade, folding skipped ...) before anything long starts."""
+    from edgesplit.pipeline import load_graph as load
+
+    graph = load(model, input_shapes, input_values)
+    for note in graph.notes:
+        err_console.print(f"note: {model}: {note}", soft_wrap=True)
+    return graph
 
 
 @contextlib.contextmanager

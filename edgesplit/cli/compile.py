@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console, input_shape_option
+from edgesplit.cli.common import console, input_shape_option, input_values_option, model_inputs
 
 
 @click.command("compile")
@@ -23,6 +23,7 @@ from edgesplit.cli.common import console, input_shape_option
     help="Device spec (default: the spec file the plan was made with, else its name).",
 )
 @input_shape_option
+@input_values_option
 @click.option(
     "--tune-trials",
     default=0,
@@ -30,10 +31,9 @@ from edgesplit.cli.common import console, input_shape_option
     type=click.IntRange(0),
     help="MetaSchedule trials for TVM parts (0: untuned, or the cached database).",
 )
-def command(model, plan_path, output, device, input_shapes, tune_trials):
+def command(model, plan_path, output, device, input_shapes, input_values, tune_trials):
     """Extract, check and compile every part of PLAN for MODEL into a bundle."""
     from edgesplit.compile.api import compile_bundle
-    from edgesplit.model.load import parse_input_shapes
     from edgesplit.pipeline import as_plan
 
     manifest = compile_bundle(
@@ -41,7 +41,7 @@ def command(model, plan_path, output, device, input_shapes, tune_trials):
         as_plan(plan_path),
         output,
         device=device,
-        input_shapes=parse_input_shapes(input_shapes) or None,
+        **model_inputs(input_shapes, input_values),
         tune_trials=tune_trials,
     )
     print_manifest(manifest)

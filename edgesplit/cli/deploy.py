@@ -8,7 +8,10 @@ from edgesplit.cli.common import (
     console,
     device_option,
     input_shape_option,
+    input_values_option,
     link_options,
+    load_graph,
+    model_inputs,
     objective_option,
     pin_option,
     progress_bar,
@@ -31,6 +34,7 @@ from edgesplit.cli.common import (
 @link_options
 @pin_option
 @input_shape_option
+@input_values_option
 @click.option(
     "--runs", default=20, show_default=True, type=click.IntRange(1), help="Timed runs per measurement."
 )
@@ -48,33 +52,32 @@ def command(
     rtt_ms,
     pins,
     input_shapes,
+    input_values,
     runs,
     tune_trials,
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
     from edgesplit.cli.compile import print_manifest
     from edgesplit.deployment import deploy
-    from edgesplit.model.load import parse_input_shapes
+    from edgesplit.pipeline import Choices, check_choices
     from edgesplit.profile.run import ProfileOptions
 
+    choices = dict(
+        objective=objective,
+        slo_ms=slo_ms,
+        profile=profile_path,
+        server=server,
+        link=link,
+        bandwidth_mbps=bandwidth_mbps,
+        rtt_ms=rtt_ms,
+        pins=pins,
+        profiling=ProfileOptions(runs=runs),
+        **model_inputs(input_shapes, input_values),
+    )
+    check_choices(Choices(**choices))  # bad flags fail before the model is read
+    graph = load_graph(model, choices["input_shapes"], choices["input_values"])  # prints its notes
     with progress_bar() as update:
-        manifest = deploy(
-            model,
-            device,
-            output,
-            tune_trials=tune_trials,
-            progress=update,
-            objective=objective,
-            slo_ms=slo_ms,
-            profile=profile_path,
-            server=server,
-            link=link,
-            bandwidth_mbps=bandwidth_mbps,
-            rtt_ms=rtt_ms,
-            pins=pins,
-            input_shapes=parse_input_shapes(input_shapes) or None,
-            profiling=ProfileOptions(runs=runs),
-        )
+        manifest = deploy(graph, device, output, tune_trials=tune_trials, progress=update, **choices)
     print_manifest(manifest)
     pred = manifest.plan.predicted
     if pred:

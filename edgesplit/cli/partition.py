@@ -10,7 +10,10 @@ from edgesplit.cli.common import (
     console,
     device_option,
     input_shape_option,
+    input_values_option,
     link_options,
+    load_graph,
+    model_inputs,
     objective_option,
     pin_option,
     slo_option,
@@ -27,6 +30,7 @@ from edgesplit.cli.common import (
     help="A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest).",
 )
 @input_shape_option
+@input_values_option
 @objective_option
 @slo_option
 @link_options
@@ -44,6 +48,7 @@ def command(
     device,
     profile_path,
     input_shapes,
+    input_values,
     objective,
     slo_ms,
     server,
@@ -64,10 +69,9 @@ def command(
     from dataclasses import replace
 
     from edgesplit.errors import PlanError
-    from edgesplit.model.load import parse_input_shapes
     from edgesplit.optimize.annotate import write_annotated
     from edgesplit.optimize.api import solve_plan
-    from edgesplit.pipeline import Choices, resolve
+    from edgesplit.pipeline import Choices, check_choices, resolve
 
     out = Path(output)
     onnx_path = Path(onnx_out) if onnx_out else out.with_suffix(".onnx")
@@ -84,9 +88,11 @@ def command(
         bandwidth_mbps=bandwidth_mbps,
         rtt_ms=rtt_ms,
         pins=pins,
-        input_shapes=parse_input_shapes(input_shapes) or None,
+        **model_inputs(input_shapes, input_values),
     )
-    problem = resolve(model, device, choices)
+    check_choices(choices)  # bad flags fail before the model is read
+    graph = load_graph(model, choices.input_shapes, choices.input_values)  # prints its notes
+    problem = resolve(graph, device, choices)
     if problem.profile_path is None:  # measured here: keep it beside the plan, for explain and compile
         problem.profile.save(out.with_suffix(".profile.json"))
         problem = replace(problem, profile_path=str(out.with_suffix(".profile.json")))

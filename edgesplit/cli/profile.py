@@ -12,7 +12,9 @@ from edgesplit.cli.common import (
     console,
     device_option,
     input_shape_option,
+    input_values_option,
     load_graph,
+    model_inputs,
     progress_bar,
 )
 
@@ -92,6 +94,7 @@ def make_ssh_options(
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
 @input_shape_option
+@input_values_option
 @click.option(
     "--backend",
     "backends",
@@ -134,6 +137,7 @@ def command(
     model,
     device,
     input_shapes,
+    input_values,
     backends,
     processors,
     runs,
@@ -172,7 +176,8 @@ def command(
         connect_timeout,
         step_timeout,
     )
-    graph = load_graph(model, input_shapes)  # validate locally first: a bad model never travels
+    # validate locally first: a bad model never travels
+    graph = load_graph(model, **model_inputs(input_shapes, input_values))
     options = ProfileOptions(backends, processors, runs, warmup)
     if fleet_file:
         return run_fleet(

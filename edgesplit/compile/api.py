@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -21,6 +22,9 @@ from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.plan import Part, Plan
 from edgesplit.pipeline import as_plan, load_graph, plan_device
 from edgesplit.util import atomic_dir, sha256_file
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Progress = Callable[[str, int, int], None]
 
@@ -39,12 +43,15 @@ def _check_plan_fits(plan: Plan, path: str, sha256: str) -> None:
 
 
 def _graph_for(
-    model: str | os.PathLike | ModelGraph, plan: Plan, input_shapes: Mapping[str, Sequence[int]] | None
+    model: str | os.PathLike | ModelGraph,
+    plan: Plan,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    input_values: Mapping[str, np.ndarray] | None,
 ) -> ModelGraph:
     """The model, loaded with the plan's input shapes unless told others, and checked to be the plan's."""
     if not isinstance(model, ModelGraph) and Path(model).is_file():
         _check_plan_fits(plan, os.fspath(model), sha256_file(model))  # before the plan's shapes are applied
-    graph = load_graph(model, input_shapes or plan.input_shapes or None)
+    graph = load_graph(model, input_shapes or plan.input_shapes or None, input_values)
     _check_plan_fits(plan, graph.path, graph.sha256)
     return graph
 
@@ -65,6 +72,7 @@ def compile_bundle(
     *,
     device: DeviceSpec | str | os.PathLike | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    input_values: Mapping[str, np.ndarray] | None = None,
     tune_trials: int = 0,
     progress: Progress | None = None,
 ) -> Manifest:
@@ -74,6 +82,9 @@ def compile_bundle(
         plan: The plan (a path to plan.json is read once, here).
         device: The device spec (with its server's processors, or they are added); default the
             spec file the plan was made with, else the spec its name finds.
+        input_shapes, input_values: Shapes and sample values to load ``model`` with, when it is a
+            path (default the plan's shapes); a plan does not record sample values, so a model
+            whose shapes depend on input values needs them again here.
 
     Raises:
         PlanError: the plan was made for another model, or names unknown processors or nodes.
@@ -81,7 +92,7 @@ def compile_bundle(
             no compiler, or its target needs a toolchain that is missing.
     """
     plan = as_plan(plan)
-    graph = _graph_for(model, plan, input_shapes)
+    graph = _graph_for(model, plan, input_shapes, input_values)
     spec = plan_device(plan, device)
     _check_known(plan, graph, spec)
     extracted = extract_parts(graph, [(p.name, p.inputs, p.outputs) for p in plan.parts])

@@ -1,8 +1,10 @@
-"""Split a model into its plan's parts with onnx's own extractor, and check each part.
+"""Split a model into its plan's parts, and check each part against the whole model.
 
-Each part is extracted with ``onnx.utils.Extractor`` between the tensors it reads and the tensors
-it writes. Then every part is run alone in ONNX Runtime on the intermediate tensors of one
-random whole-model run, and must reproduce the whole model's tensors.
+Each part is extracted between the tensors it reads and the tensors it writes by
+:class:`~edgesplit.model.extract.PartExtractor`, which (unlike ``onnx.utils.Extractor``) follows
+the outer-scope tensors that If, Loop and Scan subgraphs read. Then every part is run alone in
+ONNX Runtime on the intermediate tensors of one random whole-model run, and must reproduce the
+whole model's tensors.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import onnx
 
 from edgesplit.cpu import ort_session_options
 from edgesplit.errors import CompileError
+from edgesplit.model.extract import PartExtractor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
 
@@ -33,16 +36,15 @@ def extract_parts(
     graph: ModelGraph, parts: Sequence[tuple[str, Sequence[str], Sequence[str]]]
 ) -> list[PartModel]:
     """Extract ``(name, input tensors, output tensors)`` parts from the graph's model."""
-    extractor = onnx.utils.Extractor(graph.model)  # graph.model carries inferred value_info
+    extractor = PartExtractor(graph)
     out = []
     for name, ins, outs in parts:
         try:
-            sub = extractor.extract_model(list(ins), list(outs))
-        except Exception as e:  # noqa: BLE001 - onnx raises bare errors for bad boundaries
+            sub = extractor.extract(list(ins), list(outs), f"{graph.name}_{name}")
+        except (ValueError, KeyError) as e:
             raise CompileError(
                 f"part {name}: cannot extract between {list(ins)} and {list(outs)} ({e})"
             ) from e
-        sub.graph.name = f"{graph.name}_{name}"
         del sub.metadata_props[:]
         sub.metadata_props.add(key="edgesplit.part", value=name)
         out.append(PartModel(name, sub, tuple(ins), tuple(outs)))

@@ -8,9 +8,12 @@ charges separately.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import onnx
+
+from edgesplit.model.scope import subgraphs
 
 Shape = tuple[int, ...]
 
@@ -157,3 +160,84 @@ def count_flops(node: onnx.NodeProto, in_shapes: list[Shape | None], out_shapes:
     if op.startswith("Reduce") or op in ("ArgMax", "ArgMin", "CumSum", "TopK"):
         return _reduce(node, in_shapes, out_shapes)
     return 0
+
+
+def _static_shapes(g: onnx.GraphProto) -> dict[str, Shape]:
+    out: dict[str, Shape] = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        tt = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+        if vi.type.HasField("tensor_type") and tt.HasField("shape") and all(d >= 0 for d in dims):
+            out[vi.name] = tuple(dims)
+    for t in g.initializer:
+        out[t.name] = tuple(t.dims)
+    return out
+
+
+def _elementwise_shape(node: onnx.NodeProto, ins: list[Shape | None]) -> Shape | None:
+    """The broadcast shape of an elementwise node's inputs, for subgraphs inference left open."""
+    if node.op_type not in _ELEMENTWISE and node.op_type != "Identity" or len(node.output) != 1:
+        return None
+    if not ins or any(s is None for s in ins):
+        return None
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*ins))  # type: ignore[arg-type]
+    except ValueError:
+        return None
+
+
+def _graph_flops(g: onnx.GraphProto, outer: Mapping[str, Shape]) -> int:
+    """FLOPs of one run of a subgraph; nodes whose shapes inference left open count 0."""
+    shapes = {**outer, **_static_shapes(g)}
+    total = 0
+    for n in g.node:
+        if n.op_type in ("If", "Loop", "Scan"):
+            total += control_flow_flops(n, shapes, 1)
+            continue
+        ins = [shapes.get(t) if t else None for t in n.input]
+        outs = [shapes.get(t) for t in n.output if t]
+        if any(o is None for o in outs):
+            guessed = _elementwise_shape(n, ins)
+            if guessed is None:
+                continue
+            outs = [guessed]
+            shapes[n.output[0]] = guessed
+        try:
+            total += count_flops(n, ins, outs)  # type: ignore[arg-type]
+        except (AssertionError, TypeError, ValueError, IndexError):
+            continue  # an input shape left open: no estimate for this node
+    return total
+
+
+def _bound_inputs(
+    node: onnx.NodeProto, body: onnx.GraphProto, shapes: Mapping[str, Shape]
+) -> dict[str, Shape]:
+    """Shapes of a Loop's or Scan's body inputs, from the node inputs they are bound to."""
+    names = [i.name for i in body.input]
+    if node.op_type == "Loop":  # body (iteration, cond, carried...) <- node (M, cond, carried...)
+        pairs = list(zip(names[2:], node.input[2:]))
+        return {b: shapes[t] for b, t in pairs if t in shapes}
+    if node.op_type != "Scan":
+        return {}
+    n_scan = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
+    n_state = len(node.input) - n_scan
+    out = {b: shapes[t] for b, t in zip(names[:n_state], node.input[:n_state]) if t in shapes}
+    for b, t in zip(names[n_state:], node.input[n_state:]):
+        if shapes.get(t):
+            out[b] = shapes[t][1:]  # one slice along the scan axis (0 unless scan_input_axes says)
+    return out
+
+
+def control_flow_flops(node: onnx.NodeProto, shapes: Mapping[str, Shape], trips: int) -> int:
+    """FLOPs of an If (its costlier branch), or a Loop or Scan (its body times ``trips``).
+
+    Args:
+        shapes: Static shapes of the enclosing scope's tensors.
+        trips: Iterations of a Loop or Scan, where known (else 1).
+    """
+    per_graph = [_graph_flops(g, {**shapes, **_bound_inputs(node, g, shapes)}) for g in subgraphs(node)]
+    if not per_graph:
+        return 0
+    if node.op_type == "If":
+        return max(per_graph)
+    return sum(per_graph) * max(trips, 1)

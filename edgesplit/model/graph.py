@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import onnx
 
 
@@ -36,11 +38,14 @@ class Node:
         op_type: ONNX op type.
         domain: ONNX domain ('' for the default domain).
         inputs: Names of the tensors read, weights included; optional inputs left out are dropped.
+            A control-flow node (If, Loop, Scan) also lists the outer-scope tensors its subgraphs
+            read, after its own inputs: to every later stage it is one atomic node.
         outputs: Names of the tensors written.
         flops: Floating-point (or integer) operations, multiply-add counted as 2.
         bytes_read: Bytes of all inputs, weights included.
         bytes_written: Bytes of all outputs.
         weight_nbytes: Bytes of the initializers this node reads.
+        outer_inputs: The outer-scope tensors among ``inputs`` (read by subgraphs only).
     """
 
     name: str
@@ -52,6 +57,7 @@ class Node:
     bytes_read: int
     bytes_written: int
     weight_nbytes: int
+    outer_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,10 @@ class ModelGraph:
     Invariants: ``nodes`` are in topological order with unique names; every tensor a node
     reads or writes is in ``tensors`` with a static shape; ``model`` is the simplified ONNX
     model whose node names equal ``nodes[i].name`` (later stages split and compile it).
+
+    ``notes`` say what loading changed (an opset upgrade, folding skipped); ``sample_inputs``
+    are input values the shapes were found with (inputs whose values decide shapes), to be used
+    wherever the model is run on made-up data.
     """
 
     path: str
@@ -70,6 +80,8 @@ class ModelGraph:
     tensors: dict[str, TensorInfo] = field(repr=False)
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    sample_inputs: Mapping[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:

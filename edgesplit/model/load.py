@@ -1,34 +1,48 @@
 """Load, validate and simplify an ONNX model into a :class:`ModelGraph`.
 
 Validation runs before anything else and reports every problem at once (garbage bytes, an
-unknown op or domain, a dangling input, a cycle, dynamic dimensions without a shape, a model over
-the size limit). Then onnxslim folds shape computations for the fixed input shapes, shape
-inference gives every tensor a static shape, and every node gets a unique, stable name.
+unknown op, domain or opset, a dangling input, a cycle, dynamic or zero-size dimensions, inputs
+that are not numbers or too large to allocate, a model over the size limit with its external
+data). Models older than opset 7 are upgraded with onnx's version converter. Then onnxslim
+folds shape computations for the fixed input shapes, shape inference gives every tensor a static
+shape (or one run of ONNX Runtime does, on the sample inputs for shapes that depend on input
+values), ORT confirms it can run the result, and every node gets a unique, stable name.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
-from collections import deque
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from edgesplit.errors import ModelLoadError
-from edgesplit.model.flops import count_flops
-from edgesplit.model.graph import ModelGraph, Node, TensorInfo
+from edgesplit.model.graph import ModelGraph
+from edgesplit.model.read import first_line, read_model
+from edgesplit.model.scope import all_inputs
+from edgesplit.model.shapes import build_graph, check_sizes, value_infos
+from edgesplit.model.validate import quiet_ort, structure_problems, value_problems
 
 DEFAULT_MAX_MODEL_MB = 1024.0
-"""Models over this size are refused: past it, protobuf and a phone's memory both struggle."""
+"""Models over this size (external data included) are refused: past it, protobuf and a phone's
+memory both struggle."""
 
-_KNOWN_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
+DEFAULT_MAX_TENSOR_MB = 4096.0
+"""Inputs and intermediate tensors over this size are refused before anything allocates them."""
+
+UPGRADE_BELOW_OPSET = 7
+"""Models of an older default-domain opset are upgraded first: ONNX Runtime guarantees opset 7
+and up, and onnxslim cannot import older models."""
+
+UPGRADE_TO_OPSET = 13
+
+_ASSERTION = re.compile(r"^\S+:\d+: \w+: Assertion `.*?` failed: ")
 
 
 def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -50,168 +64,105 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def parse_input_values(specs: Sequence[str]) -> dict[str, np.ndarray]:
+    """Parse ``NAME=FILE.npy`` strings (the CLI's ``--input``) into sample input values."""
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise ModelLoadError("--input", f"'{spec}' is not NAME=FILE.npy")
+        try:
+            out[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise ModelLoadError(file, f"cannot read a .npy array ({first_line(e)})") from e
+    return out
+
+
 def load_model(
     path: str | os.PathLike,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     *,
+    input_values: Mapping[str, np.ndarray] | None = None,
     max_model_mb: float = DEFAULT_MAX_MODEL_MB,
+    max_tensor_mb: float = DEFAULT_MAX_TENSOR_MB,
 ) -> ModelGraph:
     """Load an ONNX model with static shapes and per-node costs.
 
     Args:
         path: The ``.onnx`` file.
         input_shapes: Shapes for inputs with dynamic dimensions, e.g. ``{"x": (1, 3, 224, 224)}``.
-        max_model_mb: Refuse files larger than this.
+        input_values: Sample values for inputs whose values decide shapes (an ``Expand`` whose
+            shape is an input); their shapes count as given shapes.
+        max_model_mb: Refuse models larger than this, external data included.
+        max_tensor_mb: Refuse inputs and intermediate tensors larger than this.
 
     Raises:
         ModelLoadError: naming the file and listing every problem found.
     """
     path = Path(path)
+    where = str(path)
+    values = {k: np.asarray(v) for k, v in (input_values or {}).items()}
     shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
-    model, sha256 = _read(path, max_model_mb)
-    problems = _structure_problems(model, shapes)
+    model, sha256 = read_model(path, max_model_mb)
+    problems = value_problems(model, values, shapes)
+    shapes.update({k: tuple(v.shape) for k, v in values.items() if k not in shapes})
+    problems += structure_problems(model, shapes, max_tensor_mb)
     if problems:
-        raise ModelLoadError(str(path), problems)
+        raise ModelLoadError(where, problems)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(model, full_check=True)
     except Exception as e:  # noqa: BLE001 - onnx raises several types; all mean "invalid"
-        raise ModelLoadError(str(path), f"invalid model: {_first_line(e)}") from e
-    model = _simplify(path, model, shapes)
-    return _build_graph(path, sha256, model)
+        raise ModelLoadError(where, f"invalid model: {first_line(e)}") from e
+    _check_sizes_before_folding(where, model, shapes, max_tensor_mb)
+    notes: list[str] = []
+    model, not_upgraded = _upgrade(model, notes)
+    model = _simplify(where, model, shapes, cannot_fold=not_upgraded, notes=notes)
+    return build_graph(where, sha256, model, values, max_tensor_mb, tuple(notes))
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else type(e).__name__
-
-
-def _read(path: Path, max_model_mb: float) -> tuple[onnx.ModelProto, str]:
-    if not path.is_file():
-        raise ModelLoadError(str(path), "no such file")
-    size = path.stat().st_size
-    if size == 0:
-        raise ModelLoadError(str(path), "empty file")
-    if size > max_model_mb * 1e6:
-        raise ModelLoadError(
-            str(path), f"{size / 1e6:.1f} MB is over the model size limit of {max_model_mb:g} MB"
-        )
-    data = path.read_bytes()
+def _check_sizes_before_folding(
+    where: str, model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], max_tensor_mb: float
+) -> None:
+    """Tensor sizes that inference finds before folding: onnxslim would compute a huge constant
+    (a ConstantOfShape of constant shape) while folding it."""
     try:
-        model = onnx.load_model_from_string(data)
-    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
-        raise ModelLoadError(str(path), f"not an ONNX model, or truncated ({_first_line(e)})") from e
-    if model.ir_version == 0 or not model.HasField("graph") or not model.opset_import:
-        raise ModelLoadError(
-            str(path), "not an ONNX model, or truncated (no IR version, graph or opset import)"
-        )
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        try:
-            onnx.load_external_data_for_model(model, str(path.parent))
-        except Exception as e:  # noqa: BLE001
-            raise ModelLoadError(str(path), f"cannot read external weights ({_first_line(e)})") from e
-    return model, hashlib.sha256(data).hexdigest()
+        inferred = onnx.shape_inference.infer_shapes(_with_input_shapes(model, shapes), data_prop=True)
+    except Exception:  # noqa: BLE001 - strict inference after folding reports what is wrong
+        return
+    check_sizes(where, inferred, value_infos(inferred), max_tensor_mb)
 
 
-def _structure_problems(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> list[str]:
-    g = model.graph
-    problems: list[str] = []
-    opsets = {o.domain: o.version for o in model.opset_import}
-    for domain in opsets:
-        if domain not in _KNOWN_DOMAINS:
-            problems.append(f"unknown domain '{domain}'")
-    unknown: dict[str, None] = {}
-    for node in g.node:
-        if node.domain not in _KNOWN_DOMAINS:
-            if node.domain in opsets:
-                continue  # reported once above
-            unknown[f"unknown domain '{node.domain}' (op {node.op_type})"] = None
-        elif node.domain != "com.microsoft" and not onnx.defs.has(node.op_type, node.domain):
-            unknown[
-                f"unknown op '{node.op_type}'" + (f" in domain '{node.domain}'" if node.domain else "")
-            ] = None
-    problems.extend(unknown)
-
-    weights = {t.name for t in g.initializer}
-    available = {i.name for i in g.input} | weights | {"", *(o for n in g.node for o in n.output)}
-    for i, node in enumerate(g.node):
-        for t in node.input:
-            if t not in available:
-                problems.append(
-                    f"node '{node.name or f'#{i}'}' ({node.op_type}) reads '{t}', which nothing produces"
-                )
-    produced = {o for n in g.node for o in n.output} | {i.name for i in g.input} | weights
-    for out in g.output:
-        if out.name not in produced:
-            problems.append(f"graph output '{out.name}' is never produced")
-    cyclic = _cycle_nodes(g)
-    if cyclic:
-        shown = ", ".join(cyclic[:5]) + (" ..." if len(cyclic) > 5 else "")
-        problems.append(f"the graph has a cycle through {len(cyclic)} nodes ({shown})")
-
-    graph_inputs = {i.name: i for i in g.input if i.name not in weights}
-    for name in shapes:
-        if name not in graph_inputs:
-            problems.append(f"--input-shape names '{name}', not an input (inputs: {', '.join(graph_inputs)})")
-    for name, vi in graph_inputs.items():
-        if not vi.type.HasField("tensor_type"):
-            problems.append(f"input '{name}' is not a tensor")
-            continue
-        dims = [
-            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
-            for d in vi.type.tensor_type.shape.dim
-        ]
-        if name in shapes:
-            given = shapes[name]
-            fixed_mismatch = len(given) == len(dims) and any(
-                isinstance(d, int) and d != s for d, s in zip(dims, given)
-            )
-            if vi.type.tensor_type.HasField("shape") and (len(given) != len(dims) or fixed_mismatch):
-                problems.append(
-                    f"--input-shape {name}={','.join(map(str, given))} does not fit its shape {dims}"
-                )
-        elif not vi.type.tensor_type.HasField("shape"):
-            problems.append(f"input '{name}' has no shape; pass --input-shape {name}=D1,D2,...")
-        elif any(not isinstance(d, int) for d in dims):
-            example = ",".join(str(d) if isinstance(d, int) else "N" for d in dims)
-            problems.append(
-                f"input '{name}' has dynamic dimensions {dims}; pass --input-shape {name}={example}"
-            )
-    return problems
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
-def _cycle_nodes(g: onnx.GraphProto) -> list[str]:
-    """Names of nodes that can never run because they wait on themselves (Kahn's algorithm)."""
+def _upgrade(model: onnx.ModelProto, notes: list[str]) -> tuple[onnx.ModelProto, str | None]:
+    """Upgrade an old-opset model; returns (model, why the upgrade failed or None)."""
+    opset = _default_opset(model)
+    if opset is None or opset >= UPGRADE_BELOW_OPSET:
+        return model, None
+    from onnx import version_converter
+
+    try:
+        new = version_converter.convert_version(model, UPGRADE_TO_OPSET)
+        onnx.checker.check_model(new)
+    except Exception as e:  # noqa: BLE001 - the converter raises bare errors per adapter
+        no_schema = sorted({n.op_type for n in model.graph.node if not onnx.defs.has(n.op_type, n.domain)})
+        why = f"no onnx schema for {', '.join(no_schema)}" if no_schema else _ASSERTION.sub("", first_line(e))
+        return model, f"opset {opset} could not be upgraded to {UPGRADE_TO_OPSET} ({why})"
+    weights = {t.name for t in new.graph.initializer}
+    keep = [i for i in new.graph.input if i.name not in weights]  # IR < 4 listed weights as inputs
+    del new.graph.input[:]
+    new.graph.input.extend(keep)
+    new.ir_version = max(new.ir_version, onnx.helper.find_min_ir_version_for(list(new.opset_import)))
+    notes.append(f"upgraded from opset {opset} to {UPGRADE_TO_OPSET} with onnx.version_converter")
+    return new, None
+
+
+def topological(g: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes in an order where every node follows what it reads (outer-scope reads included)."""
     producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
-    deps = [{producer[t] for t in n.input if t in producer} for n in g.node]
-    users: list[list[int]] = [[] for _ in g.node]
-    for i, ds in enumerate(deps):
-        for d in ds:
-            users[d].append(i)
-    missing = [len(ds) for ds in deps]
-    ready = deque(i for i, m in enumerate(missing) if m == 0)
-    done = 0
-    while ready:
-        i = ready.popleft()
-        done += 1
-        for u in users[i]:
-            missing[u] -= 1
-            if missing[u] == 0:
-                ready.append(u)
-    stuck = {i for i, m in enumerate(missing) if m > 0}
-    # Drop the nodes that only wait on the cycle (no stuck user) to name the cycle itself.
-    changed = True
-    while changed:
-        changed = False
-        for i in list(stuck):
-            if not any(u in stuck for u in users[i]):
-                stuck.discard(i)
-                changed = True
-    return [g.node[i].name or f"#{i}" for i in sorted(stuck)]
-
-
-def _topological(g: onnx.GraphProto) -> list[onnx.NodeProto]:
-    producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
-    deps = [sorted({producer[t] for t in n.input if t in producer}) for n in g.node]
+    deps = [sorted({producer[t] for t in all_inputs(n) if t in producer}) for n in g.node]
     order: list[int] = []
     state = [0] * len(g.node)  # 0 new, 1 on stack, 2 done; iterative DFS keeps file order where it can
     for root in range(len(g.node)):
@@ -232,31 +183,14 @@ def _topological(g: onnx.GraphProto) -> list[onnx.NodeProto]:
     return [g.node[i] for i in order]
 
 
-def _simplify(path: Path, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
-    import onnxslim
-
-    sorted_nodes = _topological(model.graph)
-    del model.graph.node[:]
-    model.graph.node.extend(sorted_nodes)
-    _name_nodes(model.graph)
-    spec = [f"{k}:{','.join(map(str, v))}" for k, v in shapes.items()]
-    logging.getLogger("onnxslim").setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            slim = onnxslim.slim(model, input_shapes=spec or None)
-    except Exception as e:  # noqa: BLE001 - onnxslim raises bare Exceptions
-        raise ModelLoadError(str(path), f"cannot fold shape computations ({_first_line(e)})") from e
-    if slim is None:
-        raise ModelLoadError(str(path), "onnxslim returned no model")
-    try:
-        slim = onnx.shape_inference.infer_shapes(slim, data_prop=True)
-    except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(str(path), f"shape inference failed ({_first_line(e)})") from e
-    _name_nodes(slim.graph)
-    return slim
+def _sort_and_name(g: onnx.GraphProto) -> None:
+    nodes = topological(g)
+    del g.node[:]
+    g.node.extend(nodes)
+    name_nodes(g)
 
 
-def _name_nodes(g: onnx.GraphProto) -> None:
+def name_nodes(g: onnx.GraphProto) -> None:
     """Give every node a unique, stable name: its own where unique, else ``<OpType>_<index>``."""
     seen: set[str] = set()
     for i, node in enumerate(g.node):
@@ -267,103 +201,99 @@ def _name_nodes(g: onnx.GraphProto) -> None:
         node.name = name
 
 
-def _value_infos(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...] | None, int]]:
-    g = model.graph
-    out: dict[str, tuple[tuple[int, ...] | None, int]] = {}
-    for vi in [*g.input, *g.value_info, *g.output]:
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim]
-        static = tt.HasField("shape") and all(d is not None for d in dims)
-        out[vi.name] = (tuple(dims) if static else None, tt.elem_type)  # type: ignore[arg-type]
-    for t in g.initializer:
-        out[t.name] = (tuple(t.dims), t.data_type)
-    return out
+def _simplify(
+    where: str,
+    model: onnx.ModelProto,
+    shapes: dict[str, tuple[int, ...]],
+    *,
+    cannot_fold: str | None,
+    notes: list[str],
+) -> onnx.ModelProto:
+    """Fold shape computations with onnxslim; or, where there is nothing to fold, fix the input
+    shapes and leave the graph as it is (onnxslim failed or could not take it, or it is too big
+    for onnxslim to be worth its time)."""
+    _sort_and_name(model.graph)
+    slim = None
+    if cannot_fold is not None:
+        if not _nothing_to_fold(model):
+            raise ModelLoadError(where, f"{cannot_fold}, and it has shape computations to fold")
+        notes.append(f"{cannot_fold}; loaded without folding (nothing to fold)")
+    elif _too_big_for_onnxslim(model.graph) and _nothing_to_fold(model):
+        notes.append(f"not simplified: nothing to fold in {len(model.graph.node)} nodes")
+    else:
+        slim = _slim(where, model, shapes, notes)
+    if slim is None:
+        slim = _with_input_shapes(model, shapes)
+    try:
+        slim = onnx.shape_inference.infer_shapes(slim, strict_mode=True, data_prop=True)
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(where, f"shape inference failed ({first_line(e)})") from e
+    _sort_and_name(slim.graph)
+    return slim
 
 
-def _shapes_by_running(model: onnx.ModelProto, names: list[str]) -> dict[str, tuple[tuple[int, ...], int]]:
-    """Shapes that inference could not find (data-dependent ops), read off one ORT run."""
-    import onnxruntime as ort
+def _slim(
+    where: str, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], notes: list[str]
+) -> onnx.ModelProto | None:
+    """onnxslim's result, or None where it fails on a model with nothing to fold."""
+    import onnxslim
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    existing = {o.name for o in probe.graph.output}
-    for name in names:
-        if name not in existing:
-            probe.graph.output.append(helper.make_empty_tensor_value_info(name))
-    from edgesplit.cpu import ort_session_options
-
-    so = ort_session_options(None, None, graph_optimization_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    sess = ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    weights = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for vi in model.graph.input:
-        if vi.name in weights:
-            continue
-        tt = vi.type.tensor_type
-        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        shape = [d.dim_value for d in tt.shape.dim]
-        feeds[vi.name] = np.random.default_rng(0).random(shape).astype(dtype)
-    results = sess.run(names, feeds)
-    out = {}
-    for name, value in zip(names, results):
-        arr = np.asarray(value)
-        out[name] = (tuple(arr.shape), helper.np_dtype_to_tensor_dtype(arr.dtype))
-    return out
+    spec = [f"{k}:{','.join(map(str, v))}" for k, v in shapes.items()]
+    logging.getLogger("onnxslim").setLevel(logging.ERROR)
+    given = onnx.ModelProto()
+    given.CopyFrom(model)  # onnxslim changes the model it is given
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), quiet_ort():
+            slim = onnxslim.slim(given, input_shapes=spec or None)
+        if slim is None:
+            raise RuntimeError("onnxslim returned no model")
+    except Exception as e:  # noqa: BLE001 - onnxslim raises bare Exceptions
+        if not _nothing_to_fold(model):
+            raise ModelLoadError(where, f"cannot fold shape computations ({first_line(e)})") from e
+        notes.append(f"onnxslim failed ({first_line(e)}); loaded without folding (nothing to fold)")
+        return None
+    return slim
 
 
-def _build_graph(path: Path, sha256: str, model: onnx.ModelProto) -> ModelGraph:
-    g = model.graph
-    infos = _value_infos(model)
-    needed = {t for n in g.node for t in [*n.input, *n.output] if t}
-    missing = sorted(t for t in needed if infos.get(t, (None, 0))[0] is None)
-    if missing:
-        try:
-            infos.update(_shapes_by_running(model, missing))
-        except Exception as e:  # noqa: BLE001
-            shown = ", ".join(missing[:5])
-            raise ModelLoadError(
-                str(path), f"no static shape for {len(missing)} tensors ({shown}) ({_first_line(e)})"
-            ) from e
-    weights = {t.name for t in g.initializer}
-    tensors: dict[str, TensorInfo] = {}
-    for name in sorted(needed | {i.name for i in g.input} | {o.name for o in g.output}):
-        shape, elem = infos[name]
-        assert shape is not None
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem)) if elem else np.dtype("float32")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        tensors[name] = TensorInfo(name, tuple(shape), dtype.name, nbytes, name in weights)
+# onnxslim spends about 8 ms per node here (10,000 nodes: 80 s, on a shared machine) and is
+# quadratic in a tensor's consumers; past these sizes a graph with nothing to fold skips it.
+_ONNXSLIM_MAX_NODES = 2000
+_ONNXSLIM_MAX_FAN = 1000
 
-    nodes = []
+
+def _too_big_for_onnxslim(g: onnx.GraphProto) -> bool:
+    if len(g.node) > _ONNXSLIM_MAX_NODES:
+        return True
+    fan: dict[str, int] = {}
     for n in g.node:
-        ins = [t for t in n.input if t]
-        outs = [t for t in n.output if t]
-        in_shapes = [tensors[t].shape if t else None for t in n.input]
-        out_shapes = [tensors[t].shape for t in outs]
-        try:
-            flops = count_flops(n, in_shapes, out_shapes)
-        except Exception as e:  # noqa: BLE001 - a malformed node's shapes; say which
-            raise ModelLoadError(str(path), f"node '{n.name}' ({n.op_type}): cannot count FLOPs ({e})") from e
-        nodes.append(
-            Node(
-                name=n.name,
-                op_type=n.op_type,
-                domain=n.domain,
-                inputs=tuple(ins),
-                outputs=tuple(outs),
-                flops=flops,
-                bytes_read=sum(tensors[t].nbytes for t in ins),
-                bytes_written=sum(tensors[t].nbytes for t in outs),
-                weight_nbytes=sum(tensors[t].nbytes for t in dict.fromkeys(ins) if t in weights),
-            )
-        )
-    return ModelGraph(
-        path=str(path),
-        sha256=sha256,
-        model=model,
-        nodes=tuple(nodes),
-        tensors=tensors,
-        inputs=tuple(i.name for i in g.input if i.name not in weights),
-        outputs=tuple(o.name for o in g.output),
-    )
+        if len(n.input) > _ONNXSLIM_MAX_FAN:
+            return True
+        for t in n.input:
+            fan[t] = fan.get(t, 0) + 1
+    return any(c > _ONNXSLIM_MAX_FAN for c in fan.values())
+
+
+def _with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for vi in out.graph.input:
+        if vi.name in shapes:
+            dims = vi.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[vi.name]:
+                dims.add().dim_value = int(d)
+    return out
+
+
+def _nothing_to_fold(model: onnx.ModelProto) -> bool:
+    """True when no node reads shapes (Shape, Size) or computes from constants alone: folding
+    would not change the graph. (Shapes inference cannot find come from one ORT run later.)"""
+    g = model.graph
+    constants = {t.name for t in g.initializer} | {
+        o for n in g.node if n.op_type == "Constant" for o in n.output
+    }
+    for n in g.node:
+        ins = [t for t in all_inputs(n) if t]
+        if n.op_type in ("Shape", "Size") or (n.op_type != "Constant" and ins and set(ins) <= constants):
+            return False
+    return True

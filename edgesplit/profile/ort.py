@@ -9,6 +9,7 @@ is shared among the nodes it covers in proportion to their roofline cost.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import tempfile
@@ -24,6 +25,7 @@ from edgesplit.cpu import configure_thread, ort_session_options
 from edgesplit.device import Backend, Processor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
+from edgesplit.model.scope import all_inputs
 from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
 from edgesplit.throttle import busy_call
@@ -70,8 +72,8 @@ def _regions(optimized: onnx.GraphProto, known: set[str]) -> list[list[int]]:
 
     producer = {t: i for i, n in enumerate(optimized.node) for t in n.output if t}
     for i, n in enumerate(optimized.node):
-        for t in n.input:
-            if t and t not in known and t in producer:
+        for t in all_inputs(n):
+            if t not in known and t in producer:
                 parent[find(i)] = find(producer[t])
     groups: dict[int, list[int]] = {}
     for i in range(len(optimized.node)):
@@ -101,22 +103,56 @@ def map_regions(graph: ModelGraph, optimized: onnx.GraphProto) -> list[tuple[lis
     for region in _regions(optimized, known):
         names = [optimized.node[i].name for i in region]
         produced = {t for i in region for t in optimized.node[i].output if t}
-        consumed = {t for i in region for t in optimized.node[i].input if t}
+        # a control-flow node's subgraphs read outer tensors: they bound its region too
+        consumed = {t for i in region for t in all_inputs(optimized.node[i])}
         outs = {t for t in produced if t in known}
         ins = {t for t in consumed - produced if t in known}
         out.append((names, sorted(_covered(graph, outs, ins))))
     return out
 
 
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+
+
 def _kernel_times(trace_path: str) -> dict[str, list[float]]:
-    """Per-kernel durations in ms, in run order, from ORT's Chrome-trace profile."""
+    """Per-kernel durations in ms, in run order, from ORT's Chrome-trace profile.
+
+    ORT reports the kernels of If, Loop and Scan subgraphs as events of their own, nested in
+    time inside the control-flow node's event, whose duration already covers them: they are
+    left out, so a subgraph's time counts once, for its control-flow node.
+    """
     events = json.loads(Path(trace_path).read_text())
+    kernels = [
+        ev for ev in events if ev.get("cat") == "Node" and str(ev.get("name", "")).endswith("_kernel_time")
+    ]
+    spans: dict[object, list[tuple[float, float]]] = {}
+    for ev in kernels:
+        if ev.get("args", {}).get("op_name") in CONTROL_FLOW_OPS:
+            spans.setdefault(ev.get("tid"), []).append((ev["ts"], ev["ts"] + ev["dur"]))
+    merged = {tid: _merge(v) for tid, v in spans.items()}
     times: dict[str, list[float]] = {}
-    for ev in events:
-        if ev.get("cat") != "Node" or not ev.get("name", "").endswith("_kernel_time"):
-            continue
+    for ev in kernels:
+        start, end = ev["ts"], ev["ts"] + ev["dur"]
+        outer = merged.get(ev.get("tid"))
+        if outer:
+            k = bisect.bisect_right(outer[0], start) - 1
+            if k >= 0 and end <= outer[1][k] and (start, end) != (outer[0][k], outer[1][k]):
+                continue  # a kernel inside a control-flow node's subgraph
         times.setdefault(ev["name"][: -len("_kernel_time")], []).append(ev["dur"] / 1e3)
     return times
+
+
+def _merge(spans: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """Disjoint (starts, ends) covering the spans: nested control flow lies inside its parent."""
+    starts: list[float] = []
+    ends: list[float] = []
+    for a, b in sorted(spans):
+        if ends and a <= ends[-1]:
+            ends[-1] = max(ends[-1], b)
+        else:
+            starts.append(a)
+            ends.append(b)
+    return starts, ends
 
 
 def profile_ort(

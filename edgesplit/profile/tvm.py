@@ -1,9 +1,10 @@
 """Profile a model on Apache TVM (Relax VM, untuned), node by node.
 
 TVM's VM reports fused function names, not ONNX nodes (DESIGN.md), so each node is extracted
-as a one-node model (onnx.utils.Extractor), imported, compiled for the processor's target and
-timed. Nodes with the same op, attributes and shapes share one measurement. The whole model is
-compiled and timed too; where TVM cannot import it, the profile says why.
+as a one-node model (with the outer-scope tensors a control-flow node's subgraphs read),
+imported, compiled for the processor's target and timed. Nodes with the same op, attributes and
+shapes share one measurement. The whole model is compiled and timed too; where TVM cannot import
+it, the profile says why.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 import onnx
 
 from edgesplit.device import Backend, Processor
+from edgesplit.model.extract import PartExtractor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph, Node
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
@@ -114,7 +116,7 @@ def profile_tvm(
     else:
         note = f"TVM cannot run {len(cant)} nodes ({', '.join(sorted({n.op_type for n in cant}))})"
 
-    extractor = onnx.utils.Extractor(graph.model)
+    extractor = PartExtractor(graph)  # follows control-flow subgraphs' outer-scope reads
     protos = {p.name: p for p in graph.model.graph.node}
     cache: dict[str, NodeCost | str] = {}
     todo = [n for n in graph.nodes if n.name not in unsupported]
@@ -156,9 +158,13 @@ def _measure_node(
 
     acts = [t for t in dict.fromkeys(node.inputs) if not graph.tensors[t].is_weight]
     try:
-        sub = extractor.extract_model(acts, list(node.outputs))
+        sub = extractor.extract(acts, list(node.outputs), node.name)
         vm, dev = build_vm(sub, target)
-        samples = time_vm(vm, dev, [random_tensor(graph.tensors[t], rng) for t in acts], runs)
+        arrays = [
+            graph.sample_inputs[t] if t in graph.sample_inputs else random_tensor(graph.tensors[t], rng)
+            for t in acts
+        ]
+        samples = time_vm(vm, dev, arrays, runs)
     except Exception as e:  # noqa: BLE001
         return f"TVM cannot import or compile {node.op_type}: {_first_line(e)}"
     med, p90 = float(np.median(samples)), float(np.percentile(samples, 90))

@@ -1,0 +1,269 @@
+"""Static shapes for every tensor, and the :class:`ModelGraph` built from them.
+
+Shape inference gives most shapes. Tensors it leaves open (data-dependent ops, shapes computed
+from input values) get theirs from one ONNX Runtime run: on the sample values given for inputs
+whose values decide shapes, else a clear error names those inputs. Every tensor is checked
+against the size limit before anything allocates it, and must hold numbers or bools.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from edgesplit.errors import ModelLoadError
+from edgesplit.model.flops import control_flow_flops, count_flops
+from edgesplit.model.graph import ModelGraph, Node, TensorInfo
+from edgesplit.model.scope import all_inputs
+from edgesplit.model.validate import FEEDABLE_TYPES, human_bytes, ort_message, ort_session, type_name
+
+Infos = dict[str, tuple[tuple[int, ...] | None, int]]
+
+PROBE_TIMEOUT_S = 60.0
+"""The one run that finds data-dependent shapes is stopped after this long (ORT's terminate flag)."""
+
+
+def value_infos(model: onnx.ModelProto) -> Infos:
+    """Tensor name -> (static shape or None, element type), from the top-level graph."""
+    g = model.graph
+    out: Infos = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim]
+        static = tt.HasField("shape") and all(d is not None for d in dims)
+        out[vi.name] = (tuple(dims) if static else None, tt.elem_type)  # type: ignore[arg-type]
+    for t in g.initializer:
+        out[t.name] = (tuple(t.dims), t.data_type)
+    return out
+
+
+def _needed(g: onnx.GraphProto) -> set[str]:
+    return {t for n in g.node for t in [*all_inputs(n), *n.output] if t} | {o.name for o in g.output}
+
+
+def missing_shapes(model: onnx.ModelProto) -> list[str]:
+    """Tensors the top-level nodes read or write whose shape inference left open."""
+    infos = value_infos(model)
+    return sorted(t for t in _needed(model.graph) if infos.get(t, (None, 0))[0] is None)
+
+
+def check_sizes(where: str, model: onnx.ModelProto, infos: Infos, max_tensor_mb: float) -> None:
+    """Refuse the first tensor of a known shape over the size limit, naming the node writing it."""
+    weights = {t.name for t in model.graph.initializer}
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    for name, (shape, elem) in infos.items():
+        if shape is None or name in weights:
+            continue
+        try:
+            itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(elem)).itemsize if elem else 4
+        except Exception:  # noqa: BLE001 - unknown element type: refused later, by type
+            itemsize = 1
+        nbytes = math.prod(shape) * itemsize
+        if nbytes > max_tensor_mb * 1e6:
+            by = f" (written by node '{producer[name]}')" if name in producer else ""
+            raise ModelLoadError(
+                where,
+                f"tensor '{name}'{by} of shape {list(shape)} needs {human_bytes(nbytes)}, over the tensor "
+                f"size limit of {max_tensor_mb:g} MB",
+            )
+
+
+def _value_dependent_inputs(
+    model: onnx.ModelProto, missing: list[str], have: Mapping[str, object]
+) -> list[str]:
+    """Integer or bool graph inputs (without sample values) upstream of the tensors left open."""
+    g = model.graph
+    weights = {t.name for t in g.initializer}
+    inputs = {i.name: i for i in g.input if i.name not in weights}
+    producer = {o: n for n in g.node for o in n.output if o}
+    seen: set[str] = set()
+    stack = list(missing)
+    found: dict[str, None] = {}
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in inputs:
+            elem = inputs[t].type.tensor_type.elem_type
+            if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+                if t not in have:
+                    found[t] = None
+        elif t in producer:
+            stack.extend(all_inputs(producer[t]))
+    return sorted(found)
+
+
+def _shapes_by_running(
+    where: str, model: onnx.ModelProto, names: list[str], values: Mapping[str, np.ndarray]
+) -> Infos:
+    """Shapes that inference could not find, read off one ORT run (sample values where given)."""
+    from edgesplit.model.feeds import random_tensor
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    existing = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in existing:
+            probe.graph.output.append(helper.make_empty_tensor_value_info(name))
+    sess = ort_session(where, probe)
+    weights = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in weights:
+            continue
+        tt = vi.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        info = TensorInfo(vi.name, tuple(d.dim_value for d in tt.shape.dim), dtype.name, 0)
+        feeds[vi.name] = values[vi.name] if vi.name in values else random_tensor(info, rng)
+    import onnxruntime as ort
+
+    stop = ort.RunOptions()
+    timer = threading.Timer(PROBE_TIMEOUT_S, lambda: setattr(stop, "terminate", True))
+    timer.start()
+    try:
+        results = sess.run(names, feeds, stop)
+    except Exception as e:  # noqa: BLE001 - ORT's run errors, MemoryError included
+        shown = ", ".join(names[:5])
+        why = (
+            f"it ran over {PROBE_TIMEOUT_S:g} s and was stopped (a loop that does not end?)"
+            if stop.terminate
+            else ort_message(e)
+        )
+        raise ModelLoadError(
+            where, f"no static shape for {len(names)} tensors ({shown}): one run failed ({why})"
+        ) from e
+    finally:
+        timer.cancel()
+    out: Infos = {}
+    for name, value in zip(names, results):
+        arr = np.asarray(value)
+        elem = helper.np_dtype_to_tensor_dtype(arr.dtype) if arr.dtype != object else onnx.TensorProto.STRING
+        out[name] = (tuple(arr.shape), elem)
+    return out
+
+
+def _complete(
+    where: str, model: onnx.ModelProto, values: Mapping[str, np.ndarray], max_tensor_mb: float
+) -> Infos:
+    infos = value_infos(model)
+    check_sizes(where, model, infos, max_tensor_mb)
+    missing = sorted(t for t in _needed(model.graph) if infos.get(t, (None, 0))[0] is None)
+    if not missing:
+        ort_session(where, model)  # the last word: ORT can run what we will split
+        return infos
+    waiting = _value_dependent_inputs(model, missing, values)
+    if waiting:
+        shown = ", ".join(missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise ModelLoadError(
+            where,
+            (
+                f"the shapes of {len(missing)} tensors ({shown}) depend"
+                if len(missing) > 1
+                else f"the shape of {shown} depends"
+            )
+            + " on the values of input "
+            + ", ".join(f"'{n}'" for n in waiting)
+            + "; give sample values (--input "
+            + " --input ".join(f"{n}=FILE.npy" for n in waiting)
+            + ")",
+        )
+    infos.update(_shapes_by_running(where, model, missing, values))
+    check_sizes(where, model, infos, max_tensor_mb)
+    return infos
+
+
+def _tensors(where: str, model: onnx.ModelProto, infos: Infos) -> dict[str, TensorInfo]:
+    g = model.graph
+    weights = {t.name for t in g.initializer}
+    producer = {o: n.name for n in g.node for o in n.output}
+    tensors: dict[str, TensorInfo] = {}
+    bad: list[str] = []
+    for name in sorted(_needed(g) | {i.name for i in g.input}):
+        shape, elem = infos[name]
+        assert shape is not None
+        if elem and elem not in FEEDABLE_TYPES and name not in weights:
+            by = f" (written by node '{producer[name]}')" if name in producer else ""
+            bad.append(f"tensor '{name}'{by} has element type {type_name(elem)}")
+            continue
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem)) if elem else np.dtype("float32")
+        nbytes = math.prod(shape) * dtype.itemsize
+        tensors[name] = TensorInfo(name, tuple(shape), dtype.name, nbytes, name in weights)
+    if bad:
+        raise ModelLoadError(where, bad[:5] + ["edgesplit moves numeric and bool tensors only"])
+    return tensors
+
+
+def _flops(
+    node: onnx.NodeProto, tensors: dict[str, TensorInfo], consts: Mapping[str, onnx.TensorProto]
+) -> int:
+    in_shapes = [tensors[t].shape if t else None for t in node.input]
+    out_shapes = [tensors[t].shape for t in node.output if t]
+    if node.op_type not in ("If", "Loop", "Scan"):
+        return count_flops(node, in_shapes, out_shapes)
+    trips = 1
+    if node.op_type == "Loop" and node.input and node.input[0] in consts:
+        trips = int(numpy_helper.to_array(consts[node.input[0]]).reshape(-1)[0])
+    elif node.op_type == "Scan":
+        n_scan = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 1)
+        first = in_shapes[len(in_shapes) - n_scan] if n_scan else None
+        trips = first[0] if first else 1
+    shapes = {t: i.shape for t, i in tensors.items()}
+    return control_flow_flops(node, shapes, max(trips, 1))
+
+
+def build_graph(
+    where: str,
+    sha256: str,
+    model: onnx.ModelProto,
+    values: Mapping[str, np.ndarray],
+    max_tensor_mb: float,
+    notes: tuple[str, ...],
+) -> ModelGraph:
+    """The :class:`ModelGraph` of a simplified, shape-inferred model."""
+    g = model.graph
+    tensors = _tensors(where, model, _complete(where, model, values, max_tensor_mb))
+    weights = {t.name for t in g.initializer}
+    consts = {t.name: t for t in g.initializer}
+    nodes = []
+    for n in g.node:
+        ins = all_inputs(n)
+        outs = [t for t in n.output if t]
+        try:
+            flops = _flops(n, tensors, consts)
+        except Exception as e:  # noqa: BLE001 - a malformed node's shapes; say which
+            raise ModelLoadError(where, f"node '{n.name}' ({n.op_type}): cannot count FLOPs ({e})") from e
+        nodes.append(
+            Node(
+                name=n.name,
+                op_type=n.op_type,
+                domain=n.domain,
+                inputs=tuple(ins),
+                outputs=tuple(outs),
+                flops=flops,
+                bytes_read=sum(tensors[t].nbytes for t in ins),
+                bytes_written=sum(tensors[t].nbytes for t in outs),
+                weight_nbytes=sum(tensors[t].nbytes for t in ins if t in weights),
+                outer_inputs=tuple(t for t in ins if t not in n.input),
+            )
+        )
+    inputs = tuple(i.name for i in g.input if i.name not in weights)
+    return ModelGraph(
+        path=where,
+        sha256=sha256,
+        model=model,
+        nodes=tuple(nodes),
+        tensors=tensors,
+        inputs=inputs,
+        outputs=tuple(o.name for o in g.output),
+        notes=notes,
+        sample_inputs={k: v for k, v in values.items() if k in inputs},
+    )
