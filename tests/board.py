@@ -16,6 +16,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Mapping
@@ -75,13 +76,14 @@ class Board:
         ]
 
     def start(self, timeout_s: float = 120) -> None:
-        log = open(self.state.parent / f"{self.state.name}.start.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            ["bash", str(SCRIPT), "start", str(self.state), str(self.port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        log = self.state.parent / f"{self.state.name}.start.log"
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                ["bash", str(SCRIPT), "start", str(self.state), str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -94,7 +96,7 @@ class Board:
             except OSError:
                 time.sleep(0.2)
         self.stop()
-        tail = Path(log.name).read_text(errors="replace")[-2000:]
+        tail = log.read_text(errors="replace")[-2000:]
         sshd_log = self.state / "sshd.log"
         if sshd_log.exists():
             tail += sshd_log.read_text(errors="replace")[-2000:]
@@ -134,7 +136,11 @@ def build_board() -> None:
     if os.geteuid() != 0:
         pytest.skip("the emulated aarch64 board needs root (debootstrap, chroot, mounts)")
     r = subprocess.run(
-        ["bash", str(SCRIPT), "build"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+        ["bash", str(SCRIPT), "build"],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        env={**os.environ, "PYTHON": sys.executable},  # its pip, and its versions for the board
     )
     if r.returncode == CANNOT:
         pytest.skip(r.stderr.strip().splitlines()[-1])
