@@ -25,7 +25,6 @@
 # several boards can share one cache and nothing is left mounted when it stops.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-SELF="$HERE/scripts/arm64-board.sh"
 BOARD=${EDGESPLIT_BOARD_DIR:-$HOME/.cache/edgesplit/arm64-board}
 ROOT=$BOARD/root
 APT_PACKAGES=(qemu-user-static binfmt-support debootstrap openssh-client gcc-aarch64-linux-gnu)
@@ -69,6 +68,18 @@ problems() {
   grep -q '^flags:.*F' $bm/qemu-aarch64 || echo "binfmt_misc's qemu-aarch64 lacks the F flag (qemu-user-static registers it with F)"
 }
 
+# Builds replace the cache; running boards use it. A build takes the lock alone, each running
+# board shares it (its fd 9 stays open in the board's processes until they end).
+lock() {
+  mkdir -p "$(dirname "$BOARD")"
+  exec 9>>"$BOARD.lock"
+  if [ "$1" = exclusive ]; then
+    flock -w 3600 9 || die "$BOARD is in use by running boards or another build (waited an hour)"
+  else
+    flock -s -w 3600 9 || die "$BOARD is being rebuilt (waited an hour)"
+  fi
+}
+
 install_packages() {
   local need=() p
   for p in "${APT_PACKAGES[@]}"; do
@@ -96,8 +107,10 @@ constraints() {
   "$(host_python)" -m pip freeze --exclude-editable 2>/dev/null | grep -E '^[A-Za-z0-9_.-]+==' || true
 }
 
+# What the cached board was built from: the build's code (without comments, as bash prints
+# it), the wheel list and their pinned versions. Editing `start` or a comment rebuilds nothing.
 stamp() {
-  { cat "$SELF"; constraints; } | sha256sum | cut -c1-16
+  { declare -f build slim; echo "${WHEELS[*]} $PYVER"; constraints; } | sha256sum | cut -c1-16
 }
 
 build() {
@@ -105,6 +118,7 @@ build() {
   install_packages
   local why; why=$(problems fix)
   [ -z "$why" ] || cannot "this machine cannot run the board: $why"
+  lock exclusive
   local want; want=$(stamp)
   if [ "$(cat "$BOARD/stamp" 2>/dev/null)" = "$want" ] && [ -x "$ROOT/usr/bin/python3" ]; then
     say "up to date: $BOARD"
@@ -178,6 +192,7 @@ start() {
   local state=${1:?usage: arm64-board.sh start STATE_DIR [PORT]} port=${2:-2222}
   local why; why=$(problems fix)
   [ -z "$why" ] || cannot "this machine cannot run the board: $why"
+  lock shared
   [ -x "$ROOT/usr/sbin/sshd" ] || die "no board at $BOARD: run scripts/arm64-board.sh build first"
   mkdir -p "$state/tmp"
   state=$(cd "$state" && pwd)
@@ -207,12 +222,14 @@ EOF
   say "  edgesplit profile MODEL --remote root@127.0.0.1:$port --identity $state/client_ed25519 --known-hosts $state/known_hosts --device raspberry-pi5"
   # No /sys: with it, onnxruntime's cpuinfo reads the host's x86 /proc/cpuinfo as an Arm one and
   # segfaults while importing (onnxruntime 1.32, qemu 7.2); without it, it warns and runs.
-  # A private mount namespace (its mounts vanish with it) and a pid namespace whose init is the
-  # board's sshd: when it dies, every process of the board dies with it. unshare itself ignores
+  # A private mount namespace (its mounts vanish with it), its own host name, and a pid
+  # namespace whose init is the board's sshd: when it dies, every process of the board dies
+  # with it. unshare itself ignores
   # SIGINT and SIGTERM while it waits, and sshd as a namespace's init ignores SIGINT, so this
   # shell stays in front and turns Ctrl-C, SIGTERM and SIGHUP into a SIGTERM for sshd.
-  unshare --mount --propagation private --pid --fork --kill-child -- /bin/sh -euc '
+  unshare --mount --propagation private --pid --uts --fork --kill-child -- /bin/sh -euc '
     root=$1 state=$2
+    hostname arm64-board
     mount -t proc proc "$root/proc"
     mount --rbind /dev "$root/dev"
     mount -t tmpfs -o mode=755 tmpfs "$root/run"
@@ -226,13 +243,18 @@ EOF
   wait "$upid" || wait "$upid" || true
 }
 
-case "${1:-}" in
-  check)
-    why=$(problems fix)
-    [ -z "$why" ] || cannot "this machine cannot run the board: $why"
-    say "this machine can run the board ($BOARD $([ -f "$BOARD/stamp" ] && echo built || echo 'not built'))"
-    ;;
-  build) build ;;
-  start) shift; start "$@" ;;
-  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
-esac
+main() {
+  case "${1:-}" in
+    check)
+      local why; why=$(problems fix)
+      [ -z "$why" ] || cannot "this machine cannot run the board: $why"
+      say "this machine can run the board ($BOARD $([ -f "$BOARD/stamp" ] && echo built || echo 'not built'))"
+      ;;
+    build) build ;;
+    start) shift; start "$@" ;;
+    *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  esac
+}
+
+# One line, read whole before it runs: editing this file while a build runs cannot derail it.
+main "$@"; exit $?

@@ -226,7 +226,8 @@ def run_bundle(
         try:
             with client.open_sftp() as sftp:
                 sftp.putfo(io.BytesIO(_ship(bundle, feeds)), f"{d}/ship.tgz")
-                _exec(client, f"cd {q} && tar xzf ship.tgz && {BOARD_PYTHON} run.py")
+                # TMPDIR: onnxruntime leaves a .ses file there
+                _exec(client, f"cd {q} && tar xzf ship.tgz && TMPDIR={q} {BOARD_PYTHON} run.py")
                 facts = json.loads(sftp.open(f"{d}/facts.json").read())
                 outs = {}
                 for i, name in enumerate(facts["outputs"]):

@@ -86,7 +86,7 @@ def test_remote_profile_on_the_board_is_flagged_emulated(board, tmp_path):  # no
     entry = prof.entry("cpu", "ort")
     assert entry is not None and entry.source == "measured" and entry.whole_model_ms > 0
     assert set(entry.nodes) == {n.name for n in load_model(model).nodes}
-    assert prof.device == "raspberry-pi5" and prof.host == board.target
+    assert prof.device == "raspberry-pi5" and prof.host == "arm64-board"
     assert not list(board.tmp.iterdir()), "the agent left its folder on the board"
 
     opts = SshOptions(
