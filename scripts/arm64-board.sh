@@ -240,7 +240,14 @@ EOF
   ' board "$ROOT" "$state" &
   local upid=$!
   trap 'kill -TERM $(cat /proc/'"$upid"'/task/'"$upid"'/children 2>/dev/null) 2>/dev/null || true' INT TERM HUP
-  wait "$upid" || wait "$upid" || true
+  local rc=0
+  wait "$upid" || rc=$?
+  if [ "$rc" -gt 128 ] && kill -0 "$upid" 2>/dev/null; then  # a signal stopped the wait: stopping
+    wait "$upid" || true
+    rc=0
+  fi
+  if [ "$rc" != 0 ]; then tail -3 "$state/sshd.log" >&2 2>/dev/null || true; say "sshd ended (exit $rc)"; fi
+  return "$rc"
 }
 
 main() {

@@ -280,9 +280,9 @@ def emulation(root: str | os.PathLike = "/", machine: str | None = None) -> str:
     """Why this process's timings are not the hardware's, or ``""`` when it runs natively.
 
     qemu user-mode emulation (how an x86 machine runs an aarch64 root filesystem) reports the
-    guest's machine from ``uname`` but, up to qemu 8 at least, passes the host's /proc/cpuinfo
-    through; and the kernel runs the interpreter, whose file /proc/thread-self/exe names (qemu
-    rewrites /proc/self/exe, not thread-self).
+    guest's machine from ``uname`` but passes the host's /proc/cpuinfo through (qemu 7.2, as in
+    Debian bookworm); and the kernel runs qemu as the binary's interpreter, which
+    /proc/thread-self/exe names (qemu rewrites /proc/self/exe, not thread-self).
     """
     r = Path(root)
     machine = (machine or platform.machine()).lower()
