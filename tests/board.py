@@ -1,7 +1,8 @@
 """The emulated aarch64 board (``scripts/arm64-board.sh``) as a pytest fixture.
 
-The fixture builds the board when its cache is missing or stale (a few minutes, once per
-machine), then starts the board's own sshd under qemu on a free port of 127.0.0.1 with a fresh
+The fixture builds the board when its cache is missing or stale (once per machine: 9-17 minutes
+on this 2-core machine while shared, about 6 minutes of CPU time; README has the figures), then
+starts the board's own sshd under qemu on a free port of 127.0.0.1 with a fresh
 host key and client key, and stops it after the module. The board's ``/tmp`` is a host folder
 (``Board.tmp``), so a test can check that the remote agent left nothing there. A machine that
 cannot run the board at all (not root, no binfmt_misc) skips, with the script's reason.
@@ -31,7 +32,7 @@ from sshd import free_port
 
 SCRIPT = REPO / "scripts" / "arm64-board.sh"
 BOARD_PYTHON = "/usr/bin/python3"
-BUILD_TIMEOUT_S = 1800  # measured ~N min on this 2-core machine from an empty cache; see README
+BUILD_TIMEOUT_S = 1800  # 1.8x the slowest build measured here (README: "Real targets")
 CANNOT = 3  # the script's exit code for "this machine cannot run the board"
 
 
