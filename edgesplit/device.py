@@ -266,7 +266,11 @@ def _processor(name: str, d: Mapping[str, Any], source: str) -> Processor:
 
 
 def device_from_mapping(
-    data: Mapping[str, Any], source: str | os.PathLike = "<spec>", *, local: bool | None = None
+    data: Mapping[str, Any],
+    source: str | os.PathLike = "<spec>",
+    *,
+    local: bool | None = None,
+    validated: bool = False,
 ) -> DeviceSpec:
     """The one way from a spec mapping (parsed YAML, or JSON from a remote client) to a DeviceSpec.
 
@@ -277,12 +281,15 @@ def device_from_mapping(
     Args:
         source: What to name in errors (the file, or ``name (on host)``); kept as ``DeviceSpec.path``.
         local: Overrides the spec's ``local`` (the agent profiles the device it runs on).
+        validated: The mapping passed the schema already (the remote agent's spec, checked by the
+            client), so it is not checked again: a board needs no jsonschema.
 
     Raises:
         DeviceSpecError: naming ``source`` and the key at fault.
     """
     src = str(source)
-    validate(data, src)
+    if not validated:
+        validate(data, src)
     if data["kind"] == "links":
         raise DeviceSpecError(f"{src}: is a link preset file, not a device")
     data = dict(data)

@@ -29,6 +29,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # The Android demo's Java core (apps/android-demo/core/build.sh): javac and JUnit 4 + hamcrest.
   command -v javac >/dev/null || need+=(default-jdk-headless)
   [ -f /usr/share/java/junit4.jar ] && [ -f /usr/share/java/hamcrest-core.jar ] || need+=(junit4)
+  # The emulated aarch64 board (scripts/arm64-board.sh, tests/test_arm64_board.py): qemu user-mode
+  # emulation, debootstrap, and the cross compiler of its TVM parts.
+  [ -x /usr/bin/qemu-aarch64-static ] || need+=(qemu-user-static binfmt-support)
+  command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+  command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)
   if [ ${#need[@]} -gt 0 ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null 2>&1 \
       || echo "setup: could not apt-get install ${need[*]}; the tests that need them will skip" >&2

@@ -191,7 +191,9 @@ def command(
         print_summary(graph, prof, top)
         for why in skipped:
             console.print(f"note: power rail not used: {why}")
-    console.print(f"wrote {out} (energy: {prof.energy})")
+    if prof.emulated:
+        console.print(f"note: {prof.emulated}")
+    console.print(f"wrote {out} (energy: {prof.energy}{', EMULATED' if prof.emulated else ''})")
 
 
 def _remote(model, graph, remote, device, ssh, output, options, resume, quiet):

@@ -135,14 +135,14 @@ class TvmLibrary:
 
     def __init__(self, path: str | os.PathLike, target: Mapping[str, Any] | None):
         import tvm
-        from tvm import relax
+        from tvm.runtime.vm import VirtualMachine  # = relax.VirtualMachine, without the compiler
 
         lib = tvm.runtime.load_module(str(path))
         kind = (target or {}).get("kind", "llvm")
         self.device = tvm.device(kind if kind in GPU_KINDS else "cpu", 0)
         if not self.device.exist:
             raise LookupError(f"its {kind} device is not present on this machine")
-        self._vm = relax.VirtualMachine(lib, self.device)
+        self._vm = VirtualMachine(lib, self.device)
         self._tensor = tvm.runtime.tensor
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:

@@ -183,7 +183,8 @@ class Agent:
             raise ValueError(f"bad model name {name!r}")
         graph = load_model(os.path.join(self.workdir, name), msg.get("input_shapes") or {})
         spec = msg["device"]
-        device = device_from_mapping(spec, f"{spec.get('name')} (on {platform.node()})", local=True)
+        where = f"{spec.get('name')} (on {platform.node()})"
+        device = device_from_mapping(spec, where, local=True, validated=True)  # the client checked it
         options = ProfileOptions.from_json(msg.get("options") or {})
         rails = find_rails(os.environ.get("EDGESPLIT_SYSFS_ROOT", "/"))
         done = [ProcessorProfile.from_json(e) for e in msg.get("done", [])]

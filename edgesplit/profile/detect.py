@@ -261,6 +261,45 @@ def _ort() -> tuple[list[str] | None, str]:
         return None, f"onnxruntime does not import ({type(e).__name__}: {e})"
 
 
+_X86 = ("x86_64", "amd64", "i386", "i686")
+_ARM64 = ("aarch64", "arm64")
+
+
+def _cpuinfo_arch(root: Path) -> str:
+    """The architecture /proc/cpuinfo describes: ``x86``, ``arm`` or ``""`` when it does not say."""
+    blocks, extra = _cpuinfo(root)
+    keys = set(blocks[0] if blocks else extra)
+    if "vendor_id" in keys or "cpu family" in keys:
+        return "x86"
+    if "CPU implementer" in keys or "Features" in keys:
+        return "arm"
+    return ""
+
+
+def emulation(root: str | os.PathLike = "/", machine: str | None = None) -> str:
+    """Why this process's timings are not the hardware's, or ``""`` when it runs natively.
+
+    qemu user-mode emulation (how an x86 machine runs an aarch64 root filesystem) reports the
+    guest's machine from ``uname`` but passes the host's /proc/cpuinfo through (qemu 7.2, as in
+    Debian bookworm); and the kernel runs qemu as the binary's interpreter, which
+    /proc/thread-self/exe names (qemu rewrites /proc/self/exe, not thread-self).
+    """
+    r = Path(root)
+    machine = (machine or platform.machine()).lower()
+    arch = _cpuinfo_arch(r)
+    if (machine in _ARM64 and arch == "x86") or (machine in _X86 and arch == "arm"):
+        what = "an x86" if arch == "x86" else "an Arm"
+        return f"emulated: {machine} code on {what} CPU (/proc/cpuinfo); timings are not the device's"
+    if str(root) == "/":
+        try:
+            exe = os.readlink("/proc/thread-self/exe")
+        except OSError:
+            exe = ""
+        if "qemu" in os.path.basename(exe):
+            return f"emulated: {machine} code run by {exe}; timings are not the device's"
+    return ""
+
+
 def probe(root: str | os.PathLike = "/") -> dict[str, Any]:
     """Facts about the machine this runs on, files read under ``root``."""
     from edgesplit.profile.power import find_rails
@@ -275,6 +314,7 @@ def probe(root: str | os.PathLike = "/") -> dict[str, Any]:
         "hostname": platform.node() if live else "",
         "system": platform.system(),
         "machine": platform.machine(),
+        "emulated": emulation(r) if live else "",
         "python": platform.python_version(),
         "python_executable": sys.executable,
         "android": (r / "system/build.prop").exists() or "ANDROID_ROOT" in os.environ and live,

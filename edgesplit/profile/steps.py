@@ -22,6 +22,7 @@ from pathlib import Path
 
 from edgesplit.device import Backend, DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph
+from edgesplit.profile.detect import emulation
 from edgesplit.profile.power import PowerSampler, Rails, find_rails
 from edgesplit.profile.run import ProfileOptions, empty_profile, profile_pair, selected
 from edgesplit.profile.store import MEASURED, MODELLED, ProcessorProfile, Profile, load_profile
@@ -82,7 +83,10 @@ def profile_steps(
             on_entry(entry)
     measured = any(e.energy == MEASURED for e in entries)
     return dataclasses.replace(
-        empty_profile(graph, device), entries=tuple(entries), energy=MEASURED if measured else MODELLED
+        empty_profile(graph, device),
+        entries=tuple(entries),
+        energy=MEASURED if measured else MODELLED,
+        emulated=emulation(),
     )
 
 

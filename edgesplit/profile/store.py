@@ -102,6 +102,9 @@ class Profile:
 
     Invariants: ``model_sha256`` is the sha256 of the model file the profile was made from; every
     entry covers the nodes of that model by their ModelGraph names.
+
+    ``emulated`` is empty for a profile measured on the hardware itself; otherwise it says why the
+    timings are not the device's (e.g. an aarch64 board emulated by qemu on an x86 CPU).
     """
 
     model_sha256: str
@@ -113,6 +116,7 @@ class Profile:
     versions: Mapping[str, str] = field(default_factory=dict)
     host: str = ""
     created: str = ""
+    emulated: str = ""
     format_version: int = FORMAT_VERSION
 
     def entry(self, processor: str, backend: str) -> ProcessorProfile | None:
