@@ -325,6 +325,40 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout_s: float 
     raise TimeoutError(f"{url} not ready within {timeout_s} s")
 
 
+def tcp_queues(port: int) -> dict[int, tuple[int, int]]:
+    """Established loopback connections to ``port``, by client port: the bytes the client has not
+    yet sent (its send queue) and the bytes the server has not yet read (its receive queue).
+
+    Read from ``/proc/net/tcp``: (0, 0) means the server process has read every byte sent so far.
+    """
+    clients: dict[int, int] = {}
+    servers: dict[int, int] = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, queues = fields[1], fields[2], fields[3], fields[4]
+        if state != "01":  # ESTABLISHED
+            continue
+        lport, rport = int(local.split(":")[1], 16), int(remote.split(":")[1], 16)
+        tx, rx = (int(q, 16) for q in queues.split(":"))
+        if rport == port:
+            clients[lport] = tx
+        elif lport == port:
+            servers[rport] = rx
+    return {c: (tx, servers[c]) for c, tx in clients.items() if c in servers}
+
+
+def wait_read_whole(port: int, client_ports: Sequence[int], timeout_s: float = 60.0) -> None:
+    """Wait until the server on ``port`` has read every byte sent on each client connection."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        queues = tcp_queues(port)
+        if all(queues.get(c) == (0, 0) for c in client_ports):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server on port {port} has not read the requests: {queues}")
+        time.sleep(0.005)
+
+
 def free_port() -> int:
     import socket
 
