@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -101,36 +102,72 @@ def test_tvm_failure_falls_back_to_ort_and_says_why(zoo_models, tmp_path):
     assert any("runs on ORT instead" in n for n in m.notes)
 
 
-def test_missing_cross_toolchain_is_named(zoo_models, tmp_path):
-    import shutil
+ARM_SPEC = (
+    "name: arm\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: 50, mem_bandwidth_gbps: 10,"
+    " active_w: 2, idle_w: 0.1, backends: [{runtime: tvm, target: {kind: llvm,"
+    " mtriple: aarch64-linux-gnu, mattr: [+neon]}}]}\n"
+)
 
-    if shutil.which("aarch64-linux-gnu-gcc"):
-        pytest.skip("the aarch64 cross compiler is installed here")
+
+def _compile_for_arm(model, tmp_path, env=None):
+    """``edgesplit compile`` of the whole model as one TVM part for an aarch64 device."""
     spec = tmp_path / "arm.yaml"
-    spec.write_text(
-        "name: arm\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: 50, mem_bandwidth_gbps: 10,"
-        " active_w: 2, idle_w: 0.1, backends: [{runtime: tvm, target: {kind: llvm,"
-        " mtriple: aarch64-linux-gnu, mattr: [+neon]}}]}\n"
+    spec.write_text(ARM_SPEC)
+    graph = load_model(model)
+    (tmp_path / "plan.json").write_text(
+        json.dumps(contiguous_plan(graph, str(spec), [("cpu", "tvm")]).to_json())
     )
-    graph = load_model(zoo_models["tiny_dag"])
-    plan = contiguous_plan(graph, str(spec), [("cpu", "tvm")])
-    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
-    r = run_cli(
+    out = tmp_path / "b"
+    args = [
         "compile",
-        str(zoo_models["tiny_dag"]),
+        str(model),
         "--plan",
         str(tmp_path / "plan.json"),
         "-o",
-        str(tmp_path / "b"),
+        str(out),
         "--device",
         str(spec),
-    )
+    ]
+    return run_cli(*args, env=env), out
+
+
+def elf_machine(path) -> tuple[bytes, int, int]:
+    """(magic, e_type, e_machine) of a 64-bit little-endian ELF file."""
+    import struct
+
+    head = path.read_bytes()[:20]
+    assert head[4:6] == b"\x02\x01", "not a 64-bit little-endian ELF"
+    return head[:4], *struct.unpack_from("<HH", head, 16)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    __import__("shutil").which("aarch64-linux-gnu-gcc") is None,
+    reason="needs the aarch64 cross compiler (scripts/setup.sh installs gcc-aarch64-linux-gnu as root)",
+)
+def test_cross_compiled_part_is_an_aarch64_shared_object(zoo_models, tmp_path):
+    r, out = _compile_for_arm(zoo_models["tiny_dag"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    (part,) = json.loads((out / "manifest.json").read_text())["parts"]
+    assert part["backend"] == "tvm", part
+    libs = sorted(out.glob("parts/*.so"))
+    assert len(libs) == 1
+    magic, e_type, e_machine = elf_machine(libs[0])
+    assert magic == b"\x7fELF" and e_type == 3 and e_machine == 183  # ET_DYN, EM_AARCH64
+
+
+def test_missing_cross_toolchain_is_named(zoo_models, tmp_path):
+    import os
+
+    # a PATH with only this venv's bin folder: no aarch64-linux-gnu-gcc, installed or not
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    r, out = _compile_for_arm(zoo_models["tiny_dag"], tmp_path, env=env)
     assert (
         r.returncode == 1
         and "aarch64-linux-gnu-gcc" in r.stderr
         and "apt-get install gcc-aarch64-linux-gnu" in r.stderr
-    )
-    assert not (tmp_path / "b").exists()
+    ), r.stderr
+    assert not out.exists()
 
 
 @pytest.fixture

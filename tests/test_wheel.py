@@ -62,7 +62,12 @@ class Installed:
 
     def _ask(self, code: str) -> str:
         r = subprocess.run(
-            [str(self.python), "-c", code], capture_output=True, text=True, env=self.env(), cwd="/", timeout=120
+            [str(self.python), "-c", code],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd="/",
+            timeout=120,
         )
         assert r.returncode == 0, r.stderr
         return r.stdout.strip()
@@ -118,7 +123,11 @@ def test_devices_zoo_partition_profile_deploy_and_run_outside_the_checkout(insta
         "-o", "plan.json",
     )  # fmt: skip
     assert (installed.work / "plan.json").is_file()
-    installed.cli("profile", "tiny.onnx", "--backend", "ort", "--runs", "2", "--warmup", "1", "-q", "-o", "p.json")
-    installed.cli("deploy", "tiny.onnx", "--device", "host", "--profile", "p.json", "--runs", "2", "-o", "bundle")
+    installed.cli(
+        "profile", "tiny.onnx", "--backend", "ort", "--runs", "2", "--warmup", "1", "-q", "-o", "p.json"
+    )
+    installed.cli(
+        "deploy", "tiny.onnx", "--device", "host", "--profile", "p.json", "--runs", "2", "-o", "bundle"
+    )
     assert (installed.work / "bundle" / "manifest.json").is_file()
     installed.cli("run", "bundle", "--repeat", "3")

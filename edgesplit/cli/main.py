@@ -94,19 +94,24 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         abort("interrupted", 130)
     except click.UsageError as e:
-        if debug_enabled():
-            raise
+        _traceback_if_debug()
         abort(e.format_message().replace("\n", " "), 2)
     except click.ClickException as e:
         abort(e.format_message(), e.exit_code)
     except EdgesplitError as e:
-        if debug_enabled():
-            raise
+        _traceback_if_debug()
         abort(str(e).replace("\n", " "), e.exit_code)
     except KeyboardInterrupt:
         abort("interrupted", 130)
     except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback without --debug
-        if debug_enabled():
-            raise
+        _traceback_if_debug()
         abort(f"{type(e).__name__}: {e} (run with --debug for the traceback)".replace("\n", " "), 1)
     sys.exit(0)
+
+
+def _traceback_if_debug() -> None:
+    """With --debug, the traceback goes to stderr first; the exit code stays the error's own."""
+    if debug_enabled():
+        import traceback
+
+        traceback.print_exc()
