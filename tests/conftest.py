@@ -86,6 +86,18 @@ def ppocr_model(kind: str) -> Path:
 PPOCR_SHAPES = {"det": "x=1,3,640,640", "rec": "x=1,3,48,320", "cls": "x=1,3,48,192"}
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the markers true: a test that starts a real sshd (its fixtures) carries ``ssh``."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if {"sshd", "remote_tmp"} & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("ssh") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests that use tests/sshd.py need @pytest.mark.ssh: " + ", ".join(unmarked))
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real console script in a subprocess (exit codes and stderr as a user sees them)."""
     exe = Path(sys.executable).with_name("edgesplit")

@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from netlab import free_port, stop_process, wait_ready
 
+pytestmark = pytest.mark.java
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "apps" / "android-demo"
 BUILD_SH = DEMO / "core" / "build.sh"

@@ -30,6 +30,7 @@ ZOO = [
     "chain_shrink",
     "tiny_dag",
 ]
+HEAVY = {"resnet18", "googlenet", "transformer_large"}  # bundles that take seconds each
 SITES = {
     1: [("big", "ort")],
     2: [("big", "ort"), ("little", "ort")],
@@ -56,7 +57,7 @@ def zoo_models(tmp_path_factory):
     return {name: zoo.save(name, d / f"{name}.onnx") for name in ZOO}
 
 
-@pytest.mark.parametrize("name", ZOO)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in ZOO])
 def test_bundle_equals_whole_model_for_1_2_4_parts(name, zoo_models, tmp_path):
     graph = load_model(zoo_models[name])
     for n, sites in SITES.items():
@@ -68,6 +69,7 @@ def test_bundle_equals_whole_model_for_1_2_4_parts(name, zoo_models, tmp_path):
             _check_equal(sess.run(feeds), _whole(zoo_models[name], feeds))
 
 
+@pytest.mark.slow
 def test_real_ppocr_model_bundles(tmp_path):
     path = ppocr_model("det")
     graph = load_model(path, parse_input_shapes([PPOCR_SHAPES["det"]]))
@@ -265,6 +267,7 @@ def test_cli_compile_and_run(zoo_models, tmp_path):
     assert (tmp_path / "out" / "logits.npy").exists()
 
 
+@pytest.mark.slow
 def test_metaschedule_tuning_database_is_cached_and_reused(tmp_path, monkeypatch):
     """A few trials of real MetaSchedule tuning; a later build with 0 trials reuses the database."""
     import onnx
@@ -303,6 +306,7 @@ def _has_cuda_gpu() -> bool:
 @pytest.mark.skipif(
     __import__("shutil").which("nvcc") is None, reason="needs nvcc to compile for a cuda target"
 )
+@pytest.mark.slow
 def test_cuda_target_compiles(zoo_models, tmp_path):
     from edgesplit.compile.tvm_build import build_library
 

@@ -245,6 +245,7 @@ def test_every_problem_listed_at_once(tmp_path):
     assert "FancyOp" in msg and "ghost" in msg and "dynamic" in msg
 
 
+@pytest.mark.slow
 def test_cli_exits_2_with_one_line_and_no_output_file(tmp_path):
     for label, (path, text) in _bad_models(tmp_path).items():
         out = tmp_path / f"{label}.profile.json"

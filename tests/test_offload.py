@@ -138,6 +138,7 @@ def test_a_stopped_server_is_too_slow_and_the_part_falls_back(model):
         stop_process(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fallback", [True, False], ids=["fallback", "no-fallback"])
 def test_server_killed_in_the_middle_of_a_stream_of_100(model, fallback):
     bundle = model["fallback" if fallback else "nofallback"]

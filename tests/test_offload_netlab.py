@@ -29,6 +29,8 @@ from netlab import (
 
 from edgesplit.runtime.session import load
 
+pytestmark = pytest.mark.netlab
+
 # A tiny request/response server: 16-byte header (bytes up, bytes down), then the bytes up; answers
 # the bytes down. One connection carries many exchanges.
 EXCHANGE_SERVER = textwrap.dedent("""

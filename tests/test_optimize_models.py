@@ -37,6 +37,7 @@ def _plans(graph, device, server, **kw):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "googlenet", "transformer"])
 def test_plan_never_worse_than_any_baseline(graphs, snapdragon, name):
     plans = _plans(graphs[name], *snapdragon)
@@ -48,6 +49,7 @@ def test_plan_never_worse_than_any_baseline(graphs, snapdragon, name):
         assert sorted(plan.assignment) == sorted(n.name for n in graphs[name].nodes)
 
 
+@pytest.mark.slow
 def test_branchy_transformer_beats_the_best_single_cut(graphs, snapdragon):
     """The encoder's ops that the NPU lacks rule out NPU-only; mixing CPU and GPU beats any cut."""
     plans = _plans(graphs["transformer"], *snapdragon)
@@ -59,6 +61,7 @@ def test_branchy_transformer_beats_the_best_single_cut(graphs, snapdragon):
     assert wins, "the plan never strictly beats the best single cut"
 
 
+@pytest.mark.slow
 def test_branchy_googlenet_beats_the_best_single_cut_with_concurrent_branches(graphs):
     """On the Jetson (CPU + GPU) inception branches run on the CPU while the GPU runs others.
 
@@ -150,6 +153,7 @@ def test_other_objectives(graphs, snapdragon, objective):
                 assert plan.predicted["energy_mj"] <= b.energy_mj * (1 + 1e-6)
 
 
+@pytest.mark.slow
 def test_energy_under_slo_and_memory(graphs, snapdragon):
     device, server = snapdragon
     graph = graphs["googlenet"]

@@ -152,6 +152,7 @@ def test_measured_energy_is_power_times_latency(tmp_path):
         assert c.energy_mj == pytest.approx(5.0 * c.latency_ms, abs=1e-6)
 
 
+@pytest.mark.ssh
 def test_remote_profile_measures_energy_where_the_device_has_rails(sshd, remote_tmp, tmp_path):  # noqa: F811
     root = tmp_path / "fake-sysfs"
     jetson_tree(root, vdd_in_mv=5000, vdd_in_ma=1500)  # 7.5 W on the board input

@@ -70,6 +70,7 @@ def squeezenet(tmp_path_factory) -> Path:
     return zoo.save("squeezenet", tmp_path_factory.mktemp("models") / "squeezenet.onnx")
 
 
+@pytest.mark.ssh
 def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_tmp, squeezenet, tmp_path):  # noqa: F811
     out = tmp_path / "sq.json"
     part = Path(f"{out}.partial")
@@ -106,6 +107,7 @@ def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_t
     assert prof.entry("cpu", "tvm").nodes and not part.exists()
 
 
+@pytest.mark.ssh
 def test_ctrl_c_removes_the_remote_folder(sshd, remote_tmp, squeezenet, tmp_path):  # noqa: F811
     out = tmp_path / "sq.json"
     p = Cli("profile", str(squeezenet), *sshd.cli_args(remote_tmp), "--backend", "tvm", "-o", str(out))
@@ -120,6 +122,7 @@ def test_ctrl_c_removes_the_remote_folder(sshd, remote_tmp, squeezenet, tmp_path
     assert not any(remote_tmp.iterdir()), list(remote_tmp.iterdir())
 
 
+@pytest.mark.slow
 def test_local_resume_keeps_the_saved_pairs_too(tmp_path):
     from conftest import run_cli
 

@@ -221,6 +221,7 @@ def heavy_bundle(tmp_path_factory) -> Path:
     return make_bundle(model, d / "bundle", [cut], [False, True])
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_requests_in_flight(heavy_bundle):
     """Four requests the server has read whole, queued on one compute thread, all get answers."""
     proc, url = start_server(heavy_bundle, "--threads", "1")

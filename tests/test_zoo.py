@@ -94,7 +94,10 @@ def test_model_runs_in_onnxruntime(name: str):
     assert 1e-3 < float(out.std()) < 100  # neither dead nor exploding
 
 
-@pytest.mark.parametrize("name", list(EXPECTED_OUTPUTS))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n == "transformer_large" else n for n in EXPECTED_OUTPUTS],
+)
 def test_saved_model_loads_with_costs(name: str, loaded):
     graph = loaded(name)
     assert graph.total_flops > 0
