@@ -95,7 +95,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted({*globals(), *__all__, "__version__"})
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is used

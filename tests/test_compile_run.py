@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from conftest import PPOCR_SHAPES, ppocr_model, run_cli
@@ -267,17 +268,11 @@ def test_cli_compile_and_run(zoo_models, tmp_path):
     assert (tmp_path / "out" / "logits.npy").exists()
 
 
-@pytest.mark.slow
-def test_metaschedule_tuning_database_is_cached_and_reused(tmp_path, monkeypatch):
-    """A few trials of real MetaSchedule tuning; a later build with 0 trials reuses the database."""
-    import onnx
+def _matmul(path):
+    """One 16x32 @ 32x16 MatMul: the smallest model with a MetaSchedule task."""
     from conftest import make_model, rand
     from onnx import helper
 
-    from edgesplit.compile.tvm_build import build_library, tuning_dir
-    from edgesplit.hostinfo import llvm_target
-
-    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     m = make_model(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
         [("x", [16, 32])],
@@ -285,13 +280,80 @@ def test_metaschedule_tuning_database_is_cached_and_reused(tmp_path, monkeypatch
         [("w", rand(32, 16))],
     )
     onnx.checker.check_model(m)
+    onnx.save(m, path)
+    return path
+
+
+def test_a_tuning_database_is_kept_per_target_and_reused(tmp_path, monkeypatch):
+    """Builds apply the database in the target's cache folder, even with 0 trials, unless told not to."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from edgesplit.compile.tvm_build import build_library, tuning_dir
+    from edgesplit.hostinfo import llvm_target
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     target = llvm_target()
-    info = build_library(m, target, tmp_path / "a.so", tune_trials=4)
     db = tuning_dir(target)
-    assert info["tuning_database"] == str(db) and (db / "database_tuning_record.json").stat().st_size > 0
-    again = build_library(m, target, tmp_path / "b.so", tune_trials=0)
-    assert again["tuning_database"] == str(db)
+    assert db.parent == tmp_path / "cache" / "tvm-tuning"
+    assert tuning_dir({**target, "mattr": ["+neon"]}) != db  # one database per target
+    m = onnx.load(_matmul(tmp_path / "mm.onnx"))
+    assert "tuning_database" not in build_library(m, target, tmp_path / "a.so")  # none yet
+    db.mkdir(parents=True)
+    ms.database.JSONDatabase(work_dir=str(db))  # the files a tuning run leaves, as TVM writes them
+    assert build_library(m, target, tmp_path / "b.so")["tuning_database"] == str(db)
     assert "tuning_database" not in build_library(m, target, tmp_path / "c.so", use_database=False)
+    assert all((tmp_path / f"{n}.so").stat().st_size > 0 for n in "abc")
+
+
+TUNE_AND_REBUILD = """
+import json, sys
+from pathlib import Path
+import onnx
+from edgesplit.compile.tvm_build import build_library
+from edgesplit.hostinfo import llvm_target
+m, out = onnx.load(sys.argv[1]), Path(sys.argv[2])
+first = build_library(m, llvm_target(), out / "tuned.so", tune_trials=1)
+again = build_library(m, llvm_target(), out / "again.so")
+print(json.dumps([first, again]))
+"""
+
+
+@pytest.mark.slow
+def test_metaschedule_tuning_writes_the_database_a_later_build_reuses(tmp_path, monkeypatch):
+    """One trial of real MetaSchedule tuning, then a build with 0 trials that finds its database.
+
+    It runs in a fresh process: TVM registers its tensor intrinsics when tuning starts, through
+    ``inspect.stack()``, whose cost grows with the number of modules loaded, and this test
+    process has several times more than a fresh one.
+    """
+    import base64
+    import os
+    import subprocess
+
+    from edgesplit.compile.tvm_build import tuning_dir
+    from edgesplit.hostinfo import llvm_target
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+    model = _matmul(tmp_path / "mm.onnx")
+    r = subprocess.run(
+        [sys.executable, "-c", TUNE_AND_REBUILD, str(model), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    first, again = json.loads(r.stdout.strip().splitlines()[-1])
+    db = tuning_dir(llvm_target())
+    assert first["tune_trials"] == 1 and first["tuning_database"] == again["tuning_database"] == str(db)
+    workloads = (db / "database_workload.json").read_text().splitlines()
+    records = (db / "database_tuning_record.json").read_text().splitlines()
+    (workload,) = (json.loads(w) for w in workloads)  # [structural hash, base64 of the TIR module]
+    assert b"matmul" in base64.b64decode(workload[1])
+    # Records of that workload. (Whether its builds succeeded depends on the machine: a loaded one
+    # can time out MetaSchedule's 30 s builder; the record is written either way.)
+    assert records and all(json.loads(rec)[0] == 0 for rec in records)
+    assert (tmp_path / "tuned.so").stat().st_size > 0 and (tmp_path / "again.so").stat().st_size > 0
 
 
 def _has_cuda_gpu() -> bool:
