@@ -118,6 +118,7 @@ def test_android_battery_and_charging(tmp_path):
     assert not rails and "charging" in rails.skipped[0]
 
 
+@pytest.mark.slow
 def test_no_rails_in_an_empty_tree_or_on_this_machine(tmp_path):
     assert not find_rails(tmp_path) and find_rails(tmp_path).source == ""
     if not find_rails("/"):  # DESIGN.md: no RAPL or hwmon power counters here

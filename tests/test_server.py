@@ -270,6 +270,7 @@ def test_serve_cli_errors(tmp_path):
     assert r.returncode == 2 and "not a bundle" in r.stderr
 
 
+@pytest.mark.slow
 def test_light_load_no_errors_and_flat_memory(tiny):
     """A lighter version of benchmarks/server_load.py: 16 clients x 60 requests."""
     import psutil

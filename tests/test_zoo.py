@@ -139,6 +139,7 @@ def test_resnet18_and_mobilenetv2_have_skips(loaded):
         assert not graph.is_chain()
 
 
+@pytest.mark.slow
 def test_transformer_large_has_over_1000_nodes(loaded):
     graph = loaded("transformer_large")
     assert len(graph.nodes) >= 1000
