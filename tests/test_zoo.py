@@ -94,9 +94,12 @@ def test_model_runs_in_onnxruntime(name: str):
     assert 1e-3 < float(out.std()) < 100  # neither dead nor exploding
 
 
+_HEAVY = {"resnet18", "googlenet", "transformer", "transformer_large"}  # seconds each to load with costs
+
+
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(n, marks=pytest.mark.slow) if n == "transformer_large" else n for n in EXPECTED_OUTPUTS],
+    [pytest.param(n, marks=pytest.mark.slow) if n in _HEAVY else n for n in EXPECTED_OUTPUTS],
 )
 def test_saved_model_loads_with_costs(name: str, loaded):
     graph = loaded(name)
