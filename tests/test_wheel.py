@@ -57,7 +57,14 @@ class Installed:
         self.work.mkdir()
 
     def env(self) -> dict[str, str]:
-        drop = {"PYTHONPATH", "EDGESPLIT_DEVICES", "EDGESPLIT_DEBUG", "VIRTUAL_ENV", "PYTHONHOME"}
+        drop = {
+            "PYTHONPATH",
+            "EDGESPLIT_DEVICES",
+            "EDGESPLIT_PROFILES_DIR",
+            "EDGESPLIT_DEBUG",
+            "VIRTUAL_ENV",
+            "PYTHONHOME",
+        }
         return {k: v for k, v in os.environ.items() if k not in drop} | {"PYTHONNOUSERSITE": "1"}
 
     def _ask(self, code: str) -> str:
@@ -89,18 +96,20 @@ def installed(tmp_path_factory) -> Installed:
 def test_the_package_comes_from_the_wheel_with_its_data(installed):
     code = (
         "import edgesplit, json; from edgesplit.device import load_device, load_links; "
-        "from edgesplit.util import shipped_dir; "
+        "from edgesplit.profile.published import data_dir, load_calibration, load_published; "
         "print(json.dumps([edgesplit.__file__, str(load_device('snapdragon-8gen2').path), "
-        "sorted(load_links()), str(shipped_dir('profiles'))]))"
+        "sorted(load_links()), str(data_dir()), load_calibration('snapdragon-8gen2') is not None, "
+        "len(load_published('snapdragon-8gen2').figures)]))"
     )
     import json
 
-    init, spec, links, profiles = json.loads(installed._ask(code))
+    init, spec, links, profiles, calibrated, n_published = json.loads(installed._ask(code))
     package = Path(init).parent
     assert package.is_relative_to(installed.venv) and not package.is_relative_to(REPO)
     assert Path(spec) == package / "_data" / "devices" / "snapdragon-8gen2.yaml"
     assert {"wifi", "lte", "5g"} <= set(links)
     assert Path(profiles) == package / "_data" / "profiles" and (Path(profiles) / "README.md").is_file()
+    assert calibrated and n_published > 0  # the predictor's calibration travels with the package
     assert (package / "py.typed").is_file()
 
 
