@@ -10,9 +10,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hypothesis import settings
 from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Property tests run 100 examples each; the quick subset (README) passes --hypothesis-profile=quick.
+settings.register_profile("full", max_examples=100)
+settings.register_profile("quick", max_examples=20)
+settings.load_profile("full")
 
 
 def make_model(nodes, inputs, outputs, weights=(), opset=17, value_info=()) -> onnx.ModelProto:

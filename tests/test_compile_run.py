@@ -249,6 +249,7 @@ def test_wrong_inputs_name_the_expected(bundle, tmp_path):
     assert r.returncode == 2 and "expected (1, 3, 32, 32)" in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_compile_and_run(zoo_models, tmp_path):
     graph = load_model(zoo_models["tiny_dag"])
     (tmp_path / "plan.json").write_text(

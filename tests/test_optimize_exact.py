@@ -19,7 +19,9 @@ from edgesplit.optimize.parts import part_labels
 from edgesplit.optimize.schedule import makespan_lower_bound, schedule
 from edgesplit.optimize.synthetic import random_costs
 
-SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# max_examples comes from the Hypothesis profile (tests/conftest.py): 100, or 20 with
+# --hypothesis-profile=quick
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite

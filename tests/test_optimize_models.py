@@ -13,6 +13,10 @@ from edgesplit.model.load import load_model
 from edgesplit.optimize.evaluate import violations
 from edgesplit.pipeline import partition
 
+# Plans for real zoo models on the Snapdragon spec: seconds each (the solvers' property tests,
+# tests/test_optimize_exact.py, are in the quick subset).
+pytestmark = pytest.mark.slow
+
 BANDWIDTHS = (1, 3, 10, 30, 100, 300, 1000)
 
 
@@ -37,7 +41,6 @@ def _plans(graph, device, server, **kw):
     }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "googlenet", "transformer"])
 def test_plan_never_worse_than_any_baseline(graphs, snapdragon, name):
     plans = _plans(graphs[name], *snapdragon)
@@ -49,7 +52,6 @@ def test_plan_never_worse_than_any_baseline(graphs, snapdragon, name):
         assert sorted(plan.assignment) == sorted(n.name for n in graphs[name].nodes)
 
 
-@pytest.mark.slow
 def test_branchy_transformer_beats_the_best_single_cut(graphs, snapdragon):
     """The encoder's ops that the NPU lacks rule out NPU-only; mixing CPU and GPU beats any cut."""
     plans = _plans(graphs["transformer"], *snapdragon)
@@ -61,7 +63,6 @@ def test_branchy_transformer_beats_the_best_single_cut(graphs, snapdragon):
     assert wins, "the plan never strictly beats the best single cut"
 
 
-@pytest.mark.slow
 def test_branchy_googlenet_beats_the_best_single_cut_with_concurrent_branches(graphs):
     """On the Jetson (CPU + GPU) inception branches run on the CPU while the GPU runs others.
 
@@ -153,7 +154,6 @@ def test_other_objectives(graphs, snapdragon, objective):
                 assert plan.predicted["energy_mj"] <= b.energy_mj * (1 + 1e-6)
 
 
-@pytest.mark.slow
 def test_energy_under_slo_and_memory(graphs, snapdragon):
     device, server = snapdragon
     graph = graphs["googlenet"]
