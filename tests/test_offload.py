@@ -121,6 +121,7 @@ def start_server(bundle) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
+@pytest.mark.slow
 def test_a_stopped_server_is_too_slow_and_the_part_falls_back(model):
     proc, url = start_server(model["fallback"])
     try:

@@ -307,6 +307,7 @@ def test_light_load_no_errors_and_flat_memory(tiny):
         stop_process(proc)
 
 
+@pytest.mark.slow
 def test_listening_line(tiny):
     port = free_port()
     proc = subprocess.Popen(
