@@ -5,7 +5,8 @@ The scenario of ``tests/test_offload_netlab.py::test_adaptive_follows_the_bandwi
 cgroup CPU quota runs a bundle of 64 3x3 convs (2.7 GFLOP on a 98 kB tensor) whose second part
 may run on ``edgesplit serve`` behind a shaped link (tests/netlab.py). The link runs at FAST
 Mbit/s, drops to SLOW, then comes back; the session switches between the server and its local
-fallback on its own. Per phase it prints the run count, the modes, and the run times.
+fallback on its own. Per phase it prints the run count, the modes, the run times, and the
+session's own estimate of the link (RTT and bandwidth) beside what the lab sets.
 
 Run (root: network namespaces and cgroups):
   .venv/bin/python benchmarks/adaptive_switch.py [--fast-mbps 100] [--slow-mbps 1] [--quota 25]
@@ -68,11 +69,14 @@ def main() -> None:
             lab.set_rate(args.fast_mbps)
             phases.append((f"{args.fast_mbps:g} Mbit/s again", phase("remote", 20)))
     print(f"device quota {args.quota}% of a core, RTT {args.rtt_ms:g} ms")
-    print(f"{'link':<20} {'runs':>4} {'first ms':>9} {'last-3 median ms':>17}  modes")
+    print(f"{'link':<20} {'runs':>4} {'first ms':>9} {'last-3 median ms':>17} {'est. RTT ms':>12} "
+          f"{'est. Mbit/s':>12}  modes")  # fmt: skip
     for name, p in phases:
-        ms = p["ms"]
+        ms, st = p["ms"], p["stats"]
         modes = " ".join(m.split(":")[-1] for m in p["modes"])
-        print(f"{name:<20} {len(ms):>4} {ms[0]:>9.1f} {statistics.median(ms[-3:]):>17.1f}  {modes}")
+        rtt, bw = st["rtt_ms"], st["bandwidth_mbps"]
+        print(f"{name:<20} {len(ms):>4} {ms[0]:>9.1f} {statistics.median(ms[-3:]):>17.1f} "
+              f"{rtt or float('nan'):>12.1f} {bw or float('nan'):>12.1f}  {modes}")  # fmt: skip
     slow = phases[1][1]["ms"]
     print(f"after the drop: first run {slow[0]:.0f} ms (on the server), then {statistics.median(slow[-3:]):.0f} ms "
           f"locally ({slow[0] / statistics.median(slow[-3:]):.1f}x)")  # fmt: skip
