@@ -48,11 +48,12 @@ class Installed:
         self.venv = root / "venv"
         venv.create(self.venv, with_pip=False)
         self.python = self.venv / "bin" / "python"
+        install = [*pip, "--python", str(self.python), "install", "--no-deps", "--no-index", str(self.wheel)]
+        subprocess.run(install, check=True, capture_output=True, timeout=300)
+        # only now the dependencies: pip never sees the test venv's own edgesplit from the new venv
         site = Path(self._ask("import sysconfig; print(sysconfig.get_paths()['purelib'])"))
         ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
         (site / "zz-test-venv-dependencies.pth").write_text("".join(f"{p}\n" for p in ours))
-        install = [*pip, "--python", str(self.python), "install", "--no-deps", "--no-index", str(self.wheel)]
-        subprocess.run(install, check=True, capture_output=True, timeout=300)
         self.work = root / "work"
         self.work.mkdir()
 
