@@ -264,6 +264,7 @@ def test_debug_flag_shows_traceback(tmp_path):
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["det", "rec", "cls"])
 def test_real_ppocr_models_load(kind):
     # cls declares its dynamic dimensions as -1: dynamic, not negative
