@@ -64,14 +64,28 @@ _EXPORTS: dict[str, str] = {
     "BundleError": "edgesplit.errors",
     "RunInputError": "edgesplit.errors",
     "RemoteError": "edgesplit.errors",
+    "RemoteHostError": "edgesplit.errors",
     "CompileError": "edgesplit.errors",
 }
 _ALIASES = {"zoo_save": "save"}
 
-__all__ = list(_EXPORTS)
+__all__ = list(_EXPORTS)  # and ``__version__``, resolved on first use like the rest
+
+
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml's ``version``, the one source."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("edgesplit")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'edgesplit' has no attribute {name!r}")
@@ -81,7 +95,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted({*globals(), *__all__, "__version__"})
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is used
@@ -99,6 +113,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
         PlanError,
         ProfileError,
         RemoteError,
+        RemoteHostError,
         RunInputError,
     )
     from edgesplit.model.graph import ModelGraph, Node, TensorInfo

@@ -1,7 +1,8 @@
 """DeviceSpec: the processors of a device, the servers it can reach, and the links between them.
 
-Specs live in the top-level ``devices/`` folder as YAML and are validated with a JSON schema;
-every error names the file and the key. ``host`` is this machine, detected at run time.
+Specs live in the top-level ``devices/`` folder as YAML (an installed wheel carries a copy, see
+:func:`edgesplit.util.shipped_dir`) and are validated with a JSON schema; every error names the
+file and the key. ``host`` is this machine, detected at run time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import yaml
 
 from edgesplit.device_schema import BACKENDS, KINDS, BackendKind, device_to_mapping, validate
 from edgesplit.errors import DeviceSpecError
+from edgesplit.util import shipped_dir
 
 __all__ = [
     "BACKENDS",
@@ -37,8 +39,9 @@ __all__ = [
     "validate",
 ]
 
-DEVICES_DIR = Path(__file__).resolve().parent.parent / "devices"
-"""Where the shipped specs live (a source checkout); ``EDGESPLIT_DEVICES`` adds folders."""
+DEVICES_DIR = shipped_dir("devices")
+"""Where the shipped specs live: top-level ``devices/`` in a checkout, ``edgesplit/_data/devices/``
+in an installed wheel. ``EDGESPLIT_DEVICES`` adds folders, searched first."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,12 @@
 Every error the user can cause is an :class:`InputError` (CLI exit code 2); everything that
 fails while running is an :class:`EdgesplitError` (exit code 1). Messages are one line and name
 the file or host they are about, so the CLI prints them as they are.
+
+Remote hosts follow the same rule. A host or server the user named that cannot be used at all
+(it cannot be resolved or reached, refuses the connection, fails the host-key or authentication
+check, lacks the Python the agent needs) is bad input: :class:`RemoteHostError`, exit code 2.
+A connection that breaks off, times out or fails once the work has started is a failure while
+running: :class:`RemoteError`, exit code 1.
 """
 
 from __future__ import annotations
@@ -50,7 +56,16 @@ class RunInputError(InputError):
 
 
 class RemoteError(EdgesplitError):
-    """A remote host or server that cannot be reached, refused us, or broke off."""
+    """A remote host or server that broke off, timed out or failed while working. Exit code 1."""
+
+
+class RemoteHostError(RemoteError, InputError):
+    """A host or server the user named that cannot be used: unknown, unreachable, refusing us,
+    failing the host-key or authentication check, or lacking what the agent needs. Exit code 2.
+
+    It is a :class:`RemoteError` too, so callers that retry or fall back on remote failures
+    treat it alike.
+    """
 
     exit_code = 2
 

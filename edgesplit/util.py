@@ -1,4 +1,5 @@
-"""Small helpers shared by every stage: atomic writes, hashing, tolerant JSON readers."""
+"""Small helpers shared by every stage: atomic writes, hashing, tolerant JSON readers, the data
+files edgesplit ships."""
 
 from __future__ import annotations
 
@@ -104,3 +105,21 @@ def known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise KeyError(f.name)
     return out
+
+
+SHIPPED = ("devices", "profiles")
+"""The data folders edgesplit ships: top-level folders of the source tree, copied into the wheel."""
+
+
+def shipped_dir(name: str) -> Path:
+    """The folder of shipped data files ``name`` (one of :data:`SHIPPED`), in a wheel or a checkout.
+
+    The files live in the top-level ``devices/`` and ``profiles/`` folders of the source tree;
+    ``setup.py`` copies them into the wheel as ``edgesplit/_data/NAME/``. An installed package
+    reads that copy, a source checkout (or an editable install) the top-level folder.
+    """
+    if name not in SHIPPED:
+        raise ValueError(f"no shipped data folder {name!r} (shipped: {', '.join(SHIPPED)})")
+    package = Path(__file__).resolve().parent
+    installed = package / "_data" / name
+    return installed if installed.is_dir() else package.parent / name

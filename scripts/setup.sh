@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create or reuse .venv in the repo root and install edgesplit with its test extra.
-# Also installs the system packages the tests use (OpenSSH server, a JDK and JUnit), when apt
-# is there and we are root. Idempotent: a stamp of pyproject.toml skips pip when nothing changed.
+# Also installs the system packages the tests use (OpenSSH server, a JDK, JUnit and Gson, qemu and
+# the aarch64 cross compiler), when apt is there and we are root. Idempotent: a stamp of
+# pyproject.toml skips pip when nothing changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -26,11 +27,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || need+=(openssh-server openssh-client)
   command -v tc >/dev/null || [ -x /usr/sbin/tc ] || need+=(iproute2)
-  # The Android demo's Java core (apps/android-demo/core/build.sh): javac and JUnit 4 + hamcrest.
+  # The Android demo's Java core (apps/android-demo/core/build.sh): javac, Gson, JUnit 4 + hamcrest.
   command -v javac >/dev/null || need+=(default-jdk-headless)
+  [ -f /usr/share/java/gson.jar ] || need+=(libgoogle-gson-java)
   [ -f /usr/share/java/junit4.jar ] && [ -f /usr/share/java/hamcrest-core.jar ] || need+=(junit4)
   # The emulated aarch64 board (scripts/arm64-board.sh, tests/test_arm64_board.py): qemu user-mode
-  # emulation, debootstrap, and the cross compiler of its TVM parts.
+  # emulation, debootstrap, and the cross compiler of its TVM parts (tests/test_compile_run.py builds
+  # one too).
   [ -x /usr/bin/qemu-aarch64-static ] || need+=(qemu-user-static binfmt-support)
   command -v debootstrap >/dev/null || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
   command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)

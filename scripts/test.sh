@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# README's second command: set up, then run the tests.
+# README's second command: set up, lint, then run the tests. Arguments go to pytest, e.g. the quick
+# subset: bash scripts/test.sh -m "not slow and not netlab and not ssh and not java" --hypothesis-profile=quick
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+.venv/bin/ruff check --quiet .
+.venv/bin/ruff format --check --quiet .
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

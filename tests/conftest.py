@@ -10,9 +10,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hypothesis import settings
 from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Property tests run 100 examples each; the quick subset (README) passes --hypothesis-profile=quick.
+settings.register_profile("full", max_examples=100)
+settings.register_profile("quick", max_examples=20)
+settings.load_profile("full")
 
 
 def make_model(nodes, inputs, outputs, weights=(), opset=17, value_info=()) -> onnx.ModelProto:
@@ -84,6 +90,18 @@ def ppocr_model(kind: str) -> Path:
 
 
 PPOCR_SHAPES = {"det": "x=1,3,640,640", "rec": "x=1,3,48,320", "cls": "x=1,3,48,192"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the markers true: a test that starts a real sshd (its fixtures) carries ``ssh``."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if {"sshd", "remote_tmp"} & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("ssh") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("tests that use tests/sshd.py need @pytest.mark.ssh: " + ", ".join(unmarked))
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:

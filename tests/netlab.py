@@ -23,6 +23,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Sequence
@@ -325,6 +326,40 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout_s: float 
     raise TimeoutError(f"{url} not ready within {timeout_s} s")
 
 
+def tcp_queues(port: int) -> dict[int, tuple[int, int]]:
+    """Established loopback connections to ``port``, by client port: the bytes the client has not
+    yet sent (its send queue) and the bytes the server has not yet read (its receive queue).
+
+    Read from ``/proc/net/tcp``: (0, 0) means the server process has read every byte sent so far.
+    """
+    clients: dict[int, int] = {}
+    servers: dict[int, int] = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, queues = fields[1], fields[2], fields[3], fields[4]
+        if state != "01":  # ESTABLISHED
+            continue
+        lport, rport = int(local.split(":")[1], 16), int(remote.split(":")[1], 16)
+        tx, rx = (int(q, 16) for q in queues.split(":"))
+        if rport == port:
+            clients[lport] = tx
+        elif lport == port:
+            servers[rport] = rx
+    return {c: (tx, servers[c]) for c, tx in clients.items() if c in servers}
+
+
+def wait_read_whole(port: int, client_ports: Sequence[int], timeout_s: float = 60.0) -> None:
+    """Wait until the server on ``port`` has read every byte sent on each client connection."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        queues = tcp_queues(port)
+        if all(queues.get(c) == (0, 0) for c in client_ports):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server on port {port} has not read the requests: {queues}")
+        time.sleep(0.005)
+
+
 def free_port() -> int:
     import socket
 
@@ -441,3 +476,55 @@ def make_bundle(
         ),
     )
     return out
+
+
+# ---- the adaptive-offload scenario (tests/test_offload_netlab.py, benchmarks/adaptive_switch.py)
+
+# A "device" process: runs the bundle adaptively; for each stdin line "MODE MAX_S" it runs until
+# the remote part has been in MODE three runs in a row (or MAX_S passed), then prints one JSON
+# line: the run times, the modes, whether every output matched, and the part's RemoteStats.
+ADAPTIVE_DEVICE = textwrap.dedent("""
+    import dataclasses, json, sys, time
+    import numpy as np, onnxruntime as ort
+    from edgesplit.runtime.session import load
+    bundle, url, model = sys.argv[1:4]
+    x = np.random.default_rng(0).standard_normal((1, 96, 16, 16)).astype(np.float32)
+    ref = ort.InferenceSession(model).run(None, {"x": x})[0]
+    opts = {"remote": {"url": url, "probe_interval_s": 0.5, "timeout_s": 20}}
+    sess = load(bundle, executor_options=opts, adaptive=True)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        want, max_s = line.split()
+        t0, ms, modes, ok = time.monotonic(), [], [], True
+        while True:
+            t = time.perf_counter()
+            out = sess.run({"x": x})["y"]
+            ms.append((time.perf_counter() - t) * 1e3)
+            ok = ok and bool(np.allclose(out, ref, rtol=1e-4, atol=1e-4))
+            st = sess.remote_stats()["p1"]
+            modes.append(st.mode)
+            if (st.mode == want and modes[-3:] == [want] * 3) or time.monotonic() - t0 > float(max_s):
+                break
+        print(json.dumps({"ms": ms, "modes": modes, "ok": ok, "stats": dataclasses.asdict(st)}), flush=True)
+""")
+
+
+def heavy_convs(path, layers: int = 64) -> None:
+    """96 channels at 16x16 through ``layers`` 3x3 convs sharing one weight: 2.7 GFLOP on a 98 kB tensor."""
+    from conftest import make_model, rand
+    from onnx import helper
+
+    nodes, t = [helper.make_node("Relu", ["x"], ["r0"], name="relu0")], "r0"
+    for i in range(layers):
+        out = "y" if i == layers - 1 else f"t{i + 1}"
+        nodes += [
+            helper.make_node("Conv", [t, "w"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+            helper.make_node("Tanh", [f"c{i}"], [out], name=f"tanh{i}"),
+        ]
+        t = out
+    onnx.save(
+        make_model(
+            nodes, [("x", [1, 96, 16, 16])], [("y", [1, 96, 16, 16])], [("w", rand(96, 96, 3, 3) * 0.5)]
+        ),
+        path,
+    )

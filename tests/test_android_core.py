@@ -20,12 +20,15 @@ import numpy as np
 import pytest
 from netlab import free_port, stop_process, wait_ready
 
+pytestmark = pytest.mark.java
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "apps" / "android-demo"
 BUILD_SH = DEMO / "core" / "build.sh"
 ASSETS = DEMO / "app" / "src" / "main" / "assets"
 JUNIT = Path(os.environ.get("JUNIT_JAR", "/usr/share/java/junit4.jar"))
 HAMCREST = Path(os.environ.get("HAMCREST_JAR", "/usr/share/java/hamcrest-core.jar"))
+GSON = Path(os.environ.get("GSON_JAR", "/usr/share/java/gson.jar"))
 TOKEN = "android-core-token"
 # tiny_dag cut into a diamond: p1 and p2 both read p0's output and run at the same time.
 DIAMOND = [
@@ -38,9 +41,12 @@ DIAMOND = [
 
 def _require_java() -> None:
     missing = [t for t in ("javac", "java") if shutil.which(t) is None]
-    missing += [str(j) for j in (JUNIT, HAMCREST) if not j.is_file()]
+    missing += [str(j) for j in (JUNIT, HAMCREST, GSON) if not j.is_file()]
     if missing:
-        pytest.skip(f"no {', '.join(missing)} (bash scripts/setup.sh as root installs a JDK and junit4)")
+        pytest.skip(
+            f"no {', '.join(missing)} (bash scripts/setup.sh as root installs a JDK, junit4 and "
+            "libgoogle-gson-java)"
+        )
 
 
 def _run(args: list[str], timeout_s: float = 120, **kw) -> subprocess.CompletedProcess:
@@ -130,7 +136,7 @@ def remote_run(core: Path, *args: str, token: str | None = TOKEN) -> subprocess.
     env = {k: v for k, v in os.environ.items() if k != "EDGESPLIT_TOKEN"}
     extra = ["--token", token] if token else []
     return _run(
-        ["java", "-cp", str(core / "classes"), "dev.edgesplit.core.RemoteRun", *args, *extra], env=env
+        ["java", "-cp", f"{core / 'classes'}:{GSON}", "dev.edgesplit.core.RemoteRun", *args, *extra], env=env
     )
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from conftest import PPOCR_SHAPES, ppocr_model, run_cli
@@ -29,6 +31,8 @@ ZOO = [
     "chain_shrink",
     "tiny_dag",
 ]
+# bundles that take seconds each; lstm, chain_shrink and tiny_dag stay in the quick subset
+HEAVY = {"mobilenetv2", "resnet18", "squeezenet", "googlenet", "transformer", "transformer_large"}
 SITES = {
     1: [("big", "ort")],
     2: [("big", "ort"), ("little", "ort")],
@@ -55,7 +59,7 @@ def zoo_models(tmp_path_factory):
     return {name: zoo.save(name, d / f"{name}.onnx") for name in ZOO}
 
 
-@pytest.mark.parametrize("name", ZOO)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in ZOO])
 def test_bundle_equals_whole_model_for_1_2_4_parts(name, zoo_models, tmp_path):
     graph = load_model(zoo_models[name])
     for n, sites in SITES.items():
@@ -67,6 +71,7 @@ def test_bundle_equals_whole_model_for_1_2_4_parts(name, zoo_models, tmp_path):
             _check_equal(sess.run(feeds), _whole(zoo_models[name], feeds))
 
 
+@pytest.mark.slow
 def test_real_ppocr_model_bundles(tmp_path):
     path = ppocr_model("det")
     graph = load_model(path, parse_input_shapes([PPOCR_SHAPES["det"]]))
@@ -101,36 +106,72 @@ def test_tvm_failure_falls_back_to_ort_and_says_why(zoo_models, tmp_path):
     assert any("runs on ORT instead" in n for n in m.notes)
 
 
-def test_missing_cross_toolchain_is_named(zoo_models, tmp_path):
-    import shutil
+ARM_SPEC = (
+    "name: arm\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: 50, mem_bandwidth_gbps: 10,"
+    " active_w: 2, idle_w: 0.1, backends: [{runtime: tvm, target: {kind: llvm,"
+    " mtriple: aarch64-linux-gnu, mattr: [+neon]}}]}\n"
+)
 
-    if shutil.which("aarch64-linux-gnu-gcc"):
-        pytest.skip("the aarch64 cross compiler is installed here")
+
+def _compile_for_arm(model, tmp_path):
+    """``edgesplit compile`` of the whole model as one TVM part for an aarch64 device."""
     spec = tmp_path / "arm.yaml"
-    spec.write_text(
-        "name: arm\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: 50, mem_bandwidth_gbps: 10,"
-        " active_w: 2, idle_w: 0.1, backends: [{runtime: tvm, target: {kind: llvm,"
-        " mtriple: aarch64-linux-gnu, mattr: [+neon]}}]}\n"
+    spec.write_text(ARM_SPEC)
+    graph = load_model(model)
+    (tmp_path / "plan.json").write_text(
+        json.dumps(contiguous_plan(graph, str(spec), [("cpu", "tvm")]).to_json())
     )
-    graph = load_model(zoo_models["tiny_dag"])
-    plan = contiguous_plan(graph, str(spec), [("cpu", "tvm")])
-    (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
-    r = run_cli(
+    out = tmp_path / "b"
+    args = [
         "compile",
-        str(zoo_models["tiny_dag"]),
+        str(model),
         "--plan",
         str(tmp_path / "plan.json"),
         "-o",
-        str(tmp_path / "b"),
+        str(out),
         "--device",
         str(spec),
-    )
-    assert (
-        r.returncode == 1
-        and "aarch64-linux-gnu-gcc" in r.stderr
-        and "apt-get install gcc-aarch64-linux-gnu" in r.stderr
-    )
-    assert not (tmp_path / "b").exists()
+    ]
+    return run_cli(*args), out
+
+
+def elf_machine(path) -> tuple[bytes, int, int]:
+    """(magic, e_type, e_machine) of a 64-bit little-endian ELF file."""
+    import struct
+
+    head = path.read_bytes()[:20]
+    assert head[4:6] == b"\x02\x01", "not a 64-bit little-endian ELF"
+    return head[:4], *struct.unpack_from("<HH", head, 16)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    __import__("shutil").which("aarch64-linux-gnu-gcc") is None,
+    reason="needs the aarch64 cross compiler (scripts/setup.sh installs gcc-aarch64-linux-gnu as root)",
+)
+def test_cross_compiled_part_is_an_aarch64_shared_object(zoo_models, tmp_path):
+    r, out = _compile_for_arm(zoo_models["tiny_dag"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    (part,) = json.loads((out / "manifest.json").read_text())["parts"]
+    assert part["backend"] == "tvm", part
+    libs = sorted(out.glob("parts/*.so"))
+    assert len(libs) == 1
+    magic, e_type, e_machine = elf_machine(libs[0])
+    assert magic == b"\x7fELF" and e_type == 3 and e_machine == 183  # ET_DYN, EM_AARCH64
+
+
+def test_missing_cross_toolchain_is_named(zoo_models, tmp_path, monkeypatch):
+    from edgesplit.errors import CompileError
+
+    # a PATH with only this venv's bin folder: no aarch64-linux-gnu-gcc, installed or not
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    spec = tmp_path / "arm.yaml"
+    spec.write_text(ARM_SPEC)
+    graph = load_model(zoo_models["tiny_dag"])
+    plan = contiguous_plan(graph, str(spec), [("cpu", "tvm")])
+    with pytest.raises(CompileError, match=r"aarch64-linux-gnu-gcc.*apt-get install gcc-aarch64-linux-gnu"):
+        compile_bundle(graph, plan, tmp_path / "b", device=str(spec))
+    assert CompileError.exit_code == 1 and not (tmp_path / "b").exists()
 
 
 @pytest.fixture
@@ -208,6 +249,7 @@ def test_wrong_inputs_name_the_expected(bundle, tmp_path):
     assert r.returncode == 2 and "expected (1, 3, 32, 32)" in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_compile_and_run(zoo_models, tmp_path):
     graph = load_model(zoo_models["tiny_dag"])
     (tmp_path / "plan.json").write_text(
@@ -228,16 +270,11 @@ def test_cli_compile_and_run(zoo_models, tmp_path):
     assert (tmp_path / "out" / "logits.npy").exists()
 
 
-def test_metaschedule_tuning_database_is_cached_and_reused(tmp_path, monkeypatch):
-    """A few trials of real MetaSchedule tuning; a later build with 0 trials reuses the database."""
-    import onnx
+def _matmul(path):
+    """One 16x32 @ 32x16 MatMul: the smallest model with a MetaSchedule task."""
     from conftest import make_model, rand
     from onnx import helper
 
-    from edgesplit.compile.tvm_build import build_library, tuning_dir
-    from edgesplit.hostinfo import llvm_target
-
-    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     m = make_model(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
         [("x", [16, 32])],
@@ -245,13 +282,80 @@ def test_metaschedule_tuning_database_is_cached_and_reused(tmp_path, monkeypatch
         [("w", rand(32, 16))],
     )
     onnx.checker.check_model(m)
+    onnx.save(m, path)
+    return path
+
+
+def test_a_tuning_database_is_kept_per_target_and_reused(tmp_path, monkeypatch):
+    """Builds apply the database in the target's cache folder, even with 0 trials, unless told not to."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from edgesplit.compile.tvm_build import build_library, tuning_dir
+    from edgesplit.hostinfo import llvm_target
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     target = llvm_target()
-    info = build_library(m, target, tmp_path / "a.so", tune_trials=4)
     db = tuning_dir(target)
-    assert info["tuning_database"] == str(db) and (db / "database_tuning_record.json").stat().st_size > 0
-    again = build_library(m, target, tmp_path / "b.so", tune_trials=0)
-    assert again["tuning_database"] == str(db)
+    assert db.parent == tmp_path / "cache" / "tvm-tuning"
+    assert tuning_dir({**target, "mattr": ["+neon"]}) != db  # one database per target
+    m = onnx.load(_matmul(tmp_path / "mm.onnx"))
+    assert "tuning_database" not in build_library(m, target, tmp_path / "a.so")  # none yet
+    db.mkdir(parents=True)
+    ms.database.JSONDatabase(work_dir=str(db))  # the files a tuning run leaves, as TVM writes them
+    assert build_library(m, target, tmp_path / "b.so")["tuning_database"] == str(db)
     assert "tuning_database" not in build_library(m, target, tmp_path / "c.so", use_database=False)
+    assert all((tmp_path / f"{n}.so").stat().st_size > 0 for n in "abc")
+
+
+TUNE_AND_REBUILD = """
+import json, sys
+from pathlib import Path
+import onnx
+from edgesplit.compile.tvm_build import build_library
+from edgesplit.hostinfo import llvm_target
+m, out = onnx.load(sys.argv[1]), Path(sys.argv[2])
+first = build_library(m, llvm_target(), out / "tuned.so", tune_trials=1)
+again = build_library(m, llvm_target(), out / "again.so")
+print(json.dumps([first, again]))
+"""
+
+
+@pytest.mark.slow
+def test_metaschedule_tuning_writes_the_database_a_later_build_reuses(tmp_path, monkeypatch):
+    """One trial of real MetaSchedule tuning, then a build with 0 trials that finds its database.
+
+    It runs in a fresh process: TVM registers its tensor intrinsics when tuning starts, through
+    ``inspect.stack()``, whose cost grows with the number of modules loaded, and this test
+    process has several times more than a fresh one.
+    """
+    import base64
+    import os
+    import subprocess
+
+    from edgesplit.compile.tvm_build import tuning_dir
+    from edgesplit.hostinfo import llvm_target
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+    model = _matmul(tmp_path / "mm.onnx")
+    r = subprocess.run(
+        [sys.executable, "-c", TUNE_AND_REBUILD, str(model), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    first, again = json.loads(r.stdout.strip().splitlines()[-1])
+    db = tuning_dir(llvm_target())
+    assert first["tune_trials"] == 1 and first["tuning_database"] == again["tuning_database"] == str(db)
+    workloads = (db / "database_workload.json").read_text().splitlines()
+    records = (db / "database_tuning_record.json").read_text().splitlines()
+    (workload,) = (json.loads(w) for w in workloads)  # [structural hash, base64 of the TIR module]
+    assert b"matmul" in base64.b64decode(workload[1])
+    # Records of that workload. (Whether its builds succeeded depends on the machine: a loaded one
+    # can time out MetaSchedule's 30 s builder; the record is written either way.)
+    assert records and all(json.loads(rec)[0] == 0 for rec in records)
+    assert (tmp_path / "tuned.so").stat().st_size > 0 and (tmp_path / "again.so").stat().st_size > 0
 
 
 def _has_cuda_gpu() -> bool:
@@ -266,6 +370,7 @@ def _has_cuda_gpu() -> bool:
 @pytest.mark.skipif(
     __import__("shutil").which("nvcc") is None, reason="needs nvcc to compile for a cuda target"
 )
+@pytest.mark.slow
 def test_cuda_target_compiles(zoo_models, tmp_path):
     from edgesplit.compile.tvm_build import build_library
 

@@ -111,6 +111,7 @@ def test_part_boundary_carries_outer_scope_reads(cf_path, tmp_path):
     _check_bundle(cf_path, tmp_path / "hand")
 
 
+@pytest.mark.slow
 def test_optimiser_plan_with_pins_splits_control_flow(cf_path, tmp_path):
     g = load_model(cf_path)
     pins = {"iff": "little", "loop": "big", "scan": "little", "relu": "big", "mul": "big"}
@@ -131,6 +132,7 @@ def test_nested_subgraph_reads_two_scopes_up(nested_path, tmp_path):
         _check_bundle(nested_path, tmp_path / f"n{k}")
 
 
+@pytest.mark.slow
 def test_profile_attributes_subgraph_time_to_the_control_flow_node(cf_path, tmp_path):
     g = load_model(cf_path)
     proc = load_device("host").processors[0]
@@ -155,6 +157,7 @@ def test_profile_attributes_subgraph_time_to_the_control_flow_node(cf_path, tmp_
             assert covered == [g.index["iff"]]
 
 
+@pytest.mark.slow
 def test_deploy_control_flow_model_matches_whole_model(cf_path, tmp_path):
     import edgesplit
 

@@ -117,6 +117,7 @@ def test_detect_this_machine_through_the_cli(tmp_path):
     assert f"wrote {out}" in r.stdout
 
 
+@pytest.mark.ssh
 def test_detect_over_ssh_drafts_a_valid_spec(sshd, remote_tmp, tmp_path):  # noqa: F811
     out = tmp_path / "remote-box.yaml"
     r = run_cli("devices", "detect", *sshd.cli_args(remote_tmp), "-o", str(out))
@@ -130,6 +131,7 @@ def test_detect_over_ssh_drafts_a_valid_spec(sshd, remote_tmp, tmp_path):  # noq
     ]
 
 
+@pytest.mark.ssh
 @pytest.mark.skipif(not BARE_PYTHON.exists(), reason="no /usr/bin/python3 to stand for a bare device")
 def test_detect_on_a_device_without_onnxruntime_says_what_to_install(sshd, remote_tmp, tmp_path):  # noqa: F811
     args = sshd.cli_args(remote_tmp)

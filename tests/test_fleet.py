@@ -15,6 +15,7 @@ from edgesplit.profile.ssh import SshOptions
 from edgesplit.profile.store import load_profile
 
 
+@pytest.mark.ssh
 def test_fleet_profiles_every_reachable_host_and_reports_the_rest(sshd, remote_tmp, tmp_path):  # noqa: F811
     model = zoo.save("tiny_dag", tmp_path / "tiny_dag.onnx")
     fleet = tmp_path / "fleet.yaml"

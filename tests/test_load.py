@@ -245,6 +245,7 @@ def test_every_problem_listed_at_once(tmp_path):
     assert "FancyOp" in msg and "ghost" in msg and "dynamic" in msg
 
 
+@pytest.mark.slow
 def test_cli_exits_2_with_one_line_and_no_output_file(tmp_path):
     for label, (path, text) in _bad_models(tmp_path).items():
         out = tmp_path / f"{label}.profile.json"
@@ -263,6 +264,7 @@ def test_debug_flag_shows_traceback(tmp_path):
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["det", "rec", "cls"])
 def test_real_ppocr_models_load(kind):
     # cls declares its dynamic dimensions as -1: dynamic, not negative

@@ -88,7 +88,7 @@ def test_unreachable_server_without_fallback_fails_clearly_within_the_timeout(mo
             t0 = time.monotonic()
             with pytest.raises(RemoteError, match=r"part p1: .*(unavailable|cannot connect)"):
                 sess.run({"input": model["xs"][0]}, timeout_s=10)
-            assert time.monotonic() - t0 < 1.5
+            assert time.monotonic() - t0 < 5  # a deadline, not a speed: the run's own timeout is 10 s
 
 
 def test_fallback_can_be_refused(model):
@@ -121,6 +121,7 @@ def start_server(bundle) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
+@pytest.mark.slow
 def test_a_stopped_server_is_too_slow_and_the_part_falls_back(model):
     proc, url = start_server(model["fallback"])
     try:
@@ -130,12 +131,15 @@ def test_a_stopped_server_is_too_slow_and_the_part_falls_back(model):
             os.kill(proc.pid, signal.SIGSTOP)
             t0 = time.monotonic()
             assert close(sess.run({"input": model["xs"][1]})["logits"], model["ys"][1])
-            assert time.monotonic() - t0 < 2.0  # two remote parts: each waits at most 0.5 s
+            # a deadline, not a speed: each of the two remote parts gives up after 0.5 s, where the
+            # client's default timeout would wait 10 s
+            assert time.monotonic() - t0 < 5
             assert "no answer within the deadline" in sess.remote_stats()["p1"].last_error
     finally:
         stop_process(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fallback", [True, False], ids=["fallback", "no-fallback"])
 def test_server_killed_in_the_middle_of_a_stream_of_100(model, fallback):
     bundle = model["fallback" if fallback else "nofallback"]

@@ -14,10 +14,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import make_model, rand
 from netlab import (
+    ADAPTIVE_DEVICE,
     CpuQuota,
     NetLab,
+    heavy_convs,
     make_bundle,
     require_cgroup,
     require_netns,
@@ -25,9 +26,10 @@ from netlab import (
     single_tensor_cuts,
     wait_ready,
 )
-from onnx import helper
 
 from edgesplit.runtime.session import load
+
+pytestmark = pytest.mark.netlab
 
 # A tiny request/response server: 16-byte header (bytes up, bytes down), then the bytes up; answers
 # the bytes down. One connection carries many exchanges.
@@ -156,56 +158,12 @@ def test_offload_over_a_shaped_link_measures_rtt_and_bandwidth(squeeze_bundle):
             s = sess.remote_stats()["p1"]
     wire_s = s.sent_nbytes * 8 / 20e6 / s.remote_runs
     assert s.remote_runs == 4 and s.local_runs == 0
-    assert 10 <= s.rtt_ms < 25, s
-    # tbf at 20 Mbit/s, less TCP/IP headers. The estimate subtracts the RTT and the server's own
-    # reported time; under CPU contention the server's time can include part of the body read,
-    # which makes the link look up to ~20% faster than it is (23.3 Mbit/s seen on a loaded host).
-    assert 12 < s.bandwidth_mbps < 25, s
+    # The session estimated the link from its own transfers. Only the floors the lab sets are
+    # checked (a loaded host adds to every time, so upper bounds would be speed thresholds): the
+    # relay's 10 ms of RTT, and the wire time of the bytes sent at 20 Mbit/s on top of it.
+    # How close the estimates come is a figure: benchmarks/adaptive_switch.py prints them.
+    assert s.rtt_ms >= 10 and s.bandwidth_mbps and s.bandwidth_mbps > 0 and s.goodput_mbps, s
     assert s.remote_ms_median > wire_s * 1e3 + 10, s
-
-
-DEVICE = textwrap.dedent("""
-    import dataclasses, json, sys, time
-    import numpy as np, onnxruntime as ort
-    from edgesplit.runtime.session import load
-    bundle, url, model = sys.argv[1:4]
-    x = np.random.default_rng(0).standard_normal((1, 96, 16, 16)).astype(np.float32)
-    ref = ort.InferenceSession(model).run(None, {"x": x})[0]
-    opts = {"remote": {"url": url, "probe_interval_s": 0.5, "timeout_s": 20}}
-    sess = load(bundle, executor_options=opts, adaptive=True)
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        want, max_s = line.split()
-        t0, ms, modes, ok = time.monotonic(), [], [], True
-        while True:
-            t = time.perf_counter()
-            out = sess.run({"x": x})["y"]
-            ms.append((time.perf_counter() - t) * 1e3)
-            ok = ok and bool(np.allclose(out, ref, rtol=1e-4, atol=1e-4))
-            st = sess.remote_stats()["p1"]
-            modes.append(st.mode)
-            if (st.mode == want and modes[-3:] == [want] * 3) or time.monotonic() - t0 > float(max_s):
-                break
-        print(json.dumps({"ms": ms, "modes": modes, "ok": ok, "stats": dataclasses.asdict(st)}), flush=True)
-""")
-
-
-def heavy_convs(path, layers: int = 64) -> None:
-    """96 channels at 16x16 through ``layers`` 3x3 convs sharing one weight: 2.7 GFLOP on a 98 kB tensor."""
-    nodes, t = [helper.make_node("Relu", ["x"], ["r0"], name="relu0")], "r0"
-    for i in range(layers):
-        out = "y" if i == layers - 1 else f"t{i + 1}"
-        nodes += [
-            helper.make_node("Conv", [t, "w"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
-            helper.make_node("Tanh", [f"c{i}"], [out], name=f"tanh{i}"),
-        ]
-        t = out
-    onnx.save(
-        make_model(
-            nodes, [("x", [1, 96, 16, 16])], [("y", [1, 96, 16, 16])], [("w", rand(96, 96, 3, 3) * 0.5)]
-        ),
-        path,
-    )
 
 
 def test_adaptive_follows_the_bandwidth_on_a_throttled_device(tmp_path):
@@ -217,7 +175,9 @@ def test_adaptive_follows_the_bandwidth_on_a_throttled_device(tmp_path):
     with NetLab(100, 10) as lab, CpuQuota(25) as quota:
         url = serve_in_lab(lab, bundle)
         device = subprocess.Popen(
-            quota.wrap([sys.executable, "-c", DEVICE, str(bundle), url, str(tmp_path / "heavy.onnx")]),
+            quota.wrap(
+                [sys.executable, "-c", ADAPTIVE_DEVICE, str(bundle), url, str(tmp_path / "heavy.onnx")]
+            ),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -240,8 +200,10 @@ def test_adaptive_follows_the_bandwidth_on_a_throttled_device(tmp_path):
         assert phase["modes"][-3:] == [phase["modes"][-1]] * 3
     assert fast["modes"][-1] == "adaptive:remote" and back["modes"][-1] == "adaptive:remote"
     assert slow["modes"][-1] == "adaptive:local"
-    # At 1 Mbit/s the first request still went to the server and paid ~98 kB each way on the wire;
-    # the local runs after it were far faster.
-    assert slow["ms"][0] > 2 * 98_304 * 8 / 1e6 * 1e3 * 0.9, slow["ms"]
-    assert max(slow["ms"][-3:]) < slow["ms"][0] / 3, slow["ms"]
+    # At 1 Mbit/s the policy switched on evidence: the first request still went to the server and
+    # sent its ~98 kB tensor there; the runs after the switch ran on the device. (How much faster
+    # they were is a speed figure: benchmarks/adaptive_switch.py prints it.)
+    assert slow["modes"][0] == "adaptive:remote"
+    assert slow["stats"]["sent_nbytes"] - fast["stats"]["sent_nbytes"] >= 98_304
+    assert slow["stats"]["local_runs"] > fast["stats"]["local_runs"]
     assert back["stats"]["remote_runs"] > slow["stats"]["remote_runs"]

@@ -47,6 +47,7 @@ def test_opset6_model_loads_upgraded_with_a_note(tmp_path):
     assert f"note: {p}: upgraded from opset 6 to 13" in " ".join(r.stderr.split())
 
 
+@pytest.mark.slow
 def test_opset6_model_ort_runs_deploys_with_the_cli_and_matches_ort_on_the_original(tmp_path):
     p = tmp_path / "old_ort.onnx"
     onnx.save(old_cnn(ort_runs_it=True), p)
@@ -59,6 +60,7 @@ def test_opset6_model_ort_runs_deploys_with_the_cli_and_matches_ort_on_the_origi
     np.testing.assert_allclose(_bundle_output(tmp_path / "bundle"), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_opset6_cnn_with_averagepool_deploys_and_matches_the_original(tmp_path):
     p = tmp_path / "old.onnx"
     onnx.save(old_cnn(), p)

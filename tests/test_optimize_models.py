@@ -13,6 +13,10 @@ from edgesplit.model.load import load_model
 from edgesplit.optimize.evaluate import violations
 from edgesplit.pipeline import partition
 
+# Plans for real zoo models on the Snapdragon spec: seconds each (the solvers' property tests,
+# tests/test_optimize_exact.py, are in the quick subset).
+pytestmark = pytest.mark.slow
+
 BANDWIDTHS = (1, 3, 10, 30, 100, 300, 1000)
 
 

@@ -118,6 +118,7 @@ def test_android_battery_and_charging(tmp_path):
     assert not rails and "charging" in rails.skipped[0]
 
 
+@pytest.mark.slow
 def test_no_rails_in_an_empty_tree_or_on_this_machine(tmp_path):
     assert not find_rails(tmp_path) and find_rails(tmp_path).source == ""
     if not find_rails("/"):  # DESIGN.md: no RAPL or hwmon power counters here
@@ -152,6 +153,7 @@ def test_measured_energy_is_power_times_latency(tmp_path):
         assert c.energy_mj == pytest.approx(5.0 * c.latency_ms, abs=1e-6)
 
 
+@pytest.mark.ssh
 def test_remote_profile_measures_energy_where_the_device_has_rails(sshd, remote_tmp, tmp_path):  # noqa: F811
     root = tmp_path / "fake-sysfs"
     jetson_tree(root, vdd_in_mv=5000, vdd_in_ma=1500)  # 7.5 W on the board input

@@ -166,6 +166,7 @@ def test_calibration_applies_only_at_the_precision_the_processor_runs(squeezenet
         assert predict(squeezenet, explicit, cpu.backend("ort"), device=spec.name).dispatch_ms is not None
 
 
+@pytest.mark.slow
 def test_leave_one_out_runs_on_shipped_data_and_beats_the_plain_roofline():
     spec, published = load_device("raspberry-pi5"), load_published("raspberry-pi5")
     groups = fit.groups(spec, published)

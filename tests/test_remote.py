@@ -63,6 +63,7 @@ def test_parse_target():
             parse_target(bad)
 
 
+@pytest.mark.ssh
 def test_remote_profile_has_the_local_shape(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     out = tmp_path / "remote.json"
     seen: list[tuple[str, int, int]] = []
@@ -103,6 +104,7 @@ def test_remote_profile_has_the_local_shape(sshd, remote_tmp, tiny, tmp_path):  
     assert not Path(f"{out}.partial").exists()
 
 
+@pytest.mark.ssh
 def test_cli_shell_metacharacters_in_the_model_path(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     work = tmp_path / "w; $(touch pwned-dir)"
     work.mkdir()
@@ -130,6 +132,7 @@ def test_cli_shell_metacharacters_in_the_model_path(sshd, remote_tmp, tiny, tmp_
         assert not list(where.glob("pwned*")), where
 
 
+@pytest.mark.ssh
 def test_unknown_host_key_needs_opt_in_and_is_then_recorded(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     kh = tmp_path / "ssh" / "known_hosts"  # does not exist yet
     args = [
@@ -169,6 +172,7 @@ def test_unknown_host_key_needs_opt_in_and_is_then_recorded(sshd, remote_tmp, ti
     assert detect_remote(sshd.target, opts)["python"]  # now known: no opt-in needed
 
 
+@pytest.mark.ssh
 def test_changed_host_key_is_always_refused(remote_tmp, tiny, tmp_path):  # noqa: F811
     s = start_sshd(tmp_path / "sshd2")
     try:
@@ -185,6 +189,7 @@ def test_changed_host_key_is_always_refused(remote_tmp, tiny, tmp_path):  # noqa
         s.stop()
 
 
+@pytest.mark.ssh
 def test_wrong_user_key_is_a_one_line_error(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     wrong = keygen(tmp_path / "wrong_key")
     args = sshd.cli_args(remote_tmp)
@@ -195,6 +200,7 @@ def test_wrong_user_key_is_a_one_line_error(sshd, remote_tmp, tiny, tmp_path):  
     assert "authentication failed" in line and sshd.target in line and str(wrong) in line
 
 
+@pytest.mark.ssh
 @pytest.mark.skipif(shutil.which("ssh-agent") is None, reason="ssh-agent is not installed")
 def test_auth_through_the_ssh_agent(sshd, remote_tmp, tmp_path, monkeypatch):  # noqa: F811
     sock = tmp_path / "agent.sock"
@@ -216,6 +222,7 @@ def test_auth_through_the_ssh_agent(sshd, remote_tmp, tmp_path, monkeypatch):  #
         agent.wait(timeout=10)
 
 
+@pytest.mark.ssh
 def test_encrypted_key_without_passphrase_is_a_clear_input_error(
     sshd,  # noqa: F811 - the fixture
     remote_tmp,  # noqa: F811
@@ -235,6 +242,7 @@ def test_encrypted_key_without_passphrase_is_a_clear_input_error(
     assert detect_remote(sshd.target, options(sshd, remote_tmp, identity=str(key)))["python"]
 
 
+@pytest.mark.ssh
 def test_unreachable_port_and_missing_python_are_clear(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     from sshd import free_port
 
@@ -248,6 +256,7 @@ def test_unreachable_port_and_missing_python_are_clear(sshd, remote_tmp, tiny, t
         profile_remote(tiny, sshd.target, RemoteOptions(opts), output=tmp_path / "x.json")
 
 
+@pytest.mark.ssh
 def test_a_silent_agent_hits_the_step_timeout_and_is_cleaned_up(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     hang = tmp_path / "hang.sh"  # a "python" that never answers
     hang.write_text("#!/bin/sh\nexec sleep 120\n")
@@ -262,6 +271,7 @@ def test_a_silent_agent_hits_the_step_timeout_and_is_cleaned_up(sshd, remote_tmp
     assert not list(remote_tmp.iterdir())  # removed by the client, not left to the 120 s sleep
 
 
+@pytest.mark.ssh
 @pytest.mark.skipif(not BARE_PYTHON.exists(), reason="no /usr/bin/python3 to stand for a bare device")
 def test_missing_modules_say_what_to_install(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     args = sshd.cli_args(remote_tmp)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,17 +17,51 @@ from edgesplit.model import zoo
 from edgesplit.profile.store import load_profile
 
 
-def cli(*args: str) -> subprocess.Popen:
-    exe = Path(sys.executable).with_name("edgesplit")
-    return subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+class Cli:
+    """The real console script in a subprocess, its stderr read as it comes.
 
+    ``TTY_COMPATIBLE=1`` makes rich draw its live progress bar into the pipe, so the test sees
+    the same progress events a user sees (``cpu/tvm ... 3/66``) and can wait on them.
+    """
 
-def wait_for(cond, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    def __init__(self, *args: str):
+        exe = Path(sys.executable).with_name("edgesplit")
+        env = {**os.environ, "TTY_COMPATIBLE": "1", "NO_COLOR": "1", "TERM": "xterm", "COLUMNS": "200"}
+        self.proc = subprocess.Popen(
+            [str(exe), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self._text = ""
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while chunk := self.proc.stderr.read(1):
+            with self._changed:
+                self._text += chunk
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_progress(self, label: str, timeout_s: float = 120) -> None:
+        """Block until the progress bar shows ``label`` with at least one step done."""
+        pattern = re.compile(rf"{re.escape(label)}\s[^\r\n]*?\b([1-9]\d*)/\d+\b")
+        with self._changed:
+            ok = self._changed.wait_for(
+                lambda: pattern.search(self._text) or self.proc.poll() is not None, timeout_s
+            )
+        assert ok and self.proc.poll() is None, f"no progress on {label}: {self.stderr()[-2000:]}"
+
+    def finish(self, timeout_s: float = 120) -> str:
+        """Wait for the exit; the stderr lines, progress drawing removed."""
+        self.proc.wait(timeout_s)
+        self._reader.join(timeout_s)
+        return self.stderr()
+
+    def stderr(self) -> str:
+        with self._changed:
+            text = self._text
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).replace("\r", "\n")
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +70,7 @@ def squeezenet(tmp_path_factory) -> Path:
     return zoo.save("squeezenet", tmp_path_factory.mktemp("models") / "squeezenet.onnx")
 
 
+@pytest.mark.ssh
 def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_tmp, squeezenet, tmp_path):  # noqa: F811
     out = tmp_path / "sq.json"
     part = Path(f"{out}.partial")
@@ -48,12 +85,12 @@ def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_t
         "-o",
         str(out),
     ]
-    p = cli(*args)
-    wait_for(lambda: part.exists() or p.poll() is not None, 60, "the first checkpoint")
-    assert p.poll() is None, p.communicate()
+    p = Cli(*args)
+    p.wait_progress("cpu/tvm")  # cpu/ort is done and checkpointed; TVM is being measured
+    assert part.exists()
     assert sshd.kill_connections() > 0  # the sshd processes serving us die: a dropped connection
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 2, err
+    err = p.finish(60)
+    assert p.proc.returncode == 1, err
     line = err.strip().splitlines()[-1]
     assert line.startswith("edgesplit: error: ") and "Traceback" not in err
     assert sshd.target in line and "connection dropped" in line and "--resume" in line and str(part) in line
@@ -61,29 +98,31 @@ def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_t
     assert [e.key for e in saved.entries] == ["cpu/ort"] and not out.exists()
     assert saved.entry("cpu", "ort").dispatch_ms is not None  # checkpoints keep every field
 
-    p = cli(*args, "--resume")
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err
+    p = Cli(*args, "--resume")
+    err = p.finish(120)
+    assert p.proc.returncode == 0, err
     prof = load_profile(out)
     assert [e.key for e in prof.entries] == ["cpu/ort", "cpu/tvm"]
     assert prof.entry("cpu", "ort") == saved.entry("cpu", "ort")  # reused as measured, not measured again
     assert prof.entry("cpu", "tvm").nodes and not part.exists()
 
 
+@pytest.mark.ssh
 def test_ctrl_c_removes_the_remote_folder(sshd, remote_tmp, squeezenet, tmp_path):  # noqa: F811
     out = tmp_path / "sq.json"
-    p = cli("profile", str(squeezenet), *sshd.cli_args(remote_tmp), "--backend", "tvm", "-o", str(out))
-    wait_for(lambda: any(remote_tmp.iterdir()) or p.poll() is not None, 60, "the remote folder")
-    time.sleep(1.0)  # into the profiling
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err
+    p = Cli("profile", str(squeezenet), *sshd.cli_args(remote_tmp), "--backend", "tvm", "-o", str(out))
+    p.wait_progress("cpu/tvm")  # the agent is measuring: the remote folder exists and is in use
+    assert any(remote_tmp.iterdir())
+    p.proc.send_signal(signal.SIGINT)
+    err = p.finish(60)
+    assert p.proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "edgesplit: error: interrupted"
     assert not out.exists()
     # the client removed the folder before exiting, not just the agent afterwards
     assert not any(remote_tmp.iterdir()), list(remote_tmp.iterdir())
 
 
+@pytest.mark.slow
 def test_local_resume_keeps_the_saved_pairs_too(tmp_path):
     from conftest import run_cli
 

@@ -8,15 +8,23 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, stop_process, wait_ready
+from netlab import (
+    free_port,
+    make_bundle,
+    serve_command,
+    single_tensor_cuts,
+    stop_process,
+    wait_read_whole,
+    wait_ready,
+)
 
+from edgesplit.runtime import oip
 from edgesplit.runtime.client import OipClient
 from edgesplit.runtime.server import ServeOptions, ServerThread
 
@@ -213,32 +221,41 @@ def heavy_bundle(tmp_path_factory) -> Path:
     return make_bundle(model, d / "bundle", [cut], [False, True])
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_requests_in_flight(heavy_bundle):
+    """Four requests the server has read whole, queued on one compute thread, all get answers."""
     proc, url = start_server(heavy_bundle, "--threads", "1")
     try:
         spec = json.loads((heavy_bundle / "manifest.json").read_text())["parts"][1]["inputs"][0]
         x = np.ones(spec["shape"], np.float32)
-        client = OipClient(url, timeout_s=60)
-        client.infer("p1", {spec["name"]: x})  # warm up
-        results: list = []
-
-        def one() -> None:
-            try:
-                results.append(OipClient(url, timeout_s=60).infer("p1", {spec["name"]: x})[0]["logits"])
-            except Exception as e:  # noqa: BLE001 - collected and asserted below
-                results.append(e)
-
-        threads = [threading.Thread(target=one) for _ in range(4)]
-        for t in threads:
-            t.start()
-        time.sleep(0.05)  # the requests are queued on one compute thread
+        OipClient(url, timeout_s=60).infer("p1", {spec["name"]: x})  # warm up
+        port = int(url.rsplit(":", 1)[1])
+        chunks, header_nbytes = oip.encode_request({spec["name"]: x})
+        conns = []
+        for _ in range(4):
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            c.putrequest("POST", "/v2/models/p1/infer")
+            c.putheader("Content-Length", str(sum(len(b) for b in chunks)))
+            c.putheader(oip.HEADER_LENGTH, str(header_nbytes))
+            c.endheaders()
+            for b in chunks:
+                c.send(b)
+            conns.append(c)
+        # the readiness event: the server has read every byte of the four requests
+        wait_read_whole(port, [c.sock.getsockname()[1] for c in conns])
         proc.terminate()
-        for t in threads:
-            t.join(60)
+        results = []
+        for c in conns:
+            r = c.getresponse()
+            body = r.read()
+            assert r.status == 200, body[:200]
+            out = oip.decode_response(
+                body, oip.parse_header_length(r.getheader(oip.HEADER_LENGTH), len(body))
+            )
+            results.append(out["logits"])
+            c.close()
         assert proc.wait(60) == 0
-        assert len(results) == 4 and all(
-            isinstance(r, np.ndarray) and r.shape == (1, 1000) for r in results
-        ), results
+        assert all(r.shape == (1, 1000) for r in results) and len(results) == 4
     finally:
         stop_process(proc)
 
@@ -253,6 +270,7 @@ def test_serve_cli_errors(tmp_path):
     assert r.returncode == 2 and "not a bundle" in r.stderr
 
 
+@pytest.mark.slow
 def test_light_load_no_errors_and_flat_memory(tiny):
     """A lighter version of benchmarks/server_load.py: 16 clients x 60 requests."""
     import psutil
@@ -289,6 +307,7 @@ def test_light_load_no_errors_and_flat_memory(tiny):
         stop_process(proc)
 
 
+@pytest.mark.slow
 def test_listening_line(tiny):
     port = free_port()
     proc = subprocess.Popen(

@@ -14,6 +14,8 @@ import pytest
 from edgesplit import throttle
 from edgesplit.cpu import configure_thread
 
+pytestmark = pytest.mark.netlab  # root: real-time scheduling and cgroup quotas, like tests/netlab.py
+
 needs_rt = pytest.mark.skipif(
     not hasattr(os, "sched_setscheduler") or os.geteuid() != 0 or (os.cpu_count() or 1) < 2,
     reason="real-time priority needs root (CAP_SYS_NICE) and a second core",

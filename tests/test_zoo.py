@@ -30,6 +30,15 @@ EXPECTED_OUTPUTS: dict[str, tuple[str, tuple[int, ...]]] = {
 }
 
 
+# Seconds each to build, check or load with costs: in the full suite, not the quick subset.
+_HEAVY = {"resnet18", "resnet50", "googlenet", "transformer", "transformer_large"}
+
+
+def _names() -> list:
+    """Every zoo model, the heavy ones marked slow."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in _HEAVY else n for n in EXPECTED_OUTPUTS]
+
+
 @functools.cache
 def _model(name: str, seed: int = 0) -> bytes:
     return zoo.build(name, seed).SerializeToString()
@@ -62,13 +71,13 @@ def test_unknown_name_is_an_input_error():
         zoo.save("alexnet", "unused.onnx")
 
 
-@pytest.mark.parametrize("name", list(EXPECTED_OUTPUTS))
+@pytest.mark.parametrize("name", _names())
 def test_build_is_deterministic_per_seed(name: str):
     assert _model(name, 0) == zoo.build(name, 0).SerializeToString()
     assert _model(name, 0) != _model(name, 1)
 
 
-@pytest.mark.parametrize("name", list(EXPECTED_OUTPUTS))
+@pytest.mark.parametrize("name", _names())
 def test_model_passes_full_check(name: str):
     model = onnx.load_model_from_string(_model(name))
     onnx.checker.check_model(model, full_check=True)
@@ -79,7 +88,7 @@ def test_model_passes_full_check(name: str):
     assert all(node_names) and len(set(node_names)) == len(node_names)
 
 
-@pytest.mark.parametrize("name", list(EXPECTED_OUTPUTS))
+@pytest.mark.parametrize("name", _names())
 def test_model_runs_in_onnxruntime(name: str):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
@@ -94,7 +103,7 @@ def test_model_runs_in_onnxruntime(name: str):
     assert 1e-3 < float(out.std()) < 100  # neither dead nor exploding
 
 
-@pytest.mark.parametrize("name", list(EXPECTED_OUTPUTS))
+@pytest.mark.parametrize("name", _names())
 def test_saved_model_loads_with_costs(name: str, loaded):
     graph = loaded(name)
     assert graph.total_flops > 0
@@ -111,24 +120,29 @@ def test_save_writes_the_built_bytes(tmp_path: Path):
 @pytest.mark.parametrize(
     ("name", "gmacs", "tolerance"),
     [
-        ("resnet18", 1.82, 0.10),
-        ("mobilenetv2", 0.30, 0.10),
-        ("resnet50", 4.1, 0.10),  # torchvision's count for v1.5
-        ("mobilenetv1", 0.569, 0.10),  # MobileNets paper, table 8
-        ("squeezenet", 0.35, 0.10),
-        ("googlenet", 1.5, 0.15),  # 5x5 convs as in the paper (torchvision has 3x3 there)
+        pytest.param(*case, marks=pytest.mark.slow) if case[0] in _HEAVY else case
+        for case in [
+            ("resnet18", 1.82, 0.10),
+            ("mobilenetv2", 0.30, 0.10),
+            ("resnet50", 4.1, 0.10),  # torchvision's count for v1.5
+            ("mobilenetv1", 0.569, 0.10),  # MobileNets paper, table 8
+            ("squeezenet", 0.35, 0.10),
+            ("googlenet", 1.5, 0.15),  # 5x5 convs as in the paper (torchvision has 3x3 there)
+        ]
     ],
 )
 def test_flops_match_published_counts(name: str, gmacs: float, tolerance: float, loaded):
     assert loaded(name).total_flops == pytest.approx(2 * gmacs * 1e9, rel=tolerance)
 
 
+@pytest.mark.slow
 def test_googlenet_has_four_way_branches(loaded):
     graph = loaded("googlenet")
     assert any(len(users) == 4 for t, users in graph.consumers.items() if t in graph.producer)
     assert any(n.op_type == "Concat" and len(n.inputs) == 4 for n in graph.nodes)
 
 
+@pytest.mark.slow
 def test_resnet18_and_mobilenetv2_have_skips(loaded):
     for name, adds in (("resnet18", 8), ("mobilenetv2", 10)):
         graph = loaded(name)
@@ -136,6 +150,7 @@ def test_resnet18_and_mobilenetv2_have_skips(loaded):
         assert not graph.is_chain()
 
 
+@pytest.mark.slow
 def test_transformer_large_has_over_1000_nodes(loaded):
     graph = loaded("transformer_large")
     assert len(graph.nodes) >= 1000
@@ -143,6 +158,7 @@ def test_transformer_large_has_over_1000_nodes(loaded):
     assert {"MatMul", "Softmax", "LayerNormalization", "Erf", "Transpose", "Reshape"} <= ops
 
 
+@pytest.mark.slow
 def test_transformer_attention_is_spelled_out(loaded):
     graph = loaded("transformer")
     ops = [n.op_type for n in graph.nodes]

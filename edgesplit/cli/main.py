@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -41,9 +42,28 @@ def debug_enabled() -> bool:
     return os.environ.get("EDGESPLIT_DEBUG", "") not in ("", "0")
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        import edgesplit
+
+        click.echo(f"edgesplit {edgesplit.__version__}")
+        ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Show full tracebacks (or set EDGESPLIT_DEBUG=1).")
-@click.version_option(package_name="edgesplit")
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="Show full tracebacks (or set EDGESPLIT_DEBUG=1). Works before or after the subcommand.",
+)
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version.",
+)
 def cli(debug: bool) -> None:
     """Split a neural network across the processors of an edge device and a server."""
     if debug:
@@ -56,28 +76,42 @@ def abort(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def take_debug_flag(args: list[str]) -> tuple[list[str], bool]:
+    """``args`` without ``--debug``, and whether it was there: the flag belongs to the group, but
+    it is accepted anywhere before a ``--``, so ``edgesplit partition ... --debug`` works too."""
+    end = args.index("--") if "--" in args else len(args)
+    kept = [a for a in args[:end] if a != "--debug"]
+    return kept + args[end:], len(kept) < end
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: maps errors to exit codes and one-line messages."""
-    if "--debug" in (argv if argv is not None else sys.argv[1:]):
+    args, debug = take_debug_flag(list(sys.argv[1:] if argv is None else argv))
+    if debug:
         os.environ["EDGESPLIT_DEBUG"] = "1"
     try:
-        cli.main(args=argv, prog_name="edgesplit", standalone_mode=False)
+        cli.main(args=args, prog_name="edgesplit", standalone_mode=False)
     except click.exceptions.Abort:
         abort("interrupted", 130)
     except click.UsageError as e:
-        if debug_enabled():
-            raise
+        _traceback_if_debug()
         abort(e.format_message().replace("\n", " "), 2)
     except click.ClickException as e:
         abort(e.format_message(), e.exit_code)
     except EdgesplitError as e:
-        if debug_enabled():
-            raise
+        _traceback_if_debug()
         abort(str(e).replace("\n", " "), e.exit_code)
     except KeyboardInterrupt:
         abort("interrupted", 130)
     except Exception as e:  # noqa: BLE001 - the last line of defence: no traceback without --debug
-        if debug_enabled():
-            raise
+        _traceback_if_debug()
         abort(f"{type(e).__name__}: {e} (run with --debug for the traceback)".replace("\n", " "), 1)
     sys.exit(0)
+
+
+def _traceback_if_debug() -> None:
+    """With --debug, the traceback goes to stderr first; the exit code stays the error's own."""
+    if debug_enabled():
+        import traceback
+
+        traceback.print_exc()

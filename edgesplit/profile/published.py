@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesplit.errors import ProfileError
+from edgesplit.util import shipped_dir
 
 PRECISIONS = ("fp32", "fp16", "int8")
 
@@ -103,11 +104,11 @@ PUBLISHED_SCHEMA: dict[str, Any] = {
 def data_dir() -> Path:
     """The ``profiles/`` folder that holds published figures and fitted calibrations.
 
-    ``EDGESPLIT_PROFILES_DIR`` overrides it; otherwise the checkout's top-level ``profiles/``.
-    The one place to change when the data moves into the package.
+    ``EDGESPLIT_PROFILES_DIR`` overrides it; otherwise the shipped ``profiles/``: the top-level
+    folder in a checkout, the copy in an installed wheel (:func:`edgesplit.util.shipped_dir`).
     """
     env = os.environ.get("EDGESPLIT_PROFILES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "profiles"
+    return Path(env) if env else shipped_dir("profiles")
 
 
 @dataclass(frozen=True)

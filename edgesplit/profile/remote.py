@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesplit.device import SpecSource
-from edgesplit.errors import EdgesplitError, RemoteError
+from edgesplit.errors import EdgesplitError, RemoteError, RemoteHostError
 from edgesplit.profile.agentzip import EXIT_MKTEMP, EXIT_NO_PYTHON, HELLO, build_agent, remote_command
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.ssh import SshOptions, Target, connect, parse_target
@@ -175,7 +175,7 @@ class AgentSession:
         code = chan.recv_exit_status()
         tail = self._stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
         if code == EXIT_NO_PYTHON:
-            return RemoteError(
+            return RemoteHostError(
                 f"{self.target}: remote Python '{self.opts.remote_python}' not found "
                 f"(pass --remote-python PATH)"
             )
@@ -261,7 +261,7 @@ class AgentSession:
                 self.ready.get("machine", ""),
                 "com.termux" in self.ready.get("python", ""),
             )
-            return RemoteError(
+            return RemoteHostError(
                 f"{self.target}: the remote Python lacks {', '.join(ev['missing'])}; "
                 f"install them there: {hint}"
             )

@@ -5,7 +5,8 @@ An unknown key is refused unless the caller opts in (``accept_new_host_key``), i
 appended to that file; a key that differs from the one on file is always refused. Authentication
 is by a key file or the SSH agent (and the default ``~/.ssh/id_*`` keys when no key file is
 given); passwords are never accepted. Every failure becomes a one-line :class:`RemoteError` that
-names the host.
+names the host: a :class:`RemoteHostError` (bad input, exit code 2) when the host cannot be
+used at all.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgesplit.errors import InputError, RemoteError
+from edgesplit.errors import InputError, RemoteHostError
 from edgesplit.util import atomic_write_text
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -163,7 +164,7 @@ def connect(target: Target, opts: SshOptions):
     """An authenticated ``paramiko.SSHClient``, host key checked.
 
     Raises:
-        RemoteError: unreachable, refused, unknown or changed host key, authentication failure,
+        RemoteHostError: unreachable, refused, unknown or changed host key, authentication failure,
             or a timeout; the message names the host.
         InputError: an unreadable key file.
     """
@@ -204,13 +205,13 @@ def connect(target: Target, opts: SshOptions):
     return client
 
 
-def _connect_error(target: Target, opts: SshOptions, e: Exception) -> RemoteError:
+def _connect_error(target: Target, opts: SshOptions, e: Exception) -> RemoteHostError:
     import paramiko
 
     if isinstance(e, _HostKeyRefused):
-        return RemoteError(str(e))
+        return RemoteHostError(str(e))
     if isinstance(e, paramiko.BadHostKeyException):
-        return RemoteError(
+        return RemoteHostError(
             f"{target}: the host key has CHANGED (server sent {e.key.get_name()} {fingerprint(e.key)}, "
             f"{opts.known_hosts_path} has {fingerprint(e.expected_key)}); refusing to connect. If the "
             f"change is expected, remove the old key: ssh-keygen -R '{target.known_hosts_name}' "
@@ -218,23 +219,23 @@ def _connect_error(target: Target, opts: SshOptions, e: Exception) -> RemoteErro
         )
     if isinstance(e, paramiko.AuthenticationException):
         how = f"key {opts.identity}" if opts.identity else "the SSH agent and ~/.ssh/id_* keys"
-        return RemoteError(f"{target}: authentication failed with {how} ({e})")
+        return RemoteHostError(f"{target}: authentication failed with {how} ({e})")
     if isinstance(e, paramiko.SSHException) and "No authentication methods available" in str(e):
-        return RemoteError(
+        return RemoteHostError(
             f"{target}: authentication failed: no key to offer (the SSH agent has none and there is "
             "no ~/.ssh/id_*); pass --identity KEY or load a key with ssh-add"
         )
     if isinstance(e, socket.gaierror):
-        return RemoteError(f"{target}: cannot resolve host '{target.host}' ({e.strerror})")
+        return RemoteHostError(f"{target}: cannot resolve host '{target.host}' ({e.strerror})")
     if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
-        return RemoteError(f"{target}: connection refused on port {target.port}")
+        return RemoteHostError(f"{target}: connection refused on port {target.port}")
     if isinstance(e, TimeoutError | socket.timeout):
-        return RemoteError(f"{target}: timed out after {opts.connect_timeout_s:g} s while connecting")
+        return RemoteHostError(f"{target}: timed out after {opts.connect_timeout_s:g} s while connecting")
     if isinstance(e, paramiko.SSHException):
         msg = str(e) or type(e).__name__
         if "timeout" in msg.lower() or "banner" in msg.lower():
             msg += f" (timeout {opts.connect_timeout_s:g} s)"
-        return RemoteError(f"{target}: SSH failed: {msg}")
+        return RemoteHostError(f"{target}: SSH failed: {msg}")
     if isinstance(e, OSError):
-        return RemoteError(f"{target}: cannot connect ({e.strerror or e})")
-    return RemoteError(f"{target}: cannot connect ({type(e).__name__}: {e})")
+        return RemoteHostError(f"{target}: cannot connect ({e.strerror or e})")
+    return RemoteHostError(f"{target}: cannot connect ({type(e).__name__}: {e})")

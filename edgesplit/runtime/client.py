@@ -24,7 +24,7 @@ from urllib.parse import quote, urlsplit
 
 import numpy as np
 
-from edgesplit.errors import RemoteError
+from edgesplit.errors import RemoteError, RemoteHostError
 from edgesplit.runtime import oip
 
 RETRY_STATUS = frozenset({502, 503, 504})
@@ -79,7 +79,7 @@ class OipClient:
     ):
         u = urlsplit(url if "://" in url else f"http://{url}")
         if u.scheme not in ("http", "https") or not u.hostname:
-            raise remote_error(f"server URL {url!r}: expected http://HOST:PORT")
+            raise RemoteHostError(f"server URL {url!r}: expected http://HOST:PORT")
         self.url = url
         self._https = u.scheme == "https"
         self._host = u.hostname

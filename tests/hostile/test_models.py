@@ -589,6 +589,7 @@ def test_defect5_external_data_counts_against_the_limit(tmp_path):
     _one_line(r, p, "1500.0 MB of external data (big.bin)", "over the model size limit of 1024 MB")
 
 
+@pytest.mark.slow
 def test_defect9_opset_999_and_mismatched_matmul_are_refused_by_partition(tmp_path):
     d = _case_dir(tmp_path)
     for path, texts in [
@@ -622,6 +623,7 @@ def test_defect12_zero_size_dimension_is_not_called_dynamic(tmp_path):
     assert "dynamic" not in msg and "--input-shape" not in msg  # no hint that --input-shape rejects
 
 
+@pytest.mark.slow
 def test_value_dependent_shapes_fold_from_sample_inputs(tmp_path):
     p = value_dependent(_case_dir(tmp_path))
     shape = np.array([3, 4], np.int64)
@@ -659,6 +661,7 @@ def test_value_dependent_shapes_fold_from_sample_inputs(tmp_path):
     assert r.returncode == 0 and (tmp_path / "b" / "manifest.json").exists(), r.stderr
 
 
+@pytest.mark.slow
 def test_value_dependent_model_deploys_with_its_sample_inputs(tmp_path):
     import onnxruntime as ort
 
@@ -679,6 +682,7 @@ def test_value_dependent_model_deploys_with_its_sample_inputs(tmp_path):
         np.testing.assert_allclose(sess.run({"x": x, "shape": shape})["y"], want)
 
 
+@pytest.mark.slow
 def test_sample_inputs_travel_in_the_pipeline_choices(tmp_path):
     """``input_values`` is a field of the pipeline's Choices, as ``input_shapes`` is: the API,
     ``resolve`` and the deploy command's ``--input`` all load the model with it."""

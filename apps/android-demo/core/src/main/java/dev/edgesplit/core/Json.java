@@ -1,360 +1,192 @@
 package dev.edgesplit.core;
 
+import com.google.gson.stream.JsonReader;
+import com.google.gson.stream.JsonToken;
+import com.google.gson.stream.JsonWriter;
+import java.io.IOException;
+import java.io.StringReader;
+import java.io.StringWriter;
 import java.util.ArrayList;
-import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 
 /**
- * A small, strict JSON (RFC 8259) reader and writer.
+ * JSON in and out of plain Java values, read and written by Gson's streaming {@link JsonReader}
+ * and {@link JsonWriter} (strict, not lenient).
  *
- * <p>The plain JVM has no JSON library and none can be downloaded where the core is built, so the
- * core carries its own. Values map to Java as: object -> {@code LinkedHashMap<String, Object>} (key
- * order kept), array -> {@code ArrayList<Object>}, string -> {@code String}, number -> {@code Long}
- * when it is an integer that fits, else {@code Double}, true/false -> {@code Boolean}, null -> null.
- * Duplicate keys, trailing commas, comments, NaN and leading zeros are errors.
+ * <p>Values map to Java as: object -> {@code LinkedHashMap<String, Object>} (key order kept),
+ * array -> {@code ArrayList<Object>}, string -> {@code String}, number -> {@code Long} when it is
+ * an integer that fits, else {@code Double}, true/false -> {@code Boolean}, null -> null. Gson
+ * rejects trailing commas, comments, single quotes, NaN, leading zeros and text after the value
+ * (it accepts a raw control character inside a string); on top of it, this class rejects
+ * duplicate keys and nesting deeper than {@link #MAX_DEPTH}.
  */
 public final class Json {
     /** Nesting deeper than this is refused (no stack overflow on hostile input). */
     public static final int MAX_DEPTH = 256;
 
-    /** A syntax error, with its 1-based line and column. */
+    /** Text that is not one valid JSON document; the message says where (Gson's line, column, path). */
     public static final class ParseException extends Exception {
         private static final long serialVersionUID = 1L;
-        public final int line;
-        public final int column;
 
-        ParseException(String message, int line, int column) {
-            super(message + " at line " + line + ", column " + column);
-            this.line = line;
-            this.column = column;
+        ParseException(String message, Throwable cause) {
+            super(message, cause);
         }
     }
 
-    private final String s;
-    private int i;
+    /** Gson's words for "strict mode refused this", which would send a reader to the wrong fix. */
+    private static final String LENIENT_HINT = "Use JsonReader.setLenient(true) to accept malformed JSON";
 
-    private Json(String s) {
-        this.s = s;
-    }
+    private Json() {}
 
     /** Parses one JSON document (surrounding whitespace allowed, nothing else). */
     public static Object parse(String text) throws ParseException {
-        Json p = new Json(text);
-        p.ws();
-        Object v = p.value(0);
-        p.ws();
-        if (p.i < p.s.length()) {
-            throw p.error("unexpected '" + p.s.charAt(p.i) + "' after the JSON value");
-        }
-        return v;
-    }
-
-    private ParseException error(String message) {
-        int line = 1;
-        int col = 1;
-        for (int k = 0; k < i && k < s.length(); k++) {
-            if (s.charAt(k) == '\n') {
-                line++;
-                col = 1;
-            } else {
-                col++;
+        JsonReader r = new JsonReader(new StringReader(text));
+        r.setLenient(false);
+        try {
+            Object v = value(r, 0);
+            if (r.peek() != JsonToken.END_DOCUMENT) {
+                throw new ParseException("unexpected text after the JSON value " + where(r), null);
             }
-        }
-        return new ParseException(message, line, col);
-    }
-
-    private void ws() {
-        while (i < s.length()) {
-            char c = s.charAt(i);
-            if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
-                return;
-            }
-            i++;
+            return v;
+        } catch (IOException | IllegalStateException | NumberFormatException e) {
+            // Gson: MalformedJsonException or EOFException (IOException), a bad \\u escape
+            // (NumberFormatException), a token where another was expected (IllegalStateException).
+            String message = e.getMessage() == null ? e.getClass().getSimpleName() : e.getMessage();
+            throw new ParseException(message.replace(LENIENT_HINT, "malformed JSON"), e);
         }
     }
 
-    private Object value(int depth) throws ParseException {
-        if (depth > MAX_DEPTH) {
-            throw error("nesting deeper than " + MAX_DEPTH);
-        }
-        if (i >= s.length()) {
-            throw error("unexpected end of input");
-        }
-        char c = s.charAt(i);
-        switch (c) {
-            case '{':
-                return object(depth);
-            case '[':
-                return array(depth);
-            case '"':
-                return string();
-            case 't':
-                return literal("true", Boolean.TRUE);
-            case 'f':
-                return literal("false", Boolean.FALSE);
-            case 'n':
-                return literal("null", null);
+    private static String where(JsonReader r) {
+        return "at " + r.getPath();
+    }
+
+    private static Object value(JsonReader r, int depth) throws IOException, ParseException {
+        JsonToken token = r.peek();
+        switch (token) {
+            case BEGIN_OBJECT:
+                return object(r, depth + 1);
+            case BEGIN_ARRAY:
+                return array(r, depth + 1);
+            case STRING:
+                return r.nextString();
+            case NUMBER:
+                return number(r.nextString());
+            case BOOLEAN:
+                return r.nextBoolean();
+            case NULL:
+                r.nextNull();
+                return null;
             default:
-                if (c == '-' || (c >= '0' && c <= '9')) {
-                    return number();
-                }
-                throw error("unexpected '" + c + "'");
+                throw new ParseException("expected a value, got " + token + " " + where(r), null);
         }
     }
 
-    private Object literal(String word, Object v) throws ParseException {
-        if (!s.startsWith(word, i)) {
-            throw error("invalid literal");
+    private static Map<String, Object> object(JsonReader r, int depth) throws IOException, ParseException {
+        checkDepth(r, depth);
+        Map<String, Object> out = new LinkedHashMap<>();
+        r.beginObject();
+        while (r.hasNext()) {
+            String key = r.nextName();
+            if (out.containsKey(key)) {
+                throw new ParseException("duplicate key '" + key + "' " + where(r), null);
+            }
+            out.put(key, value(r, depth));
         }
-        i += word.length();
-        return v;
+        r.endObject();
+        return out;
     }
 
-    private Map<String, Object> object(int depth) throws ParseException {
-        Map<String, Object> m = new LinkedHashMap<>();
-        i++;
-        ws();
-        if (i < s.length() && s.charAt(i) == '}') {
-            i++;
-            return m;
+    private static List<Object> array(JsonReader r, int depth) throws IOException, ParseException {
+        checkDepth(r, depth);
+        List<Object> out = new ArrayList<>();
+        r.beginArray();
+        while (r.hasNext()) {
+            out.add(value(r, depth));
         }
-        while (true) {
-            ws();
-            if (i >= s.length() || s.charAt(i) != '"') {
-                throw error("expected a string key");
-            }
-            int at = i;
-            String key = string();
-            if (m.containsKey(key)) {
-                i = at;
-                throw error("duplicate key \"" + key + "\"");
-            }
-            ws();
-            expect(':');
-            ws();
-            m.put(key, value(depth + 1));
-            ws();
-            if (i < s.length() && s.charAt(i) == ',') {
-                i++;
-                continue;
-            }
-            expect('}');
-            return m;
+        r.endArray();
+        return out;
+    }
+
+    private static void checkDepth(JsonReader r, int depth) throws ParseException {
+        if (depth > MAX_DEPTH) {
+            throw new ParseException("nesting deeper than " + MAX_DEPTH + " " + where(r), null);
         }
     }
 
-    private List<Object> array(int depth) throws ParseException {
-        List<Object> a = new ArrayList<>();
-        i++;
-        ws();
-        if (i < s.length() && s.charAt(i) == ']') {
-            i++;
-            return a;
-        }
-        while (true) {
-            ws();
-            a.add(value(depth + 1));
-            ws();
-            if (i < s.length() && s.charAt(i) == ',') {
-                i++;
-                continue;
-            }
-            expect(']');
-            return a;
-        }
-    }
-
-    private void expect(char c) throws ParseException {
-        if (i >= s.length()) {
-            throw error("expected '" + c + "' but the input ended");
-        }
-        if (s.charAt(i) != c) {
-            throw error("expected '" + c + "' but found '" + s.charAt(i) + "'");
-        }
-        i++;
-    }
-
-    private String string() throws ParseException {
-        i++; // opening quote
-        StringBuilder b = new StringBuilder();
-        while (true) {
-            if (i >= s.length()) {
-                throw error("unterminated string");
-            }
-            char c = s.charAt(i++);
-            if (c == '"') {
-                return b.toString();
-            }
-            if (c < 0x20) {
-                i--;
-                throw error("control character in a string");
-            }
-            if (c != '\\') {
-                b.append(c);
-                continue;
-            }
-            if (i >= s.length()) {
-                throw error("unterminated string");
-            }
-            char e = s.charAt(i++);
-            switch (e) {
-                case '"': b.append('"'); break;
-                case '\\': b.append('\\'); break;
-                case '/': b.append('/'); break;
-                case 'b': b.append('\b'); break;
-                case 'f': b.append('\f'); break;
-                case 'n': b.append('\n'); break;
-                case 'r': b.append('\r'); break;
-                case 't': b.append('\t'); break;
-                case 'u':
-                    if (i + 4 > s.length()) {
-                        throw error("short \\u escape");
-                    }
-                    int cp = 0;
-                    for (int k = 0; k < 4; k++) {
-                        int d = Character.digit(s.charAt(i + k), 16);
-                        if (d < 0) {
-                            throw error("bad \\u escape");
-                        }
-                        cp = cp * 16 + d;
-                    }
-                    i += 4;
-                    b.append((char) cp);
-                    break;
-                default:
-                    i--;
-                    throw error("bad escape '\\" + e + "'");
-            }
-        }
-    }
-
-    private Object number() throws ParseException {
-        int start = i;
-        if (s.charAt(i) == '-') {
-            i++;
-        }
-        if (i >= s.length() || !Character.isDigit(s.charAt(i))) {
-            throw error("bad number");
-        }
-        if (s.charAt(i) == '0' && i + 1 < s.length() && Character.isDigit(s.charAt(i + 1))) {
-            throw error("leading zero in a number");
-        }
-        digits();
-        boolean integral = true;
-        if (i < s.length() && s.charAt(i) == '.') {
-            integral = false;
-            i++;
-            if (digits() == 0) {
-                throw error("bad number: no digits after '.'");
-            }
-        }
-        if (i < s.length() && (s.charAt(i) == 'e' || s.charAt(i) == 'E')) {
-            integral = false;
-            i++;
-            if (i < s.length() && (s.charAt(i) == '+' || s.charAt(i) == '-')) {
-                i++;
-            }
-            if (digits() == 0) {
-                throw error("bad number: no digits in the exponent");
-            }
-        }
-        String text = s.substring(start, i);
+    /** A Long for an integer literal that fits, else a Double (as JavaScript would read it). */
+    private static Object number(String literal) {
+        boolean integral = literal.indexOf('.') < 0 && literal.indexOf('e') < 0 && literal.indexOf('E') < 0;
         if (integral) {
             try {
-                return Long.parseLong(text);
+                return Long.parseLong(literal);
             } catch (NumberFormatException tooBig) {
-                // falls through to a double, as JavaScript would read it
+                // falls through to a double
             }
         }
-        return Double.parseDouble(text);
-    }
-
-    private int digits() {
-        int n = 0;
-        while (i < s.length() && Character.isDigit(s.charAt(i))) {
-            i++;
-            n++;
-        }
-        return n;
+        return Double.parseDouble(literal);
     }
 
     // ---- writing
 
-    /** Compact JSON text of a value built from maps, lists, strings, numbers, booleans and null. */
+    /**
+     * Compact JSON text of a value built from maps, lists, strings, numbers, booleans, null and
+     * {@code long[]}. Integral doubles below 1e15 are written as integers ({@code 4.0} -> {@code 4}).
+     *
+     * @throws IllegalArgumentException for NaN, infinities and values of other types
+     */
     public static String write(Object v) {
-        StringBuilder b = new StringBuilder();
-        write(b, v);
-        return b.toString();
+        StringWriter out = new StringWriter();
+        try (JsonWriter w = new JsonWriter(out)) {
+            w.setSerializeNulls(true);
+            write(w, v);
+        } catch (IOException e) {
+            throw new IllegalStateException("writing to a string failed", e); // a StringWriter does not
+        }
+        return out.toString();
     }
 
-    private static void write(StringBuilder b, Object v) {
+    private static void write(JsonWriter w, Object v) throws IOException {
         if (v == null) {
-            b.append("null");
+            w.nullValue();
         } else if (v instanceof String) {
-            quote(b, (String) v);
-        } else if (v instanceof Boolean || v instanceof Integer || v instanceof Long) {
-            b.append(v);
+            w.value((String) v);
+        } else if (v instanceof Boolean) {
+            w.value((Boolean) v);
+        } else if (v instanceof Integer || v instanceof Long) {
+            w.value(((Number) v).longValue());
         } else if (v instanceof Number) {
             double d = ((Number) v).doubleValue();
             if (Double.isNaN(d) || Double.isInfinite(d)) {
                 throw new IllegalArgumentException("JSON has no " + d);
             }
-            b.append(d == Math.rint(d) && Math.abs(d) < 1e15 ? Long.toString((long) d) : Double.toString(d));
+            if (d == Math.rint(d) && Math.abs(d) < 1e15) {
+                w.value((long) d);
+            } else {
+                w.value(d);
+            }
         } else if (v instanceof Map) {
-            b.append('{');
-            Iterator<? extends Map.Entry<?, ?>> it = ((Map<?, ?>) v).entrySet().iterator();
-            while (it.hasNext()) {
-                Map.Entry<?, ?> e = it.next();
-                quote(b, String.valueOf(e.getKey()));
-                b.append(':');
-                write(b, e.getValue());
-                if (it.hasNext()) {
-                    b.append(',');
-                }
+            w.beginObject();
+            for (Map.Entry<?, ?> e : ((Map<?, ?>) v).entrySet()) {
+                w.name(String.valueOf(e.getKey()));
+                write(w, e.getValue());
             }
-            b.append('}');
+            w.endObject();
         } else if (v instanceof Iterable) {
-            b.append('[');
-            Iterator<?> it = ((Iterable<?>) v).iterator();
-            while (it.hasNext()) {
-                write(b, it.next());
-                if (it.hasNext()) {
-                    b.append(',');
-                }
+            w.beginArray();
+            for (Object item : (Iterable<?>) v) {
+                write(w, item);
             }
-            b.append(']');
+            w.endArray();
         } else if (v instanceof long[]) {
-            b.append('[');
-            long[] a = (long[]) v;
-            for (int k = 0; k < a.length; k++) {
-                b.append(k == 0 ? "" : ",").append(a[k]);
+            w.beginArray();
+            for (long x : (long[]) v) {
+                w.value(x);
             }
-            b.append(']');
+            w.endArray();
         } else {
             throw new IllegalArgumentException("cannot write " + v.getClass().getName() + " as JSON");
         }
-    }
-
-    private static void quote(StringBuilder b, String str) {
-        b.append('"');
-        for (int k = 0; k < str.length(); k++) {
-            char c = str.charAt(k);
-            switch (c) {
-                case '"': b.append("\\\""); break;
-                case '\\': b.append("\\\\"); break;
-                case '\n': b.append("\\n"); break;
-                case '\r': b.append("\\r"); break;
-                case '\t': b.append("\\t"); break;
-                default:
-                    if (c < 0x20) {
-                        b.append(String.format("\\u%04x", (int) c));
-                    } else {
-                        b.append(c);
-                    }
-            }
-        }
-        b.append('"');
     }
 }
