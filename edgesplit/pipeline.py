@@ -227,10 +227,6 @@ def resolve(
     c = choices or Choices()
     pins = check_choices(c)
     graph = load_graph(model, c.input_shapes, c.input_values)
-    if not graph.nodes:
-        raise PlanError(
-            f"{graph.path or graph.name}: the model has no operators (its outputs are its inputs): nothing to split"
-        )
     dev = load_spec(device)
     srv = _server(c.server)
     link = resolve_link(srv, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)

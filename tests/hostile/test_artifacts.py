@@ -229,8 +229,9 @@ def test_defect1_part_name_cannot_leave_the_bundle(w, tmp_path):
 
 
 def test_defect2_a_model_without_nodes_is_refused_and_nothing_waits(w, bundle, tmp_path):
-    """A zero-node model passed partition and compile; run then waited forever. Refused: a
-    bundle of nothing is a broken export, better said at once than run as an identity."""
+    """A zero-node model passed partition and compile; run then waited forever. Refused (model
+    loading refuses the model; plans, compile and manifests refuse zero parts): a bundle of
+    nothing is a broken export, better said at once than run as an identity."""
     g = helper.make_graph(
         [],
         "g",
@@ -241,7 +242,7 @@ def test_defect2_a_model_without_nodes_is_refused_and_nothing_waits(w, bundle, t
     m.ir_version = 8
     onnx.save(m, tmp_path / "zero.onnx")
     r = cli("partition", tmp_path / "zero.onnx", "-d", w["spec"], "-o", tmp_path / "plan.json", "-q")
-    refused(r, "no operators", file=tmp_path / "zero.onnx")
+    refused(r, "nothing to split", file=tmp_path / "zero.onnx")
     assert not (tmp_path / "plan.json").exists() and not (tmp_path / "plan.profile.json").exists()
     doc = manifest_of(bundle)  # a hand-made bundle with no parts: refused at load, no wait
     doc["parts"], doc["files"] = [], {}
