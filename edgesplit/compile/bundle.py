@@ -24,6 +24,7 @@ from edgesplit.errors import BundleError, PlanError
 from edgesplit.optimize.plan import Plan
 from edgesplit.util import (
     MAX_JSON_NBYTES,
+    atomic_write_bytes,
     check_fields,
     dump_json,
     known_fields,
@@ -172,8 +173,6 @@ def write_manifest(
     bundle_dir: str | os.PathLike, manifest: Manifest, sign_key: Ed25519PrivateKey | None = None
 ) -> None:
     """Write ``manifest.json`` atomically and, with ``sign_key``, its signature beside it."""
-    from edgesplit.util import atomic_write_bytes
-
     root = Path(bundle_dir)
     data = dump_json(manifest.to_json()).encode()
     atomic_write_bytes(root / MANIFEST, data)
