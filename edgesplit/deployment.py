@@ -23,6 +23,8 @@ def deploy(
     *,
     tune_trials: int = 0,
     progress: Callable[[str, int, int], None] | None = None,
+    force: bool = False,
+    sign_key: str | os.PathLike | None = None,
     **choices,
 ) -> Manifest:
     """Profile ``model`` on ``device`` (measured here, predicted elsewhere), partition it and
@@ -37,16 +39,31 @@ def deploy(
             ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
             ``input_values``, ``profiling``.
         tune_trials: MetaSchedule trials for TVM parts.
+        force: Replace ``out`` even when it holds something other than an edgesplit bundle.
+        sign_key: An ed25519 private key file to sign the bundle with (the bundle is signed last).
 
     The bundle's manifest carries the plan (``Manifest.plan``), with the predicted figures and the
     baselines. Returns the manifest; open the bundle with :func:`edgesplit.load`.
     """
-    from edgesplit.compile.api import compile_bundle
+    from edgesplit.compile.api import check_output, compile_bundle
+    from edgesplit.compile.bundle import sign_bundle
+    from edgesplit.compile.signing import load_private_key
     from edgesplit.optimize.api import solve_plan
     from edgesplit.pipeline import Choices, resolve
 
+    key = load_private_key(sign_key) if sign_key is not None else None
+    check_output(out, force, [getattr(model, "path", None) or os.fspath(model)])  # before the slow steps
     problem = resolve(model, device, Choices(**choices), progress=progress)
     plan = solve_plan(problem)
-    return compile_bundle(
-        problem.graph, plan, out, device=problem.full_device, tune_trials=tune_trials, progress=progress
+    manifest = compile_bundle(
+        problem.graph,
+        plan,
+        out,
+        device=problem.full_device,
+        tune_trials=tune_trials,
+        progress=progress,
+        force=force,
     )
+    if key is not None:
+        sign_bundle(out, key)
+    return manifest

@@ -7,6 +7,7 @@ file and the key. ``host`` is this machine, detected at run time.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from collections.abc import Mapping
@@ -14,9 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from edgesplit.device_schema import BACKENDS, KINDS, BackendKind, device_to_mapping, validate
+from edgesplit.device_schema import BACKENDS, KINDS, BackendKind, device_to_mapping, read_yaml, validate
 from edgesplit.errors import DeviceSpecError
 from edgesplit.util import shipped_dir
 
@@ -188,8 +187,10 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
     """A spec name (``snapdragon-8gen2``) or a path to a YAML file -> the file."""
     text = str(name_or_path)
     p = Path(text)
-    if p.suffix in (".yaml", ".yml") or os.sep in text or p.is_file():
-        if not p.is_file():
+    if p.suffix in (".yaml", ".yml") or os.sep in text or p.exists():
+        if p.is_dir():
+            raise DeviceSpecError(f"{text}: is a directory, not a device spec file")
+        if not p.exists():
             raise DeviceSpecError(f"{text}: no such device spec file")
         return p
     for d in search_dirs():
@@ -198,23 +199,6 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
             return cand
     names = ", ".join(q.stem for q in list_specs() if q.stem != "links")
     raise DeviceSpecError(f"unknown device '{text}' (known: {names})")
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        line = f" line {where.line + 1}" if where else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise DeviceSpecError(f"{path}:{line} not valid YAML ({problem})") from e
-    except OSError as e:
-        raise DeviceSpecError(f"{path}: cannot read ({e.strerror})") from e
-    except UnicodeDecodeError as e:
-        raise DeviceSpecError(f"{path}: not a text file ({e.reason} at byte {e.start})") from e
-    if not isinstance(data, dict):
-        raise DeviceSpecError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
-    return data
 
 
 def _ops(d: Mapping[str, Any] | None) -> tuple[frozenset[str] | None, frozenset[str]]:
@@ -350,7 +334,7 @@ class SpecSource:
 def read_spec(name_or_path: str | os.PathLike) -> SpecSource:
     """A spec by name or path, read and validated (detection, if any, is left to :meth:`SpecSource.load`)."""
     path = resolve(name_or_path)
-    data = _read_yaml(path)
+    data = read_yaml(path)
     validate(data, path)
     return SpecSource(data, str(path))
 
@@ -367,7 +351,7 @@ def load_device(name_or_path: str | os.PathLike) -> DeviceSpec:
 def load_links(path: str | os.PathLike | None = None) -> dict[str, NetworkLink]:
     """The network link presets (``devices/links.yaml``): wifi, lte, 5g ..."""
     p = Path(path) if path else resolve("links")
-    data = _read_yaml(p)
+    data = read_yaml(p)
     validate(data, p)
     if data["kind"] != "links":
         raise DeviceSpecError(f"{p}: kind: expected 'links', got '{data['kind']}'")
@@ -397,8 +381,8 @@ def network_link(
             raise DeviceSpecError(f"unknown link '{preset}' (presets: {', '.join(presets)})")
         base = presets[preset or "wifi"]
     if bandwidth_mbps is not None:
-        if bandwidth_mbps <= 0:
-            raise DeviceSpecError(f"--bandwidth-mbps must be positive, got {bandwidth_mbps}")
+        if not _finite(bandwidth_mbps) or bandwidth_mbps <= 0:
+            raise DeviceSpecError(f"--bandwidth-mbps must be a positive finite number, got {bandwidth_mbps}")
         base = replace(
             base,
             name=f"{base.name.split('@')[0]}@{bandwidth_mbps:g}mbps",
@@ -406,10 +390,14 @@ def network_link(
             down_mbps=bandwidth_mbps,
         )
     if rtt_ms is not None:
-        if rtt_ms < 0:
-            raise DeviceSpecError(f"--rtt-ms must not be negative, got {rtt_ms}")
+        if not _finite(rtt_ms) or rtt_ms < 0:
+            raise DeviceSpecError(f"--rtt-ms must be a finite number, not negative, got {rtt_ms}")
         base = replace(base, rtt_ms=rtt_ms)
     return base
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def machine_summary() -> str:

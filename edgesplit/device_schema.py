@@ -9,16 +9,22 @@ registered at run time is accepted without editing the schema.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from edgesplit.errors import DeviceSpecError
+from edgesplit.util import read_file_bytes, short
 
 if TYPE_CHECKING:
     from edgesplit.device import Backend, DeviceSpec, Processor
 
 KINDS = ("cpu", "gpu", "npu", "dsp")
+MAX_SPEC_NBYTES = 1 << 20
+"""Largest spec file read: the shipped ones are a few kB."""
 
 _NUM = {"type": "number", "exclusiveMinimum": 0}
 _NUM0 = {"type": "number", "minimum": 0}
@@ -76,8 +82,12 @@ _PROCESSOR = {
             "properties": {"only": _OPS, "exclude": _OPS},
         },
         "dtypes": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "cores": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-        "threads": {"type": "integer", "minimum": 1},
+        "cores": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 65535},
+            "minItems": 1,
+        },
+        "threads": {"type": "integer", "minimum": 1, "maximum": 4096},
         "cpu_quota_pct": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
         "peak_gflops": _NUM,
         "mem_bandwidth_gbps": _NUM,
@@ -155,19 +165,97 @@ def schema() -> dict[str, Any]:
     return s
 
 
+MAX_DEPTH = 32
+"""Deepest nesting a spec may have (the schema's own is 6; ``options`` and ``target`` are free-form)."""
+
+
+def check_values(data: Any, path: Path | str) -> None:
+    """What the schema cannot say: every number finite (YAML's ``.nan``, ``.inf``, ``1e999``) and
+    within a float's range, and nesting at most :data:`MAX_DEPTH` deep. Walks without recursion.
+
+    Raises:
+        DeviceSpecError: naming the file and the key.
+    """
+    stack: list[tuple[Any, tuple, int]] = [(data, (), 0)]
+    while stack:
+        value, key, depth = stack.pop()
+        where = ".".join(map(str, key)) or "(top)"
+        if depth > MAX_DEPTH:
+            raise DeviceSpecError(f"{path}: {short(where, 120)}: nested more than {MAX_DEPTH} deep")
+        if isinstance(value, dict):
+            stack.extend((v, (*key, short(k, 40)), depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*key, i), depth + 1) for i, v in enumerate(value))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            try:
+                finite = math.isfinite(float(value))
+            except OverflowError:
+                finite = False
+            if not finite:
+                raise DeviceSpecError(
+                    f"{path}: {short(where, 120)}: {short(value, 40)} is not a finite number"
+                )
+
+
 def validate(data: Any, path: Path | str) -> None:
-    """Check a spec against the schema; the error names the file and every bad key (up to 5)."""
+    """Check a spec against the schema; the error names the file and every bad key (up to 5).
+
+    Values quoted in the messages are cut short (a message never holds a whole large value).
+    """
     import jsonschema
 
+    check_values(data, path)
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         msgs = []
         for e in errors[:5]:
             key = ".".join(str(k) for k in e.absolute_path) or "(top)"
-            msgs.append(f"{key}: {e.message}")
+            msgs.append(f"{short(key, 120)}: {short(e.message, 200)}")
         more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
         raise DeviceSpecError(f"{path}: " + "; ".join(msgs) + more)
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """Safe YAML without anchors and aliases (``&a`` / ``*a``).
+
+    A spec has no use for them, and nested aliases make a few hundred bytes expand to gigabytes
+    (the "billion laughs"), which every reader of the value, error messages included, would pay.
+    """
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise yaml.composer.ComposerError(
+                None, None, "anchors and aliases (& and *) are not allowed in a spec", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
+def load_yaml(path: Path, error: type[Exception], what: str, *, max_nbytes: int = MAX_SPEC_NBYTES) -> Any:
+    """A small YAML file we read settings from (specs, fleet files): at most ``max_nbytes``,
+    UTF-8, safe YAML without anchors or aliases, not nested past Python's stack. One-line errors
+    naming the file."""
+    raw = read_file_bytes(path, error, what, max_nbytes=max_nbytes)
+    try:
+        return yaml.load(raw.decode("utf-8"), Loader=_SpecLoader)
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" line {where.line + 1}" if where else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise error(f"{path}:{line} not valid YAML ({short(problem, 200)})") from e
+    except RecursionError:
+        raise error(f"{path}: not valid YAML (nested too deeply)") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not a text file (not UTF-8: {e.reason} at byte {e.start})") from e
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A spec file as a mapping (see :func:`load_yaml`)."""
+    data = load_yaml(path, DeviceSpecError, "device spec")
+    if not isinstance(data, dict):
+        raise DeviceSpecError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
+    return data
 
 
 def _ops_json(only: frozenset[str] | None, exclude: frozenset[str]) -> dict[str, list[str]]:

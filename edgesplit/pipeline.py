@@ -35,6 +35,7 @@ from edgesplit.optimize.plan import Plan, load_plan
 from edgesplit.optimize.problem import Problem, combined
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import Profile, load_profile
+from edgesplit.util import check_number, short
 
 if TYPE_CHECKING:
     import numpy as np
@@ -195,8 +196,10 @@ def check_choices(choices: Choices) -> dict[str, str]:
     """
     c = choices
     objective_named(c.objective)
-    if c.slo_ms is not None and not c.slo_ms > 0:
-        raise PlanError(f"--slo-ms must be positive, got {c.slo_ms:g}")
+    if c.slo_ms is not None:
+        check_number(c.slo_ms, "--slo-ms", PlanError)
+        if not c.slo_ms > 0:
+            raise PlanError(f"--slo-ms must be positive, got {c.slo_ms:g}")
     pins = parse_pins(c.pins)
     if c.server is None:
         resolve_link(None, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
@@ -278,6 +281,15 @@ def plan_device(plan: Plan, device: SpecLike | None = None) -> DeviceSpec:
     return combined(spec, _recorded_spec(plan.server_path, plan.server) if plan.server else None)
 
 
+def _plan_link(plan: Plan) -> NetworkLink | str | None:
+    if not plan.link or isinstance(plan.link, str):  # older plans name the preset
+        return plan.link or None
+    try:
+        return NetworkLink(**plan.link)
+    except TypeError as e:
+        raise PlanError(f"the plan's link {short(dict(plan.link), 120)} is not a network link ({e})") from e
+
+
 def problem_from_plan(plan: Plan) -> Problem:
     """The problem a plan was made from, loaded again from what it records.
 
@@ -297,7 +309,7 @@ def problem_from_plan(plan: Plan) -> Problem:
         slo_ms=plan.slo_ms,
         profile=plan.profile_path,
         server=_recorded_spec(plan.server_path, plan.server) if plan.server else None,
-        link=NetworkLink(**plan.link) if plan.link else None,
+        link=_plan_link(plan),
         pins=plan.pins,
     )
     return resolve(graph, _recorded_spec(plan.device_path, plan.device), choices)

@@ -43,6 +43,29 @@ device_option = click.option(
 )
 
 
+class FiniteFloat(click.ParamType):
+    """A float flag that must be finite (``nan`` and ``inf`` are refused) and at least ``minimum``
+    (above it with ``open_min``): usage errors (exit 2) before anything is loaded."""
+
+    name = "number"
+
+    def __init__(self, minimum: float | None = None, open_min: bool = False):
+        self.minimum, self.open_min = minimum, open_min
+
+    def convert(self, value, param, ctx):
+        import math
+
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if self.minimum is not None and (v < self.minimum or (self.open_min and v == self.minimum)):
+            self.fail(f"{v:g} is not {'above' if self.open_min else 'at least'} {self.minimum:g}", param, ctx)
+        return v
+
+
 class TableChoice(click.ParamType):
     """A choice among the names of a registry table, read when a value is checked or help is shown.
 
@@ -79,18 +102,41 @@ objective_option = click.option(
     help="What to minimise (see edgesplit.optimize.objectives).",
 )
 slo_option = click.option(
-    "--slo-ms", type=click.FloatRange(min=0, min_open=True), help="Latency limit in ms (energy, pareto)."
+    "--slo-ms", type=FiniteFloat(minimum=0, open_min=True), help="Latency limit in ms (energy, pareto)."
 )
 
 
 def link_options(f):
     """``--server``, ``--link``, ``--bandwidth-mbps`` and ``--rtt-ms`` (partition and deploy)."""
-    f = click.option("--rtt-ms", type=float, help="Network round-trip time (overrides the preset).")(f)
     f = click.option(
-        "--bandwidth-mbps", type=float, help="Network bandwidth, up and down (overrides the preset)."
+        "--rtt-ms", type=FiniteFloat(minimum=0), help="Network round-trip time (overrides the preset)."
+    )(f)
+    f = click.option(
+        "--bandwidth-mbps",
+        type=FiniteFloat(minimum=0, open_min=True),
+        help="Network bandwidth, up and down (overrides the preset).",
     )(f)
     f = click.option("--link", help="Network preset from devices/links.yaml (wifi, lte, 5g ...).")(f)
     return click.option("--server", help="A server spec whose processors may take parts.")(f)
+
+
+force_option = click.option(
+    "--force",
+    is_flag=True,
+    help="Replace the output directory even if it holds something other than an edgesplit bundle.",
+)
+sign_key_option = click.option(
+    "--sign-key",
+    type=click.Path(dir_okay=False),
+    metavar="KEY",
+    help="Sign the bundle's manifest with this ed25519 private key (see 'edgesplit keygen').",
+)
+trust_key_option = click.option(
+    "--trust-key",
+    type=click.Path(dir_okay=False),
+    metavar="PUBKEY",
+    help="Load the bundle only if its manifest is signed by this ed25519 public key.",
+)
 
 
 pin_option = click.option(

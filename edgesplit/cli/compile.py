@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console, input_shape_option, input_values_option, model_inputs
+from edgesplit.cli.common import (
+    console,
+    force_option,
+    input_shape_option,
+    input_values_option,
+    model_inputs,
+    sign_key_option,
+)
 
 
 @click.command("compile")
@@ -13,8 +20,14 @@ from edgesplit.cli.common import console, input_shape_option, input_values_optio
     "--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="plan.json from partition."
 )
 @click.option(
-    "-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle directory to write."
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Bundle directory to write (an existing one must be empty or a bundle, unless --force).",
 )
+@force_option
+@sign_key_option
 @click.option(
     "--device",
     "-d",
@@ -31,21 +44,22 @@ from edgesplit.cli.common import console, input_shape_option, input_values_optio
     type=click.IntRange(0),
     help="MetaSchedule trials for TVM parts (0: untuned, or the cached database).",
 )
-def command(model, plan_path, output, device, input_shapes, input_values, tune_trials):
+def command(model, plan_path, output, force, sign_key, device, input_shapes, input_values, tune_trials):
     """Extract, check and compile every part of PLAN for MODEL into a bundle."""
     from edgesplit.compile.api import compile_bundle
-    from edgesplit.pipeline import as_plan
 
     manifest = compile_bundle(
         model,
-        as_plan(plan_path),
+        plan_path,
         output,
         device=device,
         **model_inputs(input_shapes, input_values),
         tune_trials=tune_trials,
+        force=force,
+        sign_key=sign_key,
     )
     print_manifest(manifest)
-    console.print(f"wrote {output}")
+    console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))
 
 
 def print_manifest(manifest) -> None:

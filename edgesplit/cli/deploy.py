@@ -7,6 +7,7 @@ import click
 from edgesplit.cli.common import (
     console,
     device_option,
+    force_option,
     input_shape_option,
     input_values_option,
     link_options,
@@ -15,6 +16,7 @@ from edgesplit.cli.common import (
     objective_option,
     pin_option,
     progress_bar,
+    sign_key_option,
     slo_option,
 )
 
@@ -22,7 +24,15 @@ from edgesplit.cli.common import (
 @click.command("deploy")
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle directory.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Bundle directory (an existing one must be empty or a bundle, unless --force).",
+)
+@force_option
+@sign_key_option
 @objective_option
 @slo_option
 @click.option(
@@ -43,6 +53,8 @@ def command(
     model,
     device,
     output,
+    force,
+    sign_key,
     objective,
     slo_ms,
     profile_path,
@@ -58,6 +70,7 @@ def command(
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
     from edgesplit.cli.compile import print_manifest
+    from edgesplit.compile.api import check_output
     from edgesplit.deployment import deploy
     from edgesplit.pipeline import Choices, check_choices
     from edgesplit.profile.run import ProfileOptions
@@ -75,9 +88,19 @@ def command(
         **model_inputs(input_shapes, input_values),
     )
     check_choices(Choices(**choices))  # bad flags fail before the model is read
+    check_output(output, force, [model])  # and so does an output that may not be replaced
     graph = load_graph(model, choices["input_shapes"], choices["input_values"])  # prints its notes
     with progress_bar() as update:
-        manifest = deploy(graph, device, output, tune_trials=tune_trials, progress=update, **choices)
+        manifest = deploy(
+            graph,
+            device,
+            output,
+            tune_trials=tune_trials,
+            progress=update,
+            force=force,
+            sign_key=sign_key,
+            **choices,
+        )
     print_manifest(manifest)
     pred = manifest.plan.predicted
     if pred:
@@ -85,4 +108,4 @@ def command(
             f"predicted: {pred.get('latency_ms', float('nan')):.3f} ms, "
             f"{pred.get('energy_mj', float('nan')):.3f} mJ per inference"
         )
-    console.print(f"wrote {output}")
+    console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))

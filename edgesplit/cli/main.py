@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "deploy": "edgesplit.cli.deploy",
     "serve": "edgesplit.cli.serve",
     "export-triton": "edgesplit.cli.export_triton",
+    "keygen": "edgesplit.cli.keygen",
 }
 
 

@@ -93,10 +93,12 @@ def command(
     check_choices(choices)  # bad flags fail before the model is read
     graph = load_graph(model, choices.input_shapes, choices.input_values)  # prints its notes
     problem = resolve(graph, device, choices)
-    if problem.profile_path is None:  # measured here: keep it beside the plan, for explain and compile
-        problem.profile.save(out.with_suffix(".profile.json"))
+    measured = problem.profile_path is None  # measured here: kept beside the plan, for explain and compile
+    if measured:
         problem = replace(problem, profile_path=str(out.with_suffix(".profile.json")))
     plan = solve_plan(problem)
+    if measured:  # written only once there is a plan to go with it
+        problem.profile.save(problem.profile_path)
     plan.save(out)
     write_annotated(problem.graph.model, plan, onnx_path)
     if plot_path:

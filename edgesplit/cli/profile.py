@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from edgesplit.cli.common import (
+    FiniteFloat,
     TableChoice,
     console,
     device_option,
@@ -58,14 +59,14 @@ def ssh_options(f):
         ),
         click.option(
             "--connect-timeout",
-            type=click.FloatRange(min=0.1),
+            type=FiniteFloat(minimum=0.1),
             default=15.0,
             show_default=True,
             help="Seconds for TCP connect, SSH banner, auth and channel opening, each.",
         ),
         click.option(
             "--step-timeout",
-            type=click.FloatRange(min=1.0),
+            type=FiniteFloat(minimum=1.0),
             default=120.0,
             show_default=True,
             help="Seconds the remote agent may stay silent before we give up.",

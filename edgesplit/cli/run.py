@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console
+from edgesplit.cli.common import console, trust_key_option
+
+
+def check_token(token: str | None) -> str | None:
+    """A bearer token goes into an HTTP header: visible ASCII only (no CR, LF or controls)."""
+    if token is not None and (not token or not all(33 <= ord(c) <= 126 for c in token)):
+        raise click.BadParameter(
+            "must be non-empty visible ASCII (no spaces, CR, LF or control characters)", param_hint="--token"
+        )
+    return token
 
 
 @click.command("run")
@@ -16,7 +25,14 @@ from edgesplit.cli.common import console
     "--stream", default=0, type=click.IntRange(0), help="Also run a pipelined stream of N requests."
 )
 @click.option("--server", "server_url", default=None, help="Offload server URL for remote parts.")
-@click.option("--token", default=None, envvar="EDGESPLIT_TOKEN", help="Bearer token for the server.")
+@click.option(
+    "--token",
+    default=None,
+    envvar="EDGESPLIT_TOKEN",
+    callback=lambda ctx, param, value: check_token(value),
+    help="Bearer token for the server.",
+)
+@trust_key_option
 @click.option(
     "--adaptive",
     is_flag=True,
@@ -46,6 +62,7 @@ def command(
     stream,
     server_url,
     token,
+    trust_key,
     adaptive,
     output,
     trace_path,
@@ -60,7 +77,9 @@ def command(
             f"{trace_request} is not below --repeat {repeat}", param_hint="--trace-request"
         )
     options = {"remote": {"url": server_url, "token": token}} if server_url else None
-    with load(bundle, executor_options=options, adaptive=adaptive, detailed=trace_detail) as sess:
+    with load(
+        bundle, executor_options=options, adaptive=adaptive, detailed=trace_detail, trust_key=trust_key
+    ) as sess:
         feeds = read_inputs(sess, inputs)
         report = benchmark(sess, feeds, repeat=repeat, warmup=warmup, stream=stream)
         if output:

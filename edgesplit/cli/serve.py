@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from edgesplit.cli.common import FiniteFloat
+
 
 @click.command("serve")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
@@ -30,8 +32,14 @@ import click
     "--max-request-mb",
     default=64.0,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(minimum=0, open_min=True),
     help="Largest request body accepted (413 above).",
+)
+@click.option(
+    "--trust-key",
+    type=click.Path(dir_okay=False),
+    metavar="PUBKEY",
+    help="Serve the bundle only if its manifest is signed by this ed25519 public key.",
 )
 @click.option("--all-parts", is_flag=True, help="Serve every part of the bundle, not only the server parts.")
 @click.option(
@@ -52,6 +60,7 @@ def command(
     port: int,
     token: str | None,
     max_request_mb: float,
+    trust_key: str | None,
     all_parts: bool,
     threads: int | None,
     intra_op_threads: int | None,
@@ -75,6 +84,7 @@ def command(
         all_parts=all_parts,
         compute_threads=threads,
         intra_op_threads=intra_op_threads,
+        trust_key=trust_key,
     )
     server = OffloadServer(bundle, options)
     for note in server.notes:

@@ -14,17 +14,26 @@ from typing import TYPE_CHECKING
 import onnx
 
 from edgesplit.compile.backends import COMPILERS, CompileJob
-from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec, checksums, write_manifest
+from edgesplit.compile.bundle import (
+    Manifest,
+    PartArtifact,
+    TensorSpec,
+    checksums,
+    is_bundle_dir,
+    write_manifest,
+)
+from edgesplit.compile.signing import load_private_key
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
 from edgesplit.device import DeviceSpec, Processor
-from edgesplit.errors import CompileError, PlanError
+from edgesplit.errors import BundleError, CompileError, PlanError
 from edgesplit.model.graph import ModelGraph
-from edgesplit.optimize.plan import Part, Plan
+from edgesplit.optimize.plan import Part, Plan, check_plan, check_plan_types
 from edgesplit.pipeline import as_plan, load_graph, plan_device
-from edgesplit.util import atomic_dir, sha256_file
+from edgesplit.util import atomic_dir, refuse_to_replace, sha256_file, short
 
 if TYPE_CHECKING:
     import numpy as np
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 Progress = Callable[[str, int, int], None]
 
@@ -56,13 +65,46 @@ def _graph_for(
     return graph
 
 
-def _check_known(plan: Plan, graph: ModelGraph, spec: DeviceSpec) -> None:
-    """Every part's processor is the device's, and every node the model's."""
+def _check_known(plan: Plan, graph: ModelGraph, spec: DeviceSpec, source: str) -> None:
+    """The parts fit the model and the device: names, processors, nodes (each in exactly one part)
+    and the tensors each part reads and writes."""
+    if source == "plan":  # made in Python: not checked by load_plan
+        check_plan_types(plan, source)
+    check_plan(plan, source)
+    procs = set(spec.processor_names)
     for p in plan.parts:
-        spec.processor(p.processor)
-        bad = [n for n in p.nodes if n not in graph.index]
+        if p.processor not in procs:
+            raise PlanError(
+                f"{source}: part {p.name} runs on processor {short(p.processor, 40)}, which {spec.path or spec.name} "
+                f"lacks (processors: {', '.join(sorted(procs))})"
+            )
+        bad = [short(n, 40) for n in p.nodes if n not in graph.index]
         if bad:
-            raise PlanError(f"plan part {p.name} names nodes the model lacks: {', '.join(bad[:5])}")
+            raise PlanError(f"{source}: part {p.name} names nodes the model lacks: {', '.join(bad[:5])}")
+        bad = [short(t, 40) for t in (*p.inputs, *p.outputs) if t not in graph.tensors]
+        if bad:
+            raise PlanError(f"{source}: part {p.name} names tensors the model lacks: {', '.join(bad[:5])}")
+        made = {t for n in p.nodes for t in graph.nodes[graph.index[n]].outputs}
+        bad = [short(t, 40) for t in p.outputs if t not in made]
+        if bad:
+            raise PlanError(
+                f"{source}: part {p.name} lists outputs its nodes do not write: {', '.join(bad[:5])}"
+            )
+    placed = {n for p in plan.parts for n in p.nodes}
+    missing = [short(nd.name, 40) for nd in graph.nodes if nd.name not in placed]
+    if missing:
+        raise PlanError(
+            f"{source}: {len(missing)} node(s) of the model are in no part: {', '.join(missing[:5])}"
+        )
+
+
+def check_output(out: str | os.PathLike, force: bool, inputs: Sequence[str]) -> None:
+    """``-o`` replaces only an empty folder or a bundle, unless ``force``; never one holding an input."""
+    target = Path(out).resolve()
+    for f in inputs:
+        if f and (target == Path(f).resolve() or target in Path(f).resolve().parents):
+            raise PlanError(f"{out}: the output would replace {f}, one of the inputs")
+    refuse_to_replace(out, force=force, ours=is_bundle_dir, what="an edgesplit bundle", error=BundleError)
 
 
 def compile_bundle(
@@ -75,6 +117,8 @@ def compile_bundle(
     input_values: Mapping[str, np.ndarray] | None = None,
     tune_trials: int = 0,
     progress: Progress | None = None,
+    force: bool = False,
+    sign_key: str | os.PathLike | Ed25519PrivateKey | None = None,
 ) -> Manifest:
     """Extract, check and compile every part of ``plan``; write the bundle at ``out`` atomically.
 
@@ -85,16 +129,25 @@ def compile_bundle(
         input_shapes, input_values: Shapes and sample values to load ``model`` with, when it is a
             path (default the plan's shapes); a plan does not record sample values, so a model
             whose shapes depend on input values needs them again here.
+        force: Replace ``out`` even when it holds something other than an edgesplit bundle
+            (without it, an existing ``out`` must be empty or a bundle).
+        sign_key: An ed25519 private key (file or key) to sign the manifest with
+            (:mod:`edgesplit.compile.signing`).
 
     Raises:
         PlanError: the plan was made for another model, or names unknown processors or nodes.
         CompileError: a part cannot be extracted, does not match the whole model, its backend has
             no compiler, or its target needs a toolchain that is missing.
     """
+    source = "plan" if isinstance(plan, Plan) else os.fspath(plan)
+    key = load_private_key(sign_key) if sign_key is not None else None
+    model_path = "" if isinstance(model, ModelGraph) else os.fspath(model)
+    check_output(out, force, [model_path, "" if isinstance(plan, Plan) else source])
     plan = as_plan(plan)
     graph = _graph_for(model, plan, input_shapes, input_values)
+    check_output(out, force, [graph.path])
     spec = plan_device(plan, device)
-    _check_known(plan, graph, spec)
+    _check_known(plan, graph, spec, source)
     extracted = extract_parts(graph, [(p.name, p.inputs, p.outputs) for p in plan.parts])
     errors = check_parts(graph, extracted)
     producer = {t: p.name for p in plan.parts for t in p.outputs}
@@ -123,7 +176,7 @@ def compile_bundle(
             server=plan.server,
             notes=tuple(notes),
         )
-        write_manifest(tmp, manifest)
+        write_manifest(tmp, manifest, key)
     if progress:
         progress("compile", len(plan.parts), len(plan.parts))
     return manifest

@@ -1,22 +1,41 @@
 """The bundle: a directory with ``manifest.json`` and the per-part artifacts.
 
-Every file listed in the manifest carries its sha256; :func:`open_bundle` checks the format
-version and every checksum before anything is loaded, so a native library is never loaded
-before its checksum matches.
+Every file listed in the manifest carries its sha256. :func:`open_verified` checks the signature
+(with a trusted key), the manifest's own consistency, the format version and every checksum
+before anything is loaded; then the runtime loads each part from the bytes it checks again as it
+reads them (:class:`VerifiedBundle`), so a native library is never loaded before its checksum
+matches, and never from a file that could have changed since. No symlink inside a bundle is
+followed (:mod:`edgesplit.compile.safeio`).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from edgesplit.compile.checks import check_manifest
+from edgesplit.compile.safeio import copy_checked, hash_checked, read_checked
+from edgesplit.compile.signing import SIGNATURE, check_signature, key_id, load_public_key, write_signature
 from edgesplit.errors import BundleError, PlanError
 from edgesplit.optimize.plan import Plan
-from edgesplit.util import atomic_write_text, known_fields, sha256_file
+from edgesplit.util import (
+    MAX_JSON_NBYTES,
+    atomic_write_bytes,
+    check_fields,
+    dump_json,
+    known_fields,
+    parse_json_object,
+    read_json_object,
+    sha256_file,
+    short,
+)
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -35,7 +54,7 @@ class TensorSpec:
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> TensorSpec:
-        return TensorSpec(d["name"], tuple(int(x) for x in d["shape"]), d["dtype"])
+        return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"])
 
 
 @dataclass(frozen=True)
@@ -131,53 +150,170 @@ class Manifest:
             kw["files"] = dict(d["files"])
             kw["plan"] = Plan.from_json(d["plan"], f"{source}: plan")
             kw["notes"] = tuple(d.get("notes", ()))
-            return Manifest(**kw)
+            manifest = Manifest(**kw)
         except PlanError as e:
             raise BundleError(str(e)) from e
         except (KeyError, TypeError, AttributeError, ValueError) as e:
-            raise BundleError(f"{source}: malformed manifest ({type(e).__name__}: {e})") from e
+            raise BundleError(
+                f"{source}: malformed manifest ({type(e).__name__}: {short(str(e), 200)})"
+            ) from e
+        check_fields(manifest, source, BundleError)
+        for p in manifest.parts:
+            check_fields(p, f"{source}: part {short(p.name, 60)}", BundleError)
+            for t in (*p.inputs, *p.outputs):
+                check_fields(
+                    t, f"{source}: part {short(p.name, 60)}: tensor {short(t.name, 60)}", BundleError
+                )
+        for t in (*manifest.inputs, *manifest.outputs):
+            check_fields(t, f"{source}: tensor {short(t.name, 60)}", BundleError)
+        return manifest
 
 
-def write_manifest(bundle_dir: str | os.PathLike, manifest: Manifest) -> None:
-    atomic_write_text(Path(bundle_dir) / MANIFEST, json.dumps(manifest.to_json(), indent=1) + "\n")
+def write_manifest(
+    bundle_dir: str | os.PathLike, manifest: Manifest, sign_key: Ed25519PrivateKey | None = None
+) -> None:
+    """Write ``manifest.json`` atomically and, with ``sign_key``, its signature beside it."""
+    root = Path(bundle_dir)
+    data = dump_json(manifest.to_json()).encode()
+    atomic_write_bytes(root / MANIFEST, data)
+    if sign_key is not None:
+        write_signature(root, data, sign_key)
 
 
 def checksums(bundle_dir: Path, files: Sequence[str]) -> dict[str, str]:
     return {f: sha256_file(bundle_dir / f) for f in sorted(files)}
 
 
-def open_bundle(bundle_dir: str | os.PathLike, *, verify: bool = True) -> Manifest:
-    """Read and verify a bundle's manifest and every file it lists.
+@dataclass(frozen=True)
+class VerifiedBundle:
+    """An opened bundle: its manifest, checked, and access to its files as checked bytes.
+
+    Every read checks the bytes it returns against the manifest's sha256 again (through one file
+    descriptor, no symlinks), so what is loaded is what was checked. ``os.PathLike``: it stands
+    for its directory where a path is expected.
+
+    Attributes:
+        manifest_bytes: The exact bytes the manifest (and its signature, if trusted) was read from.
+        trusted_key: The id of the key whose signature was checked, or None.
+    """
+
+    root: Path
+    manifest: Manifest
+    manifest_bytes: bytes = field(repr=False)
+    trusted_key: str | None = None
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.root)
+
+    def __truediv__(self, other: str) -> Path:
+        return self.root / other
+
+    def _digest(self, rel: str) -> str:
+        digest = self.manifest.files.get(rel)
+        if digest is None:
+            raise BundleError(f"{self.root / rel}: not listed in the manifest")
+        return digest
+
+    def read(self, rel: str) -> bytes:
+        """The file's bytes, checked against the manifest as they are read (ONNX parts load from these)."""
+        return read_checked(self.root, rel, self._digest(rel))
+
+    @contextlib.contextmanager
+    def private_copy(self, rel: str) -> Iterator[Path]:
+        """A checked copy in a private folder, removed after the block (native libraries load this)."""
+        with copy_checked(self.root, rel, self._digest(rel)) as path:
+            yield path
+
+
+def open_verified(
+    bundle_dir: str | os.PathLike,
+    *,
+    trust_key: str | os.PathLike | Ed25519PublicKey | None = None,
+    verify: bool = True,
+) -> VerifiedBundle:
+    """Open a bundle: signature (with ``trust_key``), manifest, and (with ``verify``) every checksum.
+
+    Args:
+        trust_key: A public key (a file: PEM, OpenSSH, or the private key file); the manifest must
+            carry a valid signature by it, checked before the manifest is even parsed.
 
     Raises:
-        BundleError: naming the bundle and the file at fault: a missing manifest or file, another
-            format version, or a checksum that does not match (a tampered file).
+        BundleError: naming the bundle and the file at fault: a missing or malformed manifest,
+            another format version, a bad signature, a symlink or special file, a checksum that
+            does not match (a tampered file).
+        InputError: a trusted key file that cannot be read.
     """
     root = Path(bundle_dir)
-    mpath = root / MANIFEST
+    key = load_public_key(trust_key) if trust_key is not None else None
     if not root.is_dir():
         raise BundleError(f"{root}: no such bundle directory")
-    try:
-        data = json.loads(mpath.read_text())
-    except FileNotFoundError:
-        raise BundleError(f"{mpath}: missing; {root} is not a bundle") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BundleError(f"{mpath}: not a JSON manifest ({e})") from e
-    manifest = Manifest.from_json(data, str(mpath))
-    listed = set(manifest.files)
-    for part in manifest.parts:
-        for f in (part.file, part.onnx_file, (part.fallback or {}).get("file")):
-            if f and f not in listed:
-                raise BundleError(
-                    f"{mpath}: part {part.name} names {f}, which the manifest has no checksum for"
-                )
+    mpath = root / MANIFEST
+    if not os.path.lexists(mpath):
+        raise BundleError(f"{mpath}: missing; {root} is not a bundle")
+    raw = read_checked(root, MANIFEST, None, max_nbytes=MAX_JSON_NBYTES)
+    trusted = None
+    if key is not None:
+        has_sig = os.path.lexists(root / SIGNATURE)
+        sig = read_checked(root, SIGNATURE, None, max_nbytes=1 << 16) if has_sig else None
+        check_signature(raw, sig, key, str(root))
+        trusted = key_id(key)
+    manifest = Manifest.from_json(parse_json_object(raw, mpath, BundleError, "manifest"), str(mpath))
+    check_manifest(manifest, str(mpath))
     if verify:
         for rel, digest in manifest.files.items():
-            path = root / rel
-            if Path(rel).is_absolute() or ".." in Path(rel).parts:
-                raise BundleError(f"{mpath}: file path {rel!r} leaves the bundle")
-            if not path.is_file():
-                raise BundleError(f"{path}: missing from the bundle")
-            if sha256_file(path) != digest:
-                raise BundleError(f"{path}: checksum mismatch (the file was changed after compile)")
-    return manifest
+            hash_checked(root, rel, digest)
+    return VerifiedBundle(root, manifest, raw, trusted)
+
+
+def open_bundle(
+    bundle_dir: str | os.PathLike,
+    *,
+    verify: bool = True,
+    trust_key: str | os.PathLike | Ed25519PublicKey | None = None,
+) -> Manifest:
+    """Read and verify a bundle's manifest and every file it lists (see :func:`open_verified`).
+
+    Raises:
+        BundleError: naming the bundle and the file at fault.
+    """
+    return open_verified(bundle_dir, trust_key=trust_key, verify=verify).manifest
+
+
+def as_verified(bundle: VerifiedBundle | str | os.PathLike) -> VerifiedBundle:
+    """A :class:`VerifiedBundle` as it is, or a bundle directory opened and verified."""
+    return bundle if isinstance(bundle, VerifiedBundle) else open_verified(bundle)
+
+
+def sign_bundle(bundle_dir: str | os.PathLike, key: str | os.PathLike | Ed25519PrivateKey) -> str:
+    """Sign an existing bundle (after checking every checksum); returns the key id.
+
+    Raises:
+        BundleError: for a bundle that does not verify; InputError: for a key that cannot be read.
+    """
+    from edgesplit.compile.signing import load_private_key
+
+    private = load_private_key(key)
+    vb = open_verified(bundle_dir)
+    write_signature(vb.root, vb.manifest_bytes, private)
+    return key_id(private.public_key())
+
+
+def is_bundle_dir(path: Path) -> bool:
+    """Whether ``path`` holds an edgesplit bundle and nothing else (what ``-o`` may replace)."""
+    try:
+        data = read_json_object(path / MANIFEST, BundleError, "manifest")
+    except BundleError:
+        return False
+    files = data.get("files")
+    if "format_version" not in data or not isinstance(files, dict):
+        return False
+    allowed = {MANIFEST, SIGNATURE, *files}
+    for folder, dirs, names in os.walk(path):
+        rel = Path(folder).relative_to(path)
+        for d in dirs:
+            if (Path(folder) / d).is_symlink():
+                return False
+        for n in names:
+            if (rel / n).as_posix() not in allowed:
+                return False
+    return True

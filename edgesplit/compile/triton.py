@@ -17,13 +17,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec, open_bundle
+from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec, open_verified
 from edgesplit.errors import BundleError, CompileError
 from edgesplit.util import atomic_dir
 
@@ -178,7 +177,8 @@ def export_triton(
         CompileError: for a part whose tensors Triton cannot carry, or a config Triton's schema rejects.
     """
     root = Path(bundle)
-    manifest = open_bundle(root)
+    verified = open_verified(root)
+    manifest = verified.manifest
     parts = [p for p in manifest.parts if p.remote or all_parts]
     if not parts:
         raise BundleError(f"{root}: no server parts (remote=True) to export; use --all-parts for every part")
@@ -199,7 +199,8 @@ def export_triton(
     with atomic_dir(repo) as tmp:
         for part, config in zip(parts, configs):
             (tmp / part.name / "1").mkdir(parents=True)
-            shutil.copyfile(root / part.onnx_file, tmp / part.name / "1" / "model.onnx")
+            # the bytes checked as they are read, not the file again by path
+            (tmp / part.name / "1" / "model.onnx").write_bytes(verified.read(part.onnx_file))
             (tmp / part.name / "config.pbtxt").write_text(_checked_text(pb, config))
         for config in ensembles:
             (tmp / config.name / "1").mkdir(parents=True)  # Triton wants a version folder, even empty

@@ -9,14 +9,21 @@ parts on one processor crosses once: the first such transfer carries the cost, t
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edgesplit.errors import PlanError
-from edgesplit.util import atomic_write_text, known_fields, read_json_object
+from edgesplit.util import (
+    check_fields,
+    check_identifier,
+    check_number,
+    known_fields,
+    read_json_object,
+    short,
+    write_json,
+)
 
 FORMAT_VERSION = 1
 
@@ -150,7 +157,7 @@ class Plan:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the plan as JSON, atomically, with a stable key order."""
-        atomic_write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+        write_json(path, self.to_json(), "plan")
 
     @staticmethod
     def from_json(d: Mapping[str, Any], source: str = "<plan>") -> Plan:
@@ -170,18 +177,119 @@ class Plan:
             kw["assignment"] = {k: dict(v) for k, v in d["assignment"].items()}
             kw["predicted"] = dict(d.get("predicted", {}))
             kw["pins"] = dict(d.get("pins", {}))
-            return Plan(**kw)
+            plan = Plan(**kw)
         except PlanError:
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             what = f"missing key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
-            raise PlanError(f"{source}: not a valid plan ({what})") from e
+            raise PlanError(f"{source}: not a valid plan ({short(what, 200)})") from e
+        check_plan_types(plan, source)
+        return plan
+
+
+def check_plan_types(plan: Plan, source: str) -> None:
+    """The types of everything in a plan read from JSON, and its numbers finite and not negative
+    (from the dataclasses' annotations, :func:`edgesplit.util.check_fields`).
+
+    Raises:
+        PlanError: naming ``source``, the field and the value.
+    """
+    check_fields(plan, source, PlanError)
+    for name, shape in plan.input_shapes.items():
+        for dim in shape:
+            check_number(dim, f"{source}: input_shapes.{short(name, 40)}", PlanError, integer=True)
+    link = plan.link if isinstance(plan.link, Mapping) else {}  # older plans name a preset instead
+    for key, value in link.items():
+        if key not in ("name", "description"):
+            check_number(value, f"{source}: link.{short(key, 40)}", PlanError)
+    for node, site in plan.assignment.items():
+        if not isinstance(site, Mapping) or not all(isinstance(v, str) for v in site.values()):
+            raise PlanError(f"{source}: assignment.{short(node, 60)}: expected {{processor, backend}} names")
+    for i, t in enumerate(plan.transfers):
+        check_fields(t, f"{source}: transfers[{i}]", PlanError)
+    for i, b in enumerate(plan.baselines):
+        check_fields(b, f"{source}: baselines[{i}]", PlanError)
+    check_fields(plan.solver, f"{source}: solver", PlanError)
+    for i, p in enumerate(plan.parts):
+        check_fields(p, f"{source}: parts[{i}]", PlanError)
+
+
+def check_plan(plan: Plan, source: str) -> None:
+    """What later stages rely on in a plan (beyond its types): a positive SLO, and the parts (see
+    :func:`check_plan_parts`). :func:`load_plan` and ``compile`` check this.
+
+    Raises:
+        PlanError: naming ``source`` and what is wrong.
+    """
+    if plan.slo_ms is not None and not plan.slo_ms > 0:
+        raise PlanError(f"{source}: slo_ms: must be positive, got {plan.slo_ms}")
+    check_plan_parts(plan.parts, source)
+
+
+def check_plan_parts(parts: Sequence[Part], source: str) -> None:
+    """The parts of a plan: at least one; names that are identifiers (they become file names)
+    and unique; no node in two parts; no tensor written by two parts; an acyclic part graph.
+
+    Raises:
+        PlanError: naming ``source`` and the parts at fault.
+    """
+    if not parts:
+        raise PlanError(f"{source}: the plan has no parts")
+    names: set[str] = set()
+    owner: dict[str, str] = {}
+    producer: dict[str, str] = {}
+    for i, p in enumerate(parts):
+        check_identifier(p.name, f"{source}: parts[{i}].name", PlanError)
+        if p.name in names:
+            raise PlanError(f"{source}: two parts are named {p.name}")
+        names.add(p.name)
+        for n in p.nodes:
+            if n in owner:
+                raise PlanError(f"{source}: node {short(n, 60)} is in two parts, {owner[n]} and {p.name}")
+            owner[n] = p.name
+        for t in p.outputs:
+            if t in producer:
+                raise PlanError(
+                    f"{source}: tensor {short(t, 60)} is written by two parts, {producer[t]} and {p.name}"
+                )
+            producer[t] = p.name
+    deps = {p.name: {producer[t] for t in p.inputs if t in producer} for p in parts}
+    cycle = find_cycle(deps)
+    if cycle:
+        raise PlanError(f"{source}: the parts depend on each other in a cycle ({' -> '.join(cycle)})")
+
+
+def find_cycle(deps: Mapping[str, Collection[str]]) -> list[str]:
+    """A cycle in the graph ``name -> names it depends on`` (as ``[a, b, a]``), or ``[]``.
+
+    Iterative (no recursion), so a long chain of parts cannot exhaust the stack.
+    """
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in deps:
+        if state.get(root):
+            continue
+        path, stack = [root], [iter(sorted(deps.get(root, ())))]
+        state[root] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(deps.get(nxt, ()))))
+    return []
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
     """Read a plan JSON file.
 
     Raises:
-        PlanError: naming the file, when it is missing, not JSON, or not a plan.
+        PlanError: naming the file, when it is missing, not JSON, or not a plan (see :func:`check_plan`).
     """
-    return Plan.from_json(read_json_object(path, PlanError, "plan"), str(path))
+    plan = Plan.from_json(read_json_object(path, PlanError, "plan"), str(path))
+    check_plan(plan, str(path))
+    return plan

@@ -107,19 +107,20 @@ def load_fleet(path: str | Path, base: SshOptions | None = None) -> Fleet:
     ``base`` holds the options given on the command line; ``defaults`` and each host override them.
     """
     import jsonschema
-    import yaml
+
+    from edgesplit.device_schema import load_yaml
+    from edgesplit.util import short
 
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise InputError(f"{p}: cannot read the fleet file ({str(e).splitlines()[0]})") from e
+    data = load_yaml(p, InputError, "fleet file")  # no aliases: an alias bomb would expand in messages
     errors = sorted(
         jsonschema.Draft202012Validator(SCHEMA).iter_errors(data),
         key=lambda e: list(map(str, e.absolute_path)),
     )
     if errors:
-        msgs = [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:5]]
+        msgs = [
+            f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {short(e.message, 200)}" for e in errors[:5]
+        ]
         raise InputError(
             f"{p}: " + "; ".join(msgs) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else "")
         )

@@ -34,6 +34,8 @@ from edgesplit.util import sha256_file
 Progress = Callable[[str, int, int], None]
 EventHook = Callable[[dict[str, Any]], None]
 _CHUNK = 256 * 1024
+MAX_LINE_NBYTES = 64 << 20
+"""Longest event line read from an agent (a checkpoint of a large model is a few MB)."""
 
 
 def pip_hint(python: str, missing: Sequence[str], machine: str = "", android: bool = False) -> str:
@@ -66,7 +68,8 @@ class AgentSession:
         self.client = None
         self.chan = None
         self.ready: dict[str, Any] = {}
-        self._buf = b""
+        self._buf = bytearray()
+        self._scanned = 0  # how much of _buf is known to hold no newline
         self._stderr = b""
         self._bye = False
         self._shell: tuple[str, str] | None = None  # (pid, folder) of the remote shell
@@ -209,16 +212,28 @@ class AgentSession:
 
     def _next_event(self, deadline: float, quiet: bool = False) -> dict[str, Any] | None:
         while True:
-            if b"\n" in self._buf:
-                line, self._buf = self._buf.split(b"\n", 1)
+            nl = self._buf.find(b"\n", self._scanned)
+            if nl < 0:
+                self._scanned = len(self._buf)
+                if self._scanned > MAX_LINE_NBYTES:
+                    raise RemoteError(
+                        f"{self.target}: the agent sent a line longer than {MAX_LINE_NBYTES:,} bytes "
+                        f"while {self.stage}"
+                    )
+            else:
+                line = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                self._scanned = 0
                 if line.startswith(HELLO) and self._shell is None:
                     pid, _, folder = line[len(HELLO) :].decode(errors="replace").partition(" ")
                     self._shell = (pid, folder)
                     continue
                 try:
                     ev = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue  # not ours (cannot happen: stray output goes to stderr)
+                if not isinstance(ev, dict):
+                    continue
                 if ev.get("event") == "bye":
                     self._bye = bool(ev.get("removed"))
                 return ev

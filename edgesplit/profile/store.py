@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edgesplit.errors import ProfileError
-from edgesplit.util import atomic_write_text, known_fields, read_json_object
+from edgesplit.util import check_fields, check_number, known_fields, read_json_object, short, write_json
 
 FORMAT_VERSION = 1
 
@@ -133,7 +132,7 @@ class Profile:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the profile atomically (temp file in the same folder, then rename)."""
-        atomic_write_text(path, json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
+        write_json(path, self.to_json(), "profile")
 
     @staticmethod
     def from_json(d: Mapping[str, Any], source: str = "<profile>") -> Profile:
@@ -146,11 +145,47 @@ class Profile:
             kw["input_shapes"] = {k: tuple(v) for k, v in d["input_shapes"].items()}
             kw["entries"] = tuple(ProcessorProfile.from_json(e) for e in d["entries"])
             kw["versions"] = dict(d.get("versions", {}))
-            return Profile(**kw)
+            prof = Profile(**kw)
         except ProfileError:
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as e:
-            raise ProfileError(f"{source}: not a valid profile ({type(e).__name__}: {e})") from e
+            raise ProfileError(
+                f"{source}: not a valid profile ({type(e).__name__}: {short(str(e), 200)})"
+            ) from e
+        check_profile(prof, source)
+        return prof
+
+
+def check_profile(prof: Profile, source: str) -> None:
+    """Every field of a profile read from a file has its type, every number is finite and not
+    negative, and every backend is registered.
+
+    The typed checks come from the dataclasses' annotations (:func:`edgesplit.util.check_fields`),
+    so a field added to :class:`NodeCost`, :class:`ProcessorProfile` or :class:`Profile` is checked
+    with no code here; a field that may be negative goes in ``signed=``.
+
+    Raises:
+        ProfileError: naming ``source``, the entry, the node and the field.
+    """
+    from edgesplit.device_schema import BACKENDS
+
+    check_fields(prof, source, ProfileError)
+    for name, shape in prof.input_shapes.items():
+        if not isinstance(shape, tuple):
+            raise ProfileError(f"{source}: input_shapes.{short(name, 40)}: expected a list of sizes")
+        for dim in shape:
+            check_number(dim, f"{source}: input_shapes.{short(name, 40)}", ProfileError, integer=True)
+    for i, e in enumerate(prof.entries):
+        where = f"{source}: entries[{i}]"
+        check_fields(e, where, ProfileError)
+        if e.backend not in BACKENDS:
+            raise ProfileError(
+                f"{where}: unknown backend {short(e.backend, 40)} (backends: {', '.join(BACKENDS)})"
+            )
+        for node, cost in e.nodes.items():
+            if not isinstance(cost, NodeCost):
+                raise ProfileError(f"{where} ({e.key}): node {short(node, 60)}: expected an object")
+            check_fields(cost, f"{where} ({e.key}): node {short(node, 60)}", ProfileError)
 
 
 def load_profile(path: str | os.PathLike) -> Profile:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgesplit.compile.bundle import TensorSpec
 from edgesplit.errors import RunInputError
 from edgesplit.runtime.breakdown import Breakdown, breakdown, plan_value
 from edgesplit.runtime.session import Session, SessionStats, load
@@ -32,17 +33,60 @@ def random_feeds(sess: Session, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def read_inputs(sess: Session, specs: Sequence[str]) -> dict[str, np.ndarray]:
-    """``NAME=FILE.npy`` strings -> arrays; inputs not given are random (seeded)."""
+    """``NAME=FILE.npy`` strings -> arrays; inputs not given are random (seeded).
+
+    Raises:
+        RunInputError: naming the flag or the file: not ``NAME=FILE``, an input the bundle does not
+            take, or a file that is not a plain ``.npy`` array of the input's shape and dtype.
+    """
     feeds = random_feeds(sess)
+    expected = {t.name: t for t in sess.input_specs}
     for spec in specs:
         name, sep, path = spec.partition("=")
-        if not sep:
+        if not sep or not name or not path:
             raise RunInputError(f"--input '{spec}' is not NAME=FILE.npy")
-        try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise RunInputError(f"{path}: cannot read a .npy array ({e})") from e
+        if name not in expected:
+            raise RunInputError(
+                f"--input {name}: the bundle has no input '{name}' (inputs: {', '.join(expected)})"
+            )
+        feeds[name] = read_npy(path, expected[name])
     return feeds
+
+
+def read_npy(path: str | os.PathLike, spec: TensorSpec) -> np.ndarray:
+    """A ``.npy`` file holding an array of ``spec``'s shape and dtype.
+
+    The header is read and checked first, so a file that claims a huge shape, or holds Python
+    objects (pickles are never loaded), is refused before its data is read.
+    """
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise RunInputError(f"{path}: cannot read the input ({e.strerror})") from e
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RunInputError(f"{path}: not a regular file")
+        try:
+            version = np.lib.format.read_magic(f)
+            read_header = getattr(np.lib.format, f"read_array_header_{version[0]}_{version[1]}")
+            shape, _, dtype = read_header(f)
+        except (ValueError, OSError, AttributeError, SyntaxError) as e:
+            raise RunInputError(f"{path}: not a .npy array ({e})") from e
+        if dtype.hasobject:
+            raise RunInputError(f"{path}: holds Python objects (a pickle), which are never loaded")
+        if tuple(shape) != tuple(spec.shape):
+            raise RunInputError(
+                f"{path}: input '{spec.name}': shape {tuple(shape)}, expected {tuple(spec.shape)}"
+            )
+        if dtype != np.dtype(spec.dtype):
+            raise RunInputError(f"{path}: input '{spec.name}': dtype {dtype}, expected {spec.dtype}")
+        f.seek(0)
+        try:
+            return np.load(f, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise RunInputError(f"{path}: not a readable .npy array ({e})") from e
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ from typing import Protocol
 
 import numpy as np
 
-from edgesplit.compile.bundle import PartArtifact
+from edgesplit.compile.bundle import PartArtifact, VerifiedBundle, as_verified
 from edgesplit.compile.tvm_build import TvmLibrary
 from edgesplit.cpu import ort_session_options
 from edgesplit.errors import BundleError
+from edgesplit.util import short
 
 
 class Executor(Protocol):
@@ -36,12 +37,15 @@ class Executor(Protocol):
 
 
 class OrtExecutor:
-    """An ONNX Runtime session on the part's ONNX file with its provider and thread count."""
+    """An ONNX Runtime session on the part's ONNX file with its provider and thread count.
+
+    The model is loaded from the bytes checked against the manifest as they were read.
+    """
 
     def __init__(
         self,
         part: PartArtifact,
-        bundle: Path,
+        bundle: VerifiedBundle | Path,
         *,
         file: str | None = None,
         provider: str | None = None,
@@ -70,7 +74,15 @@ class OrtExecutor:
         providers: list = [(provider, dict(options if options is not None else part.provider_options))]
         if provider != "CPUExecutionProvider":
             providers.append(("CPUExecutionProvider", {}))
-        self._sess = ort.InferenceSession(str(bundle / (file or part.onnx_file)), so, providers=providers)
+        bundle = as_verified(bundle)
+        rel = file or part.onnx_file
+        try:  # from the very bytes that were checked, never by path again
+            self._sess = ort.InferenceSession(bundle.read(rel), so, providers=providers)
+        except BundleError:
+            raise
+        except Exception as e:  # noqa: BLE001 - ORT's errors are bare RuntimeErrors
+            raise BundleError(f"{bundle / rel}: ONNX Runtime cannot load it ({short(str(e), 200)})") from e
+        check_io(part, bundle / rel, self._sess.get_inputs(), self._sess.get_outputs())
         self._outputs = [o.name for o in part.outputs]
         self._inputs = [i.name for i in part.inputs]
 
@@ -98,22 +110,28 @@ class OrtExecutor:
 
 
 class TvmExecutor:
-    """A TVM Relax VM over the part's compiled library (checksum verified by open_bundle)."""
+    """A TVM Relax VM over the part's compiled library, loaded from a checked private copy."""
 
     def __init__(
         self,
         part: PartArtifact,
-        bundle: Path,
+        bundle: VerifiedBundle | Path,
         *,
         shares_processor: bool = False,
         profile_prefix: str | None = None,
     ):
         """Neither option applies: TVM's pool is its own, and it has no per-kernel profiler here."""
         self.part = part
-        try:
-            self._lib = TvmLibrary(bundle / part.file, part.target)
-        except LookupError as e:
-            raise BundleError(f"part {part.name}: {e}") from e
+        bundle = as_verified(bundle)
+        # A checked private copy is what gets mapped: the bundle's own file could change after
+        # the check, the copy cannot (and it is removed once loaded; the mapping stays).
+        with bundle.private_copy(part.file) as copy:
+            try:
+                self._lib = TvmLibrary(copy, part.target)
+            except LookupError as e:
+                raise BundleError(f"part {part.name}: {e}") from e
+            except Exception as e:  # noqa: BLE001 - TVM's errors are its own, or bare RuntimeErrors
+                raise BundleError(f"{bundle / part.file}: TVM cannot load it ({short(str(e), 200)})") from e
         self._inputs = [i.name for i in part.inputs]
         self._outputs = [o.name for o in part.outputs]
 
@@ -131,6 +149,56 @@ class TvmExecutor:
 
     def close(self) -> None:
         self._lib.close()
+
+
+_ORT_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+    "tensor(float16)": "float16",
+    "tensor(int8)": "int8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+}
+
+
+def check_io(part: PartArtifact, file: Path, inputs: list, outputs: list) -> None:
+    """The manifest's inputs and outputs of ``part`` are those of the loaded model (names, dtypes,
+    static dimensions): an edited manifest is a one-line error here, not ORT's at the first run.
+
+    ``inputs``, ``outputs``: ORT's ``NodeArg`` lists (``name``, ``type``, ``shape``).
+    """
+
+    def check(specs, args, what: str) -> None:
+        have = {a.name: a for a in args}
+        for t in specs:
+            a = have.get(t.name)
+            if a is None:
+                raise BundleError(
+                    f"{file}: the manifest says part {part.name} has {what} {t.name!r:.60}, which the model "
+                    f"lacks (it has {', '.join(have)})"
+                )
+            dtype = _ORT_DTYPES.get(a.type)
+            dims = list(a.shape)
+            fits = len(dims) == len(t.shape) and all(
+                not isinstance(d, int) or d == s for d, s in zip(dims, t.shape)
+            )
+            if (dtype is not None and dtype != t.dtype) or not fits:
+                raise BundleError(
+                    f"{file}: the manifest says {what} {t.name!r:.60} of part {part.name} is {t.dtype} "
+                    f"{list(t.shape)}, the model has {a.type} {dims}"
+                )
+
+    check(part.inputs, inputs, "input")
+    check(part.outputs, outputs, "output")
+    extra = sorted({a.name for a in inputs} - {t.name for t in part.inputs})
+    if extra:
+        raise BundleError(f"{file}: the model of part {part.name} also needs inputs {', '.join(extra)[:120]}")
 
 
 def timed(fn: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], float]:

@@ -31,7 +31,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import PayloadEncodingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from edgesplit.compile.bundle import PartArtifact, open_bundle
+from edgesplit.compile.bundle import PartArtifact, VerifiedBundle, open_verified
 from edgesplit.errors import BundleError, RunInputError
 from edgesplit.runtime import oip
 
@@ -53,12 +53,13 @@ class ServeOptions:
     compute_threads: int | None = None
     intra_op_threads: int | None = None
     shutdown_timeout_s: float = 30.0
+    trust_key: str | None = None  # an ed25519 public key file: serve only a bundle signed by it
 
 
 class ServedModel:
     """One part behind ``/v2/models/{name}``: its ORT session, specs and metadata."""
 
-    def __init__(self, part: PartArtifact, bundle: Path, intra_op_threads: int | None):
+    def __init__(self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None):
         import onnxruntime as ort
 
         self.part = part
@@ -77,7 +78,8 @@ class ServedModel:
         providers: list[Any] = [(provider, dict(part.provider_options) if provider == part.provider else {})]
         if provider != "CPUExecutionProvider":
             providers.append(("CPUExecutionProvider", {}))
-        self.session = ort.InferenceSession(str(bundle / part.onnx_file), so, providers=providers)
+        # from the bytes checked against the manifest as they were read
+        self.session = ort.InferenceSession(bundle.read(part.onnx_file), so, providers=providers)
         self.inputs = {t.name: t for t in part.inputs}
         self.output_names = [t.name for t in part.outputs]
         self.metadata = {
@@ -143,13 +145,14 @@ class OffloadServer:
     def __init__(self, bundle: str | os.PathLike, options: ServeOptions = ServeOptions()):
         self.bundle = Path(bundle)
         self.options = options
-        manifest = open_bundle(self.bundle)  # every checksum before any model loads
+        verified = open_verified(self.bundle, trust_key=options.trust_key)  # before any model loads
+        manifest = verified.manifest
         parts = [p for p in manifest.parts if p.remote or options.all_parts]
         if not parts:
             raise BundleError(
                 f"{self.bundle}: no server parts to serve (remote=True); use --all-parts to serve every part"
             )
-        self.models = {p.name: ServedModel(p, self.bundle, options.intra_op_threads) for p in parts}
+        self.models = {p.name: ServedModel(p, verified, options.intra_op_threads) for p in parts}
         self.notes = [m.note for m in self.models.values() if m.note]
         self._token = options.token.encode() if options.token else None
         self._pool = ThreadPoolExecutor(

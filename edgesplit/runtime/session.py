@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
+from edgesplit.compile.bundle import Manifest, PartArtifact, open_verified
 from edgesplit.cpu import configure_thread
 from edgesplit.errors import BundleError, RunInputError
 from edgesplit.runtime.backends import make_executor
@@ -102,10 +102,14 @@ class Session:
         adaptive: bool = False,
         detailed: bool = False,
         max_records: int = 100_000,
+        trust_key: str | os.PathLike | None = None,
     ):
         """See :func:`load`. ``max_records`` bounds the part-run records kept (oldest dropped)."""
         self.path = Path(bundle)
-        self.manifest: Manifest = open_bundle(self.path)  # every checksum before any library loads
+        # The signature (with a trusted key) and every checksum before any library loads; the
+        # executors then load from bytes checked again as they are read.
+        self.bundle = open_verified(self.path, trust_key=trust_key)
+        self.manifest: Manifest = self.bundle.manifest
         self.notes: list[str] = []
         self._parts = {p.name: p for p in self.manifest.parts}
         self._users: dict[str, list[str]] = {p.name: [] for p in self.manifest.parts}
@@ -138,7 +142,7 @@ class Session:
                     key, None if p.remote else p.cores, None if p.remote else p.cpu_quota_pct, self.notes
                 )
             worker = self._workers[key]
-            self._executors[p.name] = worker.pool.submit(make_executor, p, self.path, **extra).result()
+            self._executors[p.name] = worker.pool.submit(make_executor, p, self.bundle, **extra).result()
 
     # ---- inputs
 
@@ -172,6 +176,8 @@ class Session:
             number=next(self._request_numbers),
         )
         req.left = len(self.manifest.parts)
+        if not req.left:  # never happens (manifests without parts are refused), but never wait on nothing
+            req.done.set_exception(BundleError(f"{self.path}: the bundle has no parts"))
         for p in self.manifest.parts:
             if not p.depends_on:
                 self._launch(p, req, req.start_ns)
@@ -382,6 +388,8 @@ def load(bundle: str | os.PathLike, **kwargs) -> Session:
 
     Keyword arguments: ``executor_options`` (per backend: options for its executors),
     ``adaptive`` (remote parts pick server or fallback by measurement), ``detailed`` (ORT's
-    profiler on the ORT parts, read with :meth:`Session.end_detailed_trace`), ``max_records``.
+    profiler on the ORT parts, read with :meth:`Session.end_detailed_trace`), ``max_records``,
+    ``trust_key`` (an ed25519 public key file: the bundle must be signed by it, see
+    :mod:`edgesplit.compile.signing`).
     """
     return Session(bundle, **kwargs)

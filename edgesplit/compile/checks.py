@@ -1,0 +1,129 @@
+"""The consistency of a bundle's manifest: what the runtime relies on, checked once at load.
+
+:meth:`Manifest.from_json` checks types and numbers; :func:`check_manifest` checks that the
+parts fit together, so that an edited manifest is a one-line error naming it, never a KeyError, a
+hang (a part waiting on a part that never runs) or a file written or read outside the bundle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from edgesplit.compile.safeio import check_relpath
+from edgesplit.errors import BundleError
+from edgesplit.optimize.plan import find_cycle
+from edgesplit.util import check_identifier, short
+
+if TYPE_CHECKING:
+    from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec
+
+MAX_TENSOR_NBYTES = 1 << 32
+"""Largest tensor a manifest may declare (4 GiB): a larger claim is an edited manifest."""
+
+
+def _check_spec(t: TensorSpec, where: str) -> None:
+    import numpy as np
+
+    try:
+        dtype = np.dtype(t.dtype)
+    except (TypeError, ValueError, SyntaxError) as e:
+        raise BundleError(f"{where}: tensor {short(t.name, 60)}: unknown dtype {short(t.dtype, 40)}") from e
+    if dtype.kind not in "biuf" or dtype.shape != () or dtype.names is not None:
+        raise BundleError(
+            f"{where}: tensor {short(t.name, 60)}: dtype {short(t.dtype, 40)} is not a numeric type"
+        )
+    nbytes = dtype.itemsize
+    for d in t.shape:
+        nbytes *= d
+    if nbytes > MAX_TENSOR_NBYTES:
+        raise BundleError(
+            f"{where}: tensor {short(t.name, 60)}: shape {t.shape} is {nbytes:,} bytes, over 4 GiB"
+        )
+
+
+def _same_spec(a: TensorSpec, b: TensorSpec, where: str, what: str) -> None:
+    if (a.shape, a.dtype) != (b.shape, b.dtype):
+        raise BundleError(
+            f"{where}: tensor {short(a.name, 60)} is {a.dtype} {list(a.shape)} here but "
+            f"{b.dtype} {list(b.shape)} in {what}"
+        )
+
+
+def _check_part(p: PartArtifact, i: int, files: Mapping[str, str], source: str) -> None:
+    check_identifier(p.name, f"{source}: parts[{i}].name", BundleError)
+    where = f"{source}: part {p.name}"
+    fb = p.fallback
+    if fb is not None and not (isinstance(fb, Mapping) and isinstance(fb.get("file"), str | None)):
+        raise BundleError(f"{where}: fallback: expected {{backend, file, ...}}")
+    for f in (p.file, p.onnx_file, (fb or {}).get("file")):
+        if f and f not in files:
+            raise BundleError(
+                f"{source}: part {p.name} names {short(f, 80)}, which the manifest has no checksum for"
+            )
+    if p.cpu_quota_pct is not None and not 0 < p.cpu_quota_pct <= 100:
+        raise BundleError(f"{where}: cpu_quota_pct: {p.cpu_quota_pct} is not in (0, 100]")
+    if p.threads is not None and p.threads < 1:
+        raise BundleError(f"{where}: threads: {p.threads} is not positive")
+    for t in (*p.inputs, *p.outputs):
+        _check_spec(t, where)
+
+
+def check_manifest(m: Manifest, source: str) -> None:
+    """What the runtime relies on, checked once when a manifest is read: types and numbers, file
+    paths inside the bundle, at least one part, part names (identifiers, unique), dependencies on
+    parts that exist and that form no cycle, and every tensor a part reads (or the model outputs)
+    either a model input or written by a part it depends on, with the same shape and dtype.
+
+    Raises:
+        BundleError: naming ``source`` and what is wrong.
+    """
+    for rel in m.files:
+        check_relpath(rel, source)
+    if not m.parts:
+        raise BundleError(f"{source}: the bundle has no parts (nothing to run)")
+    model_in = {t.name: t for t in m.inputs}
+    for t in (*m.inputs, *m.outputs):
+        _check_spec(t, source)
+    parts: dict[str, PartArtifact] = {}
+    written: dict[str, tuple[str, TensorSpec]] = {}
+    for i, p in enumerate(m.parts):
+        _check_part(p, i, m.files, source)
+        if p.name in parts:
+            raise BundleError(f"{source}: two parts are named {p.name}")
+        parts[p.name] = p
+        for t in p.outputs:
+            if t.name in written:
+                raise BundleError(
+                    f"{source}: tensor {short(t.name, 60)} is written by parts {written[t.name][0]} and {p.name}"
+                )
+            written[t.name] = (p.name, t)
+    for p in m.parts:
+        where = f"{source}: part {p.name}"
+        for d in p.depends_on:
+            if d not in parts:
+                raise BundleError(f"{where} depends on part {short(d, 60)}, which the bundle lacks")
+        for t in p.inputs:
+            if t.name in written:
+                src, spec = written[t.name]
+                if src not in p.depends_on:
+                    raise BundleError(
+                        f"{where} reads {short(t.name, 60)} from part {src} without depending on it"
+                    )
+                _same_spec(t, spec, where, f"part {src}")
+            elif t.name in model_in:
+                _same_spec(t, model_in[t.name], where, "the model's inputs")
+            else:
+                raise BundleError(
+                    f"{where} reads tensor {short(t.name, 60)}, which no part writes and the model does not take"
+                )
+    cycle = find_cycle({p.name: p.depends_on for p in m.parts})
+    if cycle:
+        raise BundleError(f"{source}: the parts depend on each other in a cycle ({' -> '.join(cycle)})")
+    for t in m.outputs:
+        src = written.get(t.name)
+        if src is None and t.name not in model_in:
+            raise BundleError(f"{source}: model output {short(t.name, 60)} is written by no part")
+        _same_spec(
+            t, src[1] if src else model_in[t.name], source, f"part {src[0]}" if src else "the model's inputs"
+        )
