@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from edgesplit.errors import RunInputError
+from edgesplit.errors import InputError, RunInputError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_RANK = 32  # numpy allows 64 dimensions; no model input has more than a handful
 
 # OIP datatype -> numpy dtype name.
 OIP_TO_NUMPY: dict[str, str] = {
@@ -74,6 +75,26 @@ def _fail(msg: str) -> RunInputError:
     return RunInputError(msg)
 
 
+def check_bearer_token(token: str, what: str = "the bearer token") -> str:
+    """``token`` if it can go in an ``Authorization`` header: visible ASCII only (no CR, LF, space).
+
+    Raises :class:`~edgesplit.errors.InputError` naming the first bad character's position, never
+    the token itself.
+    """
+    for i, ch in enumerate(token):
+        if not "\x21" <= ch <= "\x7e":
+            kind = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)", " ": "a space"}.get(
+                ch, "a control character" if ord(ch) < 0x21 or ord(ch) == 0x7F else "a non-ASCII character"
+            )
+            raise InputError(
+                f"{what} holds {kind} at position {i + 1}: only visible ASCII characters can go in an "
+                "HTTP header"
+            )
+    if not token:
+        raise InputError(f"{what} is empty")
+    return token
+
+
 def parse_header_length(value: str | None, body_nbytes: int) -> int | None:
     """Validate an ``Inference-Header-Content-Length`` header value against the body size."""
     if value is None:
@@ -93,6 +114,8 @@ def _load_header(body: bytes | bytearray | memoryview, header_nbytes: int | None
         header = json.loads(bytes(body[:end]))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _fail(f"the request header is not valid JSON ({e})") from e
+    except RecursionError:
+        raise _fail("the request header is not valid JSON (nested too deeply)") from None
     if not isinstance(header, dict):
         raise _fail("the request header must be a JSON object")
     return header, end
@@ -104,7 +127,15 @@ def _shape(t: Mapping[str, Any], what: str) -> tuple[int, ...]:
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise _fail(f"{what}: 'shape' must be a list of non-negative integers")
+    if len(shape) > MAX_RANK:
+        raise _fail(f"{what}: 'shape' has {len(shape)} dimensions, at most {MAX_RANK} are supported")
+    if math.prod(d for d in shape if d) >= 1 << 40:
+        raise _fail(f"{what}: shape {_short(shape)} is too large for any array")
     return tuple(shape)
+
+
+def _short(values: list, n: int = 8) -> str:
+    return str(values) if len(values) <= n else f"[{', '.join(map(str, values[:n]))}, ...]"
 
 
 def _dtype(t: Mapping[str, Any], what: str) -> np.dtype:
@@ -132,7 +163,7 @@ def _decode_tensors(
     for i, t in enumerate(tensors):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise _fail(f"{kind}[{i}] must be an object with a string 'name'")
-        what = f"{kind[:-1]} '{t['name']}'"
+        what = f"{kind[:-1]} '{t['name'][:64]}'"
         shape, dtype = _shape(t, what), _dtype(t, what)
         count = math.prod(shape)
         size = _params(t, what).get("binary_data_size")
@@ -154,9 +185,11 @@ def _decode_tensors(
             try:
                 arr = np.asarray(t["data"], dtype=dtype)
             except (TypeError, ValueError, OverflowError) as e:
-                raise _fail(f"{what}: 'data' is not a list of {dtype.name} values ({e})") from e
+                raise _fail(f"{what}: 'data' is not a list of {dtype.name} values ({str(e)[:200]})") from e
+            except RecursionError:
+                raise _fail(f"{what}: 'data' is nested too deeply") from None
             if arr.size != count:
-                raise _fail(f"{what}: 'data' holds {arr.size} values, shape {list(shape)} needs {count}")
+                raise _fail(f"{what}: 'data' holds {arr.size} values, shape {_short(list(shape))} needs {count}")
             arr = arr.reshape(shape)
         else:
             raise _fail(f"{what}: neither 'data' nor parameters.binary_data_size")
