@@ -18,6 +18,13 @@ from edgesplit.cli.common import console
 @click.option("--server", "server_url", default=None, help="Offload server URL for remote parts.")
 @click.option("--token", default=None, envvar="EDGESPLIT_TOKEN", help="Bearer token for the server.")
 @click.option(
+    "--deadline-ms",
+    type=click.FloatRange(min=0, min_open=True, max=3.6e6),
+    default=None,
+    help="Overall deadline of each call to the server (connect, retries, send, answer); past it the "
+    "part runs on its local fallback.  [default: 10000]",
+)
+@click.option(
     "--adaptive",
     is_flag=True,
     help="Per remote part, run on the server or the local fallback, whichever is measured faster.",
@@ -46,6 +53,7 @@ def command(
     stream,
     server_url,
     token,
+    deadline_ms,
     adaptive,
     output,
     trace_path,
@@ -59,7 +67,15 @@ def command(
         raise click.BadParameter(
             f"{trace_request} is not below --repeat {repeat}", param_hint="--trace-request"
         )
-    options = {"remote": {"url": server_url, "token": token}} if server_url else None
+    if deadline_ms is not None and deadline_ms != deadline_ms:
+        raise click.BadParameter("nan is not a number of milliseconds", param_hint="--deadline-ms")
+    if deadline_ms is not None and not server_url:
+        raise click.UsageError("--deadline-ms applies to calls to a server: give --server URL too")
+    options = None
+    if server_url:
+        options = {"remote": {"url": server_url, "token": token}}
+        if deadline_ms is not None:
+            options["remote"]["timeout_s"] = deadline_ms / 1e3
     with load(bundle, executor_options=options, adaptive=adaptive, detailed=trace_detail) as sess:
         feeds = read_inputs(sess, inputs)
         report = benchmark(sess, feeds, repeat=repeat, warmup=warmup, stream=stream)

@@ -45,7 +45,7 @@ import click
     type=click.IntRange(min=1),
     default=None,
     help="Open connections at most; at the cap the oldest idle one is closed, or 503 if all are busy "
-    "[default: the file-descriptor limit less 64, at most 1024].",
+    "[default: the file-descriptor limit less 192, at most 1024].",
 )
 @click.option(
     "--max-queue",
@@ -112,11 +112,10 @@ def command(
     Retry-After (busy: connections, bytes in flight, compute queue).
     """
     import logging
+    import math
 
     from edgesplit.cli.common import err_console
     from edgesplit.runtime.server import MB, OffloadServer, ServeOptions
-
-    import math
 
     for flag, value in (("--max-request-mb", max_request_mb), ("--max-inflight-mb", max_inflight_mb)):
         if not math.isfinite(value):

@@ -38,7 +38,9 @@ class QueueFull(Exception):
     """The compute queue holds ``max_queue`` jobs already; try again in ``retry_after_s``."""
 
     def __init__(self, waiting: int, retry_after_s: int):
-        super().__init__(f"the compute queue is full ({waiting} requests waiting); retry in {retry_after_s} s")
+        super().__init__(
+            f"the compute queue is full ({waiting} requests waiting); retry in {retry_after_s} s"
+        )
         self.retry_after_s = retry_after_s
 
 

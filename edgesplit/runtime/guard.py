@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import resource
+import socket
 from collections import OrderedDict
 from collections.abc import Callable
 from http import HTTPStatus
@@ -36,12 +37,21 @@ from aiohttp.web_protocol import RequestHandler
 log = logging.getLogger("edgesplit.serve")
 
 
+ACCEPT_BURST = 32  # connections asyncio accepts per loop iteration (its ``backlog`` argument)
+LISTEN_QUEUE = 1024  # connections the kernel queues until they are accepted
+
+
 def default_max_connections(reserve_fds: int = 64, ceiling: int = 1024) -> int:
-    """A connection cap that fits this process's file-descriptor limit, with ``reserve_fds`` spare."""
+    """A connection cap that fits this process's file-descriptor limit.
+
+    It leaves ``reserve_fds`` for the process's own files, and 4 x :data:`ACCEPT_BURST` more: asyncio
+    accepts a burst per loop iteration, and a connection accepted in one is admitted (or closes the
+    one it replaces) a few iterations later, so up to about three bursts are open beyond the cap.
+    """
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return ceiling
-    return max(8, min(ceiling, soft - reserve_fds))
+    return max(8, min(ceiling, soft - reserve_fds - 4 * ACCEPT_BURST))
 
 
 def raw_response(status: int, message: str, headers: dict[str, str] | None = None) -> bytes:
@@ -113,6 +123,11 @@ class ConnectionGuard:
     @property
     def open(self) -> int:
         return len(self._idle) + len(self._busy)
+
+    @property
+    def in_request(self) -> int:
+        """Connections with a request in progress."""
+        return len(self._busy)
 
     def admit(self, conn: GuardedHandler) -> bool:
         """Make room for ``conn`` (closing the oldest idle connection at the cap); False if none."""
@@ -211,7 +226,9 @@ class GuardedHandler(RequestHandler):
             text = HTTPStatus(status).phrase.lower()
         else:  # aiohttp's message for a bad request names the problem, never our internals
             text = (message or getattr(exc, "message", None) or HTTPStatus(status).phrase).splitlines()[0]
-        resp = web.json_response({"error": f"bad request: {text[:200]}"} if status == 400 else {"error": text})
+        resp = web.json_response(
+            {"error": f"bad request: {text[:200]}"} if status == 400 else {"error": text}
+        )
         resp.set_status(status)
         resp.force_close()
         return resp
@@ -221,9 +238,13 @@ class GuardedSite(web.BaseSite):
     """A TCP listener whose connections are :class:`GuardedHandler` built by ``factory``."""
 
     def __init__(
-        self, runner: web.BaseRunner, host: str, port: int, factory: Callable[[], GuardedHandler], backlog=128
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        factory: Callable[[], GuardedHandler],
     ):
-        super().__init__(runner, backlog=backlog)
+        super().__init__(runner, backlog=ACCEPT_BURST)
         self._host, self._port, self._factory = host, port, factory
         self.bound_port: int | None = None
 
@@ -234,7 +255,8 @@ class GuardedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._factory, self._host, self._port, backlog=self._backlog, reuse_address=True
-        )
-        self.bound_port = int(self._server.sockets[0].getsockname()[1])
+        family = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        sock = socket.create_server((self._host, self._port), family=family[0][0], backlog=LISTEN_QUEUE)
+        self._server = await loop.create_server(self._factory, sock=sock, backlog=self._backlog)
+        sock.listen(LISTEN_QUEUE)  # create_server set the queue to the burst: a long queue in the kernel
+        self.bound_port = int(sock.getsockname()[1])

@@ -189,7 +189,9 @@ def _decode_tensors(
             except RecursionError:
                 raise _fail(f"{what}: 'data' is nested too deeply") from None
             if arr.size != count:
-                raise _fail(f"{what}: 'data' holds {arr.size} values, shape {_short(list(shape))} needs {count}")
+                raise _fail(
+                    f"{what}: 'data' holds {arr.size} values, shape {_short(list(shape))} needs {count}"
+                )
             arr = arr.reshape(shape)
         else:
             raise _fail(f"{what}: neither 'data' nor parameters.binary_data_size")

@@ -101,6 +101,7 @@ class ServerStats:
     """What the limits did so far: connections, bytes in flight, the compute queue."""
 
     connections: int
+    connections_busy: int
     connections_evicted: int
     connections_refused: int
     header_timeouts: int
@@ -142,7 +143,14 @@ class OffloadServer:
     def stats(self) -> ServerStats:
         c, b = self.connections, self.budget
         return ServerStats(
-            c.open, c.evicted, c.refused, c.header_timeouts, b.used_nbytes, b.peak_nbytes, self.compute.stats()
+            c.open,
+            c.in_request,
+            c.evicted,
+            c.refused,
+            c.header_timeouts,
+            b.used_nbytes,
+            b.peak_nbytes,
+            self.compute.stats(),
         )
 
     # ---- the application
