@@ -1,22 +1,37 @@
-"""Load on ``edgesplit serve``: C concurrent clients x N requests each, errors, latency and memory.
+"""Load on ``edgesplit serve`` while it is attacked: errors, wrong outputs, health latency, memory.
 
-The server (its own process) serves the second half of a zoo model (default tiny_dag, whose cut
-tensor is 64 KB FP32). The clients are C asyncio tasks in this process, each with its own
-keep-alive connection, sending binary OIP requests back to back and checking every answer
-against local ORT. The server's resident memory is read after a warm-up round and after the
-measured round; it must stay flat (within 10 %).
+The server (its own process, default limits) serves the second half of a zoo model (default
+tiny_dag, whose cut tensor is 64 KB FP32). During the measured round, three things happen at once:
 
-Goal (issue 5): 64 clients x 200 requests, 0 errors, RSS flat within 10 %.
-Run: .venv/bin/python benchmarks/server_load.py [--clients 64] [--requests 200] [--model tiny_dag]
+* the load: C asyncio clients in this process, each with its own keep-alive connection, send
+  binary OIP requests back to back, N each; every answer is checked against local ORT;
+* the attack (a second process): S slow-loris sockets that send a request's headers one byte a
+  second (the server answers 408 after its header timeout; each is reopened at once), and B
+  threads that each send 60 MB bodies back to back (a binary request whose tensor is the wrong
+  size, so each admitted one is read in full, then refused with 400; the in-flight cap turns the
+  rest away with 503);
+* a health probe (a third process) that opens a new connection every 20 ms and times
+  ``GET /v2/health/ready``.
+
+The server's resident memory is sampled every 20 ms. Goals (issue 12): 0 errors and 0 wrong outputs
+over 64 x 200 requests, every health probe answered within 50 ms at p99, and peak RSS under the cap:
+RSS after warm-up + the in-flight limit (256 MB) + 64 MB.
+
+Run: .venv/bin/python benchmarks/server_load.py [--clients 64] [--requests 200] [--slow-loris 200]
+     [--big-bodies 12] [--big-mb 60]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import multiprocessing as mp
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,16 +45,11 @@ from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, st
 
 from edgesplit.runtime import oip  # noqa: E402
 
+INFLIGHT_MB = 256  # the server's default --max-inflight-mb
+SLACK_MB = 64
 
-async def client(
-    url: str,
-    body: bytes,
-    headers: dict,
-    expected: np.ndarray,
-    n: int,
-    latencies: list[float],
-    errors: list[str],
-) -> None:
+
+async def client(url, body, headers, expected, n, latencies, errors, wrong) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
@@ -53,33 +63,122 @@ async def client(
                         continue
                     hlen = oip.parse_header_length(r.headers.get(oip.HEADER_LENGTH), len(data))
                     out = next(iter(oip.decode_response(data, hlen).values()))
-                if not np.array_equal(out, expected):
-                    errors.append("wrong output")
-                    continue
             except Exception as e:  # noqa: BLE001 - counted and reported
                 errors.append(f"{type(e).__name__}: {e}")
+                continue
+            if not np.array_equal(out, expected):
+                wrong.append(1)
                 continue
             latencies.append((time.perf_counter() - t0) * 1e3)
 
 
-async def load(
-    url: str, body: bytes, headers: dict, expected: np.ndarray, clients: int, n: int
-) -> tuple[list[float], list[str], float]:
+async def load(url, body, headers, expected, clients, n):
     latencies: list[float] = []
     errors: list[str] = []
+    wrong: list[int] = []
     t0 = time.perf_counter()
     await asyncio.gather(
-        *(client(url, body, headers, expected, n, latencies, errors) for _ in range(clients))
+        *(client(url, body, headers, expected, n, latencies, errors, wrong) for _ in range(clients))
     )
-    return latencies, errors, time.perf_counter() - t0
+    return latencies, errors, wrong, time.perf_counter() - t0
+
+
+# ---- the attack and the probe, each in its own process
+
+
+def _big_sender(port: int, body: memoryview, head: bytes, stop, counts: dict, lock) -> None:
+    while not stop.is_set():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+                s.sendall(head)
+                s.sendall(body)
+                status = int(s.recv(64).split()[1])
+        except (OSError, IndexError, ValueError) as e:
+            status = type(e).__name__
+        with lock:
+            counts[status] = counts.get(status, 0) + 1
+
+
+def attack(port: int, cut: str, slow_loris: int, big_bodies: int, big_mb: int, stop, out) -> None:
+    n = big_mb * (1 << 20) // 4
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": cut, "shape": [n], "datatype": "FP32", "parameters": {"binary_data_size": n * 4}}
+            ]
+        }
+    ).encode()
+    body = memoryview(header + bytes(n * 4))
+    head = (
+        f"POST /v2/models/p1/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"{oip.HEADER_LENGTH}: {len(header)}\r\n\r\n"
+    ).encode()
+    counts: dict = {}
+    lock = threading.Lock()
+    senders = [
+        threading.Thread(target=_big_sender, args=(port, body, head, stop, counts, lock), daemon=True)
+        for _ in range(big_bodies)
+    ]
+    for t in senders:
+        t.start()
+    partial = b"POST /v2/models/p1/infer HTTP/1.1\r\nHost: x\r\nX-Slow: "
+    socks: list[socket.socket | None] = [None] * slow_loris
+    reopened = 0
+    while not stop.is_set():
+        for i in range(slow_loris):
+            try:
+                if socks[i] is None:
+                    socks[i] = socket.create_connection(("127.0.0.1", port), timeout=5)
+                    socks[i].sendall(partial)
+                    reopened += 1
+                socks[i].sendall(b"a")
+            except OSError:
+                if socks[i] is not None:
+                    socks[i].close()
+                socks[i] = None
+        stop.wait(1.0)
+    for s in socks:
+        if s is not None:
+            s.close()
+    for t in senders:
+        t.join(60)
+    out.put({"big": counts, "slow_loris_opened": reopened})
+
+
+def probe(port: int, stop, out) -> None:
+    latencies, failures = [], []
+    request = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(request)
+                data = s.recv(1024)
+            if not data.startswith(b"HTTP/1.1 200"):
+                failures.append(data[:60])
+        except OSError as e:
+            failures.append(str(e))
+        latencies.append((time.perf_counter() - t0) * 1e3)
+        stop.wait(0.02)
+    out.put({"latencies": latencies, "failures": failures})
+
+
+def sample_rss(pid: int, stop: threading.Event, peak: list[int]) -> None:
+    proc = psutil.Process(pid)
+    while not stop.is_set():
+        peak[0] = max(peak[0], proc.memory_info().rss)
+        stop.wait(0.02)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--requests", type=int, default=200, help="per client")
     ap.add_argument("--model", default="tiny_dag")
     ap.add_argument("--warmup", type=int, default=20, help="requests per client before measuring memory")
+    ap.add_argument("--slow-loris", type=int, default=200)
+    ap.add_argument("--big-bodies", type=int, default=12)
+    ap.add_argument("--big-mb", type=int, default=60)
     args = ap.parse_args()
     from edgesplit.model import zoo
 
@@ -99,38 +198,88 @@ def main() -> None:
 
         port = free_port()
         proc = subprocess.Popen(serve_command(bundle, "127.0.0.1", port), stderr=subprocess.DEVNULL)
+        ctx = mp.get_context("spawn")
+        stop, results = ctx.Event(), ctx.Queue()
         try:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url, proc)
-            server = psutil.Process(proc.pid)
-            _, warm_errors, _ = asyncio.run(load(url, body, headers, expected, args.clients, args.warmup))
-            rss_before = server.memory_info().rss
-            lat, errors, wall_s = asyncio.run(load(url, body, headers, expected, args.clients, args.requests))
-            rss_after = server.memory_info().rss
+            _, warm_errors, warm_wrong, _ = asyncio.run(
+                load(url, body, headers, expected, args.clients, args.warmup)
+            )
+            rss_warm = psutil.Process(proc.pid).memory_info().rss
+            peak = [rss_warm]
+            stop_rss = threading.Event()
+            sampler = threading.Thread(target=sample_rss, args=(proc.pid, stop_rss, peak), daemon=True)
+            sampler.start()
+            side = [
+                ctx.Process(
+                    target=attack,
+                    args=(port, cut, args.slow_loris, args.big_bodies, args.big_mb, stop, results),
+                ),
+                ctx.Process(target=probe, args=(port, stop, results)),
+            ]
+            for p in side:
+                p.start()
+            time.sleep(2.0)  # the slow-loris sockets are open and the big bodies are flowing
+            lat, errors, wrong, wall_s = asyncio.run(
+                load(url, body, headers, expected, args.clients, args.requests)
+            )
+            stop.set()
+            found = {}
+            for _ in side:
+                found.update(results.get(timeout=120))
+            for p in side:
+                p.join(60)
+            stop_rss.set()
+            sampler.join(5)
         finally:
+            stop.set()
             stop_process(proc)
 
+    report(
+        args, mid, expected, lat, errors + warm_errors, wrong + warm_wrong, wall_s, rss_warm, peak[0], found
+    )
+
+
+def report(args, mid, expected, lat, errors, wrong, wall_s, rss_warm, rss_peak, found) -> None:
     total = args.clients * args.requests
-    drift = (rss_after - rss_before) / rss_before * 100
+    health = np.array(found["latencies"])
+    cap = rss_warm + (INFLIGHT_MB + SLACK_MB) * (1 << 20)
     print(
-        f"{args.model} second half ({mid.nbytes:,} B in, {expected.nbytes:,} B out), "
-        f"{args.clients} clients x {args.requests} requests, loopback, 2 cores shared by clients and server"
+        f"{args.model} second half ({mid.nbytes:,} B in, {expected.nbytes:,} B out), {args.clients} clients x "
+        f"{args.requests} requests, loopback, clients, attackers and server on the same cores"
     )
     print(
-        f"requests      {total}   errors {len(errors) + len(warm_errors)}"
-        + (f" (first: {(errors + warm_errors)[0]})" if errors or warm_errors else "")
+        f"attack        {args.slow_loris} slow-loris sockets ({found['slow_loris_opened']} opened in all), "
+        f"{args.big_bodies} senders of {args.big_mb} MB bodies: answers {found['big']}"
+    )
+    print(
+        f"requests      {total}   errors {len(errors)}   wrong outputs {len(wrong)}"
+        + (f" (first error: {errors[0]})" if errors else "")
     )
     print(f"throughput    {len(lat) / wall_s:,.0f} requests/s")
     print(
-        f"latency       p50 {np.median(lat):.2f} ms   p99 {np.percentile(lat, 99):.2f} ms   "
-        f"max {max(lat):.2f} ms"
+        f"latency       p50 {np.median(lat):.2f} ms   p99 {np.percentile(lat, 99):.2f} ms   max {max(lat):.2f} ms"
     )
     print(
-        f"server RSS    {rss_before / 2**20:.1f} MiB after warm-up -> {rss_after / 2**20:.1f} MiB after "
-        f"({drift:+.1f} %)"
+        f"health        {len(health)} probes, {len(found['failures'])} failed; p50 {np.median(health):.2f} ms   "
+        f"p99 {np.percentile(health, 99):.2f} ms   max {health.max():.2f} ms"
     )
-    ok = not errors and not warm_errors and abs(drift) <= 10
-    print(f"goal: 0 errors and RSS flat within 10 %: {'met' if ok else 'NOT met'}")
+    print(
+        f"server RSS    {rss_warm / 2**20:.0f} MiB after warm-up, peak {rss_peak / 2**20:.0f} MiB "
+        f"(cap {cap / 2**20:.0f} MiB = warm-up + {INFLIGHT_MB} MB in flight + {SLACK_MB} MB)"
+    )
+    ok = (
+        not errors
+        and not wrong
+        and not found["failures"]
+        and np.percentile(health, 99) <= 50
+        and rss_peak <= cap
+    )
+    print(
+        "goal: 0 errors, 0 wrong outputs, health p99 <= 50 ms, peak RSS under the cap: "
+        + ("met" if ok else "NOT met")
+    )
 
 
 if __name__ == "__main__":
