@@ -99,7 +99,7 @@ def _big_sender(port: int, body: memoryview, head: bytes, stop, counts: dict, lo
             counts[status] = counts.get(status, 0) + 1
 
 
-def attack(port: int, cut: str, slow_loris: int, big_bodies: int, big_mb: int, stop, out) -> None:
+def attack(port: int, cut: str, slow_loris: int, big_bodies: int, big_mb: int, stop, ready, out) -> None:
     n = big_mb * (1 << 20) // 4
     header = json.dumps(
         {
@@ -136,6 +136,7 @@ def attack(port: int, cut: str, slow_loris: int, big_bodies: int, big_mb: int, s
                 if socks[i] is not None:
                     socks[i].close()
                 socks[i] = None
+        ready.set()
         stop.wait(1.0)
     for s in socks:
         if s is not None:
@@ -145,9 +146,10 @@ def attack(port: int, cut: str, slow_loris: int, big_bodies: int, big_mb: int, s
     out.put({"big": counts, "slow_loris_opened": reopened})
 
 
-def probe(port: int, stop, out) -> None:
+def probe(port: int, stop, ready, out) -> None:
     latencies, failures = [], []
     request = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    ready.set()
     while not stop.is_set():
         t0 = time.perf_counter()
         try:
@@ -200,6 +202,7 @@ def main() -> None:
         proc = subprocess.Popen(serve_command(bundle, "127.0.0.1", port), stderr=subprocess.DEVNULL)
         ctx = mp.get_context("spawn")
         stop, results = ctx.Event(), ctx.Queue()
+        ready = [ctx.Event(), ctx.Event()]
         try:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url, proc)
@@ -214,13 +217,15 @@ def main() -> None:
             side = [
                 ctx.Process(
                     target=attack,
-                    args=(port, cut, args.slow_loris, args.big_bodies, args.big_mb, stop, results),
+                    args=(port, cut, args.slow_loris, args.big_bodies, args.big_mb, stop, ready[0], results),
                 ),
-                ctx.Process(target=probe, args=(port, stop, results)),
+                ctx.Process(target=probe, args=(port, stop, ready[1], results)),
             ]
             for p in side:
                 p.start()
-            time.sleep(2.0)  # the slow-loris sockets are open and the big bodies are flowing
+            for r in ready:  # the slow-loris sockets are open, the big bodies flowing, the probe probing
+                r.wait(120)
+            time.sleep(1.0)
             lat, errors, wrong, wall_s = asyncio.run(
                 load(url, body, headers, expected, args.clients, args.requests)
             )

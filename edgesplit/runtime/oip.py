@@ -152,6 +152,43 @@ def _params(d: Mapping[str, Any], what: str) -> Mapping[str, Any]:
     return p
 
 
+@dataclass(frozen=True)
+class TensorDecl:
+    """A tensor as a JSON header declares it, before its data is read."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    binary_nbytes: int | None  # None: its values are in the JSON 'data'
+    what: str  # how messages name it: "input 'x'"
+
+
+def _declared(t: Any, i: int, kind: str) -> TensorDecl:
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+        raise _fail(f"{kind}[{i}] must be an object with a string 'name'")
+    what = f"{kind[:-1]} '{t['name'][:64]}'"
+    shape, dtype = _shape(t, what), _dtype(t, what)
+    size = _params(t, what).get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise _fail(f"{what}: binary_data_size must be a non-negative integer")
+        if size != math.prod(shape) * dtype.itemsize:
+            raise _fail(
+                f"{what}: binary_data_size {size} does not match shape {_short(list(shape))} of "
+                f"{dtype.name} ({math.prod(shape) * dtype.itemsize} bytes)"
+            )
+    return TensorDecl(t["name"], dtype, shape, size, what)
+
+
+def declared_inputs(header_bytes: bytes | bytearray | memoryview) -> list[TensorDecl]:
+    """The inputs a request's JSON header declares, so a server can refuse them before their data arrives."""
+    header, _ = _load_header(header_bytes, None)
+    tensors = header.get("inputs")
+    if not isinstance(tensors, list):
+        raise _fail("'inputs' must be a list of tensors")
+    return [_declared(t, i, "inputs") for i, t in enumerate(tensors)]
+
+
 def _decode_tensors(
     tensors: Any, body: bytes | bytearray | memoryview, offset: int, kind: str
 ) -> dict[str, np.ndarray]:
@@ -161,20 +198,10 @@ def _decode_tensors(
     view = memoryview(body)
     out: dict[str, np.ndarray] = {}
     for i, t in enumerate(tensors):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise _fail(f"{kind}[{i}] must be an object with a string 'name'")
-        what = f"{kind[:-1]} '{t['name'][:64]}'"
-        shape, dtype = _shape(t, what), _dtype(t, what)
+        d = _declared(t, i, kind)
+        what, shape, dtype, size = d.what, d.shape, d.dtype, d.binary_nbytes
         count = math.prod(shape)
-        size = _params(t, what).get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise _fail(f"{what}: binary_data_size must be a non-negative integer")
-            if size != count * dtype.itemsize:
-                raise _fail(
-                    f"{what}: binary_data_size {size} does not match shape {list(shape)} of "
-                    f"{dtype.name} ({count * dtype.itemsize} bytes)"
-                )
             if offset + size > len(view):
                 raise _fail(
                     f"{what}: binary data runs past the end of the body ({offset + size} > {len(view)} bytes)"
@@ -195,9 +222,9 @@ def _decode_tensors(
             arr = arr.reshape(shape)
         else:
             raise _fail(f"{what}: neither 'data' nor parameters.binary_data_size")
-        if t["name"] in out:
+        if d.name in out:
             raise _fail(f"{what} appears twice")
-        out[t["name"]] = arr
+        out[d.name] = arr
     if offset != len(view):
         raise _fail(f"the body holds {len(view) - offset} bytes beyond its header and binary tensors")
     return out

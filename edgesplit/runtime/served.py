@@ -49,24 +49,9 @@ class ServedModel:
 
     def check(self, req: oip.InferRequest) -> dict[str, np.ndarray]:
         """The request's inputs, checked against the part's names, datatypes and shapes."""
-        unknown = [n[:64] for n in req.inputs if n not in self.inputs]
-        missing = [n for n in self.inputs if n not in req.inputs]
-        if unknown or missing:
-            raise RunInputError(
-                f"model '{self.name}' takes inputs {', '.join(self.inputs)}"
-                + (f"; unknown {', '.join(unknown[:8])}" if unknown else "")
-                + (f"; missing {', '.join(missing)}" if missing else "")
-            )
-        for name, spec in self.inputs.items():
-            arr = req.inputs[name]
-            if arr.dtype != np.dtype(spec.dtype):
-                raise RunInputError(
-                    f"input '{name}': datatype {oip.oip_datatype(arr.dtype)}, "
-                    f"expected {oip.oip_datatype(spec.dtype)}"
-                )
-            if tuple(arr.shape) != tuple(spec.shape):
-                shape = list(arr.shape) if arr.ndim <= 8 else f"of {arr.ndim} dimensions"
-                raise RunInputError(f"input '{name}': shape {shape}, expected {list(spec.shape)}")
+        self._check_names(list(req.inputs))
+        for name, arr in req.inputs.items():
+            self._check_tensor(name, arr.dtype, arr.shape)
         if req.outputs is not None:
             bad = [n[:64] for n in req.outputs if n not in self.output_names]
             if bad:
@@ -75,6 +60,49 @@ class ServedModel:
                     f"(has {', '.join(self.output_names)})"
                 )
         return dict(req.inputs)
+
+    def check_declared(self, header: memoryview, binary_nbytes: int | None) -> int:
+        """Check what a binary request's JSON header declares, before its tensors are read.
+
+        ``binary_nbytes`` is what the body holds after the header (None: not known, chunked); the
+        tensors declared must fill it. Returns the bytes of binary tensors declared.
+        """
+        declared = oip.declared_inputs(header)
+        self._check_names([d.name for d in declared])
+        for d in declared:
+            self._check_tensor(d.name, d.dtype, d.shape)
+        total = sum(d.binary_nbytes or 0 for d in declared)
+        if binary_nbytes is None:
+            return total
+        if total > binary_nbytes:
+            raise RunInputError(
+                f"binary data runs past the end of the body ({total} bytes declared, {binary_nbytes} sent)"
+            )
+        if total < binary_nbytes:
+            raise RunInputError(
+                f"the body holds {binary_nbytes - total} bytes beyond its header and binary tensors"
+            )
+        return total
+
+    def _check_names(self, names: list[str]) -> None:
+        unknown = [n[:64] for n in names if n not in self.inputs]
+        missing = [n for n in self.inputs if n not in names]
+        if unknown or missing:
+            raise RunInputError(
+                f"model '{self.name}' takes inputs {', '.join(self.inputs)}"
+                + (f"; unknown {', '.join(unknown[:8])}" if unknown else "")
+                + (f"; missing {', '.join(missing)}" if missing else "")
+            )
+
+    def _check_tensor(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        spec = self.inputs[name]
+        if dtype != np.dtype(spec.dtype):
+            raise RunInputError(
+                f"input '{name}': datatype {oip.oip_datatype(dtype)}, expected {oip.oip_datatype(spec.dtype)}"
+            )
+        if tuple(shape) != tuple(spec.shape):
+            got = list(shape) if len(shape) <= 8 else f"of {len(shape)} dimensions"
+            raise RunInputError(f"input '{name}': shape {got}, expected {list(spec.shape)}")
 
     def run(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> tuple[dict[str, np.ndarray], float]:
         """Outputs ``names`` for ``feeds``, and the compute time in ms (called on a compute thread)."""

@@ -50,7 +50,7 @@ from edgesplit.runtime.guard import (
     default_max_connections,
 )
 from edgesplit.runtime.served import ServedModel
-from edgesplit.runtime.transfer import Refused, read_body, send
+from edgesplit.runtime.transfer import LINGER_MAX_NBYTES, Refused, read_body, send
 
 log = logging.getLogger("edgesplit.serve")
 
@@ -242,7 +242,7 @@ class OffloadServer:
         model = self._model(request)
         held = self.budget.reservation()
         try:
-            body = await read_body(request, self.options, held)
+            body = await read_body(request, self.options, held, self._head_check(request, model))
             t0 = time.perf_counter()
             req = await self._decode(request, body, held)
             feeds = model.check(req)
@@ -263,6 +263,25 @@ class OffloadServer:
             return await send(request, chunks, headers, content_type, self.options.body_timeout_s)
         finally:
             held.release()
+
+    def _head_check(self, request: web.Request, model: ServedModel):
+        """For a binary request with a small JSON header: check the header before the tensors are read."""
+        value, length = request.headers.get(oip.HEADER_LENGTH), request.content_length
+        if request.headers.get("Content-Encoding", "identity") != "identity":
+            return None
+        if length is not None and length > self.options.max_request_nbytes:
+            return None  # read_body refuses it by its size
+        if value is None:  # all JSON: refuse at once what could never be decoded within the limit
+            if length is not None and length * JSON_WEIGHT > self.budget.limit_nbytes:
+                raise Refused(
+                    413,
+                    f"a JSON request of {length} bytes needs {JSON_WEIGHT}x that to decode, over the "
+                    f"in-flight limit of {self.budget.limit_nbytes} bytes: send tensors as binary data",
+                    close=length > LINGER_MAX_NBYTES,
+                )
+            return None
+        hlen = oip.parse_header_length(value, self.options.max_request_nbytes if length is None else length)
+        return (hlen, model.check_declared) if hlen is not None and hlen <= INLINE_JSON_NBYTES else None
 
     async def _decode(self, request: web.Request, body: memoryview, held: Reservation) -> oip.InferRequest:
         hlen = oip.parse_header_length(request.headers.get(oip.HEADER_LENGTH), len(body))

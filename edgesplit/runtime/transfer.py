@@ -10,7 +10,7 @@ reading cannot hold a request, its memory or its connection for ever.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -22,6 +22,7 @@ from edgesplit.errors import RunInputError
 from edgesplit.runtime.guard import Reservation
 
 ENCODINGS = ("identity", "gzip", "deflate")
+LINGER_MAX_NBYTES = 1 << 20  # refused early with more unread than this: close rather than read the rest
 
 
 class Limits(Protocol):
@@ -30,16 +31,23 @@ class Limits(Protocol):
 
 
 class Refused(Exception):
-    """A request answered with ``status`` and a JSON message; ``close``: drop the connection after."""
+    """A request answered with ``status`` and a JSON message; ``close``: drop the connection after.
 
-    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None):
+    A connection whose body was not read is closed when more than :data:`LINGER_MAX_NBYTES` of it
+    remain (aiohttp would otherwise read and discard the rest, for up to 10 s); with less, the rest
+    is read so that the client, still sending, sees the answer.
+    """
+
+    def __init__(
+        self, status: int, message: str, headers: Mapping[str, str] | None = None, close: bool | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.headers = dict(headers or {})
-        self.close = status in (408, 413)
+        self.close = status in (408, 413) if close is None else close
 
 
-def _reserve(held: Reservation, nbytes: int) -> None:
+def _reserve(held: Reservation, nbytes: int, unread_nbytes: int) -> None:
     if held.take(nbytes):
         return
     limit = held.budget.limit_nbytes
@@ -49,11 +57,23 @@ def _reserve(held: Reservation, nbytes: int) -> None:
         503,
         f"too many request bytes in flight ({held.budget.used_nbytes} of {limit}); retry later",
         {"Retry-After": "1"},
+        close=unread_nbytes > LINGER_MAX_NBYTES,
     )
 
 
-async def read_body(request: web.Request, limits: Limits, held: Reservation) -> memoryview:
-    """The request body (decompressed), within the size limit, the byte budget and the body deadline."""
+async def read_body(
+    request: web.Request,
+    limits: Limits,
+    held: Reservation,
+    check_head: tuple[int, Callable[[memoryview, int | None], int]] | None = None,
+) -> memoryview:
+    """The request body (decompressed), within the size limit, the byte budget and the body deadline.
+
+    ``check_head``: ``(n, check)``; once the first ``n`` bytes (the JSON header of a binary request)
+    are in, ``check(head, nbytes_after_head or None)`` may refuse the request before the rest is read;
+    it returns the bytes of tensors the header declares, and a body of unknown size (chunked) may
+    not hold more than that after its header.
+    """
     limit = limits.max_request_nbytes
     declared = request.content_length
     if declared is not None and declared > limit:
@@ -63,7 +83,9 @@ async def read_body(request: web.Request, limits: Limits, held: Reservation) -> 
         raise Refused(415, f"unsupported Content-Encoding {encoding[:40]!r} (use {', '.join(ENCODINGS)})")
     size = declared if encoding == "identity" else None
     if size is not None:
-        _reserve(held, size)
+        _reserve(held, size, size)
+    if check_head is not None and check_head[0] > (limit if size is None else size):
+        check_head = None
     # np.empty: pages are not touched before the body fills them (bytearray(n) would zero them here)
     fixed = memoryview(np.empty(size or 0, np.uint8))
     grown = bytearray()
@@ -77,9 +99,20 @@ async def read_body(request: web.Request, limits: Limits, held: Reservation) -> 
                 else:
                     if pos + n > limit:
                         raise Refused(413, f"request body is over the limit of {limit} bytes")
-                    _reserve(held, n)
+                    _reserve(held, n, 0)
                     grown += chunk
                 pos += n
+                if check_head is not None and pos >= check_head[0]:
+                    head_nbytes, check = check_head
+                    check_head = None
+                    head = bytes((fixed if size is not None else grown)[:head_nbytes])  # at most 64 KB
+                    try:
+                        declared = check(memoryview(head), None if size is None else size - head_nbytes)
+                    except RunInputError as e:
+                        unread = limit if size is None else size - pos
+                        raise Refused(400, str(e), close=unread > LINGER_MAX_NBYTES) from e
+                    if size is None:
+                        limit = min(limit, head_nbytes + declared)
     except TimeoutError:
         raise Refused(408, f"request body not received within {limits.body_timeout_s:g} s") from None
     except (PayloadEncodingError, RequestPayloadError) as e:
