@@ -1,15 +1,16 @@
 """Load on ``edgesplit serve`` while it is attacked: errors, wrong outputs, health latency, memory.
 
-The server (its own process, default limits) serves the second half of a zoo model (default
-tiny_dag, whose cut tensor is 64 KB FP32). During the measured round, three things happen at once:
+The server (its own process, default limits) serves two parts: the second half of a zoo model
+(default tiny_dag, whose cut tensor is 64 KB FP32) and ``big``, the sum of a 60 MB FP32 tensor.
+During the measured round, three things happen at once:
 
 * the load: C asyncio clients in this process, each with its own keep-alive connection, send
-  binary OIP requests back to back, N each; every answer is checked against local ORT;
+  binary OIP requests for the zoo part back to back, N each; every answer is checked against ORT;
 * the attack (a second process): S slow-loris sockets that send a request's headers one byte a
   second (the server answers 408 after its header timeout; each is reopened at once), and B
-  threads that each send 60 MB bodies back to back (a binary request whose tensor is the wrong
-  size, so each admitted one is read in full, then refused with 400; the in-flight cap turns the
-  rest away with 503);
+  threads that each send valid 60 MB requests to ``big`` back to back, so the server must read
+  them: the in-flight limit admits four at a time and turns the rest away with 503 (and closes,
+  rather than drain 60 MB); every 200 is checked;
 * a health probe (a third process) that opens a new connection every 20 ms and times
   ``GET /v2/health/ready``.
 
@@ -86,37 +87,58 @@ async def load(url, body, headers, expected, clients, n):
 # ---- the attack and the probe, each in its own process
 
 
-def _big_sender(port: int, body: memoryview, head: bytes, stop, counts: dict, lock) -> None:
+def _read_answer(s: socket.socket) -> tuple[int, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("closed")
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.split(b"\r\n")
+    length = next(int(h.split(b":")[1]) for h in lines if h.lower().startswith(b"content-length"))
+    while len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("closed")
+        body += chunk
+    return int(lines[0].split()[1]), body
+
+
+def _big_sender(port: int, body: memoryview, head: bytes, expected: float, stop, counts: dict, lock) -> None:
+    """Send valid big requests back to back; count the answers (a 200 is checked)."""
     while not stop.is_set():
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
                 s.sendall(head)
                 s.sendall(body)
-                status = int(s.recv(64).split()[1])
-        except (OSError, IndexError, ValueError) as e:
-            status = type(e).__name__
+                status, answer = _read_answer(s)
+            if status == 200:
+                got = float(np.frombuffer(answer[-4:], np.float32)[0])
+                status = 200 if abs(got - expected) <= 1e-3 * expected else "200 WRONG"
+        except (OSError, StopIteration, ValueError) as e:
+            status = type(e).__name__  # turned away and closed while still sending
         with lock:
             counts[status] = counts.get(status, 0) + 1
 
 
-def attack(port: int, cut: str, slow_loris: int, big_bodies: int, big_mb: int, stop, ready, out) -> None:
+def attack(port: int, slow_loris: int, big_bodies: int, big_mb: int, stop, ready, out) -> None:
     n = big_mb * (1 << 20) // 4
+    x = {"name": "x", "shape": [n], "datatype": "FP32", "parameters": {"binary_data_size": n * 4}}
     header = json.dumps(
-        {
-            "inputs": [
-                {"name": cut, "shape": [n], "datatype": "FP32", "parameters": {"binary_data_size": n * 4}}
-            ]
-        }
+        {"inputs": [x], "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}
     ).encode()
-    body = memoryview(header + bytes(n * 4))
+    body = memoryview(header + np.ones(n, np.float32).tobytes())
     head = (
-        f"POST /v2/models/p1/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"POST /v2/models/big/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
         f"{oip.HEADER_LENGTH}: {len(header)}\r\n\r\n"
     ).encode()
     counts: dict = {}
     lock = threading.Lock()
     senders = [
-        threading.Thread(target=_big_sender, args=(port, body, head, stop, counts, lock), daemon=True)
+        threading.Thread(
+            target=_big_sender, args=(port, body, head, float(n), stop, counts, lock), daemon=True
+        )
         for _ in range(big_bodies)
     ]
     for t in senders:
@@ -165,6 +187,37 @@ def probe(port: int, stop, ready, out) -> None:
     out.put({"latencies": latencies, "failures": failures})
 
 
+def with_big_part(bundle: Path, big_mb: int) -> Path:
+    """Add a server part ``big`` to ``bundle``: the sum of a ``big_mb`` MB FP32 tensor."""
+    import dataclasses
+
+    from onnx import TensorProto, helper
+
+    from edgesplit.compile.bundle import PartArtifact, TensorSpec, checksums, open_bundle, write_manifest
+
+    n = big_mb * (1 << 20) // 4
+    g = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["y"], keepdims=1, name="sum")],
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, bundle / "parts/big.onnx")
+    manifest = open_bundle(bundle)
+    x, y = TensorSpec("x", (n,), "float32"), TensorSpec("y", (1,), "float32")
+    big = PartArtifact(
+        name="big", processor="gpu", backend="ort", file="parts/big.onnx", onnx_file="parts/big.onnx",
+        inputs=(x,), outputs=(y,), depends_on=(), remote=True, fallback=None,
+    )  # fmt: skip
+    files = [*manifest.files, "parts/big.onnx"]
+    write_manifest(
+        bundle, dataclasses.replace(manifest, parts=(*manifest.parts, big), files=checksums(bundle, files))
+    )
+    return bundle
+
+
 def sample_rss(pid: int, stop: threading.Event, peak: list[int]) -> None:
     proc = psutil.Process(pid)
     while not stop.is_set():
@@ -188,7 +241,7 @@ def main() -> None:
         path = zoo.save(args.model, Path(d) / f"{args.model}.onnx")
         cuts = single_tensor_cuts(onnx.load(path))
         cut = cuts[len(cuts) // 2]
-        bundle = make_bundle(path, Path(d) / "bundle", [cut], [False, True])
+        bundle = with_big_part(make_bundle(path, Path(d) / "bundle", [cut], [False, True]), args.big_mb)
         spec = onnx.load(path).graph.input[0]
         shape = [dim.dim_value for dim in spec.type.tensor_type.shape.dim]
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
@@ -199,7 +252,9 @@ def main() -> None:
         headers = {oip.HEADER_LENGTH: str(hlen), "Content-Type": "application/octet-stream"}
 
         port = free_port()
-        proc = subprocess.Popen(serve_command(bundle, "127.0.0.1", port), stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            serve_command(bundle, "127.0.0.1", port), stderr=open(Path(d) / "serve.log", "wb")
+        )
         ctx = mp.get_context("spawn")
         stop, results = ctx.Event(), ctx.Queue()
         ready = [ctx.Event(), ctx.Event()]
@@ -217,7 +272,7 @@ def main() -> None:
             side = [
                 ctx.Process(
                     target=attack,
-                    args=(port, cut, args.slow_loris, args.big_bodies, args.big_mb, stop, ready[0], results),
+                    args=(port, args.slow_loris, args.big_bodies, args.big_mb, stop, ready[0], results),
                 ),
                 ctx.Process(target=probe, args=(port, stop, ready[1], results)),
             ]
@@ -239,7 +294,14 @@ def main() -> None:
             sampler.join(5)
         finally:
             stop.set()
+            died = proc.poll()
             stop_process(proc)
+            if died is not None:
+                print(
+                    f"the server exited with {died}:",
+                    (Path(d) / "serve.log").read_text()[-3000:],
+                    file=sys.stderr,
+                )
 
     report(
         args, mid, expected, lat, errors + warm_errors, wrong + warm_wrong, wall_s, rss_warm, peak[0], found

@@ -50,7 +50,7 @@ from edgesplit.runtime.guard import (
     default_max_connections,
 )
 from edgesplit.runtime.served import ServedModel
-from edgesplit.runtime.transfer import LINGER_MAX_NBYTES, Refused, read_body, send
+from edgesplit.runtime.transfer import LINGER_MAX_NBYTES, BufferPool, Refused, read_body, send
 
 log = logging.getLogger("edgesplit.serve")
 
@@ -133,6 +133,7 @@ class OffloadServer:
         self.compute = ComputeQueue(options.compute_threads or max(2, os.cpu_count() or 2), options.max_queue)
         self._codec_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgesplit-json")
         self.budget = ByteBudget(options.max_inflight_nbytes)
+        self._pool = BufferPool(self.budget)
         self.connections = ConnectionGuard(
             options.max_connections or default_max_connections(), options.header_timeout_s
         )
@@ -241,8 +242,10 @@ class OffloadServer:
     async def _infer(self, request: web.Request) -> web.StreamResponse:
         model = self._model(request)
         held = self.budget.reservation()
+        body: memoryview | None = None
+        reusable = True
         try:
-            body = await read_body(request, self.options, held, self._head_check(request, model))
+            body = await read_body(request, self.options, held, self._head_check(request, model), self._pool)
             t0 = time.perf_counter()
             req = await self._decode(request, body, held)
             feeds = model.check(req)
@@ -261,8 +264,13 @@ class OffloadServer:
                 headers[oip.HEADER_LENGTH] = str(out_hlen)
             content_type = "application/octet-stream" if out_hlen is not None else "application/json"
             return await send(request, chunks, headers, content_type, self.options.body_timeout_s)
+        except asyncio.CancelledError:
+            reusable = False  # a compute thread may still be reading the inputs, views of the body
+            raise
         finally:
             held.release()
+            if body is not None and reusable:
+                self._pool.give(body)
 
     def _head_check(self, request: web.Request, model: ServedModel):
         """For a binary request with a small JSON header: check the header before the tensors are read."""
