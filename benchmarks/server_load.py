@@ -278,14 +278,17 @@ def main() -> None:
             ]
             for p in side:
                 p.start()
+            found: dict = {}
             for r in ready:  # the slow-loris sockets are open, the big bodies flowing, the probe probing
                 r.wait(120)
             time.sleep(1.0)
+            cpu0 = sum(psutil.Process(proc.pid).cpu_times()[:2])
             lat, errors, wrong, wall_s = asyncio.run(
                 load(url, body, headers, expected, args.clients, args.requests)
             )
+            found["server_cpu_pct"] = (sum(psutil.Process(proc.pid).cpu_times()[:2]) - cpu0) / wall_s * 100
+            found["load_avg"] = psutil.getloadavg()[0]
             stop.set()
-            found = {}
             for _ in side:
                 found.update(results.get(timeout=120))
             for p in side:
@@ -324,7 +327,10 @@ def report(args, mid, expected, lat, errors, wrong, wall_s, rss_warm, rss_peak, 
         f"requests      {total}   errors {len(errors)}   wrong outputs {len(wrong)}"
         + (f" (first error: {errors[0]})" if errors else "")
     )
-    print(f"throughput    {len(lat) / wall_s:,.0f} requests/s")
+    print(
+        f"throughput    {len(lat) / wall_s:,.0f} requests/s in {wall_s:.1f} s; server CPU {found['server_cpu_pct']:.0f} % "
+        f"of one core; machine load average {found['load_avg']:.1f} on {psutil.cpu_count()} cores"
+    )
     print(
         f"latency       p50 {np.median(lat):.2f} ms   p99 {np.percentile(lat, 99):.2f} ms   max {max(lat):.2f} ms"
     )

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
-import io
 import json
-import math
 import socket
 import threading
 import time
@@ -33,7 +31,7 @@ from urllib.parse import quote, urlsplit
 import numpy as np
 
 from edgesplit.errors import RemoteError, RemoteHostError
-from edgesplit.runtime import oip
+from edgesplit.runtime import oip, wire
 
 RETRY_STATUS = frozenset({502, 503, 504})
 MB = 1 << 20
@@ -208,14 +206,14 @@ class OipClient:
         time.sleep(pause)
         return True
 
-    def _connection(self, deadline: float) -> tuple[_Connection, float]:
+    def _connection(self, deadline: float) -> tuple[wire.Connection, float]:
         conn = getattr(self._local, "conn", None)
         if conn is not None and conn.sock is not None:
             return conn, 0.0
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise remote_error(f"{self.url}: timed out before connecting", transient=True)
-        cls = _HTTPSConnection if self._https else _Connection
+        cls = wire.HTTPSConnection if self._https else wire.Connection
         conn = cls(self._host, self._port, timeout=min(self.connect_timeout_s, remaining))
         t0 = time.perf_counter()
         try:
@@ -254,22 +252,22 @@ class OipClient:
         got_any = False
         t0 = time.perf_counter()
         try:
-            conn.sock.settimeout(_remaining(deadline))
+            conn.sock.settimeout(wire.remaining_s(deadline))
             conn.putrequest(method, self._prefix + path, skip_host=True, skip_accept_encoding=True)
             for k, v in all_headers.items():
                 conn.putheader(k, v)
             conn.endheaders()
             for c in chunks:
-                conn.sock.settimeout(_remaining(deadline))  # sendall's timeout bounds the whole call
+                conn.sock.settimeout(wire.remaining_s(deadline))  # sendall's timeout bounds the whole call
                 conn.send(c)
             resp = conn.getresponse()  # every read below waits at most until the deadline
             got_any = True
             rheaders = {k.lower(): v for k, v in resp.getheaders()}
-            body = _read_body(resp, self.max_response_nbytes)
+            body = wire.read_body(resp, self.max_response_nbytes)
         except TimeoutError as e:
             self._drop(conn)
             raise remote_error(f"{self.url}{path}: no answer within the deadline", transient=True) from e
-        except _TooLarge as e:
+        except wire.TooLarge as e:
             self._drop(conn)
             raise remote_error(f"{self.url}{path}: {e}") from e
         except (OSError, http.client.HTTPException) as e:
@@ -295,79 +293,6 @@ class OipClient:
                 sent + body_nbytes, received, elapsed_ms, connect_ms, server_ms, 1, timing.get("compute", 0.0)
             ),
         )
-
-
-def _remaining(deadline: float) -> float:
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise TimeoutError("the deadline passed")
-    return remaining
-
-
-class _DeadlineReader(io.RawIOBase):
-    """The socket's reader for one response: each read waits at most until the connection's deadline."""
-
-    def __init__(self, raw: io.RawIOBase, sock: socket.socket, conn: _Connection):
-        self._raw, self._sock, self._conn = raw, sock, conn
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        self._sock.settimeout(_remaining(self._conn.deadline))
-        return self._raw.readinto(b)  # type: ignore[return-value]
-
-    def close(self) -> None:
-        self._raw.close()  # releases the socket's reference, as http.client's own reader does
-        super().close()
-
-
-class _Connection(http.client.HTTPConnection):
-    """An HTTP connection whose responses are read under :attr:`deadline` (``time.monotonic``)."""
-
-    deadline = math.inf
-
-    @property
-    def response_class(self):  # type: ignore[override]
-        conn = self
-
-        def make(sock: socket.socket, *args, **kwargs) -> http.client.HTTPResponse:
-            resp = http.client.HTTPResponse(sock, *args, **kwargs)
-            raw = resp.fp.detach()  # nothing is buffered yet; the reader keeps the socket's reference
-            resp.fp = io.BufferedReader(_DeadlineReader(raw, sock, conn), 1 << 16)  # type: ignore[arg-type]
-            return resp
-
-        return make
-
-
-class _HTTPSConnection(_Connection, http.client.HTTPSConnection):
-    pass
-
-
-class _TooLarge(Exception):
-    pass
-
-
-def _read_body(resp: http.client.HTTPResponse, limit: int) -> bytearray:
-    """The body, declared or chunked, refused as soon as it is known to pass ``limit`` bytes."""
-    length = resp.length
-    if length is not None:
-        if length > limit:
-            raise _TooLarge(f"the answer declares {length} bytes, over the limit of {limit} bytes")
-        body = bytearray(length)
-        view, pos = memoryview(body), 0
-        while pos < length:
-            n = resp.readinto(view[pos : pos + MB])
-            if not n:
-                raise http.client.IncompleteRead(bytes(0), length - pos)
-            pos += n
-        return body
-    body = bytearray()  # chunked or delimited by close: read what comes, up to the limit
-    while chunk := resp.read1(MB):
-        if len(body) + len(chunk) > limit:
-            raise _TooLarge(f"the answer runs past the limit of {limit} bytes")
-        body += chunk
-    return body
 
 
 def server_timing(value: str | None) -> dict[str, float]:

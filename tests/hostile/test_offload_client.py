@@ -208,6 +208,10 @@ LIES: dict[str, tuple[Lie, str]] = {
         ),
         "no answer within the deadline",
     ),
+    "endless 100 Continue": (
+        lambda c, stop, b, h: trickle(c, stop, b"HTTP/1.1 100 Continue\r\n\r\n", 0.001),
+        "no answer within the deadline",
+    ),
     "never answers": (lambda c, stop, b, h: hold(stop), "no answer within the deadline"),
     "stalls after the headers": (
         lambda c, stop, b, h: (
