@@ -129,6 +129,7 @@ class ComputeQueue:
                     job.done.set_result(result)
             finally:
                 self._computing -= 1
+                del job  # its feeds are views of a request body that goes back to a pool
 
     async def close(self) -> None:
         """Stop the workers (after the requests in flight were answered) and free the threads."""

@@ -805,3 +805,11 @@ def test_body_buffers_are_reused_and_stay_within_the_in_flight_limit():
     assert budget.take(6 * MB)  # bodies in flight now hold 6 of the 8 MB ...
     c = pool.take(5 * MB)  # ... so the 3 MB kept buffer is dropped rather than kept beside a new one
     assert c.obj is not a.obj and pool._free_nbytes == 0
+
+
+@pytest.mark.parametrize("token", ["a\r\nX-Injected: 1", "caf\u00e9", " "])
+def test_serve_refuses_a_token_that_cannot_go_in_a_header(tiny, token):
+    from edgesplit.errors import InputError
+
+    with pytest.raises(InputError, match="--token holds"):
+        ServeOptions(token=token).check()
