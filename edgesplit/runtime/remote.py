@@ -7,7 +7,8 @@ with backoff, send and receive. When the server cannot be reached, breaks off, a
 slower than the deadline, or returns outputs of the wrong shape or dtype, the part runs on its
 local fallback (``PartArtifact.fallback``, an ORT model on a device CPU); without one it raises
 :class:`~edgesplit.errors.RemoteError`. A 4xx answer (a wrong token, a wrong server) is a
-configuration error and is raised, not hidden by the fallback.
+configuration error and is raised (:class:`~edgesplit.errors.RemoteHostError`, exit code 2), not
+hidden by the fallback.
 
 After a failure the server is left alone for a cool-down (0.5 s doubling to 15 s) during which
 calls go straight to the fallback, so a dead server costs one deadline, not one per request.
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesplit.compile.bundle import PartArtifact
-from edgesplit.errors import RemoteError
+from edgesplit.errors import RemoteError, RemoteHostError
 from edgesplit.runtime.adaptive import LinkEstimator, OffloadPolicy
 from edgesplit.runtime.client import OipClient
 from edgesplit.runtime.executors import Executor
@@ -181,8 +182,8 @@ class RemoteExecutor:
             self._check(out)
         except RemoteError as e:
             status = getattr(e, "status", None)
-            if status is not None and 400 <= status < 500:
-                raise RemoteError(f"part {self.part.name}: {e}") from e
+            if status is not None and 400 <= status < 500:  # the server refuses us: bad configuration
+                raise RemoteHostError(f"part {self.part.name}: {e}") from e
             self._trip(e)
             if self._local is not None:
                 return self._run_local(ins)

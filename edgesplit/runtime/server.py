@@ -50,7 +50,14 @@ from edgesplit.runtime.guard import (
     default_max_connections,
 )
 from edgesplit.runtime.served import ServedModel
-from edgesplit.runtime.transfer import LINGER_MAX_NBYTES, BufferPool, Refused, read_body, send
+from edgesplit.runtime.transfer import (
+    LINGER_MAX_NBYTES,
+    BufferPool,
+    Refused,
+    read_body,
+    send,
+    send_and_close,
+)
 
 log = logging.getLogger("edgesplit.serve")
 
@@ -186,8 +193,8 @@ class OffloadServer:
             return _error(503, str(e), **{"Retry-After": str(e.retry_after_s)})
         except Refused as e:
             resp = _error(e.status, str(e), **e.headers)
-            if e.close:
-                resp.force_close()  # the rest of the body is not read: this connection is done
+            if e.close:  # the rest of the body is not read: answer, then close (aiohttp would drain it)
+                await send_and_close(request, resp)
             return resp
         except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method
             if e.status < 400:

@@ -188,3 +188,19 @@ async def send(
         if request.transport is not None:
             request.transport.close()
     return resp
+
+
+async def send_and_close(request: web.Request, resp: web.Response) -> None:
+    """Send ``resp``, then close the connection without reading what is left of the request body.
+
+    aiohttp would read and discard the rest for up to 10 s (its lingering close); for a body known to
+    be large that is work spent on a request already refused. A client still sending may then see
+    the connection reset rather than the answer.
+    """
+    resp.force_close()
+    try:
+        await resp.prepare(request)
+        await resp.write_eof()
+    except ConnectionError:
+        pass
+    request.protocol.force_close()

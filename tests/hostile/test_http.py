@@ -505,6 +505,7 @@ def test_connections_at_the_cap_all_busy_get_503_with_retry_after(tiny):
         assert_serves(srv, tiny)
 
 
+@pytest.mark.slow
 def test_defect3_more_idle_sockets_than_file_descriptors(tiny, tmp_path):
     """The server process may open 256 files; 300 idle sockets must not starve it: health answers,
     and the log has no "Too many open files" (the old server logged 23,000 of them)."""
@@ -714,6 +715,7 @@ def test_defect6_a_full_compute_queue_answers_503_with_retry_after(tmp_path):
             )
 
 
+@pytest.mark.slow
 def test_defect6_json_is_decoded_off_the_event_loop(tiny):
     """A 20 MB JSON request (wrong shape, so refused right after decoding) is decoded on a thread: a
     health check sent after it is answered first. The old server decoded on the event loop, so the

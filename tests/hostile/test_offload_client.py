@@ -23,7 +23,7 @@ import onnxruntime as ort
 import pytest
 from netlab import make_bundle, single_tensor_cuts
 
-from edgesplit.errors import InputError, RemoteError
+from edgesplit.errors import InputError, RemoteError, RemoteHostError
 from edgesplit.runtime import oip
 from edgesplit.runtime.session import load
 
@@ -329,7 +329,7 @@ def test_a_refusal_is_an_error_not_a_fallback_and_its_text_is_cleaned(tiny):
     with FakeServer(behave) as fake:
         opts = {"remote": {"url": fake.url, "timeout_s": DEADLINE_S}}
         with load(tiny["bundle"], executor_options=opts) as sess:
-            with pytest.raises(RemoteError, match="HTTP 401") as e:
+            with pytest.raises(RemoteHostError, match="HTTP 401") as e:
                 sess.run({"input": tiny["x"]}, timeout_s=30)
     message = str(e.value)
     assert "\x1b" not in message and "\r" not in message and "\n" not in message
@@ -390,6 +390,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_run_deadline_ms_from_the_cli_ends_a_stalled_call_in_a_fallback(tiny):
     with FakeServer(LIES["never answers"][0]) as fake:
         r = cli(
@@ -408,6 +409,7 @@ def test_run_deadline_ms_from_the_cli_ends_a_stalled_call_in_a_fallback(tiny):
     assert "ort-fallback" in r.stdout and "no answer within" in r.stdout
 
 
+@pytest.mark.slow
 def test_run_cli_refuses_a_deadline_without_a_server_and_a_bad_token(tiny):
     r = cli("run", str(tiny["bundle"]), "--deadline-ms", "300")
     assert r.returncode == 2 and "--deadline-ms" in r.stderr and "Traceback" not in r.stderr
