@@ -34,6 +34,13 @@ def check_token(token: str | None) -> str | None:
 )
 @trust_key_option
 @click.option(
+    "--deadline-ms",
+    type=click.FloatRange(min=0, min_open=True, max=3.6e6),
+    default=None,
+    help="Overall deadline of each call to the server (connect, retries, send, answer); past it the "
+    "part runs on its local fallback.  [default: 10000]",
+)
+@click.option(
     "--adaptive",
     is_flag=True,
     help="Per remote part, run on the server or the local fallback, whichever is measured faster.",
@@ -63,6 +70,7 @@ def command(
     server_url,
     token,
     trust_key,
+    deadline_ms,
     adaptive,
     output,
     trace_path,
@@ -76,7 +84,15 @@ def command(
         raise click.BadParameter(
             f"{trace_request} is not below --repeat {repeat}", param_hint="--trace-request"
         )
-    options = {"remote": {"url": server_url, "token": token}} if server_url else None
+    if deadline_ms is not None and deadline_ms != deadline_ms:
+        raise click.BadParameter("nan is not a number of milliseconds", param_hint="--deadline-ms")
+    if deadline_ms is not None and not server_url:
+        raise click.UsageError("--deadline-ms applies to calls to a server: give --server URL too")
+    options = None
+    if server_url:
+        options = {"remote": {"url": server_url, "token": token}}
+        if deadline_ms is not None:
+            options["remote"]["timeout_s"] = deadline_ms / 1e3
     with load(
         bundle, executor_options=options, adaptive=adaptive, detailed=trace_detail, trust_key=trust_key
     ) as sess:

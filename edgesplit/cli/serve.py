@@ -41,6 +41,48 @@ from edgesplit.cli.common import FiniteFloat
     metavar="PUBKEY",
     help="Serve the bundle only if its manifest is signed by this ed25519 public key.",
 )
+@click.option(
+    "--max-inflight-mb",
+    default=256.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Request bytes held at once across all requests (503 + Retry-After above; JSON counts 16x).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Open connections at most; at the cap the oldest idle one is closed, or 503 if all are busy "
+    "[default: the file-descriptor limit less 192, at most 1024].",
+)
+@click.option(
+    "--max-queue",
+    default=128,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Requests waiting for a compute thread at most (503 + Retry-After above).",
+)
+@click.option(
+    "--header-timeout-s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Time for a request's headers to arrive, from their first byte (408 and close after).",
+)
+@click.option(
+    "--body-timeout-s",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Time to receive a request body, and to send an answer (408 / close after).",
+)
+@click.option(
+    "--idle-timeout-s",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Idle keep-alive connections are closed after this.",
+)
 @click.option("--all-parts", is_flag=True, help="Serve every part of the bundle, not only the server parts.")
 @click.option(
     "--threads",
@@ -61,6 +103,12 @@ def command(
     token: str | None,
     max_request_mb: float,
     trust_key: str | None,
+    max_inflight_mb: float,
+    max_connections: int | None,
+    max_queue: int,
+    header_timeout_s: float,
+    body_timeout_s: float,
+    idle_timeout_s: float,
     all_parts: bool,
     threads: int | None,
     intra_op_threads: int | None,
@@ -69,18 +117,30 @@ def command(
 
     Speaks KServe v2 / Triton REST with the binary tensor extension, so tritonclient.http
     and 'edgesplit run --server URL' work against it. In-flight requests finish on shutdown.
+    Every limit below answers with a JSON error: 408 (too slow), 413 (too large), 503 with
+    Retry-After (busy: connections, bytes in flight, compute queue).
     """
     import logging
+    import math
 
     from edgesplit.cli.common import err_console
     from edgesplit.runtime.server import MB, OffloadServer, ServeOptions
 
+    for flag, value in (("--max-request-mb", max_request_mb), ("--max-inflight-mb", max_inflight_mb)):
+        if not math.isfinite(value):
+            raise click.BadParameter(f"{value} is not a finite number", param_hint=flag)
     logging.basicConfig(level=logging.WARNING, format="edgesplit serve: %(message)s")
     options = ServeOptions(
         host=host,
         port=port,
         token=token or None,
         max_request_nbytes=int(max_request_mb * MB),
+        max_inflight_nbytes=int(max_inflight_mb * MB),
+        max_connections=max_connections,
+        max_queue=max_queue,
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        idle_timeout_s=idle_timeout_s,
         all_parts=all_parts,
         compute_threads=threads,
         intra_op_threads=intra_op_threads,

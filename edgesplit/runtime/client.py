@@ -4,9 +4,15 @@ Each thread keeps one persistent HTTP/1.1 connection per client (``http.client``
 the JSON header and the tensor bytes are not held back by Nagle). Every call has one deadline
 that bounds the connect, the send, the wait and the read together, so a call never hangs: it
 returns or raises :class:`~edgesplit.errors.RemoteError` within ``timeout_s``. Transport failures
-(refused, reset, timed out, 502/503/504) are retried with exponential backoff while the deadline
-allows; a stale keep-alive connection is replaced at once. Answers the server gives on purpose
-(4xx, 500) are not retried; their error message is kept.
+(refused, reset, timed out, 502/503/504) are retried with exponential backoff (or the server's
+``Retry-After``) while the deadline allows; a stale keep-alive connection is replaced at once.
+Answers the server gives on purpose (4xx, 500) are not retried; their error message is kept.
+
+The server's framing is not trusted (offload runs over Wi-Fi, where anyone on the path can answer):
+every read from the socket, in the status line, the headers, a chunk-size line or the body, waits
+at most until the call's deadline, so a server that trickles bytes cannot stretch it; a body over
+``max_response_nbytes`` (declared or chunked) is refused before it is buffered; the error text a
+server sends is shortened and stripped of control characters before it reaches a message.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from urllib.parse import quote, urlsplit
 import numpy as np
 
 from edgesplit.errors import RemoteError, RemoteHostError
-from edgesplit.runtime import oip
+from edgesplit.runtime import oip, wire
 
 RETRY_STATUS = frozenset({502, 503, 504})
+MB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -76,20 +83,28 @@ class OipClient:
         timeout_s: float = 10.0,
         retries: int = 2,
         backoff_s: float = 0.05,
+        max_response_nbytes: int = 256 * MB,
     ):
-        u = urlsplit(url if "://" in url else f"http://{url}")
+        try:
+            u = urlsplit(url if "://" in url else f"http://{url}")
+            port = u.port
+        except ValueError as e:
+            raise RemoteHostError(f"server URL {url[:200]!r}: {e}") from e
         if u.scheme not in ("http", "https") or not u.hostname:
-            raise RemoteHostError(f"server URL {url!r}: expected http://HOST:PORT")
+            raise RemoteHostError(f"server URL {url[:200]!r}: expected http://HOST:PORT")
+        if token is not None:
+            oip.check_bearer_token(token, "the server token (--token or EDGESPLIT_TOKEN)")
         self.url = url
         self._https = u.scheme == "https"
         self._host = u.hostname
-        self._port = u.port or (443 if self._https else 80)
+        self._port = port or (443 if self._https else 80)
         self._prefix = u.path.rstrip("/")
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self.connect_timeout_s = connect_timeout_s
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.max_response_nbytes = max_response_nbytes
         self._local = threading.local()
         self._all: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
@@ -109,7 +124,13 @@ class OipClient:
 
     def metadata(self, model: str, timeout_s: float | None = None) -> dict[str, Any]:
         _, _, body, _ = self._call("GET", f"/v2/models/{quote(model)}", [], {}, timeout_s)
-        return json.loads(bytes(body))
+        try:
+            meta = json.loads(bytes(body))
+        except (ValueError, RecursionError) as e:
+            raise remote_error(f"{self.url}: model metadata is not valid JSON") from e
+        if not isinstance(meta, dict):
+            raise remote_error(f"{self.url}: model metadata is not a JSON object")
+        return meta
 
     def infer(
         self,
@@ -161,40 +182,38 @@ class OipClient:
                 continue  # not a failure of the server: the idle connection had been closed
             except RemoteError as e:
                 failures += 1
-                pause = self.backoff_s * (2 ** (failures - 1))
-                if (
-                    not getattr(e, "transient", False)
-                    or failures > self.retries
-                    or time.monotonic() + pause >= deadline
-                ):
+                if not getattr(e, "transient", False) or not self._pause(failures, 0.0, deadline):
                     raise
-                time.sleep(pause)
                 continue
             if status >= 400 and raise_status:
-                msg = _error_message(body)
                 err = remote_error(
-                    f"{self.url}{path}: HTTP {status}: {msg}", status=status, transient=status in RETRY_STATUS
+                    f"{self.url}{path}: HTTP {status}: {_error_message(body)}",
+                    status=status,
+                    transient=status in RETRY_STATUS,
                 )
                 failures += 1
-                pause = self.backoff_s * (2 ** (failures - 1))
-                if (
-                    status in RETRY_STATUS
-                    and failures <= self.retries
-                    and time.monotonic() + pause < deadline
-                ):
-                    time.sleep(pause)
-                    continue
-                raise err
+                wait_s = _retry_after_s(rheaders.get("retry-after"))
+                if status not in RETRY_STATUS or not self._pause(failures, wait_s, deadline):
+                    raise err
+                continue
             return status, rheaders, body, dataclasses.replace(ex, attempts=attempt)
 
-    def _connection(self, deadline: float) -> tuple[http.client.HTTPConnection, float]:
+    def _pause(self, failures: int, at_least_s: float, deadline: float) -> bool:
+        """Sleep before retry number ``failures``; False (no sleep) when no retry fits the deadline."""
+        pause = max(self.backoff_s * (2 ** (failures - 1)), at_least_s)
+        if failures > self.retries or time.monotonic() + pause >= deadline:
+            return False
+        time.sleep(pause)
+        return True
+
+    def _connection(self, deadline: float) -> tuple[wire.Connection, float]:
         conn = getattr(self._local, "conn", None)
         if conn is not None and conn.sock is not None:
             return conn, 0.0
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise remote_error(f"{self.url}: timed out before connecting", transient=True)
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        cls = wire.HTTPSConnection if self._https else wire.Connection
         conn = cls(self._host, self._port, timeout=min(self.connect_timeout_s, remaining))
         t0 = time.perf_counter()
         try:
@@ -220,6 +239,7 @@ class OipClient:
         self, method: str, path: str, chunks: list, headers: dict[str, str], deadline: float
     ) -> tuple[int, dict[str, str], bytearray, Exchange]:
         conn, connect_ms = self._connection(deadline)
+        conn.deadline = deadline
         reused = connect_ms == 0.0
         body_nbytes = sum(len(c) for c in chunks)
         all_headers = {
@@ -232,21 +252,24 @@ class OipClient:
         got_any = False
         t0 = time.perf_counter()
         try:
-            conn.sock.settimeout(max(1e-3, deadline - time.monotonic()))
+            conn.sock.settimeout(wire.remaining_s(deadline))
             conn.putrequest(method, self._prefix + path, skip_host=True, skip_accept_encoding=True)
             for k, v in all_headers.items():
                 conn.putheader(k, v)
             conn.endheaders()
             for c in chunks:
+                conn.sock.settimeout(wire.remaining_s(deadline))  # sendall's timeout bounds the whole call
                 conn.send(c)
-            conn.sock.settimeout(max(1e-3, deadline - time.monotonic()))
-            resp = conn.getresponse()
+            resp = conn.getresponse()  # every read below waits at most until the deadline
             got_any = True
             rheaders = {k.lower(): v for k, v in resp.getheaders()}
-            body = _read_body(conn, resp, deadline)
+            body = wire.read_body(resp, self.max_response_nbytes)
         except TimeoutError as e:
             self._drop(conn)
             raise remote_error(f"{self.url}{path}: no answer within the deadline", transient=True) from e
+        except wire.TooLarge as e:
+            self._drop(conn)
+            raise remote_error(f"{self.url}{path}: {e}") from e
         except (OSError, http.client.HTTPException) as e:
             self._drop(conn)
             if (
@@ -272,26 +295,6 @@ class OipClient:
         )
 
 
-def _read_body(
-    conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, deadline: float
-) -> bytearray:
-    length = resp.length
-    if length is None:  # chunked or close-delimited: read it all under the current timeout
-        return bytearray(resp.read())
-    body = bytearray(length)
-    view, pos = memoryview(body), 0
-    while pos < length:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("deadline passed while reading the body")
-        conn.sock.settimeout(remaining)
-        n = resp.readinto(view[pos : pos + (1 << 20)])
-        if not n:
-            raise http.client.IncompleteRead(bytes(0), length - pos)
-        pos += n
-    return body
-
-
 def server_timing(value: str | None) -> dict[str, float]:
     """The durations of a ``Server-Timing`` header (``compute;dur=1.2, total;dur=1.5``), in ms."""
     found: dict[str, float] = {}
@@ -302,18 +305,32 @@ def server_timing(value: str | None) -> dict[str, float]:
         for p in params:
             if p.startswith("dur="):
                 try:
-                    found[name] = float(p[4:])
+                    ms = float(p[4:])
                 except ValueError:
-                    pass
+                    continue
+                if 0 <= ms < 1e9:  # a server could send nan, inf or negatives
+                    found[name] = ms
     return found
 
 
-def _error_message(body: bytes | bytearray) -> str:
+def _retry_after_s(value: str | None) -> float:
+    """``Retry-After`` in seconds (0 when absent or an HTTP date: we then use our own backoff)."""
     try:
-        msg = json.loads(bytes(body)).get("error")
-    except (ValueError, AttributeError):
+        s = float(value) if value else 0.0
+    except ValueError:
+        return 0.0
+    return s if 0 <= s < 1e6 else 0.0
+
+
+def _error_message(body: bytes | bytearray) -> str:
+    """The server's error text, short and printable (it reaches terminals and logs)."""
+    try:
+        msg = json.loads(bytes(body[: 64 << 10])).get("error")
+    except (ValueError, AttributeError, RecursionError):
         msg = None
-    return str(msg) if msg else bytes(body[:200]).decode("utf-8", "replace").strip() or "no message"
+    text = str(msg) if msg else bytes(body[:200]).decode("utf-8", "replace")
+    text = "".join(ch if ch.isprintable() else " " for ch in text[:200]).strip()
+    return text or "no message"
 
 
 def _why(e: BaseException) -> str:

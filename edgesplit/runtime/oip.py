@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from edgesplit.errors import RunInputError
+from edgesplit.errors import InputError, RunInputError
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_RANK = 32  # numpy allows 64 dimensions; no model input has more than a handful
 
 # OIP datatype -> numpy dtype name.
 OIP_TO_NUMPY: dict[str, str] = {
@@ -74,6 +75,26 @@ def _fail(msg: str) -> RunInputError:
     return RunInputError(msg)
 
 
+def check_bearer_token(token: str, what: str = "the bearer token") -> str:
+    """``token`` if it can go in an ``Authorization`` header: visible ASCII only (no CR, LF, space).
+
+    Raises :class:`~edgesplit.errors.InputError` naming the first bad character's position, never
+    the token itself.
+    """
+    for i, ch in enumerate(token):
+        if not "\x21" <= ch <= "\x7e":
+            kind = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)", " ": "a space"}.get(
+                ch, "a control character" if ord(ch) < 0x21 or ord(ch) == 0x7F else "a non-ASCII character"
+            )
+            raise InputError(
+                f"{what} holds {kind} at position {i + 1}: only visible ASCII characters can go in an "
+                "HTTP header"
+            )
+    if not token:
+        raise InputError(f"{what} is empty")
+    return token
+
+
 def parse_header_length(value: str | None, body_nbytes: int) -> int | None:
     """Validate an ``Inference-Header-Content-Length`` header value against the body size."""
     if value is None:
@@ -93,6 +114,8 @@ def _load_header(body: bytes | bytearray | memoryview, header_nbytes: int | None
         header = json.loads(bytes(body[:end]))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _fail(f"the request header is not valid JSON ({e})") from e
+    except RecursionError:
+        raise _fail("the request header is not valid JSON (nested too deeply)") from None
     if not isinstance(header, dict):
         raise _fail("the request header must be a JSON object")
     return header, end
@@ -104,7 +127,15 @@ def _shape(t: Mapping[str, Any], what: str) -> tuple[int, ...]:
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise _fail(f"{what}: 'shape' must be a list of non-negative integers")
+    if len(shape) > MAX_RANK:
+        raise _fail(f"{what}: 'shape' has {len(shape)} dimensions, at most {MAX_RANK} are supported")
+    if math.prod(d for d in shape if d) >= 1 << 40:
+        raise _fail(f"{what}: shape {_short(shape)} is too large for any array")
     return tuple(shape)
+
+
+def _short(values: list, n: int = 8) -> str:
+    return str(values) if len(values) <= n else f"[{', '.join(map(str, values[:n]))}, ...]"
 
 
 def _dtype(t: Mapping[str, Any], what: str) -> np.dtype:
@@ -121,6 +152,43 @@ def _params(d: Mapping[str, Any], what: str) -> Mapping[str, Any]:
     return p
 
 
+@dataclass(frozen=True)
+class TensorDecl:
+    """A tensor as a JSON header declares it, before its data is read."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    binary_nbytes: int | None  # None: its values are in the JSON 'data'
+    what: str  # how messages name it: "input 'x'"
+
+
+def _declared(t: Any, i: int, kind: str) -> TensorDecl:
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+        raise _fail(f"{kind}[{i}] must be an object with a string 'name'")
+    what = f"{kind[:-1]} '{t['name'][:64]}'"
+    shape, dtype = _shape(t, what), _dtype(t, what)
+    size = _params(t, what).get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise _fail(f"{what}: binary_data_size must be a non-negative integer")
+        if size != math.prod(shape) * dtype.itemsize:
+            raise _fail(
+                f"{what}: binary_data_size {size} does not match shape {_short(list(shape))} of "
+                f"{dtype.name} ({math.prod(shape) * dtype.itemsize} bytes)"
+            )
+    return TensorDecl(t["name"], dtype, shape, size, what)
+
+
+def declared_inputs(header_bytes: bytes | bytearray | memoryview) -> list[TensorDecl]:
+    """The inputs a request's JSON header declares, so a server can refuse them before their data arrives."""
+    header, _ = _load_header(header_bytes, None)
+    tensors = header.get("inputs")
+    if not isinstance(tensors, list):
+        raise _fail("'inputs' must be a list of tensors")
+    return [_declared(t, i, "inputs") for i, t in enumerate(tensors)]
+
+
 def _decode_tensors(
     tensors: Any, body: bytes | bytearray | memoryview, offset: int, kind: str
 ) -> dict[str, np.ndarray]:
@@ -130,20 +198,10 @@ def _decode_tensors(
     view = memoryview(body)
     out: dict[str, np.ndarray] = {}
     for i, t in enumerate(tensors):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise _fail(f"{kind}[{i}] must be an object with a string 'name'")
-        what = f"{kind[:-1]} '{t['name']}'"
-        shape, dtype = _shape(t, what), _dtype(t, what)
+        d = _declared(t, i, kind)
+        what, shape, dtype, size = d.what, d.shape, d.dtype, d.binary_nbytes
         count = math.prod(shape)
-        size = _params(t, what).get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise _fail(f"{what}: binary_data_size must be a non-negative integer")
-            if size != count * dtype.itemsize:
-                raise _fail(
-                    f"{what}: binary_data_size {size} does not match shape {list(shape)} of "
-                    f"{dtype.name} ({count * dtype.itemsize} bytes)"
-                )
             if offset + size > len(view):
                 raise _fail(
                     f"{what}: binary data runs past the end of the body ({offset + size} > {len(view)} bytes)"
@@ -154,15 +212,19 @@ def _decode_tensors(
             try:
                 arr = np.asarray(t["data"], dtype=dtype)
             except (TypeError, ValueError, OverflowError) as e:
-                raise _fail(f"{what}: 'data' is not a list of {dtype.name} values ({e})") from e
+                raise _fail(f"{what}: 'data' is not a list of {dtype.name} values ({str(e)[:200]})") from e
+            except RecursionError:
+                raise _fail(f"{what}: 'data' is nested too deeply") from None
             if arr.size != count:
-                raise _fail(f"{what}: 'data' holds {arr.size} values, shape {list(shape)} needs {count}")
+                raise _fail(
+                    f"{what}: 'data' holds {arr.size} values, shape {_short(list(shape))} needs {count}"
+                )
             arr = arr.reshape(shape)
         else:
             raise _fail(f"{what}: neither 'data' nor parameters.binary_data_size")
-        if t["name"] in out:
+        if d.name in out:
             raise _fail(f"{what} appears twice")
-        out[t["name"]] = arr
+        out[d.name] = arr
     if offset != len(view):
         raise _fail(f"the body holds {len(view) - offset} bytes beyond its header and binary tensors")
     return out

@@ -7,16 +7,20 @@ with backoff, send and receive. When the server cannot be reached, breaks off, a
 slower than the deadline, or returns outputs of the wrong shape or dtype, the part runs on its
 local fallback (``PartArtifact.fallback``, an ORT model on a device CPU); without one it raises
 :class:`~edgesplit.errors.RemoteError`. A 4xx answer (a wrong token, a wrong server) is a
-configuration error and is raised, not hidden by the fallback.
+configuration error and is raised (:class:`~edgesplit.errors.RemoteHostError`, exit code 2), not
+hidden by the fallback.
 
 After a failure the server is left alone for a cool-down (0.5 s doubling to 15 s) during which
 calls go straight to the fallback, so a dead server costs one deadline, not one per request.
 
 Options (``load(bundle, executor_options={"remote": {...}})``): ``url``, ``token``,
-``timeout_s``, ``connect_timeout_s``, ``retries``, ``backoff_s``, ``fallback`` (False to
-forbid it), ``adaptive`` (see :mod:`edgesplit.runtime.adaptive`). The local fallback executor is
-built by the executor table (:func:`edgesplit.runtime.backends.remote_executor`) and handed in
-as ``local``, so this module needs no other executor.
+``timeout_s`` (the overall deadline of one call; ``run --deadline-ms``), ``connect_timeout_s``,
+``retries``, ``backoff_s``, ``fallback`` (False to forbid it), ``adaptive`` (see
+:mod:`edgesplit.runtime.adaptive`). An answer larger than the part's outputs can be (8x their
+binary size, plus 1 MB for the header) is refused before it is read, and falls back like any failure.
+The local fallback executor is built by the executor table
+(:func:`edgesplit.runtime.backends.remote_executor`) and handed in as ``local``, so this module
+needs no other executor.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesplit.compile.bundle import PartArtifact
-from edgesplit.errors import RemoteError
+from edgesplit.errors import RemoteError, RemoteHostError
 from edgesplit.runtime.adaptive import LinkEstimator, OffloadPolicy
 from edgesplit.runtime.client import OipClient
 from edgesplit.runtime.executors import Executor
@@ -119,6 +123,7 @@ class RemoteExecutor:
                 timeout_s=timeout_s,
                 retries=retries,
                 backoff_s=backoff_s,
+                max_response_nbytes=8 * _nbytes(part.outputs) + (1 << 20),
             )
         )
         self._link = link_for(url) if url else LinkEstimator()
@@ -134,9 +139,7 @@ class RemoteExecutor:
         if self._client is not None:
             self._probe_rtt()
         if adaptive and self._client is not None and self._local is not None:
-            nbytes = sum(
-                int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in (*part.inputs, *part.outputs)
-            )
+            nbytes = _nbytes(part.inputs) + _nbytes(part.outputs)
             self._policy = OffloadPolicy(nbytes, self._calibrate_local(), probe_interval_s=probe_interval_s)
 
     def _probe_rtt(self, n: int = 3) -> None:
@@ -179,8 +182,8 @@ class RemoteExecutor:
             self._check(out)
         except RemoteError as e:
             status = getattr(e, "status", None)
-            if status is not None and 400 <= status < 500:
-                raise RemoteError(f"part {self.part.name}: {e}") from e
+            if status is not None and 400 <= status < 500:  # the server refuses us: bad configuration
+                raise RemoteHostError(f"part {self.part.name}: {e}") from e
             self._trip(e)
             if self._local is not None:
                 return self._run_local(ins)
@@ -279,3 +282,7 @@ class RemoteExecutor:
             self._client.close()
         if self._local is not None:
             self._local.close()
+
+
+def _nbytes(specs) -> int:
+    return sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in specs)

@@ -2,12 +2,21 @@
 
 ``edgesplit serve BUNDLE`` answers the KServe v2 / Triton REST API with the binary tensor
 extension, so ``tritonclient.http`` works against it unchanged. The model name is the part name.
-The hot path is aiohttp's HTTP server on one event loop; ONNX Runtime runs in a thread pool so the
-loop never blocks, and requests run concurrently (one ORT session per part is thread-safe).
+The hot path is aiohttp's HTTP server on one event loop; ONNX Runtime runs on the threads of a
+bounded :class:`~edgesplit.runtime.compute.ComputeQueue`, and large JSON is decoded and encoded on
+threads of its own, so the loop (and every health check) never waits for either.
 
-Security and robustness: it binds 127.0.0.1 unless told otherwise; an optional bearer token is
-compared in constant time (health endpoints stay open for probes); bodies above the size limit
-get 413 before they are read; every 4xx carries ``{"error": "..."}``; SIGTERM/SIGINT stop
+Limits (all in :class:`ServeOptions`, all ``serve`` flags): request headers complete within
+``header_timeout_s`` of their first byte, the body within ``body_timeout_s`` (408 after), an
+answer sent within ``body_timeout_s``; idle keep-alive connections closed after
+``idle_timeout_s``; at most ``max_connections`` sockets (see :mod:`edgesplit.runtime.guard`);
+bodies up to ``max_request_nbytes`` (413), all bodies together up to ``max_inflight_nbytes``
+(503 with ``Retry-After``; JSON counts :data:`JSON_WEIGHT` times its size, what decoding it
+costs); at most ``max_queue`` requests waiting for compute (503 with ``Retry-After``).
+
+Security: it binds 127.0.0.1 unless told otherwise; an optional bearer token is compared in
+constant time (health endpoints stay open for probes); every error carries ``{"error": "..."}``;
+a 500 says only an id, which the server log holds with the traceback. SIGTERM/SIGINT stop
 accepting, finish the requests in flight, then exit.
 """
 
@@ -20,30 +29,46 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 from aiohttp import web
-from aiohttp.http_exceptions import PayloadEncodingError
-from aiohttp.web_protocol import RequestPayloadError
 
-from edgesplit.compile.bundle import PartArtifact, VerifiedBundle, open_verified
-from edgesplit.errors import BundleError, RunInputError
+from edgesplit.compile.bundle import open_verified
+from edgesplit.errors import BundleError, InputError, RunInputError
 from edgesplit.runtime import oip
+from edgesplit.runtime.compute import ComputeQueue, QueueFull, QueueStats
+from edgesplit.runtime.guard import (
+    ByteBudget,
+    ConnectionGuard,
+    GuardedHandler,
+    GuardedSite,
+    Reservation,
+    default_max_connections,
+)
+from edgesplit.runtime.served import ServedModel
+from edgesplit.runtime.transfer import (
+    LINGER_MAX_NBYTES,
+    BufferPool,
+    Refused,
+    read_body,
+    send,
+    send_and_close,
+)
 
 log = logging.getLogger("edgesplit.serve")
 
 MB = 1 << 20
-_ENCODINGS = ("identity", "gzip", "deflate")
+JSON_WEIGHT = 16  # decoding JSON tensors takes up to ~16x their text in Python objects (measured)
+INLINE_JSON_NBYTES = 64 << 10  # JSON headers up to this size are decoded on the loop (about 0.1 ms)
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """How to serve. ``max_request_nbytes`` bounds a request body, decompressed too."""
+    """How to serve, and the limits that keep a server up under any client (see the module doc)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -53,86 +78,44 @@ class ServeOptions:
     compute_threads: int | None = None
     intra_op_threads: int | None = None
     shutdown_timeout_s: float = 30.0
+    max_inflight_nbytes: int = 256 * MB
+    max_connections: int | None = None  # None: what the file-descriptor limit allows, at most 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    idle_timeout_s: float = 30.0
+    max_queue: int = 128
     trust_key: str | None = None  # an ed25519 public key file: serve only a bundle signed by it
 
-
-class ServedModel:
-    """One part behind ``/v2/models/{name}``: its ORT session, specs and metadata."""
-
-    def __init__(self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None):
-        import onnxruntime as ort
-
-        self.part = part
-        self.name = part.name
-        from edgesplit.cpu import ort_session_options
-
-        # the server processor's threads, as planned
-        so = ort_session_options(intra_op_threads or part.threads, None)
-        available = ort.get_available_providers()
-        # The part was planned for a server processor (a GPU, say); serve it with that provider
-        # when this onnxruntime has it, else on the CPU, and say so.
-        provider = part.provider if part.provider in available else "CPUExecutionProvider"
-        self.note = (
-            "" if provider == part.provider else f"{part.name}: no {part.provider} here, serving on CPU"
-        )
-        providers: list[Any] = [(provider, dict(part.provider_options) if provider == part.provider else {})]
-        if provider != "CPUExecutionProvider":
-            providers.append(("CPUExecutionProvider", {}))
-        # from the bytes checked against the manifest as they were read
-        self.session = ort.InferenceSession(bundle.read(part.onnx_file), so, providers=providers)
-        self.inputs = {t.name: t for t in part.inputs}
-        self.output_names = [t.name for t in part.outputs]
-        self.metadata = {
-            "name": part.name,
-            "versions": ["1"],
-            "platform": "onnxruntime_onnx",
-            "inputs": [_spec_json(t) for t in part.inputs],
-            "outputs": [_spec_json(t) for t in part.outputs],
-        }
-
-    def check(self, req: oip.InferRequest) -> dict[str, np.ndarray]:
-        """The request's inputs, checked against the part's names, datatypes and shapes."""
-        unknown = [n for n in req.inputs if n not in self.inputs]
-        missing = [n for n in self.inputs if n not in req.inputs]
-        if unknown or missing:
-            raise RunInputError(
-                f"model '{self.name}' takes inputs {', '.join(self.inputs)}"
-                + (f"; unknown {', '.join(unknown)}" if unknown else "")
-                + (f"; missing {', '.join(missing)}" if missing else "")
+    def check(self) -> None:
+        """Raise :class:`InputError` naming the ``serve`` flag of the first inconsistent limit."""
+        if self.max_inflight_nbytes < self.max_request_nbytes:
+            raise InputError(
+                f"--max-inflight-mb ({self.max_inflight_nbytes / MB:g}) must be at least "
+                f"--max-request-mb ({self.max_request_nbytes / MB:g}), or no large request could be read"
             )
-        for name, spec in self.inputs.items():
-            arr = req.inputs[name]
-            if arr.dtype != np.dtype(spec.dtype):
-                raise RunInputError(
-                    f"input '{name}': datatype {oip.oip_datatype(arr.dtype)}, "
-                    f"expected {oip.oip_datatype(spec.dtype)}"
-                )
-            if tuple(arr.shape) != tuple(spec.shape):
-                raise RunInputError(f"input '{name}': shape {list(arr.shape)}, expected {list(spec.shape)}")
-        if req.outputs is not None:
-            bad = [n for n in req.outputs if n not in self.output_names]
-            if bad:
-                raise RunInputError(
-                    f"model '{self.name}' has no output {', '.join(bad)} (has {', '.join(self.output_names)})"
-                )
-        return dict(req.inputs)
-
-    def run(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> tuple[dict[str, np.ndarray], float]:
-        t0 = time.perf_counter()
-        got = self.session.run(names, dict(feeds))
-        return dict(zip(names, got)), (time.perf_counter() - t0) * 1e3
+        for flag, value in (
+            ("--header-timeout-s", self.header_timeout_s),
+            ("--body-timeout-s", self.body_timeout_s),
+            ("--idle-timeout-s", self.idle_timeout_s),
+        ):
+            if not 0 < value < float("inf"):
+                raise InputError(f"{flag} must be a positive number of seconds, not {value}")
+        if self.token is not None:
+            oip.check_bearer_token(self.token, "--token")
 
 
-def _spec_json(t) -> dict[str, Any]:
-    return {"name": t.name, "datatype": oip.oip_datatype(t.dtype), "shape": list(t.shape)}
+@dataclass(frozen=True)
+class ServerStats:
+    """What the limits did so far: connections, bytes in flight, the compute queue."""
 
-
-class _Refused(Exception):
-    """A request we answer with ``status`` and a JSON message (never echoed into HTTP headers)."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
+    connections: int
+    connections_busy: int
+    connections_evicted: int
+    connections_refused: int
+    header_timeouts: int
+    inflight_nbytes: int
+    inflight_peak_nbytes: int
+    queue: QueueStats
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -143,6 +126,7 @@ class OffloadServer:
     """The OIP v2 application over a verified bundle. Use :meth:`serve` or :class:`ServerThread`."""
 
     def __init__(self, bundle: str | os.PathLike, options: ServeOptions = ServeOptions()):
+        options.check()
         self.bundle = Path(bundle)
         self.options = options
         verified = open_verified(self.bundle, trust_key=options.trust_key)  # before any model loads
@@ -155,18 +139,34 @@ class OffloadServer:
         self.models = {p.name: ServedModel(p, verified, options.intra_op_threads) for p in parts}
         self.notes = [m.note for m in self.models.values() if m.note]
         self._token = options.token.encode() if options.token else None
-        self._pool = ThreadPoolExecutor(
-            max_workers=options.compute_threads or max(2, os.cpu_count() or 2),
-            thread_name_prefix="edgesplit-serve",
+        self.compute = ComputeQueue(options.compute_threads or max(2, os.cpu_count() or 2), options.max_queue)
+        self._codec_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgesplit-json")
+        self.budget = ByteBudget(options.max_inflight_nbytes)
+        self._pool = BufferPool(self.budget)
+        self.connections = ConnectionGuard(
+            options.max_connections or default_max_connections(), options.header_timeout_s
         )
         self._ready = False
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
+    def stats(self) -> ServerStats:
+        c, b = self.connections, self.budget
+        return ServerStats(
+            c.open,
+            c.in_request,
+            c.evicted,
+            c.refused,
+            c.header_timeouts,
+            b.used_nbytes,
+            b.peak_nbytes,
+            self.compute.stats(),
+        )
+
     # ---- the application
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._guard], client_max_size=self.options.max_request_nbytes)
+        app = web.Application(middlewares=[self._middleware], client_max_size=self.options.max_request_nbytes)
         r = app.router
         r.add_get("/v2/health/live", self._live)
         r.add_get("/v2/health/ready", self._ready_h)
@@ -178,38 +178,52 @@ class OffloadServer:
         return app
 
     @web.middleware
-    async def _guard(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        if self._token is not None and not request.path.startswith("/v2/health/"):
-            auth = request.headers.get("Authorization", "")
-            scheme, _, given = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
-                return _error(401, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"})
+    async def _middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        self.connections.request_started(request.protocol)
         try:
+            return await self._answer(request, handler)
+        finally:
+            self.connections.request_finished(request.protocol)
+
+    async def _answer(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            self._authorize(request)
             return await handler(request)
         except RunInputError as e:
             return _error(400, str(e))
-        except _Refused as e:
-            resp = _error(e.status, str(e))
-            if e.status == 413:
-                resp.force_close()  # the rest of the body is not read: this connection is done
+        except QueueFull as e:
+            return _error(503, str(e), **{"Retry-After": str(e.retry_after_s)})
+        except Refused as e:
+            resp = _error(e.status, str(e), **e.headers)
+            if e.close:  # the rest of the body is not read: answer, then close (aiohttp would drain it)
+                await send_and_close(request, resp)
             return resp
-        except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method, body too large
+        except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method
             if e.status < 400:
                 raise
-            resp = _error(e.status, str(e.text or e.reason) if e.status == 413 else e.reason)
-            if e.status == 413:
-                resp.force_close()
-            return resp
-        except Exception as e:  # noqa: BLE001 - answer 500 and keep serving
-            log.exception("internal error on %s", request.path)
-            return _error(500, f"internal error: {type(e).__name__}: {e}")
+            return _error(e.status, e.reason)
+        except Exception as e:  # noqa: BLE001 - answer 500 without internals and keep serving
+            eid = uuid.uuid4().hex[:12]
+            log.error("internal error %s on %s %s", eid, request.method, request.path[:200], exc_info=e)
+            return _error(500, f"internal error (id {eid}); the server log has the details")
+
+    def _authorize(self, request: web.Request) -> None:
+        if self._token is None or request.path.startswith("/v2/health/"):
+            return
+        try:  # aiohttp decodes header bytes as UTF-8 with surrogate escapes
+            auth = request.headers.get("Authorization", "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise RunInputError("the Authorization header is not valid UTF-8") from None
+        scheme, _, given = auth.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self._token):
+            raise Refused(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
 
     def _model(self, request: web.Request) -> ServedModel:
         name = request.match_info["name"]
         model = self.models.get(name)
         version = request.match_info.get("version")
         if model is None or version not in (None, "", "1"):
-            raise _Refused(404, f"no model '{name}'" + (f" version {version}" if version else ""))
+            raise Refused(404, f"no model '{name[:64]}'" + (f" version {version[:16]}" if version else ""))
         return model
 
     async def _live(self, request: web.Request) -> web.Response:
@@ -234,41 +248,75 @@ class OffloadServer:
         self._model(request)
         return web.json_response({"ready": self._ready}, status=200 if self._ready else 503)
 
-    async def _infer(self, request: web.Request) -> web.Response:
+    async def _infer(self, request: web.Request) -> web.StreamResponse:
         model = self._model(request)
-        limit = self.options.max_request_nbytes
-        if request.content_length is not None and request.content_length > limit:
-            raise _Refused(
-                413, f"request body of {request.content_length} bytes is over the limit of {limit} bytes"
-            )
-        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in _ENCODINGS:  # aiohttp inflates gzip and deflate itself, bounded by the limit
-            raise _Refused(
-                415, f"unsupported Content-Encoding {encoding[:40]!r} (use {', '.join(_ENCODINGS)})"
-            )
+        held = self.budget.reservation()
+        body: memoryview | None = None
+        reusable = True
         try:
-            body = await request.read()
-        except (PayloadEncodingError, RequestPayloadError) as e:
-            raise RunInputError(f"the body is not valid {encoding} data ({e})") from e
-        t0 = time.perf_counter()
+            body = await read_body(request, self.options, held, self._head_check(request, model), self._pool)
+            t0 = time.perf_counter()
+            req = await self._decode(request, body, held)
+            feeds = model.check(req)
+            names = list(req.outputs) if req.outputs is not None else model.output_names
+            outputs, compute_ms = await self.compute.submit(model, feeds, names)
+            binary = req.binary_outputs if req.outputs is not None else (names if req.binary_default else ())
+            if set(names) <= set(binary):
+                chunks, out_hlen = oip.encode_response(model.name, outputs, binary, request_id=req.id)
+            else:  # JSON values: tolist() and dumps() of a large output would hold the loop
+                chunks, out_hlen = await asyncio.get_running_loop().run_in_executor(
+                    self._codec_pool, _encode, model.name, outputs, binary, req.id
+                )
+            total_ms = (time.perf_counter() - t0) * 1e3
+            headers = {"Server-Timing": f"compute;dur={compute_ms:.3f}, total;dur={total_ms:.3f}"}
+            if out_hlen is not None:
+                headers[oip.HEADER_LENGTH] = str(out_hlen)
+            content_type = "application/octet-stream" if out_hlen is not None else "application/json"
+            return await send(request, chunks, headers, content_type, self.options.body_timeout_s)
+        except asyncio.CancelledError:
+            reusable = False  # a compute thread may still be reading the inputs, views of the body
+            raise
+        finally:
+            held.release()
+            if body is not None and reusable:
+                self._pool.give(body)
+
+    def _head_check(self, request: web.Request, model: ServedModel):
+        """For a binary request with a small JSON header: check the header before the tensors are read."""
+        value, length = request.headers.get(oip.HEADER_LENGTH), request.content_length
+        if request.headers.get("Content-Encoding", "identity") != "identity":
+            return None
+        if length is not None and length > self.options.max_request_nbytes:
+            return None  # read_body refuses it by its size
+        if value is None:  # all JSON: refuse at once what could never be decoded within the limit
+            if length is not None and length * JSON_WEIGHT > self.budget.limit_nbytes:
+                raise Refused(
+                    413,
+                    f"a JSON request of {length} bytes needs {JSON_WEIGHT}x that to decode, over the "
+                    f"in-flight limit of {self.budget.limit_nbytes} bytes: send tensors as binary data",
+                    close=length > LINGER_MAX_NBYTES,
+                )
+            return None
+        hlen = oip.parse_header_length(value, self.options.max_request_nbytes if length is None else length)
+        return (hlen, model.check_declared) if hlen is not None and hlen <= INLINE_JSON_NBYTES else None
+
+    async def _decode(self, request: web.Request, body: memoryview, held: Reservation) -> oip.InferRequest:
         hlen = oip.parse_header_length(request.headers.get(oip.HEADER_LENGTH), len(body))
-        req = oip.decode_request(body, hlen)
-        feeds = model.check(req)
-        names = list(req.outputs) if req.outputs is not None else model.output_names
-        outputs, compute_ms = await asyncio.get_running_loop().run_in_executor(
-            self._pool, model.run, feeds, names
+        json_nbytes = len(body) if hlen is None else hlen
+        extra = json_nbytes * (JSON_WEIGHT - 1)
+        if not held.take(extra):
+            if held.nbytes + extra > self.budget.limit_nbytes:
+                raise Refused(
+                    413,
+                    f"a JSON request header of {json_nbytes} bytes needs {JSON_WEIGHT}x that to decode, over "
+                    f"the in-flight limit of {self.budget.limit_nbytes} bytes: send tensors as binary data",
+                )
+            raise Refused(503, "too many request bytes in flight; retry later", {"Retry-After": "1"})
+        if json_nbytes <= INLINE_JSON_NBYTES:
+            return oip.decode_request(body, hlen)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._codec_pool, oip.decode_request, body, hlen
         )
-        binary = req.binary_outputs if req.outputs is not None else (names if req.binary_default else ())
-        chunks, out_hlen = oip.encode_response(model.name, outputs, binary, request_id=req.id)
-        headers = {
-            "Server-Timing": f"compute;dur={compute_ms:.3f}, total;dur={(time.perf_counter() - t0) * 1e3:.3f}"
-        }
-        if out_hlen is not None:
-            headers[oip.HEADER_LENGTH] = str(out_hlen)
-            content_type = "application/octet-stream"
-        else:
-            content_type = "application/json"
-        return web.Response(body=b"".join(chunks), headers=headers, content_type=content_type)
 
     # ---- running
 
@@ -278,10 +326,23 @@ class OffloadServer:
             self.app(), access_log=None, shutdown_timeout=self.options.shutdown_timeout_s
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port, reuse_address=True)
+        loop, manager, o = asyncio.get_running_loop(), self._runner.server, self.options
+        assert manager is not None
+
+        def connection() -> GuardedHandler:
+            return GuardedHandler(
+                self.connections,
+                manager,
+                loop=loop,
+                keepalive_timeout=o.idle_timeout_s,
+                access_log=None,
+                lingering_time=min(10.0, o.body_timeout_s),
+            )
+
+        site = GuardedSite(self._runner, o.host, o.port, connection)
         await site.start()
-        sock = site._server.sockets[0]  # type: ignore[union-attr]
-        self.port = int(sock.getsockname()[1])
+        self.port = site.bound_port
+        self.compute.start()
         self._ready = True
         return self.port
 
@@ -291,7 +352,8 @@ class OffloadServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        self._pool.shutdown(wait=True)
+        await self.compute.close()
+        self._codec_pool.shutdown(wait=True)
 
     def serve(self, on_ready: Callable[[str, int], None] | None = None) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully."""
@@ -308,6 +370,10 @@ class OffloadServer:
             await self.stop()
 
         asyncio.run(main())
+
+
+def _encode(model_name: str, outputs, binary, request_id):
+    return oip.encode_response(model_name, outputs, binary, request_id=request_id)
 
 
 class ServerThread:

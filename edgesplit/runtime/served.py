@@ -1,0 +1,115 @@
+"""One bundle part as the offload server serves it: its ORT session, its specs, its checks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edgesplit.compile.bundle import PartArtifact, VerifiedBundle
+from edgesplit.errors import RunInputError
+from edgesplit.runtime import oip
+
+
+class ServedModel:
+    """One part behind ``/v2/models/{name}``: its ORT session, specs and metadata."""
+
+    def __init__(self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None):
+        import onnxruntime as ort
+
+        self.part = part
+        self.name = part.name
+        from edgesplit.cpu import ort_session_options
+
+        # the server processor's threads, as planned
+        so = ort_session_options(intra_op_threads or part.threads, None)
+        available = ort.get_available_providers()
+        # The part was planned for a server processor (a GPU, say); serve it with that provider
+        # when this onnxruntime has it, else on the CPU, and say so.
+        provider = part.provider if part.provider in available else "CPUExecutionProvider"
+        self.note = (
+            "" if provider == part.provider else f"{part.name}: no {part.provider} here, serving on CPU"
+        )
+        providers: list[Any] = [(provider, dict(part.provider_options) if provider == part.provider else {})]
+        if provider != "CPUExecutionProvider":
+            providers.append(("CPUExecutionProvider", {}))
+        # from the bytes checked against the manifest as they were read
+        self.session = ort.InferenceSession(bundle.read(part.onnx_file), so, providers=providers)
+        self.inputs = {t.name: t for t in part.inputs}
+        self.output_names = [t.name for t in part.outputs]
+        self.metadata = {
+            "name": part.name,
+            "versions": ["1"],
+            "platform": "onnxruntime_onnx",
+            "inputs": [_spec_json(t) for t in part.inputs],
+            "outputs": [_spec_json(t) for t in part.outputs],
+        }
+
+    def check(self, req: oip.InferRequest) -> dict[str, np.ndarray]:
+        """The request's inputs, checked against the part's names, datatypes and shapes."""
+        self._check_names(list(req.inputs))
+        for name, arr in req.inputs.items():
+            self._check_tensor(name, arr.dtype, arr.shape)
+        if req.outputs is not None:
+            bad = [n[:64] for n in req.outputs if n not in self.output_names]
+            if bad:
+                raise RunInputError(
+                    f"model '{self.name}' has no output {', '.join(bad[:8])} "
+                    f"(has {', '.join(self.output_names)})"
+                )
+        return dict(req.inputs)
+
+    def check_declared(self, header: memoryview, binary_nbytes: int | None) -> int:
+        """Check what a binary request's JSON header declares, before its tensors are read.
+
+        ``binary_nbytes`` is what the body holds after the header (None: not known, chunked); the
+        tensors declared must fill it. Returns the bytes of binary tensors declared.
+        """
+        declared = oip.declared_inputs(header)
+        self._check_names([d.name for d in declared])
+        for d in declared:
+            self._check_tensor(d.name, d.dtype, d.shape)
+        total = sum(d.binary_nbytes or 0 for d in declared)
+        if binary_nbytes is None:
+            return total
+        if total > binary_nbytes:
+            raise RunInputError(
+                f"binary data runs past the end of the body ({total} bytes declared, {binary_nbytes} sent)"
+            )
+        if total < binary_nbytes:
+            raise RunInputError(
+                f"the body holds {binary_nbytes - total} bytes beyond its header and binary tensors"
+            )
+        return total
+
+    def _check_names(self, names: list[str]) -> None:
+        unknown = [n[:64] for n in names if n not in self.inputs]
+        missing = [n for n in self.inputs if n not in names]
+        if unknown or missing:
+            raise RunInputError(
+                f"model '{self.name}' takes inputs {', '.join(self.inputs)}"
+                + (f"; unknown {', '.join(unknown[:8])}" if unknown else "")
+                + (f"; missing {', '.join(missing)}" if missing else "")
+            )
+
+    def _check_tensor(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        spec = self.inputs[name]
+        if dtype != np.dtype(spec.dtype):
+            raise RunInputError(
+                f"input '{name}': datatype {oip.oip_datatype(dtype)}, expected {oip.oip_datatype(spec.dtype)}"
+            )
+        if tuple(shape) != tuple(spec.shape):
+            got = list(shape) if len(shape) <= 8 else f"of {len(shape)} dimensions"
+            raise RunInputError(f"input '{name}': shape {got}, expected {list(spec.shape)}")
+
+    def run(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> tuple[dict[str, np.ndarray], float]:
+        """Outputs ``names`` for ``feeds``, and the compute time in ms (called on a compute thread)."""
+        t0 = time.perf_counter()
+        got = self.session.run(names, dict(feeds))
+        return dict(zip(names, got)), (time.perf_counter() - t0) * 1e3
+
+
+def _spec_json(t) -> dict[str, Any]:
+    return {"name": t.name, "datatype": oip.oip_datatype(t.dtype), "shape": list(t.shape)}
