@@ -219,7 +219,14 @@ def with_big_part(bundle: Path, big_mb: int) -> Path:
     )  # fmt: skip
     files = [*manifest.files, "parts/big.onnx"]
     write_manifest(
-        bundle, dataclasses.replace(manifest, parts=(*manifest.parts, big), files=checksums(bundle, files))
+        bundle,
+        dataclasses.replace(
+            manifest,
+            inputs=(*manifest.inputs, x),  # the bundle's checks want every part input to come from somewhere
+            outputs=(*manifest.outputs, y),
+            parts=(*manifest.parts, big),
+            files=checksums(bundle, files),
+        ),
     )
     return bundle
 

@@ -9,11 +9,13 @@ from edgesplit.cli.common import console, trust_key_option
 
 def check_token(token: str | None) -> str | None:
     """A bearer token goes into an HTTP header: visible ASCII only (no CR, LF or controls)."""
-    if token is not None and (not token or not all(33 <= ord(c) <= 126 for c in token)):
-        raise click.BadParameter(
-            "must be non-empty visible ASCII (no spaces, CR, LF or control characters)", param_hint="--token"
-        )
-    return token
+    from edgesplit.errors import InputError
+    from edgesplit.runtime.oip import check_bearer_token
+
+    try:
+        return None if token is None else check_bearer_token(token, "the token")
+    except InputError as e:
+        raise click.BadParameter(str(e), param_hint="--token") from None
 
 
 @click.command("run")

@@ -163,6 +163,11 @@ class AgentSession:
         return stored
 
     # -- events -----------------------------------------------------------------------------
+    def _error(self, message: str) -> RemoteError:
+        """A host that breaks the protocol before the agent is up cannot be used (exit 2); one that
+        breaks off later failed while working (exit 1, and a resumable profile stays)."""
+        return RemoteError(message) if self.stage == "working" else RemoteHostError(message)
+
     def _broken(self) -> RemoteError:
         chan = self.chan
         deadline = time.monotonic() + 2.0  # an exit status follows the end of output closely
@@ -174,7 +179,7 @@ class AgentSession:
         ):
             time.sleep(0.02)
         if chan is None or not self._alive() or not chan.exit_status_ready():
-            return RemoteError(f"{self.target}: connection dropped while {self.stage}")
+            return self._error(f"{self.target}: connection dropped while {self.stage}")
         code = chan.recv_exit_status()
         tail = self._stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
         if code == EXIT_NO_PYTHON:
@@ -184,7 +189,7 @@ class AgentSession:
             )
         if code == EXIT_MKTEMP:
             return RemoteError(f"{self.target}: cannot make a temporary folder with mktemp -d ({tail[0]})")
-        return RemoteError(
+        return self._error(
             f"{self.target}: the agent ended (exit {code}) while {self.stage}: {tail[0][:300]}"
         )
 
@@ -216,7 +221,7 @@ class AgentSession:
             if nl < 0:
                 self._scanned = len(self._buf)
                 if self._scanned > MAX_LINE_NBYTES:
-                    raise RemoteError(
+                    raise self._error(
                         f"{self.target}: the agent sent a line longer than {MAX_LINE_NBYTES:,} bytes "
                         f"while {self.stage}"
                     )

@@ -91,7 +91,7 @@ def check_bearer_token(token: str, what: str = "the bearer token") -> str:
                 "HTTP header"
             )
     if not token:
-        raise InputError(f"{what} is empty")
+        raise InputError(f"{what} is empty: a token is one or more visible ASCII characters")
     return token
 
 
