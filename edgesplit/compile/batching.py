@@ -76,7 +76,9 @@ def _free_dims(model: onnx.ModelProto, rows: int) -> None:
     shape_users: dict[str, int] = {}
     for node in g.node:
         for k, name in enumerate(node.input):
-            shape_users[name] = shape_users.get(name, 0) + (1 if node.op_type == "Reshape" and k == 1 else 100)
+            shape_users[name] = shape_users.get(name, 0) + (
+                1 if node.op_type == "Reshape" and k == 1 else 100
+            )
     for node in g.node:
         if node.op_type != "Reshape" or len(node.input) < 2 or shape_users.get(node.input[1]) != 1:
             continue
@@ -125,9 +127,7 @@ def _run_check(
     return ""
 
 
-def free_batch(
-    onnx_bytes: bytes, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]
-) -> Batchable:
+def free_batch(onnx_bytes: bytes, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> Batchable:
     """The part ``onnx_bytes`` (tensors ``inputs`` -> ``outputs``) with a free first dimension.
 
     Returns :class:`Batchable` with the rewritten ONNX when a stacked run matches runs one at a

@@ -246,7 +246,9 @@ class ComputeQueue:
             return
         try:
             if len(live) == 1:
-                results = [await loop.run_in_executor(self._pool, live[0].model.run, live[0].feeds, live[0].names)]
+                results = [
+                    await loop.run_in_executor(self._pool, live[0].model.run, live[0].feeds, live[0].names)
+                ]
             else:
                 model = live[0].model
                 results = await loop.run_in_executor(
