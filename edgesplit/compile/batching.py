@@ -7,8 +7,9 @@ compiled with static shapes, so :func:`free_batch` rewrites one:
 
 * every graph input and output gets the symbolic first dimension :data:`BATCH_DIM`;
 * the inferred intermediate shapes (``value_info``) are dropped (they hold the static size);
-* a ``Reshape`` whose target shape is a constant starting with the per-request batch size gets
-  ``0`` there instead (copy the input's first dimension), the usual static ``Flatten`` pattern.
+* a ``Reshape`` target shape that is an initializer (read by Reshapes only) starting with the
+  per-request batch size gets ``0`` there instead (copy the input's first dimension), the usual
+  static flatten and attention-head split.
 
 Then it runs the rewritten part on two different random requests stacked, and the original part
 on each of them. The part is batchable when every output has twice the rows and matches the
@@ -73,16 +74,15 @@ def _free_dims(model: onnx.ModelProto, rows: int) -> None:
             dims[0].Clear()
             dims[0].dim_param = BATCH_DIM
     del g.value_info[:]
-    shape_users: dict[str, int] = {}
-    for node in g.node:
-        for k, name in enumerate(node.input):
-            shape_users[name] = shape_users.get(name, 0) + (
-                1 if node.op_type == "Reshape" and k == 1 else 100
-            )
-    for node in g.node:
-        if node.op_type != "Reshape" or len(node.input) < 2 or shape_users.get(node.input[1]) != 1:
-            continue
-        init = inits.get(node.input[1])
+    other_use = {  # initializers read other than as a Reshape's target shape are left alone
+        name
+        for node in g.node
+        for k, name in enumerate(node.input)
+        if not (node.op_type == "Reshape" and k == 1)
+    }
+    targets = {n.input[1] for n in g.node if n.op_type == "Reshape" and len(n.input) > 1}
+    for name in sorted(targets - other_use):
+        init = inits.get(name)
         if init is None:
             continue
         shape = numpy_helper.to_array(init).copy()
