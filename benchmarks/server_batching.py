@@ -141,7 +141,9 @@ def main() -> None:
             "unbatched": ["--max-batch", "1"],
             "batched": ["--max-batch", str(args.max_batch), "--max-queue-delay-ms", f"{args.delay_ms:g}"],
         }
-        results = {name: run_mode(bundle, d, flags, args, requests, expected) for name, flags in modes.items()}
+        results = {
+            name: run_mode(bundle, d, flags, args, requests, expected) for name, flags in modes.items()
+        }
     report(args, cut, nbytes, results)
 
 

@@ -27,8 +27,10 @@ class ServedModel:
         self.name = part.name
         from edgesplit.cpu import ort_session_options
 
-        # the server processor's threads, as planned
-        so = ort_session_options(intra_op_threads or part.threads, None)
+        # the server processor's threads, as planned. A batching server runs batches large
+        # enough for ORT to use its pool; several compute threads then share the cores, and an
+        # idle pool's spinning would steal them from the next batch (see ort_session_options).
+        so = ort_session_options(intra_op_threads or part.threads, None, spin=max_batch <= 1)
         available = ort.get_available_providers()
         # The part was planned for a server processor (a GPU, say); serve it with that provider
         # when this onnxruntime has it, else on the CPU, and say so.
