@@ -233,3 +233,26 @@ def test_queue_reruns_a_failed_batch_one_job_at_a_time(bundles):
         if k != 3:
             assert np.array_equal(g[0]["out"], table[f["idx"][0]].reshape(1, 12))
     assert stats.runs == 7 and stats.batched_jobs == 0  # the batch failed; 7 of 8 alone succeeded
+
+
+def test_free_batch_frees_a_reshape_target_shared_by_several_reshapes(tmp_path):
+    """An attention block's query, key and value splits read one shape initializer."""
+    shape = numpy_helper.from_array(np.array([1, 2, 3], np.int64), "split")
+    nodes = [
+        helper.make_node("Reshape", ["x", "split"], ["q"], name="q"),
+        helper.make_node("Reshape", ["x", "split"], ["k"], name="k"),
+        helper.make_node("Add", ["q", "k"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "heads",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])],
+        [shape],
+    )
+    bundle = make_bundle(_save(graph, tmp_path / "heads.onnx"), tmp_path / "b", [], [True])
+    verified, part = _part(bundle)
+    found = free_batch(verified.read(part.onnx_file), part.inputs, part.outputs)
+    assert found.ok, found.reason
+    model = onnx.load_from_string(found.onnx_bytes)
+    assert numpy_helper.to_array(model.graph.initializer[0]).tolist() == [0, 2, 3]
