@@ -30,6 +30,7 @@ from edgesplit.device import DeviceSpec, NetworkLink, load_device, network_link
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.api import complete_profile, solve_plan
+from edgesplit.optimize.load import ServerLoad
 from edgesplit.optimize.objectives import objective as objective_named
 from edgesplit.optimize.plan import Plan, load_plan
 from edgesplit.optimize.problem import Problem, combined
@@ -79,6 +80,10 @@ class Choices:
             path): an ``Expand`` whose shape is an input. Their shapes count as given shapes, and
             the model is run on them wherever it is run on made-up data.
         profiling: How to measure when no profile is given (default :class:`ProfileOptions`).
+        server_load: Devices sharing the server at once (``--server-load N``): server parts are
+            priced with the queueing delay of N devices in a closed loop
+            (:mod:`edgesplit.optimize.load`). Only with a server.
+        server_slots: Requests the server computes at once, for ``server_load`` (default 1).
     """
 
     objective: str = "latency"
@@ -92,6 +97,8 @@ class Choices:
     input_shapes: Mapping[str, Sequence[int]] | None = None
     input_values: Mapping[str, np.ndarray] | None = None
     profiling: ProfileOptions | None = None
+    server_load: int | None = None
+    server_slots: int = 1
 
 
 def load_graph(
@@ -203,6 +210,12 @@ def check_choices(choices: Choices) -> dict[str, str]:
     pins = parse_pins(c.pins)
     if c.server is None:
         resolve_link(None, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
+    if c.server_load is not None:
+        if c.server is None:
+            raise PlanError("--server-load needs --server (a server to share)")
+        for flag, v in (("--server-load", c.server_load), ("--server-slots", c.server_slots)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PlanError(f"{flag} must be a whole number of at least 1, not {v!r}")
     return pins
 
 
@@ -231,7 +244,8 @@ def resolve(
     srv = _server(c.server)
     link = resolve_link(srv, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
     prof, path = _profile(graph, combined(dev, srv), c.profile, c.profiling, progress)
-    return Problem(graph, dev, prof, srv, link, c.objective, c.slo_ms, pins, path)
+    load = ServerLoad(c.server_load, c.server_slots) if c.server_load is not None else None
+    return Problem(graph, dev, prof, srv, link, c.objective, c.slo_ms, pins, path, load)
 
 
 def partition(
@@ -250,7 +264,7 @@ def partition(
         device: A :class:`DeviceSpec` or a spec name / path.
         choices: The fields of :class:`Choices`: ``objective``, ``slo_ms``, ``profile``,
             ``server``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
-            ``input_values``, ``profiling``. Without a profile, the local processors are measured and the rest
+            ``input_values``, ``profiling``, ``server_load``, ``server_slots``. Without a profile, the local processors are measured and the rest
             predicted, as ``edgesplit partition`` does.
 
     Returns:
@@ -290,6 +304,14 @@ def _plan_link(plan: Plan) -> NetworkLink | str | None:
         raise PlanError(f"the plan's link {short(dict(plan.link), 120)} is not a network link ({e})") from e
 
 
+def _plan_load(plan: Plan) -> dict[str, int]:
+    """The server load a plan was priced for (``predicted``'s ``server_devices``), as Choices fields."""
+    devices = plan.predicted.get("server_devices")
+    if devices is None:
+        return {}
+    return {"server_load": int(devices), "server_slots": int(plan.predicted.get("server_slots", 1))}
+
+
 def problem_from_plan(plan: Plan) -> Problem:
     """The problem a plan was made from, loaded again from what it records.
 
@@ -311,5 +333,6 @@ def problem_from_plan(plan: Plan) -> Problem:
         server=_recorded_spec(plan.server_path, plan.server) if plan.server else None,
         link=_plan_link(plan),
         pins=plan.pins,
+        **_plan_load(plan),
     )
     return resolve(graph, _recorded_spec(plan.device_path, plan.device), choices)

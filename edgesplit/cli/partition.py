@@ -42,6 +42,21 @@ from edgesplit.cli.common import (
     type=click.Path(dir_okay=False),
     help="Annotated model copy (default: beside the plan, PLAN.onnx).",
 )
+@click.option(
+    "--server-load",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Price server parts as if N devices share the server (closed-loop queueing delay); a crowded "
+    "server pushes work back onto the device. Needs --server.",
+)
+@click.option(
+    "--server-slots",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Requests the server computes at once, for --server-load.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No tables.")
 def command(
     model,
@@ -59,6 +74,8 @@ def command(
     plot_path,
     output,
     onnx_out,
+    server_load,
+    server_slots,
     quiet,
 ):
     """Split MODEL across the processors of DEVICE (and a server) for an objective.
@@ -88,6 +105,8 @@ def command(
         bandwidth_mbps=bandwidth_mbps,
         rtt_ms=rtt_ms,
         pins=pins,
+        server_load=server_load,
+        server_slots=server_slots,
         **model_inputs(input_shapes, input_values),
     )
     check_choices(choices)  # bad flags fail before the model is read

@@ -96,6 +96,21 @@ from edgesplit.cli.common import FiniteFloat
     default=None,
     help="ONNX Runtime threads per request (default: the part's planned threads, else all cores).",
 )
+@click.option(
+    "--max-batch",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Requests for one part stacked and run as one batch at most (1: no batching). Parts whose "
+    "first dimension cannot be made free are served unbatched (a note says why).",
+)
+@click.option(
+    "--max-queue-delay-ms",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0, max=60_000),
+    help="How long a batch that is not full may wait for more requests (from its oldest one).",
+)
 def command(
     bundle: str,
     host: str,
@@ -112,6 +127,8 @@ def command(
     all_parts: bool,
     threads: int | None,
     intra_op_threads: int | None,
+    max_batch: int,
+    max_queue_delay_ms: float,
 ) -> None:
     """Serve BUNDLE's server parts (model name = part name) until SIGTERM or Ctrl-C.
 
@@ -145,6 +162,8 @@ def command(
         compute_threads=threads,
         intra_op_threads=intra_op_threads,
         trust_key=trust_key,
+        max_batch=max_batch,
+        max_queue_delay_ms=max_queue_delay_ms,
     )
     server = OffloadServer(bundle, options)
     for note in server.notes:

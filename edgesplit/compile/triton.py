@@ -8,6 +8,14 @@ side (one ensemble per connected group of server parts: ``ensemble``, or ``ensem
 there are several). The model names are the part names, as with ``edgesplit serve``, so the
 remote executor talks to a Triton fleet unchanged.
 
+With ``max_batch > 1`` (``export-triton --max-batch N --max-queue-delay-ms D``, the settings of
+``serve``), each part that has a batch-free form (:func:`edgesplit.compile.batching.free_batch`,
+checked by running it) is written in that form with ``max_batch_size: N x rows`` (rows: the
+part's own first dimension), dims without the batch dimension, and ``dynamic_batching {
+max_queue_delay_microseconds: D x 1000 }``. The others keep ``max_batch_size: 0``, and so do all
+parts of an ensemble that holds one of them (an ensemble batches only when all its steps do);
+:attr:`TritonExport.unbatched` says which and why.
+
 Every config is built as Triton's own ``ModelConfig`` protobuf (the schema shipped inside
 ``tritonclient``), written in text format, and parsed back before the repository is put in place.
 """
@@ -22,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec, open_verified
+from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec, VerifiedBundle, open_verified
 from edgesplit.errors import BundleError, CompileError
 from edgesplit.util import atomic_dir
 
@@ -50,6 +58,7 @@ class TritonExport:
     repo: Path
     models: tuple[str, ...]
     ensembles: tuple[str, ...]
+    unbatched: tuple[tuple[str, str], ...] = ()  # (part, why) when batching was asked for
 
 
 def model_config_pb2() -> ModuleType:
@@ -74,25 +83,44 @@ def model_config_pb2() -> ModuleType:
     return module
 
 
-def _tensor(pb: ModuleType, kind: str, t: TensorSpec, part: str) -> Any:
+@dataclass(frozen=True)
+class Batching:
+    """Triton's batching of one model: ``max_batch_size`` rows (0: none) and the queue delay."""
+
+    max_batch_size: int = 0
+    max_queue_delay_us: int = 0
+
+
+def _tensor(pb: ModuleType, kind: str, t: TensorSpec, part: str, batched: bool = False) -> Any:
     if t.dtype not in TRITON_TYPES:
         raise CompileError(f"part {part}: tensor '{t.name}' has dtype {t.dtype}, which Triton cannot carry")
     cls = pb.ModelInput if kind == "input" else pb.ModelOutput
-    return cls(name=t.name, data_type=pb.DataType.Value(TRITON_TYPES[t.dtype]), dims=list(t.shape))
+    dims = list(t.shape[1:] if batched else t.shape)  # a batching model's dims leave out the batch
+    return cls(name=t.name, data_type=pb.DataType.Value(TRITON_TYPES[t.dtype]), dims=dims)
 
 
-def part_config(pb: ModuleType, part: PartArtifact) -> Any:
+def _batching_fields(pb: ModuleType, batching: Batching) -> dict[str, Any]:
+    if not batching.max_batch_size:
+        return {"max_batch_size": 0}
+    return {
+        "max_batch_size": batching.max_batch_size,
+        "dynamic_batching": pb.ModelDynamicBatching(max_queue_delay_microseconds=batching.max_queue_delay_us),
+    }
+
+
+def part_config(pb: ModuleType, part: PartArtifact, batching: Batching = Batching()) -> Any:
     """The ``ModelConfig`` of one server part (ONNX Runtime backend)."""
     gpu = "CUDA" in part.provider or "Tensorrt" in part.provider
     kind = pb.ModelInstanceGroup.Kind.Value("KIND_GPU" if gpu else "KIND_CPU")
+    b = batching.max_batch_size > 0
     return pb.ModelConfig(
         name=part.name,
         platform="onnxruntime_onnx",
         backend="onnxruntime",
-        max_batch_size=0,
-        input=[_tensor(pb, "input", t, part.name) for t in part.inputs],
-        output=[_tensor(pb, "output", t, part.name) for t in part.outputs],
+        input=[_tensor(pb, "input", t, part.name, b) for t in part.inputs],
+        output=[_tensor(pb, "output", t, part.name, b) for t in part.outputs],
         instance_group=[pb.ModelInstanceGroup(kind=kind, count=1)],
+        **_batching_fields(pb, batching),
     )
 
 
@@ -117,7 +145,9 @@ def _groups(parts: list[PartArtifact]) -> list[list[PartArtifact]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
-def ensemble_config(pb: ModuleType, name: str, group: list[PartArtifact], manifest: Manifest) -> Any:
+def ensemble_config(
+    pb: ModuleType, name: str, group: list[PartArtifact], manifest: Manifest, max_batch_size: int = 0
+) -> Any:
     """An ensemble that runs ``group`` (server parts that feed each other) as one model."""
     members = {p.name for p in group}
     produced = {t.name: t for p in group for t in p.outputs}
@@ -140,12 +170,13 @@ def ensemble_config(pb: ModuleType, name: str, group: list[PartArtifact], manife
         )
         for p in group
     ]
+    b = max_batch_size > 0
     return pb.ModelConfig(
         name=name,
         platform="ensemble",
-        max_batch_size=0,
-        input=[_tensor(pb, "input", t, name) for t in inputs.values()],
-        output=[_tensor(pb, "output", t, name) for t in outputs],
+        max_batch_size=max_batch_size,
+        input=[_tensor(pb, "input", t, name, b) for t in inputs.values()],
+        output=[_tensor(pb, "output", t, name, b) for t in outputs],
         ensemble_scheduling=pb.ModelEnsembling(step=steps),
     )
 
@@ -164,13 +195,44 @@ def _checked_text(pb: ModuleType, config: Any) -> str:
     return text
 
 
+def _batch_forms(
+    verified: VerifiedBundle, parts: list[PartArtifact], groups: list[list[PartArtifact]], max_batch: int
+) -> tuple[dict[str, tuple[bytes, int]], list[tuple[str, str]]]:
+    """Per batchable part its batch-free ONNX and rows; and the unbatched parts with the reason."""
+    if max_batch <= 1:
+        return {}, []
+    from edgesplit.compile.batching import free_batch
+
+    forms: dict[str, tuple[bytes, int]] = {}
+    unbatched: list[tuple[str, str]] = []
+    for p in parts:
+        found = free_batch(verified.read(p.onnx_file), p.inputs, p.outputs)
+        if found.onnx_bytes is not None:
+            forms[p.name] = (found.onnx_bytes, found.rows)
+        else:
+            unbatched.append((p.name, found.reason))
+    for group in groups:  # an ensemble batches only when every step does, with the same rows
+        rows = {forms[p.name][1] if p.name in forms else 0 for p in group}
+        if len(rows) > 1 or 0 in rows:
+            for p in group:
+                if forms.pop(p.name, None) is not None:
+                    unbatched.append((p.name, "in an ensemble with a part that cannot batch"))
+    return forms, unbatched
+
+
 def export_triton(
-    bundle: str | os.PathLike, repo: str | os.PathLike, *, all_parts: bool = False
+    bundle: str | os.PathLike,
+    repo: str | os.PathLike,
+    *,
+    all_parts: bool = False,
+    max_batch: int = 1,
+    max_queue_delay_ms: float = 0.0,
 ) -> TritonExport:
     """Write a Triton model repository for the bundle's server parts (every part with ``all_parts``).
 
     The bundle is verified first; the repository appears only when complete (an existing one at
-    ``repo`` is replaced).
+    ``repo`` is replaced). With ``max_batch > 1`` the parts that can batch get Triton's dynamic
+    batching (see the module doc).
 
     Raises:
         BundleError: for a corrupt bundle, or one without server parts.
@@ -185,9 +247,20 @@ def export_triton(
     bad = [p.name for p in parts if not _NAME.match(p.name)]
     if bad:
         raise CompileError(f"part names unfit for Triton model directories: {', '.join(bad)}")
+    if max_batch < 1 or not 0 <= max_queue_delay_ms < 60_000:
+        raise CompileError(
+            f"max_batch must be >= 1 and the queue delay 0 to 60000 ms ({max_batch}, {max_queue_delay_ms})"
+        )
     pb = model_config_pb2()
-    configs = [part_config(pb, p) for p in parts]
     groups = _groups(parts)
+    forms, unbatched = _batch_forms(verified, parts, groups, max_batch)
+    delay_us = round(max_queue_delay_ms * 1e3)
+    configs = [
+        part_config(
+            pb, p, Batching(max_batch * forms[p.name][1], delay_us) if p.name in forms else Batching()
+        )
+        for p in parts
+    ]
     names = ["ensemble"] if len(groups) == 1 else [f"ensemble_{k}" for k in range(len(groups))]
     taken = {p.name for p in parts}
     ensembles = []
@@ -195,14 +268,18 @@ def export_triton(
         while name in taken:
             name = f"{name}_"
         taken.add(name)
-        ensembles.append(ensemble_config(pb, name, group, manifest))
+        rows = max_batch * forms[group[0].name][1] if group[0].name in forms else 0
+        ensembles.append(ensemble_config(pb, name, group, manifest, rows))
     with atomic_dir(repo) as tmp:
         for part, config in zip(parts, configs):
             (tmp / part.name / "1").mkdir(parents=True)
-            # the bytes checked as they are read, not the file again by path
-            (tmp / part.name / "1" / "model.onnx").write_bytes(verified.read(part.onnx_file))
+            # the bytes checked as they are read (or their batch-free form), not the file again by path
+            data = forms[part.name][0] if part.name in forms else verified.read(part.onnx_file)
+            (tmp / part.name / "1" / "model.onnx").write_bytes(data)
             (tmp / part.name / "config.pbtxt").write_text(_checked_text(pb, config))
         for config in ensembles:
             (tmp / config.name / "1").mkdir(parents=True)  # Triton wants a version folder, even empty
             (tmp / config.name / "config.pbtxt").write_text(_checked_text(pb, config))
-    return TritonExport(Path(repo), tuple(p.name for p in parts), tuple(c.name for c in ensembles))
+    return TritonExport(
+        Path(repo), tuple(p.name for p in parts), tuple(c.name for c in ensembles), tuple(unbatched)
+    )

@@ -14,6 +14,7 @@ import numpy as np
 from edgesplit.device import DeviceSpec
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.costs import CostModel, build_costs
+from edgesplit.optimize.load import loaded_costs
 from edgesplit.optimize.parts import part_labels
 from edgesplit.optimize.plan import Part, Plan, Transfer
 from edgesplit.optimize.problem import Problem
@@ -49,6 +50,10 @@ def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int =
     Pure: the problem is resolved and checked already (:func:`edgesplit.pipeline.resolve`); the
     public entry point from paths and names is :func:`edgesplit.pipeline.partition`.
 
+    With ``problem.server_load``, server nodes are priced with the queueing delay of that many
+    devices sharing the server (:mod:`edgesplit.optimize.load`); the plan's ``predicted`` records
+    ``server_devices``, ``server_slots`` and ``server_queue_factor`` (time at the server over service time).
+
     Returns:
         The plan, with the baselines predicted by the same cost model.
 
@@ -64,10 +69,31 @@ def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int =
         link=problem.link,
         pins=problem.pins,
     )
-    outcome = solve(
-        cm, problem.objective, slo_ms=problem.slo_ms, time_limit_s=time_limit_s, max_evals=max_evals
-    )
-    return make_plan(problem, cm, outcome)
+
+    def run(costs: CostModel) -> Outcome:
+        return solve(
+            costs, problem.objective, slo_ms=problem.slo_ms, time_limit_s=time_limit_s, max_evals=max_evals
+        )
+
+    load = problem.server_load
+    if load is None or problem.server is None:
+        return make_plan(problem, cm, run(cm))
+    last: list[tuple[CostModel, Outcome]] = []
+
+    def priced(costs: CostModel) -> tuple[np.ndarray, float]:
+        last[:] = [(costs, run(costs))]
+        return last[0][1].assign, last[0][1].schedule.makespan_ms
+
+    loaded = loaded_costs(cm, priced, load)
+    solved, outcome = last[0]
+    plan = make_plan(problem, loaded.costs, outcome if solved is loaded.costs else run(loaded.costs))
+    predicted = {
+        **plan.predicted,
+        "server_devices": float(load.devices),
+        "server_slots": float(load.slots),
+        "server_queue_factor": round(loaded.factor, 6),
+    }
+    return replace(plan, predicted=predicted)
 
 
 def _boundaries(cm: CostModel, part_of: np.ndarray, n_parts: int):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from edgesplit.device import DeviceSpec, NetworkLink
 from edgesplit.model.graph import ModelGraph
+from edgesplit.optimize.load import ServerLoad
 from edgesplit.profile.store import Profile
 
 
@@ -28,6 +29,7 @@ class Problem:
         device: The device alone (as its spec names it; its path is recorded in the plan).
         server: The server spec whose processors may take parts, or None.
         profile_path: The profile file the costs came from, when they came from a file.
+        server_load: Devices sharing the server, to price its queueing delay (None: this one alone).
     """
 
     graph: ModelGraph
@@ -39,6 +41,7 @@ class Problem:
     slo_ms: float | None = None
     pins: Mapping[str, str] = field(default_factory=dict)
     profile_path: str | None = None
+    server_load: ServerLoad | None = None
 
     @property
     def full_device(self) -> DeviceSpec:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,27 +16,42 @@ from edgesplit.runtime import oip
 class ServedModel:
     """One part behind ``/v2/models/{name}``: its ORT session, specs and metadata."""
 
-    def __init__(self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None):
+    def __init__(
+        self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None, max_batch: int = 1
+    ):
+        """Load the part; with ``max_batch > 1``, its batch-free form when it has one (see
+        :mod:`edgesplit.compile.batching`), else it is served unbatched and :attr:`note` says so."""
         import onnxruntime as ort
 
         self.part = part
         self.name = part.name
         from edgesplit.cpu import ort_session_options
 
-        # the server processor's threads, as planned
-        so = ort_session_options(intra_op_threads or part.threads, None)
+        # the server processor's threads, as planned. A batching server runs batches large
+        # enough for ORT to use its pool; several compute threads then share the cores, and an
+        # idle pool's spinning would steal them from the next batch (see ort_session_options).
+        so = ort_session_options(intra_op_threads or part.threads, None, spin=max_batch <= 1)
         available = ort.get_available_providers()
         # The part was planned for a server processor (a GPU, say); serve it with that provider
         # when this onnxruntime has it, else on the CPU, and say so.
         provider = part.provider if part.provider in available else "CPUExecutionProvider"
-        self.note = (
-            "" if provider == part.provider else f"{part.name}: no {part.provider} here, serving on CPU"
-        )
+        notes = [] if provider == part.provider else [f"{part.name}: no {part.provider} here, serving on CPU"]
         providers: list[Any] = [(provider, dict(part.provider_options) if provider == part.provider else {})]
         if provider != "CPUExecutionProvider":
             providers.append(("CPUExecutionProvider", {}))
         # from the bytes checked against the manifest as they were read
-        self.session = ort.InferenceSession(bundle.read(part.onnx_file), so, providers=providers)
+        onnx_bytes = bundle.read(part.onnx_file)
+        self.max_batch, self.rows = 1, 0
+        if max_batch > 1:
+            from edgesplit.compile.batching import free_batch
+
+            found = free_batch(onnx_bytes, part.inputs, part.outputs)
+            if found.onnx_bytes is not None:
+                onnx_bytes, self.max_batch, self.rows = found.onnx_bytes, max_batch, found.rows
+            else:
+                notes.append(f"{part.name}: served unbatched: {found.reason}")
+        self.note = "; ".join(notes)
+        self.session = ort.InferenceSession(onnx_bytes, so, providers=providers)
         self.inputs = {t.name: t for t in part.inputs}
         self.output_names = [t.name for t in part.outputs]
         self.metadata = {
@@ -109,6 +124,22 @@ class ServedModel:
         t0 = time.perf_counter()
         got = self.session.run(names, dict(feeds))
         return dict(zip(names, got)), (time.perf_counter() - t0) * 1e3
+
+    def run_batch(
+        self, feeds: Sequence[Mapping[str, np.ndarray]], names: Sequence[list[str]]
+    ) -> list[tuple[dict[str, np.ndarray], float]]:
+        """Each request's outputs from one run on the requests stacked along the first dimension,
+        and the batch's compute time in ms (called on a compute thread; needs :attr:`max_batch` > 1)."""
+        if not 1 <= len(feeds) <= self.max_batch:
+            raise ValueError(f"{self.name}: a batch of {len(feeds)} requests (at most {self.max_batch})")
+        wanted = list(dict.fromkeys(n for ns in names for n in ns))
+        stacked = {k: np.concatenate([f[k] for f in feeds]) for k in self.inputs}
+        t0 = time.perf_counter()
+        got = dict(zip(wanted, self.session.run(wanted, stacked)))
+        ms = (time.perf_counter() - t0) * 1e3
+        k = len(feeds)
+        split = {n: np.split(v, k) for n, v in got.items()}  # rows of each output: k equal slices
+        return [({n: split[n][i] for n in ns}, ms) for i, ns in enumerate(names)]
 
 
 def _spec_json(t) -> dict[str, Any]:

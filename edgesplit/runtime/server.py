@@ -14,6 +14,13 @@ bodies up to ``max_request_nbytes`` (413), all bodies together up to ``max_infli
 (503 with ``Retry-After``; JSON counts :data:`JSON_WEIGHT` times its size, what decoding it
 costs); at most ``max_queue`` requests waiting for compute (503 with ``Retry-After``).
 
+Batching (``max_batch``, ``max_queue_delay_ms``): requests for one part are stacked along the
+first dimension and run once, for parts that have a batch-free form (checked by running it when
+the server starts, :mod:`edgesplit.compile.batching`); the others are served one request at a
+time and :attr:`OffloadServer.notes` says why. Requests are checked one by one before they join a
+batch, so a bad request is refused alone; the stacked copy of a batch's inputs is paid from the
+in-flight byte budget (see :class:`~edgesplit.runtime.compute.ComputeQueue`).
+
 Security: it binds 127.0.0.1 unless told otherwise; an optional bearer token is compared in
 constant time (health endpoints stay open for probes); every error carries ``{"error": "..."}``;
 a 500 says only an id, which the server log holds with the traceback. SIGTERM/SIGINT stop
@@ -85,6 +92,8 @@ class ServeOptions:
     idle_timeout_s: float = 30.0
     max_queue: int = 128
     trust_key: str | None = None  # an ed25519 public key file: serve only a bundle signed by it
+    max_batch: int = 1  # requests of one part run as one batch at most (1: no batching)
+    max_queue_delay_ms: float = 0.0  # how long a batch may wait for more requests
 
     def check(self) -> None:
         """Raise :class:`InputError` naming the ``serve`` flag of the first inconsistent limit."""
@@ -102,6 +111,12 @@ class ServeOptions:
                 raise InputError(f"{flag} must be a positive number of seconds, not {value}")
         if self.token is not None:
             oip.check_bearer_token(self.token, "--token")
+        if self.max_batch < 1:
+            raise InputError(f"--max-batch must be at least 1, not {self.max_batch}")
+        if not 0 <= self.max_queue_delay_ms < 60_000:
+            raise InputError(
+                f"--max-queue-delay-ms must be between 0 and 60000 ms, not {self.max_queue_delay_ms}"
+            )
 
 
 @dataclass(frozen=True)
@@ -136,12 +151,25 @@ class OffloadServer:
             raise BundleError(
                 f"{self.bundle}: no server parts to serve (remote=True); use --all-parts to serve every part"
             )
-        self.models = {p.name: ServedModel(p, verified, options.intra_op_threads) for p in parts}
+        workers = options.compute_threads or max(2, os.cpu_count() or 2)
+        intra = options.intra_op_threads
+        if intra is None and options.max_batch > 1:
+            # batches are large enough for ORT's pool: share the cores among the compute threads
+            # rather than let each pool take them all (measured: 2 pools of 2 threads on 2 cores
+            # ran batches of 8 tiny_dag requests 10-30x slower than one thread each)
+            intra = max(1, (os.cpu_count() or 1) // workers)
+        self.models = {p.name: ServedModel(p, verified, intra, options.max_batch) for p in parts}
         self.notes = [m.note for m in self.models.values() if m.note]
         self._token = options.token.encode() if options.token else None
-        self.compute = ComputeQueue(options.compute_threads or max(2, os.cpu_count() or 2), options.max_queue)
-        self._codec_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgesplit-json")
         self.budget = ByteBudget(options.max_inflight_nbytes)
+        self.compute = ComputeQueue(
+            workers,
+            options.max_queue,
+            max_batch=options.max_batch,
+            max_delay_s=options.max_queue_delay_ms / 1e3,
+            budget=self.budget,
+        )
+        self._codec_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="edgesplit-json")
         self._pool = BufferPool(self.budget)
         self.connections = ConnectionGuard(
             options.max_connections or default_max_connections(), options.header_timeout_s
