@@ -265,7 +265,8 @@ def _median_latency(bundles: dict[str, object], rounds: int = 6, block: int = 10
 
 def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp_path):
     """One processor, the same chain as 1 and as 3 parts: the extra two parts (fixed costs, bytes
-    out and in, reorders) are predicted within a generous factor of what the runtime pays."""
+    out and in, reorders) are predicted within a generous factor of what the runtime pays, as a
+    share of the whole chain's latency."""
     cm = build_costs(chain_model, chain_profile, load_device("host-2core"))
     bundles = {}
     for n in (1, 3):
@@ -282,9 +283,11 @@ def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp
         part_of[p] = k
     whole = boundary_ms(cm, x, [list(range(cm.n_nodes))], np.zeros(cm.n_nodes, dtype=np.int64), backends)
     extra_predicted = float(boundary_ms(cm, x, parts, part_of, backends).sum() - whole.sum())
-    extra_measured = got[3] - got[1]
+    one_predicted = schedule(cm, x).makespan_ms
     assert extra_predicted > 0
-    assert 0.2 <= extra_measured / extra_predicted <= 5.0, (extra_measured, extra_predicted, got)
+    # as a share of the 1-part latency, so that a loaded machine (everything slower) cancels out
+    share_measured, share_predicted = got[3] / got[1] - 1, extra_predicted / one_predicted
+    assert 0.25 <= share_measured / share_predicted <= 4.0, (got, extra_predicted, one_predicted)
 
 
 def test_a_trivial_bundle_costs_the_session_and_its_wake_ups(tmp_path):
