@@ -34,7 +34,7 @@ from onnx import TensorProto, helper
 from edgesplit.profile.store import RunTerms
 
 MB = 1e6
-IDLE_GAPS_MS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0)
+IDLE_GAPS_MS = (0.0, 1.0, 2.0, 5.0, 20.0)
 BIG_FLOATS = 1 << 20  # 4 MB of float32: large enough that per-byte costs dominate the fixed ones
 _clock = time.perf_counter_ns
 
@@ -124,7 +124,7 @@ def io_terms(run: MicroRunner) -> tuple[float, float, float]:
     return fixed, per_in, per_out
 
 
-def reorder_ms_per_mb(run: MicroRunner, channels: int = 64, sides: Sequence[int] = (56, 112)) -> float | None:
+def reorder_ms_per_mb(run: MicroRunner, channels: int = 64, sides: Sequence[int] = (28, 56)) -> float | None:
     """Reorder time per MB moved, from Conv micro-models at two sizes (None when the backend
     inserts no reorders there)."""
     total_ms, total_nbytes = 0.0, 0
