@@ -9,10 +9,6 @@ here and one line in the table (the CLI's ``--objective`` choices are read from 
   schedule's latency (:mod:`edgesplit.optimize.schedule`); the gap is to
   :func:`makespan_lower_bound`. On a plain chain without per-part terms nothing can overlap, so
   the sequential optimum is the makespan optimum.
-
-Both ``latency`` and ``throughput`` then keep, of every assignment they scored within the measured
-noise of the best (``CostModel.ov.noise_rel``), the one with the fewest parts
-(:func:`~edgesplit.optimize.search.fewest_parts`).
 * ``latency_sequential``: the sum of all node and crossing times (exact).
 * ``energy``: device energy with nothing overlapping (exact), optionally with the sequential latency
   under ``slo_ms`` (a safe bound: the concurrent schedule only finishes sooner).
@@ -23,6 +19,10 @@ noise of the best (``CostModel.ov.noise_rel``), the one with the fewest parts
   non-convex dents are not found), plus, with ``slo_ms``, the exact least energy under it. The plan
   is the point that meets ``slo_ms`` with the least energy or, without an SLO, the point nearest the
   utopia point after normalising both axes.
+
+Both ``latency`` and ``throughput`` then keep, of every assignment they scored within the measured
+noise of the best (``CostModel.ov.noise_rel``), the one with the fewest parts
+(:func:`~edgesplit.optimize.search.fewest_parts`).
 """
 
 from __future__ import annotations
