@@ -24,13 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.calibrate import calibrate
+from edgesplit.calibrate import calibrate, plan_costs
 from edgesplit.compile.api import compile_bundle
 from edgesplit.device import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.optimize.costs import build_costs
-from edgesplit.optimize.schedule import schedule
 from edgesplit.pipeline import partition
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
@@ -60,10 +58,9 @@ def measure_all(bundles: dict[str, Path], rounds: int, block: int) -> dict[str, 
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
-def predicted(graph, device, profile, plan) -> float:
-    cm = build_costs(graph, profile, device, assignment=plan.assignment)
-    x = np.array([cm.proc_index(plan.assignment[n]["processor"]) for n in cm.nodes])
-    return schedule(cm, x).makespan_ms
+def predicted(profile, plan) -> float:
+    """The plan's latency under ``profile``, with its own parts and backends."""
+    return plan_costs(plan, profile).latency_ms()
 
 
 def make_plans(graph, device, profile_path):
@@ -122,8 +119,8 @@ def main() -> None:
         f"\n{'plan':<22}{'parts':>6}{'pred. before':>13}{'pred. after':>12}{'measured':>10}{'err before':>11}{'err after':>10}"
     )
     for name, plan in plans.items():
-        p0 = predicted(graph, device, base, plan) if name in before else float("nan")
-        p1 = predicted(graph, device, result.profile, plan)
+        p0 = predicted(base, plan) if name in before else float("nan")
+        p1 = predicted(result.profile, plan)
         m = after[name]
         m0 = before.get(name, m)
         print(

@@ -21,11 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from edgesplit.compile.bundle import open_bundle
+from edgesplit.device import NetworkLink, load_device
 from edgesplit.errors import InputError, PlanError
+from edgesplit.optimize.api import complete_profile
 from edgesplit.optimize.calibrate import Measured, PairFit, fit_profile, uncalibrated
 from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.plan import Plan
 from edgesplit.optimize.schedule import schedule
+from edgesplit.pipeline import load_graph, plan_device
 from edgesplit.profile.store import Profile, load_profile
 from edgesplit.runtime.session import load
 from edgesplit.runtime.trace import Trace
@@ -107,25 +110,35 @@ def reduce_trace(trace: Trace, wall_ms: list[float]) -> Measured:
     )
 
 
-def _plan_costs(plan: Plan, profile: Profile) -> tuple[CostModel, np.ndarray, list[str]]:
-    """The cost model of the plan's problem under ``profile``, the plan's assignment, and the
-    names of its parts in the schedule's order."""
-    from edgesplit.optimize.api import complete_profile
-    from edgesplit.pipeline import load_graph, plan_device
+@dataclass(frozen=True, eq=False)
+class PlanCosts:
+    """A bundle's plan priced under a profile: the cost model, the plan's assignment and its parts
+    (node indices, the bundle's order) with their names."""
 
+    cm: CostModel
+    assign: np.ndarray
+    parts: tuple[tuple[int, ...], ...]
+    names: tuple[str, ...]
+
+    def latency_ms(self) -> float:
+        return schedule(self.cm, self.assign, self.parts).makespan_ms
+
+
+def plan_costs(plan: Plan, profile: Profile) -> PlanCosts:
+    """The plan's problem under ``profile``, each node on the processor and backend the plan gave it.
+
+    Raises:
+        PlanError: when the plan's model file is gone.
+    """
     if not Path(plan.model_path).is_file():
         raise PlanError(f"the plan's model {plan.model_path} is missing")
     graph = load_graph(plan.model_path, plan.input_shapes or None)
     full = plan_device(plan)
     server = None
     if plan.server:
-        from edgesplit.device import load_device
-
         server = load_device(
             plan.server_path if plan.server_path and Path(plan.server_path).is_file() else plan.server
         )
-    from edgesplit.device import NetworkLink
-
     link = NetworkLink(**plan.link) if plan.link else None
     cm = build_costs(
         graph,
@@ -136,9 +149,9 @@ def _plan_costs(plan: Plan, profile: Profile) -> tuple[CostModel, np.ndarray, li
         assignment=plan.assignment,
     )
     assign = np.array([cm.proc_index(plan.assignment[n]["processor"]) for n in cm.nodes], dtype=np.int64)
-    by_first = {p.nodes[0]: p.name for p in plan.parts}
-    names = [by_first.get(cm.nodes[part[0]], f"?{k}") for k, part in enumerate(schedule(cm, assign).parts)]
-    return cm, assign, names
+    index = {n: i for i, n in enumerate(cm.nodes)}
+    parts = tuple(tuple(index[n] for n in p.nodes) for p in plan.parts)
+    return PlanCosts(cm, assign, parts, tuple(p.name for p in plan.parts))
 
 
 def base_profile(
@@ -181,26 +194,27 @@ def calibrate(
         PlanError, BundleError: for a bundle or plan that cannot be loaded or priced.
     """
     plan, base = base_profile(bundle, profile)
-    cm_base, assign, names = _plan_costs(plan, base)
-    current, cm = base, cm_base
+    start = plan_costs(plan, base)
+    priced = start
+    current = base
     label = f"{Path(bundle).name}: {plan.model_name} on {plan.device}"
     measured: Measured | None = None
     rounds: list[Round] = []
     converged = None
     for number in range(1, max_rounds + 1):
         fresh = measure(bundle, runs, warmup)
-        predicted = schedule(cm, assign).makespan_ms
+        predicted = priced.latency_ms()
         error = fresh.latency_ms / predicted - 1 if predicted > 0 else float("inf")
         measured = fresh if measured is None else measured.merged(fresh)
         if number > 1 and abs(error) <= tolerance and converged is None:
             converged = number - 1
-        current, fits = fit_profile(cm_base, assign, names, base, measured, label)
+        current, fits = fit_profile(start.cm, start.assign, start.names, base, measured, label, start.parts)
         rounds.append(Round(number, predicted, fresh.latency_ms, error, tuple(fits)))
         if progress is not None:
             progress(
                 f"round {number}: predicted {predicted:.3f} ms, measured {fresh.latency_ms:.3f} ms ({error:+.1%})"
             )
-        cm, _, _ = _plan_costs(plan, current)
+        priced = plan_costs(plan, current)
         if converged is not None:
             break
     record = {
@@ -218,4 +232,4 @@ def calibrate(
         "runs_per_round": runs,
     }
     current = dataclasses.replace(current, calibration=record)
-    return Calibration(current, tuple(rounds), converged, schedule(cm, assign).makespan_ms, tolerance)
+    return Calibration(current, tuple(rounds), converged, priced.latency_ms(), tolerance)

@@ -138,15 +138,19 @@ def _spread(measured: Measured, name: str) -> float:
 
 
 def fit_pairs(
-    cm: CostModel, assign: np.ndarray, part_names: Sequence[str], measured: Measured
+    cm: CostModel,
+    assign: np.ndarray,
+    part_names: Sequence[str],
+    measured: Measured,
+    parts: Sequence[Sequence[int]] | None = None,
 ) -> list[PairFit]:
     """Per pair that ran parts: node scale, fixed cost and crossing cost (see the module doc).
 
-    ``part_names`` name the parts of ``schedule(cm, assign)`` in its order (the plan's parts are the
-    schedule's, so their names follow it).
+    ``parts`` are the plan's parts (node indices; default: the optimiser's for ``assign``) and
+    ``part_names`` their names, in the same order.
     """
-    lay = layout(cm, assign)
-    sched = schedule(cm, assign)
+    lay = layout(cm, assign, parts)
+    sched = schedule(cm, assign, parts)
     entering = _entering(cm, lay.parts)
     ov = cm.ov
     groups: dict[tuple[int, str], list[int]] = {}
@@ -214,9 +218,11 @@ def fit_profile(
     profile: Profile,
     measured: Measured,
     label: str,
+    parts: Sequence[Sequence[int]] | None = None,
 ) -> tuple[Profile, list[PairFit]]:
-    """``profile`` (the one ``cm`` was built from, uncalibrated) with terms fitted to ``measured``."""
-    fits = {(f.processor, f.backend): f for f in fit_pairs(cm, assign, part_names, measured)}
+    """``profile`` (the one ``cm`` was built from, uncalibrated) with terms fitted to ``measured``
+    (``parts`` and ``part_names`` as for :func:`fit_pairs`)."""
+    fits = {(f.processor, f.backend): f for f in fit_pairs(cm, assign, part_names, measured, parts)}
     by_proc: dict[str, list[tuple[float, float]]] = {}
     for proc, gap, h in measured.handoffs:
         by_proc.setdefault(proc, []).append((gap, h))

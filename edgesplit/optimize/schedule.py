@@ -27,6 +27,7 @@ hand-off, crossing and request terms (:func:`sequential_latency_ms`).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,10 +107,13 @@ def boundary_ms(cm: CostModel, x: np.ndarray, parts, part_of: np.ndarray, backen
     return out
 
 
-def layout(cm: CostModel, x: np.ndarray) -> Layout:
-    """The parts of assignment ``x``, what each waits for, and their runs without contention."""
+def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None = None) -> Layout:
+    """The parts of assignment ``x`` (``parts``, in a topological order, when a plan fixes them;
+    else :func:`part_labels`), what each waits for, and their runs without contention."""
     backends = [cm.backend[n][x[n]] for n in range(cm.n_nodes)]
-    parts = tuple(tuple(p) for p in part_labels(cm, x, backends))
+    if parts is None:
+        parts = part_labels(cm, x, backends)
+    parts = tuple(tuple(int(n) for n in p) for p in parts)
     part_of = np.zeros(cm.n_nodes, dtype=np.int64)
     for k, p in enumerate(parts):
         part_of[list(p)] = k
@@ -227,11 +231,15 @@ def _stretch(cm: CostModel, lay: Layout, run: _Run) -> np.ndarray:
     return lay.work_ms + (np.where(mask, extra, 0.0) * np.clip(overlap, 0.0, None)).sum(axis=1)
 
 
-def schedule(cm: CostModel, assign: np.ndarray) -> Schedule:
-    """Schedule ``assign`` part by part and price it (latency = the request's, device energy over it)."""
+def schedule(cm: CostModel, assign: np.ndarray, parts: Sequence[Sequence[int]] | None = None) -> Schedule:
+    """Schedule ``assign`` part by part and price it (latency = the request's, device energy over it).
+
+    ``parts`` fixes the parts (node indices, in a topological order of parts) where a bundle's
+    plan has its own; by default they are those the optimiser makes (:func:`part_labels`).
+    """
     x = np.asarray(assign)
     ov = cm.ov
-    lay = layout(cm, x)
+    lay = layout(cm, x, parts)
     first = _simulate(cm, lay, lay.work_ms, {})
     dur = _stretch(cm, lay, first)
     # back to back: after a worker's last part, the rest of the request, the caller's wake-up and
