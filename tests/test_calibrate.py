@@ -124,13 +124,15 @@ def _mis_scaled(profile: Profile, processor: str, factor: float) -> Profile:
 
 
 def test_calibration_lowers_the_error_of_a_mis_scaled_profile(conv_chain, tmp_path):
-    """core1's node costs made four times too high in the profile: the plan (half the chain on
+    """core1's node costs made eight times too high in the profile: the plan (half the chain on
     each core) is mispredicted; after calibrating, its parts are predicted closer to a fresh
     measurement than before. The error is that of core1's part against core0's, both measured in
-    the same requests, so a shared machine's load (which slows both) cancels out."""
+    the same requests, so a shared machine's load (which slows both) cancels out. Eight, not a
+    smaller factor: other engineers' work can load one core several times more than the other
+    for a while (seen: 4.5x under a load average of 13 on 2 cores), and the fit measures that too."""
     device = load_device("host-2core")
     good = profile_model(conv_chain, device, ProfileOptions(["ort"], runs=8, warmup=2))
-    bad = _mis_scaled(good, "core1", 4.0)
+    bad = _mis_scaled(good, "core1", 8.0)
     bad.save(tmp_path / "bad.json")
     half = len(conv_chain.nodes) // 2
     pins = {n.name: "core0" if i < half else "core1" for i, n in enumerate(conv_chain.nodes)}
@@ -150,7 +152,8 @@ def test_calibration_lowers_the_error_of_a_mis_scaled_profile(conv_chain, tmp_pa
     before, after = error(bad), error(result.profile)
     assert after < before, (before, after, result.rounds)
     fit = {f.processor: f for f in result.rounds[-1].fits}
-    assert fit["core1"].node_scale < 0.6  # it found the mis-scale (with the noise of a shared machine)
+    # it found the mis-scale: core1 against core0, so that load slowing both since profiling cancels
+    assert fit["core1"].node_scale / fit["core0"].node_scale < 0.6, result.rounds[-1].fits
 
 
 def test_calibrate_command(conv_chain, tmp_path):
