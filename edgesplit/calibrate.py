@@ -67,11 +67,14 @@ class Calibration:
     tolerance: float
 
 
-def measure(bundle: str | os.PathLike, runs: int = 30, warmup: int = 5) -> Measured:
-    """Run ``bundle`` ``runs`` times (after ``warmup``) and reduce its records for the fit."""
+def measure(
+    bundle: str | os.PathLike, runs: int = 30, warmup: int = 5, *, trust_key: str | os.PathLike | None = None
+) -> Measured:
+    """Run ``bundle`` ``runs`` times (after ``warmup``) and reduce its records for the fit
+    (``trust_key``: the bundle must be signed by it, as for :func:`~edgesplit.runtime.session.load`)."""
     from edgesplit.runtime.api import random_feeds
 
-    with load(bundle) as sess:
+    with load(bundle, trust_key=trust_key) as sess:
         feeds = random_feeds(sess)
         for _ in range(warmup):
             sess.run(feeds)
@@ -155,7 +158,9 @@ def plan_costs(plan: Plan, profile: Profile) -> PlanCosts:
 
 
 def base_profile(
-    bundle: str | os.PathLike, profile: Profile | str | os.PathLike | None
+    bundle: str | os.PathLike,
+    profile: Profile | str | os.PathLike | None,
+    trust_key: str | os.PathLike | None = None,
 ) -> tuple[Plan, Profile]:
     """The bundle's plan and the profile to calibrate: ``profile`` if given, else the one the
     plan names.
@@ -163,7 +168,7 @@ def base_profile(
     Raises:
         InputError: when neither is there.
     """
-    plan = open_bundle(bundle).plan
+    plan = open_bundle(bundle, trust_key=trust_key).plan
     if profile is None:
         if not plan.profile_path or not Path(plan.profile_path).is_file():
             named = f" ({plan.profile_path} is missing)" if plan.profile_path else ""
@@ -186,6 +191,7 @@ def calibrate(
     max_rounds: int = 3,
     tolerance: float = 0.05,
     progress: Progress | None = None,
+    trust_key: str | os.PathLike | None = None,
 ) -> Calibration:
     """Calibrate the profile of ``bundle``'s plan against its measured runs (see the module doc).
 
@@ -193,7 +199,7 @@ def calibrate(
         InputError: no profile to calibrate, or one of another model.
         PlanError, BundleError: for a bundle or plan that cannot be loaded or priced.
     """
-    plan, base = base_profile(bundle, profile)
+    plan, base = base_profile(bundle, profile, trust_key)
     start = plan_costs(plan, base)
     priced = start
     current = base
@@ -202,7 +208,7 @@ def calibrate(
     rounds: list[Round] = []
     converged = None
     for number in range(1, max_rounds + 1):
-        fresh = measure(bundle, runs, warmup)
+        fresh = measure(bundle, runs, warmup, trust_key=trust_key)
         predicted = priced.latency_ms()
         error = fresh.latency_ms / predicted - 1 if predicted > 0 else float("inf")
         measured = fresh if measured is None else measured.merged(fresh)

@@ -190,3 +190,12 @@ def test_calibrate_command(conv_chain, tmp_path):
         "1",
     )
     assert r.returncode == 0, r.stderr
+    # the bundle must be signed by --trust-key, as for run; a tolerance must be a finite number
+    from edgesplit.compile.signing import generate_key
+
+    _, public, _ = generate_key(tmp_path / "k")
+    r = run_cli("calibrate", str(tmp_path / "m"), "-o", str(tmp_path / "y.json"), "--trust-key", str(public))
+    assert r.returncode == 2 and "not signed" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("calibrate", str(tmp_path / "m"), "-o", str(tmp_path / "y.json"), "--tolerance", "nan")
+    assert r.returncode == 2 and "not a finite number" in r.stderr
+    assert not (tmp_path / "y.json").exists()

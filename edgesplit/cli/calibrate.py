@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console
+from edgesplit.cli.common import FiniteFloat, console, trust_key_option
 
 
 @click.command("calibrate")
@@ -31,10 +31,11 @@ from edgesplit.cli.common import console
     "--tolerance",
     default=0.05,
     show_default=True,
-    type=click.FloatRange(0, 1, min_open=True),
+    type=FiniteFloat(minimum=0, open_min=True),
     help="Converged when a round's runs are predicted within this relative error.",
 )
-def command(bundle, output, profile_path, runs, warmup, rounds, tolerance):
+@trust_key_option
+def command(bundle, output, profile_path, runs, warmup, rounds, tolerance, trust_key):
     """Run BUNDLE, fit the cost terms of its profile to the measured part runs, and write them.
 
     Each round runs the bundle, predicts its latency with the terms fitted so far, then fits the
@@ -50,6 +51,7 @@ def command(bundle, output, profile_path, runs, warmup, rounds, tolerance):
         max_rounds=rounds,
         tolerance=tolerance,
         progress=lambda msg: console.print(msg),
+        trust_key=trust_key,
     )
     result.profile.save(output)
     print_result(result)
