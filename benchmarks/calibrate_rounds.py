@@ -111,22 +111,25 @@ def main() -> None:
         compile_bundle(graph, replanned, bundles["latency (calibrated)"], device=device)
         plans["latency (calibrated)"] = replanned
         after = measure_all(bundles, args.blocks, args.block)
-    print(
-        f"\n{args.model} on {device.name}: calibrated on the split plan ({len(plans['split'].parts)} parts)"
-    )
-    print(f"converged after {result.converged_after} round(s) of fitting (tolerance {result.tolerance:.0%})")
-    print(
-        f"\n{'plan':<22}{'parts':>6}{'pred. before':>13}{'pred. after':>12}{'measured':>10}{'err before':>11}{'err after':>10}"
-    )
-    for name, plan in plans.items():
-        p0 = predicted(base, plan) if name in before else float("nan")
-        p1 = predicted(result.profile, plan)
-        m = after[name]
-        m0 = before.get(name, m)
+        # predicted while the model file is still there (a plan is priced from its model)
         print(
-            f"{name:<22}{len(plan.parts):>6}{p0:>13.2f}{p1:>12.2f}{m:>10.2f}"
-            f"{(m0 / p0 - 1) if name in before else float('nan'):>+11.1%}{m / p1 - 1:>+10.1%}"
+            f"\n{args.model} on {device.name}: calibrated on the split plan ({len(plans['split'].parts)} parts)"
         )
+        print(
+            f"converged after {result.converged_after} round(s) of fitting (tolerance {result.tolerance:.0%})"
+        )
+        print(
+            f"\n{'plan':<22}{'parts':>6}{'pred. before':>13}{'pred. after':>12}{'measured':>10}{'err before':>11}{'err after':>10}"
+        )
+        for name, plan in plans.items():
+            p0 = predicted(base, plan) if name in before else float("nan")
+            p1 = predicted(result.profile, plan)
+            m = after[name]
+            m0 = before.get(name, m)
+            print(
+                f"{name:<22}{len(plan.parts):>6}{p0:>13.2f}{p1:>12.2f}{m:>10.2f}"
+                f"{(m0 / p0 - 1) if name in before else float('nan'):>+11.1%}{m / p1 - 1:>+10.1%}"
+            )
 
 
 if __name__ == "__main__":
