@@ -241,7 +241,7 @@ def report_steps(b, manifest, plan) -> None:
         return h if h is not None else lane_med.get(procs[dst], 0.0)
 
     steps = [
-        ("the plan's prediction (node-level schedule)", plan.predicted["latency_ms"]),
+        ("the plan's prediction (part-level schedule)", plan.predicted["latency_ms"]),
         (
             "part-level replay, predicted part times + transfers",
             replay(manifest, pred, lambda s, d: edges[(s, d)]),

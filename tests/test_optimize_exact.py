@@ -16,8 +16,8 @@ from edgesplit.optimize.exact import Infeasible, is_chain, solve_chain_dp, solve
 from edgesplit.optimize.factor import solve_factored
 from edgesplit.optimize.milp import solve_milp
 from edgesplit.optimize.parts import part_labels
-from edgesplit.optimize.schedule import makespan_lower_bound, schedule
-from edgesplit.optimize.synthetic import random_costs
+from edgesplit.optimize.schedule import makespan_lower_bound, schedule, sequential_latency_ms
+from edgesplit.optimize.synthetic import random_costs, random_overheads
 
 # max_examples comes from the Hypothesis profile (tests/conftest.py): 100, or 20 with
 # --hypothesis-profile=quick
@@ -40,6 +40,8 @@ def problems(draw, memory: bool | None = None, chain: bool | None = None) -> Cos
         chain=draw(st.booleans()) if chain is None else chain,
         memory=draw(st.booleans()) if memory is None else memory,
     )
+    if draw(st.booleans()):  # per-part, hand-off and request terms: the sequential forms charge them too
+        cm = random_overheads(cm, draw(st.integers(0, 2**31 - 1)))
     if draw(st.booleans()):
         n = draw(st.integers(0, n_nodes - 1))
         p = draw(st.sampled_from(np.flatnonzero(cm.allowed[n]).tolist()))
@@ -169,8 +171,35 @@ def test_cycle_of_groups_is_cut():
 def test_schedule_is_bounded_by_sequential_and_lower_bound(cm):
     assign = np.argmax(cm.allowed, axis=1)
     s = schedule(cm, assign)
-    assert s.makespan_ms <= sequential_cost(cm, assign, "latency") * (1 + 1e-9) + 1e-9
-    assert s.energy_mj <= sequential_cost(cm, assign, "energy") * (1 + 1e-9) + 1e-9
+    assert s.makespan_ms <= sequential_latency_ms(cm, assign) * (1 + 1e-9) + 1e-9
+    if cm.overheads is None:  # nothing per part: the sequential form is the sum of the same terms
+        assert s.makespan_ms <= sequential_cost(cm, assign, "latency") * (1 + 1e-9) + 1e-9
+        assert s.energy_mj <= sequential_cost(cm, assign, "energy") * (1 + 1e-9) + 1e-9
     _, values, ok = enumerate_costs(cm)
     if ok.any():
         assert makespan_lower_bound(cm) <= s.makespan_ms + 1e-9
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cm=problems(memory=False))
+def test_brute_force_latency_optimum_bounds_every_schedule(cm):
+    """Brute force over the part-level schedule itself: no assignment beats the lower bound, and
+    the latency objective's plan is no worse than the best single-processor plan."""
+    if cm.n_procs**cm.n_nodes > 600:
+        return
+    from edgesplit.optimize.solve import solve
+
+    grid, _, ok = enumerate_costs(cm)
+    if not ok.any():
+        return
+    best = min(schedule(cm, a).makespan_ms for a in grid[ok])
+    assert makespan_lower_bound(cm) <= best + 1e-9
+    out = solve(cm, "latency")
+    assert out.schedule.makespan_ms >= best - 1e-9
+    whole = [
+        schedule(cm, np.full(cm.n_nodes, p)).makespan_ms
+        for p in range(cm.n_procs)
+        if feasible(cm, np.full(cm.n_nodes, p))
+    ]
+    if whole:
+        assert out.schedule.makespan_ms <= min(whole) * (1 + 1e-9) + 1e-9

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compile": "edgesplit.cli.compile",
     "run": "edgesplit.cli.run",
     "deploy": "edgesplit.cli.deploy",
+    "calibrate": "edgesplit.cli.calibrate",
     "serve": "edgesplit.cli.serve",
     "export-triton": "edgesplit.cli.export_triton",
     "keygen": "edgesplit.cli.keygen",

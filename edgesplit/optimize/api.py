@@ -15,7 +15,6 @@ from edgesplit.device import DeviceSpec
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.load import loaded_costs
-from edgesplit.optimize.parts import part_labels
 from edgesplit.optimize.plan import Part, Plan, Transfer
 from edgesplit.optimize.problem import Problem
 from edgesplit.optimize.solve import Outcome, solve
@@ -115,9 +114,11 @@ def _boundaries(cm: CostModel, part_of: np.ndarray, n_parts: int):
 
 
 def _parts(
-    cm: CostModel, out: Outcome, groups: list[np.ndarray], backends: list
+    cm: CostModel, out: Outcome, groups: list[list[int]], backends: list
 ) -> tuple[list[Part], np.ndarray]:
-    """The parts of the chosen assignment (groups in topological order), and each node's part."""
+    """The parts of the chosen assignment (groups in topological order), and each node's part;
+    each part's latency is its modelled run (fixed cost, nodes, boundary bytes and reorders,
+    contention) and its start and end are the schedule's."""
     x, sched = out.assign, out.schedule
     part_of = np.zeros(cm.n_nodes, dtype=np.int64)
     for i, g in enumerate(groups):
@@ -139,10 +140,10 @@ def _parts(
                 nodes=tuple(cm.nodes[n] for n in g),
                 inputs=tuple(ins[i]),
                 outputs=tuple(outs[i]),
-                latency_ms=round(float(cm.node_ms[g, p].sum()), 6),
+                latency_ms=round(float(sched.part_ms[i]), 6),
                 energy_mj=round(float(cm.node_mj[g, p].sum()), 6),
-                start_ms=round(float(sched.node_start_ms[g].min()), 6),
-                end_ms=round(float(sched.node_end_ms[g].max()), 6),
+                start_ms=round(float(sched.part_start_ms[i]), 6),
+                end_ms=round(float(sched.part_end_ms[i]), 6),
                 stage=stage[i],
             )
         )
@@ -178,7 +179,7 @@ def make_plan(problem: Problem, cm: CostModel, out: Outcome) -> Plan:
     """Assemble a :class:`Plan` from a solved assignment, recording where its inputs came from."""
     x, sched = out.assign, out.schedule
     backends = [cm.backend[n][x[n]] for n in range(cm.n_nodes)]
-    parts, part_of = _parts(cm, out, part_labels(cm, x, backends), backends)
+    parts, part_of = _parts(cm, out, [list(p) for p in sched.parts], backends)
     graph, device, server = problem.graph, problem.device, problem.server
     predicted = {
         "latency_ms": round(sched.makespan_ms, 6),

@@ -36,6 +36,7 @@ def enumerate_costs(
     active = cm.node_mj[rows, grid].sum(axis=1)
     xfer_ms = np.zeros(k)
     radio = np.zeros(k)
+    seq_ms, seq_per_byte = cm.seq_link  # the link, plus the part a crossing starts (CostModel.linear)
     mem = np.zeros((k, n_procs))
     for p in range(n_procs):
         mem[:, p] = np.where(grid == p, cm.mem_nbytes[None, :], 0.0).sum(axis=1)
@@ -50,7 +51,7 @@ def enumerate_costs(
                 continue
             cross = needed & (src != q)
             serial = f.nbytes * cm.link_ms_per_byte[src, q]
-            xfer_ms += np.where(cross, cm.link_ms[src, q] + serial, 0.0)
+            xfer_ms += np.where(cross, seq_ms[src, q] + f.nbytes * seq_per_byte[src, q], 0.0)
             radio += np.where(cross, serial * cm.radio_w[src, q], 0.0)
             mem[:, q] += np.where(cross, f.nbytes, 0.0)
     ok &= (mem <= cm.mem_limit_nbytes[None, :]).all(axis=1)

@@ -9,8 +9,10 @@ The model, stated once (every solver, baseline and plan is priced by it):
 
 * **Nodes.** For each (node, processor) the fastest backend whose profile entry has the node is
   used; the plan records that backend. An entry that has ``whole_model_ms`` and covers every node
-  is calibrated: its node latencies are scaled by ``whole_model_ms / sum(node latencies)``, which
-  spreads the per-kernel overhead (or fusion gain) the per-node figures miss. Active energy is the
+  is calibrated: its node latencies are scaled so that the whole model as one part costs
+  ``whole_model_ms`` with the per-part terms below (:func:`~edgesplit.optimize.overheads.
+  whole_model_scale`), which spreads the per-kernel overhead (or fusion gain) the per-node figures
+  miss; ``calibrate``'s ``node_scale`` multiplies it. Active energy is the
   entry's ``energy_mj`` (scaled alike) or ``active_w x latency``. A node missing from every entry of
   a processor cannot run there.
 * **Transfers.** A tensor produced on ``p`` and read on ``q != p`` crosses once per destination
@@ -18,9 +20,14 @@ The model, stated once (every solver, baseline and plan is priced by it):
   bandwidth`` (``bandwidth_gbps`` is in GB/s, like ``mem_bandwidth_gbps``). Device -> server costs
   ``nbytes * 8 / up_mbps`` plus ``rtt_ms / 2`` (one-way propagation); server -> device uses
   ``down_mbps``. Radio energy is ``tx_power_w`` (``rx_power_w``) times the serialisation time; the
-  propagation half-RTT is spent waiting, at idle power. A copy onto another local processor also
-  pays that processor's measured part dispatch (``ProcessorProfile.dispatch_ms``: the hand-off to
-  its runtime worker), since it starts a new part there.
+  propagation half-RTT is spent waiting, at idle power.
+* **Parts, hand-offs, requests.** What the runtime pays beyond nodes and crossings (a fixed cost
+  per part run, bytes in and out of parts, layout reorders at part boundaries, the hand-off to an
+  idle worker, the Session's per-request work, contention between processors) is in
+  ``overheads`` (:mod:`edgesplit.optimize.overheads`), priced by the part-level schedule
+  (:mod:`edgesplit.optimize.schedule`). Node costs are calibrated net of them. The sequential forms
+  the exact solvers minimise cannot see parts: there a crossing onto another local processor pays
+  the fixed cost of the part it starts (:meth:`CostModel.linear`).
 * **Idle power.** While the device waits (for another processor, a copy, the network or the
   server) each of its processors that is not running draws ``idle_w``: device energy is
   ``active + radio + sum_p idle_w[p] * (T - busy_p)`` over the local processors, with ``T`` the
@@ -37,12 +44,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from edgesplit.device import DeviceSpec, NetworkLink, Processor
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
+from edgesplit.optimize.overheads import Overheads, build_overheads, none, whole_model_scale
 from edgesplit.profile.store import Profile
 
 MB = 1e6
@@ -84,6 +93,7 @@ class CostModel:
         mem_nbytes: ``(N,)`` weights plus activations written by each node.
         mem_limit_nbytes: ``(P,)`` per-processor limit (``inf`` where none).
         group_limits: ``(processor indices, limit_nbytes)`` for limits shared by several processors.
+        overheads: The part, hand-off and request terms (None: none, as in a model made in code).
     """
 
     nodes: tuple[str, ...]
@@ -106,6 +116,21 @@ class CostModel:
     mem_limit_nbytes: np.ndarray
     group_limits: tuple[tuple[tuple[int, ...], float], ...] = ()
     pins: Mapping[str, str] = field(default_factory=dict)
+    overheads: Overheads | None = None
+
+    @cached_property
+    def ov(self) -> Overheads:
+        """The overheads, zeros where the model has none."""
+        if self.overheads is not None:
+            return self.overheads
+        return none(self.n_nodes, self.n_procs, len(self.flows))
+
+    @cached_property
+    def seq_link(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(latency, ms per byte)`` of a crossing in the sequential forms: the link plus, onto
+        another local processor, the fixed cost of the part it starts there (see module doc)."""
+        alpha, beta = self.ov.sequential_extra(self.remote)
+        return self.link_ms + alpha, self.link_ms_per_byte + beta
 
     @property
     def n_nodes(self) -> int:
@@ -142,7 +167,7 @@ class CostModel:
         Cost of an assignment ``x`` is ``sum_n a[n, x_n]`` plus, for each flow and each destination
         processor ``q != src``, ``alpha[src, q] + nbytes * beta[src, q]``. ``latency`` sums every
         node and crossing (nothing overlaps); ``energy`` is device energy over that duration;
-        ``mix:W`` is ``energy + W * latency``.
+        ``mix:W`` is ``energy + W * latency``. Crossings cost :attr:`seq_link`.
         """
         ms = np.where(self.allowed, self.node_ms, np.inf)
         if form.startswith("mix:"):
@@ -150,14 +175,15 @@ class CostModel:
             w = float(form[4:])
             forms = [self.linear("energy"), self.linear("latency")]
             return tuple(e + w * lt for e, lt in zip(*forms, strict=True))  # type: ignore[return-value]
+        link_ms, per_byte = self.seq_link
         if form == "latency":
-            return ms, self.link_ms.copy(), self.link_ms_per_byte.copy()
+            return ms, link_ms.copy(), per_byte.copy()
         if form != "energy":
             raise ValueError(f"no linear form '{form}'")
         idle = self.idle_total_w
         a = np.where(self.allowed, self.node_mj + self.node_ms * (idle - self.idle_w[None, :]), np.inf)
-        alpha = self.link_ms * idle
-        beta = self.link_ms_per_byte * (self.radio_w + idle)
+        alpha = link_ms * idle
+        beta = per_byte * idle + self.link_ms_per_byte * self.radio_w
         return a, alpha, beta
 
     def destinations(self, flow: Flow, assign: np.ndarray) -> set[int]:
@@ -178,7 +204,12 @@ def home_processor(device: DeviceSpec) -> int:
     return next((i for i in local if device.processors[i].kind == "cpu"), local[0])
 
 
-def _node_costs(graph: ModelGraph, profile: Profile, procs: tuple[Processor, ...]):
+def _node_costs(
+    graph: ModelGraph,
+    profile: Profile,
+    procs: tuple[Processor, ...],
+    forced: Mapping[str, Mapping[str, str]] | None = None,
+):
     n_nodes, n_procs = len(graph.nodes), len(procs)
     ms = np.full((n_nodes, n_procs), np.inf)
     mj = np.zeros((n_nodes, n_procs))
@@ -190,14 +221,20 @@ def _node_costs(graph: ModelGraph, profile: Profile, procs: tuple[Processor, ...
             be = keys.get(entry.backend)
             if be is None:
                 continue
-            total = entry.sum_ms
             covers = len(entry.nodes) == n_nodes and all(n.name in entry.nodes for n in graph.nodes)
-            scale = entry.whole_model_ms / total if entry.whole_model_ms and covers and total > 0 else 1.0
+            scale = whole_model_scale(entry, covers)
             for name, cost in entry.nodes.items():
                 n = index.get(name)
                 if n is None:
                     continue
                 node = graph.nodes[n]
+                want = (forced or {}).get(name)
+                if (
+                    want is not None
+                    and want.get("processor") == proc.name
+                    and want.get("backend") != entry.backend
+                ):
+                    continue
                 dtypes = tuple(
                     dict.fromkeys(graph.tensors[t].dtype for t in node.inputs if t in graph.tensors)
                 )
@@ -304,19 +341,6 @@ def _allowed(
     return allowed, pin_idx
 
 
-def _add_dispatch(lat: np.ndarray, profile: Profile, procs: tuple[Processor, ...]) -> None:
-    """A crossing onto another local processor starts a part there, which costs the measured
-    hand-off to that processor's runtime worker (profile ``dispatch_ms``; 0 where predicted)."""
-    dispatch = [
-        min((e.dispatch_ms for e in profile.for_processor(p.name) if e.dispatch_ms is not None), default=0.0)
-        for p in procs
-    ]
-    for a, pa in enumerate(procs):
-        for b, pb in enumerate(procs):
-            if a != b and not pa.is_remote and not pb.is_remote:
-                lat[a, b] += dispatch[b]
-
-
 def _node_memory(graph: ModelGraph) -> np.ndarray:
     """Weights plus activations written, per node."""
     return np.array(
@@ -351,6 +375,7 @@ def build_costs(
     server: DeviceSpec | None = None,
     link: NetworkLink | None = None,
     pins: Mapping[str, str] | None = None,
+    assignment: Mapping[str, Mapping[str, str]] | None = None,
 ) -> CostModel:
     """Price ``graph`` on ``device`` (plus ``server``) from ``profile``.
 
@@ -360,6 +385,8 @@ def build_costs(
         server: The server spec (its on-chip links and memory are used).
         link: The network link between device and server; required with a server.
         pins: ``node name -> processor name`` to force.
+        assignment: A plan's ``node -> {processor, backend}``: on its processor, each node uses
+            the plan's backend (to price a plan as it was compiled, whatever backend is fastest now).
 
     Raises:
         PlanError: for a profile of another model, unknown pins, a server without a link, and ops
@@ -373,24 +400,26 @@ def build_costs(
     if server is not None and not any(p.is_remote for p in device.processors):
         device = device.with_server(server)
     procs = device.processors
-    ms, mj, backend = _node_costs(graph, profile, procs)
+    ms, mj, backend = _node_costs(graph, profile, procs, assignment)
     _check_supported(graph, device, np.isfinite(ms))
     allowed, pin_idx = _allowed(graph, procs, np.isfinite(ms), pins or {})
     lat, per_byte, radio, channel = _links(device, server, link)
-    _add_dispatch(lat, profile, procs)
     limits, groups = _memory_limits(device, server)
+    flows = _flows(graph)
+    home = home_processor(device)
+    overheads = build_overheads(profile, procs, backend, [n.name for n in graph.nodes], flows, home)
     return CostModel(
         nodes=tuple(n.name for n in graph.nodes),
         op_types=tuple(n.op_type for n in graph.nodes),
         processors=tuple(p.name for p in procs),
         kinds=tuple(p.kind for p in procs),
         remote=np.array([p.is_remote for p in procs]),
-        home=home_processor(device),
+        home=home,
         node_ms=ms,
         node_mj=mj,
         backend=backend,
         allowed=allowed,
-        flows=_flows(graph),
+        flows=flows,
         link_ms=lat,
         link_ms_per_byte=per_byte,
         radio_w=radio,
@@ -400,4 +429,5 @@ def build_costs(
         mem_limit_nbytes=limits,
         group_limits=tuple(groups),
         pins={graph.nodes[n].name: procs[p].name for n, p in pin_idx.items()},
+        overheads=overheads,
     )

@@ -1,5 +1,8 @@
 """Price one assignment (node -> processor) under the cost model: sequentially, and its checks.
 
+The sequential cost is the linear form the exact solvers minimise (:meth:`CostModel.linear`); the
+latency a plan is made for is the part-level schedule's (:mod:`edgesplit.optimize.schedule`).
+
 These are the reference definitions the exact solvers are tested against; they loop plainly over
 nodes and flows rather than sharing any code with the MILP or the DP.
 """
@@ -26,9 +29,16 @@ class Crossing:
     serial_ms: float
 
 
-def crossings(cm: CostModel, assign: Sequence[int] | np.ndarray) -> list[Crossing]:
-    """Every crossing of ``assign``: once per (tensor, destination processor other than its source)."""
+def crossings(
+    cm: CostModel, assign: Sequence[int] | np.ndarray, *, sequential: bool = False
+) -> list[Crossing]:
+    """Every crossing of ``assign``: once per (tensor, destination processor other than its source).
+
+    Its latency is the link's; with ``sequential``, that of the sequential forms
+    (:attr:`CostModel.seq_link`, which also charges the part a crossing starts).
+    """
     x = np.asarray(assign)
+    link_ms, per_byte = cm.seq_link if sequential else (cm.link_ms, cm.link_ms_per_byte)
     out = []
     for i, f in enumerate(cm.flows):
         p = cm.src_proc(f, x)
@@ -36,9 +46,9 @@ def crossings(cm: CostModel, assign: Sequence[int] | np.ndarray) -> list[Crossin
             if q == p:
                 continue
             serial = f.nbytes * float(cm.link_ms_per_byte[p, q])
-            out.append(
-                Crossing(i, p, q, float(cm.link_ms[p, q]) + serial, serial * float(cm.radio_w[p, q]), serial)
-            )
+            extra = f.nbytes * float(per_byte[p, q]) - serial
+            latency = float(link_ms[p, q]) + serial + extra
+            out.append(Crossing(i, p, q, latency, serial * float(cm.radio_w[p, q]), serial))
     return out
 
 
@@ -50,7 +60,7 @@ def sequential_cost(cm: CostModel, assign: Sequence[int] | np.ndarray, form: str
     for n in range(cm.n_nodes):
         busy[x[n]] += cm.node_ms[n, x[n]]
         active_mj += cm.node_mj[n, x[n]]
-    xs = crossings(cm, x)
+    xs = crossings(cm, x, sequential=True)
     total_ms = float(busy.sum()) + sum(c.latency_ms for c in xs)
     if form == "latency":
         return total_ms

@@ -110,18 +110,47 @@ def part_labels(cm: CostModel, assign: np.ndarray, backends: Sequence[str | None
 
 
 def _merge(label: np.ndarray, edges: list[tuple[int, int]], site: list) -> np.ndarray:
-    label = label.copy()
+    """Merge parts on one site along an edge ``u -> v`` wherever ``v`` is not reachable from ``u``
+    any other way, smallest ``u`` and ``v`` first, until none is left. The part graph is updated in
+    place at each merge (the same graph a recomputation would give)."""
+    succ = _part_graph(label, edges)
+    pred: dict[int, set[int]] = {u: set() for u in succ}
+    for u, vs in succ.items():
+        for v in vs:
+            pred[v].add(u)
+    site_of = {int(label[i]): site[i] for i in range(len(label))}
+    into: dict[int, int] = {}
     changed = True
     while changed:
         changed = False
-        succ = _part_graph(label, edges)
-        site_of = {int(label[i]): site[i] for i in range(len(label))}
         for u in sorted(succ):
             for v in sorted(succ[u]):
                 if site_of[u] == site_of[v] and not _reaches(succ, u, v, skip_direct=True):
-                    label[label == v] = u
+                    _absorb(succ, pred, u, v)
+                    into[v] = u
                     changed = True
                     break
             if changed:
                 break
-    return label
+    final = {}
+    for lab in np.unique(label):
+        r = int(lab)
+        while r in into:
+            r = into[r]
+        final[int(lab)] = r
+    return np.array([final[int(v)] for v in label], dtype=label.dtype)
+
+
+def _absorb(succ: dict[int, set[int]], pred: dict[int, set[int]], u: int, v: int) -> None:
+    """Part ``v`` becomes part of ``u`` (``u -> v`` is an edge of the part graph)."""
+    for w in succ.pop(v):
+        pred[w].discard(v)
+        if w != u:
+            succ[u].add(w)
+            pred[w].add(u)
+    for w in pred.pop(v):
+        succ[w].discard(v)
+        if w != u:
+            succ[w].add(u)
+            pred[u].add(w)
+    succ[u].discard(v)

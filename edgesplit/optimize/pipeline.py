@@ -1,8 +1,8 @@
 """Throughput: a stream of inputs through pipelined stages; the slowest resource sets the pace.
 
-The period of an assignment is the busiest resource's time per input: each processor's total node
-time, and each channel's total serialisation time (propagation latency overlaps with other work).
-Throughput is ``1000 / period_ms`` inputs per second.
+The period of an assignment is the busiest resource's time per input: each processor's total part
+time (as the part-level schedule charges it), and each channel's total serialisation time
+(propagation latency overlaps with other work). Throughput is ``1000 / period_ms`` inputs per second.
 
 :func:`balance_stages` cuts the topological order into contiguous stages, one processor each and
 no processor twice, minimising the period by binary search on it; the feasibility test is a
@@ -16,25 +16,35 @@ from __future__ import annotations
 import numpy as np
 
 from edgesplit.optimize.costs import CostModel
-from edgesplit.optimize.evaluate import crossings
+from edgesplit.optimize.schedule import layout
 
 
 def period_ms(cm: CostModel, assign: np.ndarray) -> float:
-    """Time per input of the busiest processor or channel in a pipelined stream."""
+    """Time per input of the busiest resource in a pipelined stream.
+
+    A processor's load is the sum of its part runs (:func:`~edgesplit.optimize.schedule.layout`:
+    fixed cost, nodes, boundary bytes and reorders), stretched by its contention with the others in
+    proportion to how busy they are; a channel's is its serialisation time; the caller's is the
+    Session's per-request work. Hand-offs are not charged: in a stream the workers' queues are full.
+    """
     x = np.asarray(assign)
-    load: dict[tuple[str, int], float] = {}
-    for n in range(cm.n_nodes):
-        key = ("p", int(x[n]))
-        load[key] = load.get(key, 0.0) + float(cm.node_ms[n, x[n]])
-    for c in crossings(cm, x):
-        key = ("c", int(cm.channel[c.src, c.dst]))
-        load[key] = load.get(key, 0.0) + c.serial_ms
-        if not cm.remote[c.src] and not cm.remote[c.dst]:
-            # starting a part on another local processor occupies that processor's worker (the
-            # measured dispatch, in the crossing's fixed latency), so every extra stage costs
-            key = ("p", int(c.dst))
-            load[key] = load.get(key, 0.0) + float(cm.link_ms[c.src, c.dst])
-    return max(load.values(), default=0.0)
+    lay = layout(cm, x)
+    ov = cm.ov
+    load = np.zeros(cm.n_procs)
+    np.add.at(load, lay.proc, lay.work_ms)
+    channels: dict[int, float] = {}
+    for c in lay.xs:
+        key = int(cm.channel[c.src, c.dst])
+        channels[key] = channels.get(key, 0.0) + c.serial_ms
+    base = max([float(load.max(initial=0.0)), *channels.values(), ov.session_ms])
+    if base <= 0:
+        return 0.0
+    stretched = load.copy()
+    for p in range(cm.n_procs):
+        for q in range(cm.n_procs):
+            if p != q and load[p] > 0 and not (cm.remote[p] or cm.remote[q]):
+                stretched[p] += load[p] * (ov.slowdown(p, q) - 1.0) * min(1.0, load[q] / base)
+    return max([float(stretched.max(initial=0.0)), *channels.values(), ov.session_ms])
 
 
 def _live_bytes(cm: CostModel) -> np.ndarray:

@@ -1,27 +1,53 @@
-"""Concurrent execution of an assignment: list scheduling, makespan, and a bounded search on it.
+"""Concurrent execution of an assignment at part granularity, exactly as the runtime executes it.
 
-The schedule model: each processor runs one node at a time; each crossing occupies its channel
-(the uplink, the downlink, or one on-chip link per ordered pair) for its serialisation time and
-arrives a fixed latency later (half the RTT, or the copy latency). Tasks are placed greedily by
-upward rank (the longest path to the end, as in HEFT) at the earliest time their inputs have
-arrived and their resource is free. No resource is ever idle while all work waits, so the makespan
-never exceeds the sequential latency of the same assignment.
+The runtime (:mod:`edgesplit.runtime.session`) runs whole *parts* (maximal connected groups of
+nodes on one processor and backend, :func:`~edgesplit.optimize.parts.part_labels`), so this is the
+schedule a plan is priced by:
+
+* a part is ready when every tensor it reads has arrived: from another part on its processor at
+  that part's end (a part's outputs are released when the part ends), from another processor when
+  the crossing has arrived;
+* each processor has one worker that runs one part at a time, first ready first (FIFO by the time
+  it became ready; ties by part order, as the runtime launches them); a part handed to an idle
+  worker waits for the hand-off (the thread's wake-up, which grows with how long it idled), except
+  when that worker itself made it ready;
+* each crossing occupies its channel (uplink, downlink, one on-chip link per ordered pair) for its
+  serialisation time, FIFO alike, and arrives a fixed latency later;
+* a part runs for its fixed cost, its nodes, and the bytes and layout reorders at its boundaries
+  (:mod:`edgesplit.optimize.overheads`); while other processors are busy it runs slower by the
+  measured pairwise contention (applied to the overlaps of a first pass, then scheduled again);
+* a request adds the Session's own work and the caller's wake-up at its end. Requests are taken
+  to come back to back: a worker's idle gap before its first part includes the previous request's
+  tail after its last part.
+
+No resource idles while work it could do waits, so the latency never exceeds the sum of all part,
+hand-off, crossing and request terms (:func:`sequential_latency_ms`).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.evaluate import Crossing, crossings, device_energy_mj
+from edgesplit.optimize.parts import part_labels
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """Start and end times of every node and crossing of one assignment."""
+    """When every part, node and crossing of one assignment runs.
+
+    Attributes:
+        makespan_ms: The request's latency: Session work, parts and crossings, the caller's wake-up.
+        parts: Node indices of each part, in a topological order of parts (the plan's parts).
+        part_proc: Processor of each part. ``part_ms``: its modelled run (contention included).
+        part_start_ms, part_end_ms: When its worker starts and ends it.
+        busy_ms: Per processor, the sum of its parts' runs.
+    """
 
     makespan_ms: float
     energy_mj: float
@@ -31,95 +57,243 @@ class Schedule:
     crossing_start_ms: tuple[float, ...]
     crossing_end_ms: tuple[float, ...]
     busy_ms: np.ndarray
+    parts: tuple[tuple[int, ...], ...] = ()
+    part_proc: tuple[int, ...] = ()
+    part_ms: np.ndarray | None = None
+    part_start_ms: np.ndarray | None = None
+    part_end_ms: np.ndarray | None = None
+    handoffs_ms: float = 0.0
 
 
-def schedule(cm: CostModel, assign: np.ndarray) -> Schedule:
-    """List-schedule ``assign`` and price it (latency = makespan, device energy over it)."""
-    x = np.asarray(assign)
-    n_nodes = cm.n_nodes
-    xs = crossings(cm, x)
-    dur = cm.node_ms[np.arange(n_nodes), x] if n_nodes else np.zeros(0)
-    # tasks: nodes 0..N-1, then crossings N..N+C-1
-    n_tasks = n_nodes + len(xs)
-    succ: list[list[int]] = [[] for _ in range(n_tasks)]
-    n_pred = np.zeros(n_tasks, dtype=np.int64)
-    length = np.concatenate([dur, [c.latency_ms for c in xs]]) if n_tasks else np.zeros(0)
-    arrive: dict[tuple[int, int], int] = {}
-    for k, c in enumerate(xs):
-        t = n_nodes + k
-        arrive[c.flow, c.dst] = t
+@dataclass(frozen=True)
+class Layout:
+    """An assignment's parts and what each waits for (shared by the schedule's passes and the
+    stream's period)."""
+
+    parts: tuple[tuple[int, ...], ...]
+    proc: np.ndarray
+    xs: tuple[Crossing, ...]
+    deps: tuple[tuple[int, ...], ...]  # per task: tasks it waits for (parts 0..K-1, crossings K..)
+    home_xs: tuple[int, ...]  # crossings the request waits for (graph outputs on their way home)
+    work_ms: np.ndarray  # per part, without contention
+    nodes_ms: np.ndarray  # per part, its nodes alone
+
+
+def boundary_ms(cm: CostModel, x: np.ndarray, parts, part_of: np.ndarray, backends) -> np.ndarray:
+    """Per part: the fixed cost and the costs of the tensors crossing its boundary (in and out,
+    with layout reorders), graph inputs and outputs excepted (a whole-model run pays them too)."""
+    ov = cm.ov
+    out = np.zeros(len(parts))
+    site = [(int(x[p[0]]), backends[p[0]]) for p in parts]
+    costs = [ov.cost(*s) for s in site]
+    for k, c in enumerate(costs):
+        out[k] += c.part_ms
+    for i, f in enumerate(cm.flows):
+        if f.src < 0:
+            continue
+        sk = int(part_of[f.src])
+        readers: dict[int, bool] = {}
+        for d in f.dsts:
+            k = int(part_of[d])
+            if k != sk:
+                readers[k] = readers.get(k, False) or bool(ov.blocked_in[d, site[k][0]])
+        if not readers:
+            continue
+        src = costs[sk]
+        out[sk] += f.nbytes * (src.out_ms_per_byte + ov.blocked_out[i, site[sk][0]] * src.reorder_ms_per_byte)
+        for k, blocked in readers.items():
+            c = costs[k]
+            out[k] += c.crossing_ms + f.nbytes * (c.in_ms_per_byte + blocked * c.reorder_ms_per_byte)
+    return out
+
+
+def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None = None) -> Layout:
+    """The parts of assignment ``x`` (``parts``, in a topological order, when a plan fixes them;
+    else :func:`part_labels`), what each waits for, and their runs without contention."""
+    backends = [cm.backend[n][x[n]] for n in range(cm.n_nodes)]
+    if parts is None:
+        parts = part_labels(cm, x, backends)
+    parts = tuple(tuple(int(n) for n in p) for p in parts)
+    part_of = np.zeros(cm.n_nodes, dtype=np.int64)
+    for k, p in enumerate(parts):
+        part_of[list(p)] = k
+    proc = np.array([int(x[p[0]]) for p in parts], dtype=np.int64)
+    xs = tuple(crossings(cm, x))
+    n_parts = len(parts)
+    arrive = {(c.flow, c.dst): n_parts + j for j, c in enumerate(xs)}
+    deps: list[set[int]] = [set() for _ in range(n_parts + len(xs))]
+    for j, c in enumerate(xs):
         src = cm.flows[c.flow].src
         if src >= 0:
-            succ[src].append(t)
-            n_pred[t] += 1
+            deps[n_parts + j].add(int(part_of[src]))
     for i, f in enumerate(cm.flows):
-        for d in dict.fromkeys(f.dsts):
-            pre = arrive.get((i, int(x[d])))
-            if pre is None:
-                if f.src < 0:
-                    continue
-                pre = f.src
-            succ[pre].append(d)
-            n_pred[d] += 1
-    rank = length.copy()
-    for t in _reverse_topological(n_tasks, succ, n_pred):
-        if succ[t]:
-            rank[t] = length[t] + max(rank[s] for s in succ[t])
-    ready_at = np.zeros(n_tasks)
-    start = np.zeros(n_tasks)
-    end = np.zeros(n_tasks)
+        for d in f.dsts:
+            k = int(part_of[d])
+            src_k = int(part_of[f.src]) if f.src >= 0 else -1
+            if src_k == k:
+                continue
+            q = int(proc[k])
+            if (i, q) in arrive:
+                deps[k].add(arrive[i, q])
+            elif src_k >= 0:
+                deps[k].add(src_k)
+    home_xs = tuple(n_parts + j for j, c in enumerate(xs) if c.dst == cm.home and cm.flows[c.flow].to_home)
+    nodes_ms = np.array([float(cm.node_ms[list(p), proc[k]].sum()) for k, p in enumerate(parts)])
+    work = nodes_ms + boundary_ms(cm, x, parts, part_of, backends)
+    return Layout(parts, proc, xs, tuple(tuple(sorted(d)) for d in deps), home_xs, work, nodes_ms)
+
+
+@dataclass
+class _Run:
+    start: np.ndarray
+    end: np.ndarray
+    parts_end_ms: float
+    last_end: dict[int, float]
+    handoffs_ms: float
+
+
+def _simulate(cm: CostModel, lay: Layout, dur: np.ndarray, tail: dict[int, float]) -> _Run:
+    """Event-driven list scheduling, first ready first on every worker and channel."""
+    ov = cm.ov
+    n_parts = len(lay.parts)
+    n_tasks = n_parts + len(lay.xs)
+    succ: list[list[int]] = [[] for _ in range(n_tasks)]
+    missing = np.zeros(n_tasks, dtype=np.int64)
+    for t, ds in enumerate(lay.deps):
+        missing[t] = len(ds)
+        for d in ds:
+            succ[d].append(t)
+    ready = np.zeros(n_tasks)
+    trigger = np.full(n_tasks, -1, dtype=np.int64)  # the lane whose part made a part ready
+    start, end = np.zeros(n_tasks), np.zeros(n_tasks)
     free: dict[tuple[str, int], float] = {}
-    missing = n_pred.copy()
-    heap = [(-rank[t], t) for t in range(n_tasks) if missing[t] == 0]
+    last_end: dict[int, float] = {}
+    released = [t for t in range(n_tasks) if missing[t] == 0]
+    handoffs = 0.0
+
+    def est(t: int) -> tuple[float, float]:
+        """(start, hand-off) if ``t`` were placed now."""
+        if t >= n_parts:
+            c = lay.xs[t - n_parts]
+            return max(ready[t], free.get(("c", int(cm.channel[c.src, c.dst])), 0.0)), 0.0
+        p = int(lay.proc[t])
+        busy_until = free.get(("p", p), 0.0)
+        if busy_until > ready[t] or (trigger[t] == p and busy_until >= ready[t]):
+            return max(busy_until, ready[t]), 0.0
+        gap = ready[t] - last_end[p] if p in last_end else ready[t] + tail.get(p, 0.0)
+        h = ov.handoff(p, max(gap, 0.0))
+        return ready[t] + h, h
+
+    def entry(t: int) -> tuple[float, float, int, float]:
+        s, h = est(t)
+        return s, ready[t], t, h  # earliest start first; then first ready; then part order
+
+    heap = [entry(t) for t in released]
     heapq.heapify(heap)
     while heap:
-        _, t = heapq.heappop(heap)
-        if t < n_nodes:
-            res = ("p", int(x[t]))
-            s = max(ready_at[t], free.get(res, 0.0))
-            free[res] = s + length[t]
+        s, _, t, h = heapq.heappop(heap)
+        fresh = entry(t)
+        if abs(fresh[0] - s) > 1e-12:  # its worker or channel changed since: place it again
+            heapq.heappush(heap, fresh)
+            continue
+        if t < n_parts:
+            p = int(lay.proc[t])
+            start[t], end[t] = s, s + dur[t]
+            free["p", p] = last_end[p] = end[t]
+            handoffs += h
         else:
-            c = xs[t - n_nodes]
-            res = ("c", int(cm.channel[c.src, c.dst]))
-            s = max(ready_at[t], free.get(res, 0.0))
-            free[res] = s + c.serial_ms
-        start[t], end[t] = s, s + length[t]
+            c = lay.xs[t - n_parts]
+            start[t], end[t] = s, s + c.latency_ms
+            free["c", int(cm.channel[c.src, c.dst])] = s + c.serial_ms
         for u in succ[t]:
-            ready_at[u] = max(ready_at[u], end[t])
+            if end[t] >= ready[u]:
+                ready[u] = end[t]
+                trigger[u] = int(lay.proc[t]) if t < n_parts else -1
             missing[u] -= 1
             if missing[u] == 0:
-                heapq.heappush(heap, (-rank[u], u))
-    makespan = float(end.max()) if n_tasks else 0.0
+                heapq.heappush(heap, entry(u))
+    ends = [float(end[:n_parts].max())] if n_parts else [0.0]
+    ends += [float(end[j]) for j in lay.home_xs]
+    return _Run(start, end, max(ends), last_end, handoffs)
+
+
+def _stretch(cm: CostModel, lay: Layout, run: _Run) -> np.ndarray:
+    """Part runs lengthened by contention over their overlap with other busy local processors."""
+    n_parts = len(lay.parts)
+    contention = cm.ov.contention
+    if contention is None or n_parts < 2 or bool((contention <= 1.0).all()):
+        return lay.work_ms.copy()
+    start, end = run.start[:n_parts], run.end[:n_parts]
+    overlap = np.minimum(end[:, None], end[None, :]) - np.maximum(start[:, None], start[None, :])
+    extra = contention[lay.proc[:, None], lay.proc[None, :]] - 1.0
+    local = ~cm.remote[lay.proc]
+    mask = local[:, None] & local[None, :] & (lay.proc[:, None] != lay.proc[None, :])
+    return lay.work_ms + (np.where(mask, extra, 0.0) * np.clip(overlap, 0.0, None)).sum(axis=1)
+
+
+def schedule(cm: CostModel, assign: np.ndarray, parts: Sequence[Sequence[int]] | None = None) -> Schedule:
+    """Schedule ``assign`` part by part and price it (latency = the request's, device energy over it).
+
+    ``parts`` fixes the parts (node indices, in a topological order of parts) where a bundle's
+    plan has its own; by default they are those the optimiser makes (:func:`part_labels`).
+    """
+    x = np.asarray(assign)
+    ov = cm.ov
+    lay = layout(cm, x, parts)
+    first = _simulate(cm, lay, lay.work_ms, {})
+    dur = _stretch(cm, lay, first)
+    # back to back: after a worker's last part, the rest of the request, the caller's wake-up and
+    # the Session's work pass before the next request hands it its first part
+    between = ov.wake(first.parts_end_ms) + ov.session_ms
+    tail = {p: first.parts_end_ms - e + between for p, e in first.last_end.items()}
+    run = _simulate(cm, lay, dur, tail)
+    n_parts = len(lay.parts)
+    latency = ov.session_ms + run.parts_end_ms + ov.wake(run.parts_end_ms) if n_parts else 0.0
+    node_start, node_end = np.zeros(cm.n_nodes), np.zeros(cm.n_nodes)
     busy = np.zeros(cm.n_procs)
-    np.add.at(busy, x, dur)
-    active = float(cm.node_mj[np.arange(n_nodes), x].sum()) + sum(c.energy_mj for c in xs)
+    active = float(cm.node_mj[np.arange(cm.n_nodes), x].sum()) if cm.n_nodes else 0.0
+    active_w = ov.active_w if ov.active_w is not None else np.zeros(cm.n_procs)
+    for k, part in enumerate(lay.parts):
+        p = int(lay.proc[k])
+        busy[p] += dur[k]
+        active += (dur[k] - lay.nodes_ms[k]) * float(active_w[p])
+        t = run.start[k]
+        for n in part:
+            node_start[n] = t
+            t += float(cm.node_ms[n, p])
+            node_end[n] = t
+    active += sum(c.energy_mj for c in lay.xs)
     return Schedule(
-        makespan_ms=makespan,
-        energy_mj=device_energy_mj(cm, makespan, busy, active),
-        node_start_ms=start[:n_nodes],
-        node_end_ms=end[:n_nodes],
-        crossings=tuple(xs),
-        crossing_start_ms=tuple(float(v) for v in start[n_nodes:]),
-        crossing_end_ms=tuple(float(v) for v in end[n_nodes:]),
+        makespan_ms=float(latency),
+        energy_mj=float(device_energy_mj(cm, float(latency), busy, active)),
+        node_start_ms=node_start,
+        node_end_ms=node_end,
+        crossings=lay.xs,
+        crossing_start_ms=tuple(float(v) for v in run.start[n_parts:]),
+        crossing_end_ms=tuple(float(v) for v in run.end[n_parts:]),
         busy_ms=busy,
+        parts=lay.parts,
+        part_proc=tuple(int(p) for p in lay.proc),
+        part_ms=dur,
+        part_start_ms=run.start[:n_parts],
+        part_end_ms=run.end[:n_parts],
+        handoffs_ms=run.handoffs_ms,
     )
 
 
-def _reverse_topological(n: int, succ: list[list[int]], n_pred: np.ndarray) -> list[int]:
-    missing = n_pred.copy()
-    order = [t for t in range(n) if missing[t] == 0]
-    i = 0
-    while i < len(order):
-        for u in succ[order[i]]:
-            missing[u] -= 1
-            if missing[u] == 0:
-                order.append(u)
-        i += 1
-    return order[::-1]
+def sequential_latency_ms(cm: CostModel, assign: np.ndarray) -> float:
+    """Everything of :func:`schedule` one after the other: a bound on its latency."""
+    s = schedule(cm, assign)
+    if not s.parts:
+        return 0.0
+    ov = cm.ov
+    span = float(np.sum(s.part_ms)) + sum(c.latency_ms for c in s.crossings) + s.handoffs_ms
+    return ov.session_ms + span + float(np.max(ov.return_ms))
 
 
 def makespan_lower_bound(cm: CostModel) -> float:
-    """A lower bound on any plan's makespan, the larger of two relaxations.
+    """A lower bound on any plan's latency, the larger of two relaxations, plus the request's
+    Session work and the least caller wake-up.
 
     * The communication-aware critical path without contention: ``est[n, p]`` is the earliest node
       n can end on p if every input came from its producer's best processor over a free link
@@ -148,4 +322,5 @@ def makespan_lower_bound(cm: CostModel) -> float:
         if f.to_home and f.src >= 0:
             path = max(path, float((est[f.src] + xfer[i][:, cm.home]).min()))
     work = float(ms.min(axis=1).sum()) / max(n_procs, 1)
-    return max(path, work)
+    ov = cm.ov
+    return max(path, work) + ov.session_ms + float(np.min(ov.return_ms))

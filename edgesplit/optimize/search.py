@@ -15,6 +15,7 @@ import numpy as np
 
 from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.evaluate import feasible, memory_binding
+from edgesplit.optimize.parts import part_labels
 
 Score = Callable[[np.ndarray], float]
 
@@ -50,10 +51,16 @@ def groups(assign: np.ndarray, adj: list[list[int]]) -> list[list[int]]:
 
 
 def local_search(
-    cm: CostModel, starts: Iterable[np.ndarray], score: Score, *, max_evals: int = 300
+    cm: CostModel,
+    starts: Iterable[np.ndarray],
+    score: Score,
+    *,
+    max_evals: int = 300,
+    visited: list[tuple[float, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, float, int]:
     """Best assignment found from ``starts`` by hill climbing on ``score``; also its score and
-    the number of evaluations spent."""
+    the number of evaluations spent. ``visited``, when given, receives every ``(score,
+    assignment)`` evaluated (for :func:`fewest_parts`)."""
     check_memory = memory_binding(cm)
     adj = neighbours(cm)
     segs = segments(cm)
@@ -68,6 +75,8 @@ def local_search(
         seen.add(key)
         candidates.append((score(s), s))
         evals += 1
+        if visited is not None:
+            visited.append(candidates[-1])
     if not candidates:
         raise ValueError("no feasible start")
     candidates.sort(key=lambda t: t[0])
@@ -92,6 +101,8 @@ def local_search(
             seen.add(key)
             v = score(trial)
             evals += 1
+            if visited is not None:
+                visited.append((v, trial))
             if v < cur_v - 1e-9:
                 cur, cur_v = trial, v
                 improved = True
@@ -145,3 +156,23 @@ def _moves(cm: CostModel, assign: np.ndarray, adj: list[list[int]], segs: list[l
         for p in sorted(near) + [p for p in range(cm.n_procs) if p not in near]:
             if p != assign[n] and allowed[n, p]:
                 yield [(n, p)]
+
+
+def n_parts(cm: CostModel, assign: np.ndarray) -> int:
+    """How many parts the runtime would run for ``assign``."""
+    backends = [cm.backend[n][assign[n]] for n in range(cm.n_nodes)]
+    return len(part_labels(cm, np.asarray(assign), backends))
+
+
+def fewest_parts(
+    cm: CostModel, visited: list[tuple[float, np.ndarray]], noise_rel: float
+) -> tuple[np.ndarray, float, int]:
+    """Of the assignments scored within ``noise_rel`` of the best, the one with the fewest parts
+    (then the lowest score): where measurement cannot tell plans apart, the simpler one is kept
+    (it has fewer boundaries whose costs the model may miss, and a single processor has none).
+    Returns it, its score and its number of parts."""
+    best = min(v for v, _ in visited)
+    limit = best * (1.0 + noise_rel) + 1e-12
+    within = [(n_parts(cm, a), v, i) for i, (v, a) in enumerate(visited) if v <= limit]
+    count, value, i = min(within)
+    return visited[i][1], value, count

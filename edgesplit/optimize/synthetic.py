@@ -176,3 +176,46 @@ def random_costs(
         mem_nbytes=mem,
         mem_limit_nbytes=limits,
     )
+
+
+def random_overheads(cm: CostModel, seed: int = 0) -> CostModel:
+    """``cm`` with random per-part, hand-off, request and contention terms on its local
+    processors (:mod:`edgesplit.optimize.overheads`), for tests of the part-level schedule."""
+    from dataclasses import replace
+
+    from edgesplit.optimize.overheads import Overheads, PairCost
+
+    rng = np.random.default_rng(seed)
+    local = [p for p in range(cm.n_procs) if not cm.remote[p]]
+    pair = {
+        (p, "ort"): PairCost(
+            part_ms=float(rng.uniform(0.0, 0.3)),
+            in_ms_per_byte=float(rng.uniform(0.0, 2e-8)),
+            out_ms_per_byte=float(rng.uniform(0.0, 2e-8)),
+            reorder_ms_per_byte=float(rng.uniform(0.0, 5e-8)),
+            crossing_ms=float(rng.uniform(0.0, 0.05)),
+        )
+        for p in local
+    }
+    gaps = np.array([0.0, 1.0, 5.0, 20.0])
+    handoff = np.zeros((cm.n_procs, len(gaps)))
+    for p in local:
+        handoff[p] = np.sort(rng.uniform(0.01, 0.3, len(gaps)))
+    contention = np.ones((cm.n_procs, cm.n_procs))
+    for p in local:
+        for q in local:
+            if p != q:
+                contention[p, q] = float(rng.uniform(1.0, 1.5))
+    ov = Overheads(
+        pair=pair,
+        blocked_out=rng.random((len(cm.flows), cm.n_procs)) < 0.5,
+        blocked_in=rng.random((cm.n_nodes, cm.n_procs)) < 0.5,
+        handoff_gaps_ms=np.tile(gaps, (cm.n_procs, 1)),
+        handoff_ms=handoff,
+        return_gaps_ms=gaps,
+        return_ms=np.sort(rng.uniform(0.01, 0.3, len(gaps))),
+        session_ms=float(rng.uniform(0.0, 0.1)),
+        contention=contention,
+        active_w=np.where(cm.remote, 0.0, rng.uniform(0.5, 4.0, cm.n_procs)),
+    )
+    return replace(cm, overheads=ov)

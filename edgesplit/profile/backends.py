@@ -29,7 +29,13 @@ class Profiler(Protocol):
     Contract: :meth:`profile` is called only when :meth:`unavailable` returned None, on a device
     whose processors are on this machine; it returns a ``ProcessorProfile`` with ``source``
     ``measured`` whose ``nodes`` cover every node it could run (the others in ``unsupported``
-    with the reason), keyed by the ModelGraph's node names.
+    with the reason), keyed by the ModelGraph's node names, and where it can, the part terms
+    (``terms``, :mod:`edgesplit.profile.terms`).
+
+    A profiler may also offer ``contention(graph, processor, backend, others, options) ->
+    {processor name: slowdown}``: this pair's slowdown while each of ``others`` (processor,
+    backend) runs the whole model; :func:`edgesplit.profile.run.profile_pair` calls it where the
+    device has other local processors.
     """
 
     def unavailable(self, backend: Backend) -> str | None:

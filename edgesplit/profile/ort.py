@@ -21,14 +21,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgesplit.cpu import configure_thread, ort_session_options
+from edgesplit.cpu import configure_thread
 from edgesplit.device import Backend, Processor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
-from edgesplit.model.scope import all_inputs
+from edgesplit.profile.ort_graph import blocked_layout, map_regions
+from edgesplit.profile.ort_run import make_session, micro_runner, ort_contention
 from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
+from edgesplit.profile.terms import build_terms
 from edgesplit.throttle import busy_call
+
+__all__ = ["OrtProfiler", "make_session", "map_regions", "profile_ort", "time_runs"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -36,17 +40,6 @@ Progress = Callable[[str, int, int], None]
 def _percentiles(values: list[float]) -> tuple[float, float]:
     arr = np.asarray(values, dtype=float)
     return float(np.median(arr)), float(np.percentile(arr, 90))
-
-
-def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, backend: Backend, **extra):
-    import onnxruntime as ort
-
-    so = ort_session_options(processor.threads, processor.cores, **extra)
-    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-    providers = [(backend.provider, dict(backend.options))]
-    if backend.provider != "CPUExecutionProvider":
-        providers.append(("CPUExecutionProvider", {}))
-    return ort.InferenceSession(data, so, providers=providers)
 
 
 def time_runs(fn: Callable[[], object], runs: int, warmup: int) -> list[float]:
@@ -57,57 +50,6 @@ def time_runs(fn: Callable[[], object], runs: int, warmup: int) -> list[float]:
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
-def _regions(optimized: onnx.GraphProto, known: set[str]) -> list[list[int]]:
-    """Group optimised nodes joined by tensors the original graph does not have (union-find)."""
-    parent = list(range(len(optimized.node)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    producer = {t: i for i, n in enumerate(optimized.node) for t in n.output if t}
-    for i, n in enumerate(optimized.node):
-        for t in all_inputs(n):
-            if t not in known and t in producer:
-                parent[find(i)] = find(producer[t])
-    groups: dict[int, list[int]] = {}
-    for i in range(len(optimized.node)):
-        groups.setdefault(find(i), []).append(i)
-    return list(groups.values())
-
-
-def _covered(graph: ModelGraph, outputs: set[str], inputs: set[str]) -> set[int]:
-    """Original nodes between a region's inputs and outputs (backward walk from the outputs)."""
-    seen: set[int] = set()
-    stack = [graph.producer[t] for t in outputs if t in graph.producer]
-    while stack:
-        i = stack.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        for t in graph.nodes[i].inputs:
-            if t not in inputs and t in graph.producer:
-                stack.append(graph.producer[t])
-    return seen
-
-
-def map_regions(graph: ModelGraph, optimized: onnx.GraphProto) -> list[tuple[list[str], list[int]]]:
-    """``[(optimised node names, original node indices)]``, one pair per region."""
-    known = set(graph.tensors)
-    out = []
-    for region in _regions(optimized, known):
-        names = [optimized.node[i].name for i in region]
-        produced = {t for i in region for t in optimized.node[i].output if t}
-        # a control-flow node's subgraphs read outer tensors: they bound its region too
-        consumed = {t for i in region for t in all_inputs(optimized.node[i])}
-        outs = {t for t in produced if t in known}
-        ins = {t for t in consumed - produced if t in known}
-        out.append((names, sorted(_covered(graph, outs, ins))))
     return out
 
 
@@ -180,14 +122,8 @@ def profile_ort(
         if not processor.supports(n.op_type)
     }
     if unsupported:
-        return ProcessorProfile(
-            processor.name,
-            backend.key,
-            MEASURED,
-            {},
-            unsupported,
-            note="some ops are not supported; measured per part only",
-        )
+        note = "some ops are not supported; measured per part only"
+        return ProcessorProfile(processor.name, backend.key, MEASURED, {}, unsupported, note=note)
     total = runs * 2 + warmup * 2
     tick = _ticker(progress, f"{processor.name}/ort", total)
     notes: list[str] = []
@@ -219,6 +155,11 @@ def profile_ort(
         worker.submit(time_runs, lambda: (busy_call(psess.run, None, feeds), tick()), runs, warmup).result()
         kernels = _kernel_times(worker.submit(psess.end_profiling).result())
         optimized = onnx.load(opt_path, load_external_data=False).graph
+        run = micro_runner(worker, processor, backend, attrs, tmp, runs=max(5, runs // 2 + 3))
+        trivial_call = lambda: busy_call(trivial.run, None, one)  # noqa: E731
+        terms = build_terms(
+            run, worker, trivial_call, blocked=blocked_layout(graph, optimized), repeats=max(5, runs // 2 + 2)
+        )
     nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
     med, p90 = _percentiles(whole)
     return ProcessorProfile(
@@ -231,6 +172,7 @@ def profile_ort(
         elapsed_s=time.perf_counter() - started,
         note="; ".join(notes),
         dispatch_ms=round(dispatch, 6),
+        terms=terms,
     )
 
 
@@ -338,3 +280,15 @@ class OrtProfiler:
             progress=progress,
             session_attrs=self.session_attrs,
         )
+
+    def contention(
+        self,
+        graph: ModelGraph,
+        processor: Processor,
+        backend: Backend,
+        others: list[tuple[Processor, Backend]],
+        options,
+    ) -> dict[str, float]:
+        """This pair's slowdown while each of ``others`` runs the whole model (:func:`ort_contention`)."""
+        rounds = max(2, min(4, options.runs // 5))
+        return ort_contention(graph, processor, backend, others, self.session_attrs, rounds)

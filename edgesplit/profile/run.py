@@ -118,7 +118,38 @@ def profile_pair(
 
     if unavailable(device, processor, backend) is not None:
         return predict(graph, processor, backend, device=device.name)
-    return PROFILERS[backend.key].profile(graph, processor, backend, options, progress)
+    profiler = PROFILERS[backend.key]
+    entry = profiler.profile(graph, processor, backend, options, progress)
+    return with_contention(graph, device, processor, backend, entry, profiler, options)
+
+
+def with_contention(
+    graph: ModelGraph,
+    device: DeviceSpec,
+    processor: Processor,
+    backend: Backend,
+    entry: ProcessorProfile,
+    profiler,
+    options: ProfileOptions,
+) -> ProcessorProfile:
+    """``entry`` with its pairwise contention measured, where its profiler can measure it: how much
+    this pair slows down while each other local processor runs the whole model (on the same
+    backend, where that processor has it and the model runs there whole)."""
+    measure = getattr(profiler, "contention", None)
+    if measure is None or entry.terms is None or entry.whole_model_ms is None:
+        return entry
+    others = [
+        (q, q.backend(backend.key))
+        for q in device.processors
+        if q.name != processor.name
+        and not q.is_remote
+        and any(b.key == backend.key for b in q.backends)
+        and all(q.supports(n.op_type) for n in graph.nodes)
+    ]
+    if not others:
+        return entry
+    factors = measure(graph, processor, backend, others, options)
+    return dataclasses.replace(entry, terms=dataclasses.replace(entry.terms, contention=factors))
 
 
 def empty_profile(graph: ModelGraph, device: DeviceSpec) -> Profile:

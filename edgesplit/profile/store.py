@@ -44,6 +44,69 @@ class NodeCost:
 
 
 @dataclass(frozen=True)
+class RunTerms:
+    """What running a part on one (processor, backend) pair costs beyond its nodes' kernels.
+
+    Measured by the profiler on the device itself (:mod:`edgesplit.profile.terms`), never set in
+    code; ``edgesplit calibrate`` refits some of them from a bundle's measured part runs. MB is
+    10^6 bytes. The cost model (:mod:`edgesplit.optimize.costs`) states how each term is charged.
+
+    Attributes:
+        part_fixed_ms: One part run beyond its kernels: the backend's run call, binding its inputs,
+            allocating and collecting its outputs (a 1-node part's run minus its kernel time).
+        input_ms_per_mb, output_ms_per_mb: Per MB of a tensor entering or leaving a part (a copy
+            into the backend, or out of it into numpy).
+        reorder_ms_per_mb: A layout reorder (ORT's NCHWc ``ReorderInput``/``ReorderOutput``) per MB,
+            from a Conv micro-model whose input and output cross a part boundary; None when the
+            backend adds none.
+        blocked_tensors: Tensors the backend holds in a blocked layout inside the whole model: one
+            leaving a part is reordered there.
+        blocked_readers: Nodes that read their inputs in that layout: a tensor entering their part
+            is reordered there.
+        handoff_idle_ms, handoff_ms: The hand-off of a part to this processor's worker thread, after
+            the worker was idle for each of the gaps (medians; a thread wake-up grows with the idle gap).
+        return_ms: The caller's wake-up when a request ends, after it waited each of the same gaps.
+        session_ms: Per request, the rest of the Session's own work (inputs checked, bookkeeping).
+        contention: Slowdown factor of this pair while processor X runs a whole model of its own
+            (measured pairwise; 1.0 is none).
+        node_scale: A correction on node costs, fitted by ``calibrate`` (1.0 as measured).
+        crossing_ms: Per tensor entering a part here, a correction fitted by ``calibrate``.
+        calibrated: What ``calibrate`` fitted these on (empty as measured).
+        calibrated_from: The measured values of the terms ``calibrate`` replaced (to start again
+            from them: calibration never compounds).
+    """
+
+    part_fixed_ms: float = 0.0
+    input_ms_per_mb: float = 0.0
+    output_ms_per_mb: float = 0.0
+    reorder_ms_per_mb: float | None = None
+    blocked_tensors: tuple[str, ...] = ()
+    blocked_readers: tuple[str, ...] = ()
+    handoff_idle_ms: tuple[float, ...] = ()
+    handoff_ms: tuple[float, ...] = ()
+    return_ms: tuple[float, ...] = ()
+    session_ms: float = 0.0
+    contention: Mapping[str, float] = field(default_factory=dict)
+    node_scale: float = 1.0
+    crossing_ms: float = 0.0
+    calibrated: str = ""
+    calibrated_from: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> RunTerms:
+        kw = known_fields(RunTerms, d)
+        for key in ("blocked_tensors", "blocked_readers", "handoff_idle_ms", "handoff_ms", "return_ms"):
+            if key in kw:
+                kw[key] = tuple(kw[key])
+        kw["contention"] = {str(k): float(v) for k, v in d.get("contention", {}).items()}
+        kw["calibrated_from"] = dict(d.get("calibrated_from", {}))
+        return RunTerms(**kw)
+
+
+@dataclass(frozen=True)
 class ProcessorProfile:
     """All node costs of one (processor, backend) pair.
 
@@ -57,6 +120,8 @@ class ProcessorProfile:
             back (a thread round trip plus a trivial run), which every extra part pays.
         energy: ``measured`` when the node energies come from power rails sampled over this
             pair's runs, else ``modelled`` (active power from the spec x latency).
+        terms: What a part run costs here beyond its kernels (None where not measured: predicted
+            entries, older profiles; then ``dispatch_ms`` is the per-part cost).
     """
 
     processor: str
@@ -70,6 +135,7 @@ class ProcessorProfile:
     elapsed_s: float = 0.0
     dispatch_ms: float | None = None
     energy: str = MODELLED
+    terms: RunTerms | None = None
 
     @property
     def key(self) -> str:
@@ -88,6 +154,8 @@ class ProcessorProfile:
         kw = known_fields(ProcessorProfile, d)
         kw["nodes"] = {k: NodeCost.from_json(v) for k, v in d["nodes"].items()}
         kw["unsupported"] = dict(d.get("unsupported", {}))
+        if d.get("terms") is not None:
+            kw["terms"] = RunTerms.from_json(d["terms"])
         return ProcessorProfile(**kw)
 
     @property
@@ -104,6 +172,8 @@ class Profile:
 
     ``emulated`` is empty for a profile measured on the hardware itself; otherwise it says why the
     timings are not the device's (e.g. an aarch64 board emulated by qemu on an x86 CPU).
+    ``calibration`` records what ``edgesplit calibrate`` fitted (bundle, rounds, errors before and
+    after); empty when measured.
     """
 
     model_sha256: str
@@ -116,6 +186,7 @@ class Profile:
     host: str = ""
     created: str = ""
     emulated: str = ""
+    calibration: Mapping[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def entry(self, processor: str, backend: str) -> ProcessorProfile | None:
@@ -145,6 +216,7 @@ class Profile:
             kw["input_shapes"] = {k: tuple(v) for k, v in d["input_shapes"].items()}
             kw["entries"] = tuple(ProcessorProfile.from_json(e) for e in d["entries"])
             kw["versions"] = dict(d.get("versions", {}))
+            kw["calibration"] = dict(d.get("calibration", {}))
             prof = Profile(**kw)
         except ProfileError:
             raise
@@ -186,6 +258,8 @@ def check_profile(prof: Profile, source: str) -> None:
             if not isinstance(cost, NodeCost):
                 raise ProfileError(f"{where} ({e.key}): node {short(node, 60)}: expected an object")
             check_fields(cost, f"{where} ({e.key}): node {short(node, 60)}", ProfileError)
+        if e.terms is not None:
+            check_fields(e.terms, f"{where} ({e.key}): terms", ProfileError)
 
 
 def load_profile(path: str | os.PathLike) -> Profile:

@@ -12,6 +12,7 @@ An executor may also offer ``run`` in three phases, which the Session then times
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -120,8 +121,13 @@ class TvmExecutor:
         shares_processor: bool = False,
         profile_prefix: str | None = None,
     ):
-        """Neither option applies: TVM's pool is its own, and it has no per-kernel profiler here."""
+        """``shares_processor``: other parts run on this processor, so TVM's pool threads must not
+        spin after a call (``TVM_THREAD_POOL_SPIN_COUNT=0``, read once per process when the pool
+        starts; it stops the pool stealing the core from the next part, ORT's or TVM's). TVM has no
+        per-kernel profiler here, so ``profile_prefix`` does not apply."""
         self.part = part
+        if shares_processor:
+            os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
         bundle = as_verified(bundle)
         # A checked private copy is what gets mapped: the bundle's own file could change after
         # the check, the copy cannot (and it is removed once loaded; the mapping stays).

@@ -318,6 +318,18 @@ def test_defect9_negative_latencies_are_refused(w, tmp_path):
     assert not (tmp_path / "plan.json").exists()
 
 
+def test_negative_or_non_numeric_run_terms_are_refused(w, tmp_path):
+    """A profile's cost terms (issue 10) are read as strictly as its node costs."""
+    prof = json.loads(w["profile"].read_text())
+    prof["entries"][0]["terms"] = {"part_fixed_ms": -5.0}
+    path = write_json(tmp_path / "neg.json", prof)
+    refused(partition(w, tmp_path, profile=path), "terms: part_fixed_ms", "negative", file=path)
+    prof["entries"][0]["terms"] = {"handoff_ms": ["slow"]}
+    path = write_json(tmp_path / "str.json", prof)
+    refused(partition(w, tmp_path, profile=path), "terms: handoff_ms[0]", file=path)
+    assert not (tmp_path / "plan.json").exists()
+
+
 @pytest.mark.parametrize(
     "flag,value",
     [("--bandwidth-mbps", "nan"), ("--bandwidth-mbps", "inf"), ("--rtt-ms", "inf"), ("--slo-ms", "nan")],

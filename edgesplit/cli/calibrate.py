@@ -1,0 +1,88 @@
+"""``edgesplit calibrate``: run a bundle, refit its profile's cost terms, write the profile."""
+
+from __future__ import annotations
+
+import click
+
+from edgesplit.cli.common import FiniteFloat, console, trust_key_option
+
+
+@click.command("calibrate")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the calibrated profile.",
+)
+@click.option(
+    "--profile",
+    "profile_path",
+    type=click.Path(dir_okay=False),
+    help="The profile to calibrate (default: the one the bundle's plan was made from).",
+)
+@click.option("--runs", default=30, show_default=True, type=click.IntRange(3), help="Timed runs per round.")
+@click.option("--warmup", default=5, show_default=True, type=click.IntRange(0), help="Untimed runs first.")
+@click.option(
+    "--rounds", default=3, show_default=True, type=click.IntRange(1), help="At most this many rounds."
+)
+@click.option(
+    "--tolerance",
+    default=0.05,
+    show_default=True,
+    type=FiniteFloat(minimum=0, open_min=True),
+    help="Converged when a round's runs are predicted within this relative error.",
+)
+@trust_key_option
+def command(bundle, output, profile_path, runs, warmup, rounds, tolerance, trust_key):
+    """Run BUNDLE, fit the cost terms of its profile to the measured part runs, and write them.
+
+    Each round runs the bundle, predicts its latency with the terms fitted so far, then fits the
+    terms again on every round's runs. Plan with the result: ``partition --profile OUTPUT``.
+    """
+    from edgesplit.calibrate import calibrate
+
+    result = calibrate(
+        bundle,
+        profile=profile_path,
+        runs=runs,
+        warmup=warmup,
+        max_rounds=rounds,
+        tolerance=tolerance,
+        progress=lambda msg: console.print(msg),
+        trust_key=trust_key,
+    )
+    result.profile.save(output)
+    print_result(result)
+    console.print(f"profile: {output}")
+
+
+def print_result(result) -> None:
+    from rich.table import Table
+
+    table = Table(title="rounds (predicted with the terms fitted before the round)")
+    for col in ("round", "predicted ms", "measured ms", "error"):
+        table.add_column(col, justify="right")
+    for r in result.rounds:
+        table.add_row(str(r.number), f"{r.predicted_ms:.3f}", f"{r.measured_ms:.3f}", f"{r.error:+.1%}")
+    console.print(table)
+    fits = Table(title="fitted terms (last round)")
+    for col in ("processor/backend", "parts", "node scale", "fixed ms per part", "ms per crossing"):
+        fits.add_column(col, justify="right")
+    for f in result.rounds[-1].fits:
+        fits.add_row(
+            f"{f.processor}/{f.backend}",
+            str(f.parts),
+            f"{f.node_scale:.3f}",
+            f"{f.part_fixed_ms:.3f}",
+            f"{f.crossing_ms:.3f}",
+        )
+    console.print(fits)
+    if result.converged_after is not None:
+        console.print(
+            f"converged after {result.converged_after} round(s) of fitting: within {result.tolerance:.0%}"
+        )
+    else:
+        console.print(f"not within {result.tolerance:.0%} after {len(result.rounds)} round(s)")
+    console.print(f"the plan's latency predicted now: {result.predicted_ms:.3f} ms")

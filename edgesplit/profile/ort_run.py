@@ -1,0 +1,148 @@
+"""ORT on a processor's worker: its sessions, and the ORT side of the part terms
+(:mod:`edgesplit.profile.terms`): micro-models run as the runtime runs a part, their kernels read
+from ORT's own profiler, and contention between processors."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edgesplit.cpu import configure_thread, ort_session_options
+from edgesplit.device import Backend, Processor
+from edgesplit.model.feeds import random_inputs
+from edgesplit.model.graph import ModelGraph
+from edgesplit.profile.terms import BackgroundLoad, MicroRun, MicroRunner, contention_factor
+from edgesplit.throttle import busy, busy_call
+
+
+def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, backend: Backend, **extra):
+    import onnxruntime as ort
+
+    so = ort_session_options(processor.threads, processor.cores, **extra)
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    providers = [(backend.provider, dict(backend.options))]
+    if backend.provider != "CPUExecutionProvider":
+        providers.append(("CPUExecutionProvider", {}))
+    return ort.InferenceSession(data, so, providers=providers)
+
+
+def _run_kernels(trace_path: str) -> list[tuple[float, float, int]]:
+    """Per ``model_run`` of ORT's profile: ``(kernels ms without reorders, reorder ms, reorder bytes)``."""
+    events = json.loads(Path(trace_path).read_text())
+    runs = sorted(
+        (e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"
+    )
+    nodes = sorted(
+        (e["ts"], e["dur"], (e.get("args") or {}))
+        for e in events
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
+    )
+    out, k = [], 0
+    for ts, dur in runs:
+        kern = reo = 0.0
+        nbytes = 0
+        while k < len(nodes) and nodes[k][0] < ts + dur:
+            if nodes[k][0] >= ts:
+                args = nodes[k][2]
+                if str(args.get("op_name", "")).startswith("Reorder"):
+                    reo += nodes[k][1] / 1e3
+                    nbytes += int(args.get("output_size", 0))
+                else:
+                    kern += nodes[k][1] / 1e3
+            k += 1
+        out.append((kern, reo, nbytes))
+    return out
+
+
+def micro_runner(
+    worker: ThreadPoolExecutor,
+    processor: Processor,
+    backend: Backend,
+    attrs: Mapping[str, object],
+    tmp: str,
+    runs: int = 15,
+    warmup: int = 3,
+) -> MicroRunner:
+    """Runs a micro-model on ``worker`` as the runtime runs a part (inputs gathered, the run call,
+    outputs collected and merged under a lock, marked busy for a throttled processor), and reads
+    its kernels from a profiled twin session."""
+    count = iter(range(1 << 30))
+
+    def on_worker(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]):
+        plain = make_session(model, processor, backend, **attrs)
+        prefix = os.path.join(tmp, f"micro{next(count)}")
+        prof = make_session(
+            model, processor, backend, **attrs, enable_profiling=True, profile_file_prefix=prefix
+        )
+        outs = [o.name for o in plain.get_outputs()]
+        lock, merged = threading.Lock(), {}
+
+        def path() -> float:
+            t0 = time.perf_counter_ns()
+            with busy():
+                args = {k: feeds[k] for k in feeds}
+                got = dict(zip(outs, plain.run(outs, args)))
+                with lock:
+                    merged.update(got)
+            return (time.perf_counter_ns() - t0) / 1e6
+
+        times = [path() for _ in range(warmup + runs)][warmup:]
+        for _ in range(warmup + runs):
+            busy_call(prof.run, outs, dict(feeds))
+        return times, prof.end_profiling()
+
+    def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> MicroRun:
+        times, trace = worker.submit(on_worker, model, feeds).result()
+        per_run = _run_kernels(trace)[warmup:] or [(0.0, 0.0, 0)]
+        return MicroRun(
+            float(np.median(times)),
+            float(np.median([r[0] for r in per_run])),
+            float(np.median([r[1] for r in per_run])),
+            int(np.median([r[2] for r in per_run])),
+        )
+
+    return run
+
+
+def ort_contention(
+    graph: ModelGraph,
+    processor: Processor,
+    backend: Backend,
+    others: list[tuple[Processor, Backend]],
+    session_attrs: Mapping[str, object] | None = None,
+    rounds: int = 3,
+) -> dict[str, float]:
+    """This pair's slowdown while each other processor runs the whole model in a loop on ORT."""
+    attrs = dict(session_attrs or {})
+    feeds = random_inputs(graph)
+    out: dict[str, float] = {}
+    with ThreadPoolExecutor(
+        1, initializer=lambda: configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
+    ) as worker:
+        sess = worker.submit(make_session, graph.model, processor, backend, **attrs).result()
+
+        def timed() -> float:
+            t0 = time.perf_counter()
+            worker.submit(busy_call, sess.run, None, feeds).result()
+            return (time.perf_counter() - t0) * 1e3
+
+        for _ in range(2):
+            timed()
+        for other, other_backend in others:
+
+            def setup(q: Processor = other, qb: Backend = other_backend):
+                configure_thread(q.name, q.cores, q.cpu_quota_pct)
+                s = make_session(graph.model, q, qb, **attrs)
+                return lambda: busy_call(s.run, None, feeds)
+
+            with BackgroundLoad(setup) as load:
+                out[other.name] = contention_factor(timed, load, rounds)
+    return out

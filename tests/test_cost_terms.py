@@ -1,0 +1,309 @@
+"""The cost terms beyond nodes: the part-level schedule (pure), and each measured term against a
+micro-measurement on a synthetic graph through the real runtime (structure and generous ratios,
+never absolute timing thresholds)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import make_model, rand
+from onnx import helper
+
+from edgesplit.compile.api import compile_bundle
+from edgesplit.compile.manual import contiguous_plan
+from edgesplit.device import load_device
+from edgesplit.model.load import load_model
+from edgesplit.optimize.costs import CostModel, Flow, build_costs
+from edgesplit.optimize.overheads import Overheads, PairCost, none
+from edgesplit.optimize.schedule import boundary_ms, layout, schedule
+from edgesplit.optimize.search import fewest_parts
+from edgesplit.profile.run import ProfileOptions, profile_model
+from edgesplit.profile.terms import IDLE_GAPS_MS
+from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.session import load
+
+# ---- the part-level schedule, on cost models made by hand
+
+
+def hand_model(
+    procs: list[str], node_ms: list[list[float]], edges: list[tuple[int, int]], nbytes: int = 1000
+):
+    """Nodes ``n0..`` with ``node_ms[n][p]``; each edge a tensor ``t<src>`` (one flow per source);
+    node 0 reads the graph input, the last node writes the graph output."""
+    n_nodes, n_procs = len(node_ms), len(procs)
+    ms = np.array(node_ms, dtype=float)
+    readers: dict[int, list[int]] = {}
+    for a, b in edges:
+        readers.setdefault(a, []).append(b)
+    flows = [Flow("x", nbytes, -1, (0,))]
+    for n in range(n_nodes):
+        flows.append(Flow(f"t{n}", nbytes, n, tuple(readers.get(n, ())), n == n_nodes - 1))
+    channel = np.arange(n_procs * n_procs).reshape(n_procs, n_procs) + 2
+    return CostModel(
+        nodes=tuple(f"n{i}" for i in range(n_nodes)),
+        op_types=("Op",) * n_nodes,
+        processors=tuple(procs),
+        kinds=("cpu",) * n_procs,
+        remote=np.zeros(n_procs, dtype=bool),
+        home=0,
+        node_ms=ms,
+        node_mj=ms,
+        backend=tuple(tuple("ort" for _ in procs) for _ in range(n_nodes)),
+        allowed=np.ones_like(ms, dtype=bool),
+        flows=tuple(flows),
+        link_ms=np.zeros((n_procs, n_procs)),
+        link_ms_per_byte=np.zeros((n_procs, n_procs)),
+        radio_w=np.zeros((n_procs, n_procs)),
+        channel=channel,
+        idle_w=np.zeros(n_procs),
+        mem_nbytes=np.zeros(n_nodes),
+        mem_limit_nbytes=np.full(n_procs, np.inf),
+    )
+
+
+def with_terms(cm: CostModel, **kw) -> CostModel:
+    base = none(cm.n_nodes, cm.n_procs, len(cm.flows))
+    fields = {
+        f: getattr(base, f) for f in ("pair", "blocked_out", "blocked_in", "handoff_gaps_ms", "handoff_ms")
+    }
+    fields.update(kw)
+    return replace(cm, overheads=Overheads(**fields))
+
+
+def test_a_part_starts_when_the_whole_part_it_reads_has_ended():
+    """Diamond: A (big) feeds B (little) and C (big); D (big) joins them. The runtime runs {A, C} as
+    one part, whose outputs are released at its end, so B cannot start after A alone."""
+    cm = hand_model(["big", "little"], [[1, 9], [5, 2], [4, 9], [1, 9]], [(0, 1), (0, 2), (1, 3), (2, 3)])
+    s = schedule(cm, np.array([0, 1, 0, 0]))
+    parts = {tuple(p): k for k, p in enumerate(s.parts)}
+    ac, b, d = parts[(0, 2)], parts[(1,)], parts[(3,)]
+    assert s.part_start_ms[b] == pytest.approx(s.part_end_ms[ac])  # not at A's end (1 ms)
+    assert s.part_end_ms[ac] == pytest.approx(5.0)
+    assert s.part_start_ms[d] == pytest.approx(max(s.part_end_ms[b], s.part_end_ms[ac]))
+    assert s.makespan_ms == pytest.approx(5 + 2 + 1)
+
+
+def test_workers_serve_parts_first_ready_first():
+    """Two parts wait for little while it runs a long one; the one ready first runs first, even
+    though the other leads to a long tail (a HEFT rank would put that one first). The runtime does
+    the same: each processor's worker is a FIFO queue fed as parts become ready."""
+    #  n0 little (10 ms, reads the input)
+    #  n1 big 1 ms -> n2 little 1 ms ; n3 big 1 ms (reads n1, so ready later) -> n4 little 1 ms -> n5 big 20 ms
+    ms = [[9, 10], [1, 9], [9, 1], [1, 9], [9, 1], [20, 90]]
+    edges = [(1, 2), (1, 3), (3, 4), (4, 5), (0, 5), (2, 5)]
+    cm = hand_model(["big", "little"], ms, edges)
+    cm = replace(cm, flows=(Flow("x", 10, -1, (0, 1)), *cm.flows[1:]))
+    assign = np.array([1, 0, 1, 0, 1, 0])
+    # n1 and n3 on big are one part; make them two (n3 on big's other backend) so they end apart
+    backend = [list(r) for r in cm.backend]
+    backend[3][0] = "tvm"
+    cm = replace(cm, backend=tuple(tuple(r) for r in backend))
+    s = schedule(cm, assign)
+    part_of = {n: k for k, p in enumerate(s.parts) for n in p}
+    n2, n4 = part_of[2], part_of[4]
+    assert s.part_start_ms[n2] == pytest.approx(10.0)  # ready at 1 ms, waits for n0
+    assert s.part_start_ms[n4] == pytest.approx(11.0)  # ready at 2 ms: second in little's queue
+    assert s.makespan_ms == pytest.approx(12 + 20)
+
+
+def test_hand_off_only_onto_an_idle_worker_and_it_grows_with_the_gap():
+    cm = hand_model(["big", "little"], [[1, 9], [9, 3], [1, 9]], [(0, 1), (1, 2)])
+    gaps = np.tile([0.0, 10.0], (2, 1))
+    handoff = np.array([[0.1, 0.5], [0.2, 1.2]])
+    timed = with_terms(cm, handoff_gaps_ms=gaps, handoff_ms=handoff)
+    s = schedule(timed, np.array([0, 1, 0]))
+    plain = schedule(cm, np.array([0, 1, 0]))
+    assert s.handoffs_ms > 0
+    # three hand-offs (onto big at the start, little, big again), each after its worker's idle gap
+    assert s.makespan_ms - plain.makespan_ms == pytest.approx(s.handoffs_ms)
+    # a part its own worker made ready starts at once: a chain on one processor has one hand-off,
+    # back to back with the previous request
+    one = schedule(timed, np.array([0, 0, 0]))
+    assert one.handoffs_ms == pytest.approx(0.1)
+
+
+def test_fixed_cost_per_part_and_boundary_bytes_and_reorders():
+    cm = hand_model(["cpu"], [[1], [1], [1]], [(0, 1), (1, 2)], nbytes=4_000_000)
+    cm = replace(cm, backend=(("ort",), ("tvm",), ("ort",)))  # three parts on one processor
+    pair = {(0, "ort"): PairCost(0.2, 0.0, 1e-7, 2e-7), (0, "tvm"): PairCost(0.3, 1e-7, 1e-7, 0.0)}
+    blocked_out = np.array([[False], [True], [False], [False]])  # t0 (made by n0) is blocked on ort
+    blocked_in = np.array([[False], [False], [True]])  # n2 reads its input blocked
+    timed = with_terms(cm, pair=pair, blocked_out=blocked_out, blocked_in=blocked_in)
+    x = np.zeros(3, dtype=np.int64)
+    lay = layout(timed, x)
+    extra = boundary_ms(timed, x, lay.parts, np.arange(3), ["ort", "tvm", "ort"])
+    mb4 = 4_000_000
+    assert extra[0] == pytest.approx(0.2 + mb4 * (1e-7 + 2e-7))  # out + reorder of t0
+    assert extra[1] == pytest.approx(0.3 + mb4 * 1e-7 + mb4 * 1e-7)  # in t0, out t1 (no reorders on tvm)
+    assert extra[2] == pytest.approx(0.2 + mb4 * 2e-7)  # in t1, reordered into n2's layout
+    assert schedule(timed, x).makespan_ms == pytest.approx(3 + extra.sum())
+
+
+def test_contention_slows_only_overlapping_parts():
+    """n0 on big and n1 on little both read the input and overlap for 4 ms; a chain does not."""
+    cm = hand_model(["big", "little"], [[4, 9], [9, 4]], [])
+    cm = replace(
+        cm, flows=(Flow("x", 10, -1, (0, 1)), Flow("y0", 10, 0, (), True), Flow("y1", 10, 1, (), True))
+    )
+    contention = np.array([[1.0, 1.5], [1.25, 1.0]])
+    s = schedule(with_terms(cm, contention=contention), np.array([0, 1]))
+    assert schedule(cm, np.array([0, 1])).makespan_ms == pytest.approx(4)
+    part = {tuple(p): k for k, p in enumerate(s.parts)}
+    assert s.part_ms[part[(0,)]] == pytest.approx(4 * 1.5)
+    assert s.part_ms[part[(1,)]] == pytest.approx(4 * 1.25)
+    assert s.makespan_ms == pytest.approx(6)
+    chain = hand_model(["big", "little"], [[4, 9], [9, 4]], [(0, 1)])
+    c = schedule(with_terms(chain, contention=contention), np.array([0, 1]))
+    assert c.part_ms.tolist() == [4, 4]
+
+
+def test_fewer_parts_within_the_noise():
+    cm = hand_model(["big", "little"], [[1, 9], [5, 2], [4, 9], [1, 9]], [(0, 1), (0, 2), (1, 3), (2, 3)])
+    whole, split = np.zeros(4, dtype=np.int64), np.array([0, 1, 0, 0])
+    visited = [(10.0, split), (10.3, whole)]
+    assert fewest_parts(cm, visited, 0.05)[0] is whole
+    assert fewest_parts(cm, visited, 0.01)[0] is split
+
+
+# ---- measured terms against the real runtime
+
+
+@pytest.fixture(scope="module")
+def chain_model(tmp_path_factory):
+    """A chain of 1x1 convolutions on a 64-channel 56x56 map (800 KB activations): CNN parts whose
+    boundaries ORT brackets with layout reorders."""
+    nodes, weights = [], []
+    prev = "x"
+    for i in range(6):
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], name=f"conv{i}"))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
+        weights.append((f"w{i}", rand(64, 64, 1, 1, seed=i)))
+        prev = f"r{i}"
+    m = make_model(nodes, [("x", [1, 64, 56, 56])], [(prev, [1, 64, 56, 56])], weights)
+    path = tmp_path_factory.mktemp("terms") / "chain.onnx"
+    onnx.save(m, path)
+    return load_model(path)
+
+
+@pytest.fixture(scope="module")
+def chain_profile(chain_model):
+    return profile_model(chain_model, load_device("host-2core"), ProfileOptions(["ort"], runs=10, warmup=3))
+
+
+def test_the_profiler_measures_every_term(chain_profile):
+    for e in chain_profile.entries:
+        t = e.terms
+        assert t is not None, e.key
+        assert t.part_fixed_ms >= 0 and t.input_ms_per_mb >= 0 and t.output_ms_per_mb >= 0
+        assert t.reorder_ms_per_mb is not None and t.reorder_ms_per_mb > 0  # ORT's NCHWc Conv
+        assert t.handoff_idle_ms == IDLE_GAPS_MS and len(t.handoff_ms) == len(t.return_ms) == len(
+            IDLE_GAPS_MS
+        )
+        assert all(v >= 0 for v in t.handoff_ms + t.return_ms)
+        # every conv output inside the whole model stays blocked; conv1.. read blocked inputs
+        assert {"r0", "r1", "r4"} <= set(t.blocked_tensors) and "r5" not in t.blocked_tensors
+        assert {"conv1", "conv5"} <= set(t.blocked_readers) and "relu1" not in t.blocked_readers
+        other = "core1" if e.processor == "core0" else "core0"
+        assert set(t.contention) == {other} and t.contention[other] > 0
+
+
+def _optimised_ops(path) -> list[str]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(path) + ".opt.onnx"
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
+
+
+def test_reorders_at_a_conv_boundary_are_those_ort_adds(chain_model, chain_profile, tmp_path):
+    """Cut the conv chain in three: the model charges one ReorderOutput where a part hands on a
+    blocked tensor and one ReorderInput where a blocked reader takes it; ORT's optimised parts have
+    exactly those (the whole model has none)."""
+    plan = contiguous_plan(chain_model, "host-2core", [("core0", "ort")] * 3)
+    compile_bundle(chain_model, plan, tmp_path / "b")
+    ops = [op for p in sorted((tmp_path / "b" / "parts").glob("*.onnx")) for op in _optimised_ops(p)]
+    whole = _optimised_ops(chain_model.path)
+    cm = build_costs(chain_model, chain_profile, load_device("host-2core"))
+    ov = cm.ov
+    predicted_out = predicted_in = 0
+    for i, f in enumerate(cm.flows):
+        part = {plan.part_of(cm.nodes[d]).name for d in f.dsts}
+        if f.src >= 0 and part - {plan.part_of(cm.nodes[f.src]).name}:
+            predicted_out += bool(ov.blocked_out[i, 0])
+            predicted_in += any(ov.blocked_in[d, 0] for d in f.dsts)
+    assert (predicted_out, predicted_in) == (2, 2)
+    # the whole model has its own reorders at the graph's input and output; the cuts add the rest
+    assert ops.count("ReorderOutput") - whole.count("ReorderOutput") == predicted_out
+    assert ops.count("ReorderInput") - whole.count("ReorderInput") == predicted_in
+
+
+def _median_latency(bundles: dict[str, object], rounds: int = 6, block: int = 10) -> dict[str, float]:
+    """Median latency of each bundle, in alternating blocks (drift on a shared machine cancels)."""
+    sessions = {k: load(v) for k, v in bundles.items()}
+    times: dict[str, list[float]] = {k: [] for k in bundles}
+    try:
+        feeds = random_feeds(next(iter(sessions.values())))
+        for s in sessions.values():
+            for _ in range(3):
+                s.run(feeds)
+        for _ in range(rounds):
+            for k, s in sessions.items():
+                for _ in range(block):
+                    t0 = time.perf_counter()
+                    s.run(feeds)
+                    times[k].append((time.perf_counter() - t0) * 1e3)
+    finally:
+        for s in sessions.values():
+            s.close()
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp_path):
+    """One processor, the same chain as 1 and as 3 parts: the extra two parts (fixed costs, bytes
+    out and in, reorders) are predicted within a generous factor of what the runtime pays, as a
+    share of the whole chain's latency."""
+    cm = build_costs(chain_model, chain_profile, load_device("host-2core"))
+    bundles = {}
+    for n in (1, 3):
+        plan = contiguous_plan(chain_model, "host-2core", [("core0", "ort")] * n)
+        compile_bundle(chain_model, plan, tmp_path / f"b{n}")
+        bundles[n] = tmp_path / f"b{n}"
+    got = _median_latency(bundles)
+    x = np.zeros(cm.n_nodes, dtype=np.int64)
+    backends = [b[0] for b in cm.backend]
+    split = contiguous_plan(chain_model, "host-2core", [("core0", "ort")] * 3)
+    parts = [[cm.nodes.index(n) for n in p.nodes] for p in split.parts]
+    part_of = np.zeros(cm.n_nodes, dtype=np.int64)
+    for k, p in enumerate(parts):
+        part_of[p] = k
+    whole = boundary_ms(cm, x, [list(range(cm.n_nodes))], np.zeros(cm.n_nodes, dtype=np.int64), backends)
+    extra_predicted = float(boundary_ms(cm, x, parts, part_of, backends).sum() - whole.sum())
+    one_predicted = schedule(cm, x).makespan_ms
+    assert extra_predicted > 0
+    # as a share of the 1-part latency, so that a loaded machine (everything slower) cancels out
+    share_measured, share_predicted = got[3] / got[1] - 1, extra_predicted / one_predicted
+    assert 0.25 <= share_measured / share_predicted <= 4.0, (got, extra_predicted, one_predicted)
+
+
+def test_a_trivial_bundle_costs_the_session_and_its_wake_ups(tmp_path):
+    """A one-node model as a 1-part bundle through the real Session: nearly all of its latency is
+    the per-request terms (hand-off, the part's fixed cost, the caller's wake-up, the Session's
+    work), which the model predicts within a generous factor; its kernel alone is a small share."""
+    m = make_model([helper.make_node("Neg", ["x"], ["y"], name="neg")], [("x", [1, 16])], [("y", [1, 16])])
+    onnx.save(m, tmp_path / "neg.onnx")
+    graph = load_model(tmp_path / "neg.onnx")
+    device = load_device("host-2core")
+    prof = profile_model(graph, device, ProfileOptions(["ort"], processors=["core0"], runs=20, warmup=3))
+    plan = contiguous_plan(graph, "host-2core", [("core0", "ort")])
+    compile_bundle(graph, plan, tmp_path / "b")
+    got = _median_latency({"b": tmp_path / "b"}, rounds=4, block=50)["b"]
+    cm = build_costs(graph, prof, device)
+    predicted = schedule(cm, np.zeros(1, dtype=np.int64)).makespan_ms
+    kernel = prof.entry("core0", "ort").nodes["neg"].latency_ms
+    assert kernel < 0.5 * predicted
+    assert 0.25 <= got / predicted <= 4.0, (got, predicted)  # without those terms: 20x and more
