@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import numpy as np
 import onnx
 import pytest
-from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, stop_process, wait_ready
+from netlab import (
+    NetLab,
+    free_port,
+    make_bundle,
+    require_netns,
+    serve_command,
+    single_tensor_cuts,
+    stop_process,
+    wait_ready,
+)
 
 from edgesplit.compile.bands import part_key
 from edgesplit.compile.bundle import open_bundle
@@ -144,6 +154,11 @@ def test_uplink_estimate_weighs_the_downlink():
         link.add_transfer(200_000, 160.0, 0.0, up_nbytes=100_000)
     assert link.uplink_mbps(down_ratio=2.0) == pytest.approx(8.0)
     assert link.uplink_mbps(down_ratio=1.0) == pytest.approx(200_000 * 8 / 150e3)
+    link.add_transfer(200_000, 1210.0, 0.0, up_nbytes=100_000)  # the link drops 8x: the newest counts
+    assert link.uplink_mbps(down_ratio=2.0) == pytest.approx(1.0)
+    for _ in range(10):  # small transfers are summed until they hold 64 kB
+        link.add_transfer(10_000, 20.0, 0.0, up_nbytes=10_000)
+    assert link.uplink_mbps(down_ratio=2.0) == pytest.approx(8.0)
 
 
 def check_one_plan_per_request(bs) -> None:
@@ -184,3 +199,35 @@ def test_a_bundle_without_bands_is_refused_by_band_sessions(tmp_path):
     bundle = make_bundle(model, tmp_path / "b", [cut], [False, True])
     with pytest.raises(BundleError, match="no band table"):
         load_bands(bundle)
+
+
+@pytest.mark.netlab
+@pytest.mark.slow
+def test_band_plans_follow_a_shaped_link_and_a_dead_server(adaptive):
+    """200 -> 5 -> 50 -> 0.5 Mbit/s during a stream: from the 4th request at each rate on, the plan
+    is the band table's for that rate; outputs are right throughout; a killed server: local plan."""
+    require_netns()
+    bundle = adaptive["bundle"]
+    with NetLab(200, 10) as lab:
+        server = lab.spawn(serve_command(bundle, lab.server_ip, 8000), stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{lab.relay(8000).port}"
+        wait_ready(url)
+        opts = {"remote": {"url": url, "timeout_s": 30.0}}
+        with load_bands(bundle, executor_options=opts, probe_interval_s=0.2, max_probe_interval_s=1.0) as bs:
+            seen = {}
+            for rate in (200, 5, 50, 0.5):
+                lab.set_rate(rate)
+                plans = []
+                for _ in range(6):
+                    assert same(bs.run(adaptive["feeds"]), adaptive["want"])
+                    plans.append(bs.last_plan)
+                    time.sleep(0.3)  # a stream of a few frames a second: the idle link gets probed
+                seen[rate] = plans
+            for rate, plans in seen.items():
+                assert plans[3:] == [bs.bands.plan_at(rate)] * 3, (rate, seen, bs.stats())
+            stop_process(server)  # killed in the middle of the stream
+            lab.set_rate(200)
+            for _ in range(3):
+                assert same(bs.run(adaptive["feeds"]), adaptive["want"])
+            assert bs.current == bs.selector.lowest()
+            check_one_plan_per_request(bs)

@@ -85,18 +85,24 @@ class LinkEstimator:
         """``time.monotonic()`` of the last transfer (``-inf`` before any)."""
         return self._last_transfer
 
-    def uplink_mbps(self, down_ratio: float = 1.0, last: int = 4) -> float | None:
-        """The uplink rate implied by the ``last`` transfers, for a downlink ``down_ratio`` times as
+    def uplink_mbps(self, down_ratio: float = 1.0, min_nbytes: int = 64_000) -> float | None:
+        """The uplink rate implied by the newest transfers, for a downlink ``down_ratio`` times as
         fast: each moved ``up`` bytes out and ``down`` back in ``wire = (up + down / ratio) * 8 / rate``
-        (the RTT and the server's time taken out). Few transfers, so that it follows a change fast;
-        None before a ping and a transfer."""
+        (the RTT and the server's time taken out). It takes transfers from the newest back until
+        they hold ``min_nbytes`` (a small one alone says more about the RTT's jitter than about the
+        rate), so that it follows a change within a request or two. None before a ping and a
+        transfer."""
         with self._lock:
             if not self._pings or not self._recent:
                 return None
             rtt = min(self._pings)
-            recent = list(self._recent)[-last:]
-        wire_ms = sum(max(ms - rtt, 1e-3) for _, ms, _ in recent)
-        weighted = sum(up + (n - up) / down_ratio for n, _, up in recent)
+            recent = list(self._recent)
+        wire_ms = weighted = 0.0
+        for n, ms, up in reversed(recent):
+            wire_ms += max(ms - rtt, 1e-3)
+            weighted += up + (n - up) / down_ratio
+            if weighted >= min_nbytes:
+                break
         return weighted * 8 / (wire_ms * 1e3)
 
     def estimate(self) -> LinkEstimate:

@@ -140,6 +140,7 @@ class BandSession:
         ]
         self.manifest = self.sessions[0].manifest
         self.current = self.selector.lowest() if start_plan is None else start_plan
+        self.last_plan: int | None = None  # the plan the last request ran on
         self._remote = [[ex for ex in s.remote_executors() if hasattr(ex, "probe")] for s in self.sessions]
         self._link_list = list({id(ex.link): ex.link for exs in self._remote for ex in exs}.values())
         self._switches: list[Switch] = []
@@ -240,6 +241,7 @@ class BandSession:
             out = self.sessions[k].run(inputs, timeout_s=timeout_s)
             self._plan_ms[k] += (time.perf_counter() - t0) * 1e3
             self._plan_requests[k] += 1
+            self.last_plan = k
             return out
 
     def run_stream(self, inputs: Iterable[Mapping[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
