@@ -144,6 +144,19 @@ def test_selector_has_hysteresis(adaptive):
     assert sel.choose(right, x / 1.2) == left
     assert sel.choose(left, None) == left
     assert sel.choose(left, 1000.0) == bands.plan_at(1000.0)
+    assert sel.next_faster(bands.plan_at(0.1)) == bands.bands[1]["plan"]
+    assert sel.next_faster(bands.plan_at(1000.0)) is None
+
+
+def test_run_adaptive_without_a_server_reports_the_band_plans(adaptive, capsys):
+    from edgesplit.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["run", str(adaptive["bundle"]), "--adaptive", "--repeat", "2", "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and "band plans (switched between requests)" in out
+    lowest = adaptive["manifest"].bands.bands[0]["plan"]
+    assert f"{lowest} (now)" in out and "0 switches" in out  # no server: the plan that sends least
 
 
 def test_uplink_estimate_weighs_the_downlink():

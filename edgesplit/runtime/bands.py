@@ -96,16 +96,9 @@ class BandSelector:
 
     def next_faster(self, current: int) -> int | None:
         """The plan of the first band above the current plan's highest band (None: none above)."""
-        top = (
-            max(i for i, b in enumerate(self.bands.bands) if b["plan"] == current)
-            if self._has(current)
-            else -1
-        )
-        later = self.bands.bands[top + 1 :]
-        return int(later[0]["plan"]) if later else None
-
-    def _has(self, plan: int) -> bool:
-        return any(b["plan"] == plan for b in self.bands.bands)
+        bands = self.bands.bands
+        top = max((i for i, b in enumerate(bands) if b["plan"] == current), default=-1)
+        return int(bands[top + 1]["plan"]) if top + 1 < len(bands) else None
 
 
 class BandSession:
