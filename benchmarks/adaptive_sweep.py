@@ -16,6 +16,9 @@ Mbit/s) and Wi-Fi/5G-class rates (50, 100, 300). At each step it measures:
   at 0.13 Mbit/s an image takes half a minute to send);
 * the oracle: the band plan the table gives for the rate the lab sets, measured.
 
+Every configuration runs its requests ``GAP_S`` apart (a stream of a few frames a second), so that
+all see the same link and CPU-quota state between requests (an idle TCP connection restarts slow).
+
 Run (root: network namespaces and cgroups):
   .venv/bin/python benchmarks/adaptive_sweep.py [--model resnet18] [--trace 18.88,5.85,...]
 """
@@ -38,6 +41,7 @@ from netlab import CpuQuota, NetLab, serve_command, wait_ready  # noqa: E402
 from offload_sweep import DEVICE_SPEC, ROOFLINE, RTT_MS, SERVER_SPEC, profiles  # noqa: E402
 
 TRACE = "18.88,5.85,1.1,0.13,50,100,300"
+GAP_S = 0.3  # between requests, for every configuration alike: a stream of a few frames a second
 
 WORKER = textwrap.dedent("""
     import json, sys, time
@@ -178,14 +182,23 @@ def trace(args, rates, lab, device, bundle, url, bands, problem) -> list[dict]:
     rows = []
     for i, rate in enumerate(rates):
         lab.set_rate(rate)
-        ad = device.job(kind="adaptive", bundle=bundle, url=url, runs=args.requests, budget_s=1e9, gap_s=0.3)
+        ad = device.job(
+            kind="adaptive", bundle=bundle, url=url, runs=args.requests, budget_s=1e9, gap_s=GAP_S
+        )
         fixed = {}
         for k in range(len(bands.plans)):
             if pred[k][i] > args.skip_over_s * 1e3:
                 fixed[k] = None
                 continue
             r = device.job(
-                kind="fixed", bundle=bundle, url=url, plan=k, runs=args.runs, budget_s=args.budget_s, warmup=1
+                kind="fixed",
+                bundle=bundle,
+                url=url,
+                plan=k,
+                runs=args.runs,
+                budget_s=args.budget_s,
+                warmup=1,
+                gap_s=GAP_S,
             )
             fixed[k] = statistics.median(r["ms"]) if "ms" in r else None
         row = {
