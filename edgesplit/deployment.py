@@ -25,6 +25,7 @@ def deploy(
     progress: Callable[[str, int, int], None] | None = None,
     force: bool = False,
     sign_key: str | os.PathLike | None = None,
+    bands: bool = True,
     **choices,
 ) -> Manifest:
     """Profile ``model`` on ``device`` (measured here, predicted elsewhere), partition it and
@@ -41,6 +42,7 @@ def deploy(
         tune_trials: MetaSchedule trials for TVM parts.
         force: Replace ``out`` even when it holds something other than an edgesplit bundle.
         sign_key: An ed25519 private key file to sign the bundle with (the bundle is signed last).
+        bands: With a server, also a plan per bandwidth band (an adaptive bundle).
 
     The bundle's manifest carries the plan (``Manifest.plan``), with the predicted figures and the
     baselines. Returns the manifest; open the bundle with :func:`edgesplit.load`.
@@ -63,6 +65,8 @@ def deploy(
         tune_trials=tune_trials,
         progress=progress,
         force=force,
+        bands=bands,
+        problem=problem,
     )
     if key is not None:
         sign_bundle(out, key)

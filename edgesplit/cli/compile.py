@@ -44,7 +44,14 @@ from edgesplit.cli.common import (
     type=click.IntRange(0),
     help="MetaSchedule trials for TVM parts (0: untuned, or the cached database).",
 )
-def command(model, plan_path, output, force, sign_key, device, input_shapes, input_values, tune_trials):
+@click.option(
+    "--no-bands",
+    is_flag=True,
+    help="With a server: do not add a plan per bandwidth band (the bundle runs the one plan).",
+)
+def command(
+    model, plan_path, output, force, sign_key, device, input_shapes, input_values, tune_trials, no_bands
+):
     """Extract, check and compile every part of PLAN for MODEL into a bundle."""
     from edgesplit.compile.api import compile_bundle
 
@@ -57,6 +64,7 @@ def command(model, plan_path, output, force, sign_key, device, input_shapes, inp
         tune_trials=tune_trials,
         force=force,
         sign_key=sign_key,
+        bands=not no_bands,
     )
     print_manifest(manifest)
     console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))
@@ -82,3 +90,25 @@ def print_manifest(manifest) -> None:
     console.print(t)
     for n in manifest.notes:
         console.print(f"note: {n}")
+    if manifest.bands is not None:
+        print_bands(manifest.bands)
+
+
+def print_bands(bands) -> None:
+    """The band table: which plan runs at which uplink rate."""
+    from rich.table import Table
+
+    t = Table(title=f"band table ({bands.objective}): the plan for each uplink rate")
+    for col in ("Mbit/s from", "to", "plan", "parts", "value at ends"):
+        t.add_column(col)
+    for b in bands.bands:
+        plan = bands.plans[b["plan"]]
+        where = " ".join(f"{p.processor}:{len(p.nodes)}" for p in plan.plan.parts)
+        t.add_row(
+            f"{b['lo_mbps']:.4g}",
+            f"{b['hi_mbps']:.4g}",
+            str(b["plan"]),
+            where[:60],
+            f"{b['value_lo']:.3f} .. {b['value_hi']:.3f}",
+        )
+    console.print(t)

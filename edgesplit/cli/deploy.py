@@ -48,6 +48,11 @@ from edgesplit.cli.common import (
 @click.option(
     "--runs", default=20, show_default=True, type=click.IntRange(1), help="Timed runs per measurement."
 )
+@click.option(
+    "--no-bands",
+    is_flag=True,
+    help="With a server: do not add a plan per bandwidth band (the bundle runs the one plan).",
+)
 @click.option("--tune-trials", default=0, show_default=True, help="MetaSchedule trials for TVM parts.")
 def command(
     model,
@@ -67,6 +72,7 @@ def command(
     input_values,
     runs,
     tune_trials,
+    no_bands,
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
     from edgesplit.cli.compile import print_manifest
@@ -99,6 +105,7 @@ def command(
             progress=update,
             force=force,
             sign_key=sign_key,
+            bands=not no_bands,
             **choices,
         )
     print_manifest(manifest)

@@ -17,8 +17,14 @@ from edgesplit.cli.common import console
     type=click.IntRange(1, 20),
     help="Bandwidths per decade in the sweep.",
 )
+@click.option(
+    "--bands",
+    "bands",
+    is_flag=True,
+    help="The band table: each band plan's latency against bandwidth, and their envelope.",
+)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the sweep as a PNG.")
-def command(plan_path, bandwidth_sweep, per_decade, plot_path):
+def command(plan_path, bandwidth_sweep, per_decade, bands, plot_path):
     """Explain PLAN: its parts, and with --bandwidth-sweep where the decision changes."""
     from rich.table import Table
 
@@ -26,6 +32,9 @@ def command(plan_path, bandwidth_sweep, per_decade, plot_path):
     from edgesplit.optimize.plan import load_plan
 
     plan = load_plan(plan_path)
+    if bands:
+        explain_bands(plan, per_decade, plot_path)
+        return
     if not bandwidth_sweep:
         print_plan(plan)
         return
@@ -59,4 +68,41 @@ def command(plan_path, bandwidth_sweep, per_decade, plot_path):
         from edgesplit.optimize.plot import sweep_plot
 
         sweep_plot(rows, plot_path, f"{plan.model_name} on {plan.device} + {plan.server}")
+        console.print(f"wrote {plot_path}")
+
+
+def explain_bands(plan, per_decade: int, plot_path: str | None) -> None:
+    """The band table of ``plan``'s problem, each plan's value on a log grid, and the envelope."""
+    from rich.table import Table
+
+    from edgesplit.optimize.bands import curves, problem_band_table, problem_costs
+    from edgesplit.optimize.sweep import log_bandwidths, needs_network
+    from edgesplit.pipeline import problem_from_plan
+
+    needs_network(bool(plan.server and plan.link))
+    problem = problem_from_plan(plan)
+    table = problem_band_table(problem)
+    grid = sorted({*log_bandwidths(table.lo_mbps, table.hi_mbps, per_decade), *table.breakpoints_mbps})
+    values = curves(problem_costs(problem), table.objective, table.assigns, grid)
+    unit = "mJ" if table.objective == "energy" else "ms"
+    t = Table(title=f"{plan.model_name}: {table.objective} ({unit}) of each band plan against uplink rate")
+    for col in ("Mbit/s", *(f"plan {k}" for k in range(len(table.assigns))), "envelope", "best"):
+        t.add_column(col, justify="right")
+    for i, bw in enumerate(grid):
+        col = [v[i] for v in values]
+        best = table.band_at(bw).plan
+        mark = " (breakpoint)" if bw in table.breakpoints_mbps else ""
+        t.add_row(f"{bw:.4g}", *(f"{x:.3f}" for x in col), f"{min(col):.3f}", f"plan {best}{mark}")
+    console.print(t)
+    for k, d in enumerate(table.decisions):
+        where = ", ".join(f"{b.lo_mbps:.4g}-{b.hi_mbps:.4g}" for b in table.bands if b.plan == k)
+        console.print(f"plan {k}: {d} (best at {where} Mbit/s)")
+    console.print(
+        f"breakpoints: {', '.join(f'{b:.6g}' for b in table.breakpoints_mbps) or 'none'} Mbit/s "
+        f"({table.solver_calls} solver runs, {table.time_s:.2f} s)"
+    )
+    if plot_path:
+        from edgesplit.optimize.plot import bands_plot
+
+        bands_plot(grid, values, table.breakpoints_mbps, plot_path, f"{plan.model_name}: band plans", unit)
         console.print(f"wrote {plot_path}")

@@ -45,7 +45,8 @@ def check_token(token: str | None) -> str | None:
 @click.option(
     "--adaptive",
     is_flag=True,
-    help="Per remote part, run on the server or the local fallback, whichever is measured faster.",
+    help="Switch band plans by the measured uplink (an adaptive bundle); else, per remote part, run on "
+    "the server or the local fallback, whichever is measured faster.",
 )
 @click.option("--output", "-o", type=click.Path(file_okay=False), help="Write the outputs as NAME.npy here.")
 @click.option(
@@ -95,6 +96,9 @@ def command(
         options = {"remote": {"url": server_url, "token": token}}
         if deadline_ms is not None:
             options["remote"]["timeout_s"] = deadline_ms / 1e3
+    if adaptive and has_bands(bundle):
+        run_bands(bundle, options, inputs, warmup, repeat, output, trust_key)
+        return
     with load(
         bundle, executor_options=options, adaptive=adaptive, detailed=trace_detail, trust_key=trust_key
     ) as sess:
@@ -110,6 +114,63 @@ def command(
     print_report(report)
     if trace_path:
         console.print(f"trace: {trace_path} (open in https://ui.perfetto.dev or chrome://tracing)")
+
+
+def has_bands(bundle) -> bool:
+    from edgesplit.compile.bundle import open_bundle
+
+    return open_bundle(bundle, verify=False).bands is not None
+
+
+def run_bands(bundle, options, inputs, warmup: int, repeat: int, output, trust_key=None) -> None:
+    """``run --adaptive`` on an adaptive bundle: band plans switched between requests."""
+    import time
+
+    import numpy as np
+
+    from edgesplit.runtime.api import read_inputs
+    from edgesplit.runtime.bands import load_bands
+
+    with load_bands(bundle, executor_options=options, trust_key=trust_key) as bs:
+        feeds = read_inputs(bs.sessions[0], inputs)
+        for _ in range(warmup):
+            bs.run(feeds)
+        lat = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            out = bs.run(feeds)
+            lat.append((time.perf_counter() - t0) * 1e3)
+        stats = bs.stats()
+        if output:
+            from edgesplit.runtime.api import save_arrays
+
+            save_arrays(out, output)
+    print_band_stats(stats, float(np.median(lat)), float(np.percentile(lat, 90)), repeat)
+
+
+def print_band_stats(st, median_ms: float, p90_ms: float, runs: int) -> None:
+    from rich.table import Table
+
+    t = Table(title="band plans (switched between requests)")
+    for col in ("plan", "requests", "time ms", "mean ms"):
+        t.add_column(col, justify="right")
+    for k, (n, ms) in enumerate(zip(st.plan_requests, st.plan_ms)):
+        t.add_row(
+            f"{k}{' (now)' if k == st.current else ''}", str(n), f"{ms:.1f}", f"{ms / n:.3f}" if n else "-"
+        )
+    console.print(t)
+    for s in st.switches:
+        bw = f"{s.uplink_mbps:.3g} Mbit/s" if s.uplink_mbps is not None else "no measure"
+        console.print(
+            f"switch before request {s.request}: plan {s.from_plan} -> {s.to_plan} ({s.reason}, {bw})"
+        )
+    up = f"{st.uplink_mbps:.3g} Mbit/s" if st.uplink_mbps is not None else "-"
+    rtt = f"{st.rtt_ms:.2f} ms" if st.rtt_ms is not None else "-"
+    console.print(
+        f"{runs} timed requests: median {median_ms:.3f} ms, p90 {p90_ms:.3f} ms (warm-up included in the "
+        f"plan times); {len(st.switches)} switches; uplink {up}, RTT {rtt}, {st.probes} probes; decision "
+        f"{st.decision_us_median:.1f} us median, {st.decision_us_p99:.1f} us p99"
+    )
 
 
 def print_report(report) -> None:

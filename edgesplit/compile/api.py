@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnx
 
 from edgesplit.compile.backends import COMPILERS, CompileJob
+from edgesplit.compile.bands import BandAnalysis, band_plans_for, bundle_bands, compile_band_parts, part_key
 from edgesplit.compile.bundle import (
+    BundleBands,
     Manifest,
     PartArtifact,
     TensorSpec,
@@ -28,6 +31,7 @@ from edgesplit.device import DeviceSpec, Processor
 from edgesplit.errors import BundleError, CompileError, PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.plan import Part, Plan, check_plan, check_plan_types
+from edgesplit.optimize.problem import Problem
 from edgesplit.pipeline import as_plan, load_graph, plan_device
 from edgesplit.util import atomic_dir, refuse_to_replace, sha256_file, short
 
@@ -119,6 +123,8 @@ def compile_bundle(
     progress: Progress | None = None,
     force: bool = False,
     sign_key: str | os.PathLike | Ed25519PrivateKey | None = None,
+    bands: bool = True,
+    problem: Problem | None = None,
 ) -> Manifest:
     """Extract, check and compile every part of ``plan``; write the bundle at ``out`` atomically.
 
@@ -133,6 +139,11 @@ def compile_bundle(
             (without it, an existing ``out`` must be empty or a bundle).
         sign_key: An ed25519 private key (file or key) to sign the manifest with
             (:mod:`edgesplit.compile.signing`).
+        bands: When the plan has a server, also compile a plan per bandwidth band (an adaptive
+            bundle, :class:`~edgesplit.compile.bundle.BundleBands`); parts shared by plans are
+            stored once. Plans without a server, or whose problem cannot be loaded again, get a
+            note instead.
+        problem: The plan's problem, when the caller has it (else loaded again from the plan).
 
     Raises:
         PlanError: the plan was made for another model, or names unknown processors or nodes.
@@ -154,6 +165,9 @@ def compile_bundle(
     local_cpu = next((p for p in spec.processors if not p.is_remote and p.kind == "cpu"), None)
     notes: list[str] = []
     artifacts: list[PartArtifact] = []
+    analysis = band_plans_for(plan, problem) if bands else None
+    if analysis is not None and analysis.table is None and plan.server:
+        notes.append(f"no band table: {analysis.reason}")
     with atomic_dir(out) as tmp:
         (tmp / "parts").mkdir()
         for k, (p, pm) in enumerate(zip(plan.parts, extracted)):
@@ -164,6 +178,11 @@ def compile_bundle(
             art, warning = _compile_part(job, p, spec.processor(p.processor), local_cpu, producer)
             artifacts.append(art)
             notes.extend([warning] if warning else [])
+        band_set = None
+        if analysis is not None and analysis.table is not None:
+            band_set = _compile_bands(
+                graph, tmp, plan, analysis, spec, local_cpu, tune_trials, artifacts, notes
+            )
         manifest = Manifest(
             model_sha256=graph.sha256,
             model_name=graph.name,
@@ -175,11 +194,41 @@ def compile_bundle(
             plan=plan,
             server=plan.server,
             notes=tuple(notes),
+            bands=band_set,
         )
         write_manifest(tmp, manifest, key)
     if progress:
         progress("compile", len(plan.parts), len(plan.parts))
     return manifest
+
+
+def _compile_bands(
+    graph: ModelGraph,
+    tmp: Path,
+    plan: Plan,
+    analysis: BandAnalysis,
+    spec: DeviceSpec,
+    local_cpu: Processor | None,
+    tune_trials: int,
+    artifacts: list[PartArtifact],
+    notes: list[str],
+) -> BundleBands:
+    """Compile the band plans' parts that ``artifacts`` lacks (appended to it); the band table."""
+    done = {part_key(p, p.nodes): p.name for p in plan.parts}
+
+    def one(part: Part, pm: PartModel, error: float, producer: dict[str, str]) -> PartArtifact:
+        name = pm.name
+        job = CompileJob(pm, graph, tmp, f"parts/{name}.onnx", error, tune_trials)
+        onnx.save(pm.model, tmp / job.onnx_file)
+        art, warning = _compile_part(
+            job, replace(part, name=name), spec.processor(part.processor), local_cpu, producer
+        )
+        notes.extend([warning] if warning else [])
+        return art
+
+    new, band_plans = compile_band_parts(graph, tmp, analysis, done, one)
+    artifacts.extend(new)
+    return bundle_bands(analysis, band_plans, [p.name for p in plan.parts])
 
 
 def _compile_part(

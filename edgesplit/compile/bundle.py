@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,11 +105,80 @@ class PartArtifact:
 
 
 @dataclass(frozen=True)
+class BandPlan:
+    """One plan of a band table as the bundle holds it: the plan and the names of its parts in
+    :attr:`Manifest.parts` (parts shared between plans are stored, and named, once)."""
+
+    plan: Plan
+    parts: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"parts": list(self.parts), "plan": self.plan.to_json()}
+
+
+@dataclass(frozen=True)
+class BundleBands:
+    """The band table of a bundle: which plan to run at which uplink rate.
+
+    Attributes:
+        bands: ``{"lo_mbps", "hi_mbps", "plan", "value_lo", "value_hi"}`` in increasing bandwidth,
+            contiguous; ``plan`` indexes :attr:`plans`.
+        plans: The plans of the table.
+        default_parts: The parts of :attr:`Manifest.plan` (what runs when no band is chosen).
+        down_ratio: Downlink over uplink rate of the link the table was made for (the table moves
+            both together).
+        rtt_ms: That link's round-trip time.
+    """
+
+    objective: str
+    lo_mbps: float
+    hi_mbps: float
+    bands: tuple[Mapping[str, Any], ...]
+    plans: tuple[BandPlan, ...]
+    default_parts: tuple[str, ...]
+    down_ratio: float = 1.0
+    rtt_ms: float = 0.0
+    solver_calls: int = 0
+    time_s: float = 0.0
+
+    @property
+    def breakpoints_mbps(self) -> tuple[float, ...]:
+        return tuple(float(b["lo_mbps"]) for b in self.bands[1:])
+
+    def plan_at(self, bandwidth_mbps: float) -> int:
+        """The plan of the band holding ``bandwidth_mbps`` (the end bands beyond the range)."""
+        for b in self.bands:
+            if bandwidth_mbps < b["hi_mbps"]:
+                return int(b["plan"])
+        return int(self.bands[-1]["plan"])
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["plans"] = [p.to_json() for p in self.plans]
+        d["breakpoints_mbps"] = list(self.breakpoints_mbps)
+        return d
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any], source: str) -> BundleBands:
+        kw = known_fields(BundleBands, d)
+        kw["bands"] = tuple(dict(b) for b in d["bands"])
+        kw["plans"] = tuple(
+            BandPlan(Plan.from_json(p["plan"], f"{source}: band plan {k}"), tuple(p["parts"]))
+            for k, p in enumerate(d["plans"])
+        )
+        kw["default_parts"] = tuple(d["default_parts"])
+        return BundleBands(**kw)
+
+
+@dataclass(frozen=True)
 class Manifest:
     """What a bundle holds. ``files`` maps every relative path to its sha256.
 
     ``plan`` is the plan the bundle was compiled from; in ``manifest.json`` it is the plan's own
     JSON (:meth:`Plan.to_json`), so a bundle is read by the Java core and older readers alike.
+
+    ``bands`` (an adaptive bundle): a plan per bandwidth band. Then ``parts`` is the union of the
+    parts of every plan (the server serves them all) and :meth:`plan_parts` gives one plan's.
     """
 
     model_sha256: str
@@ -123,6 +192,7 @@ class Manifest:
     server: str | None = None
     notes: tuple[str, ...] = ()
     format_version: int = FORMAT_VERSION
+    bands: BundleBands | None = None
 
     def part(self, name: str) -> PartArtifact:
         for p in self.parts:
@@ -130,9 +200,33 @@ class Manifest:
                 return p
         raise BundleError(f"no part '{name}' in the bundle")
 
+    def plan_parts(self, band_plan: int | None = None) -> tuple[PartArtifact, ...]:
+        """The parts one plan runs: band plan ``band_plan``, or (None) :attr:`plan`'s.
+
+        Each part's ``depends_on`` is that plan's (a part shared by two plans may read from
+        different parts in each).
+        """
+        if self.bands is None:
+            if band_plan is not None:
+                raise BundleError("the bundle has no band table (compile it with bands)")
+            return self.parts
+        if band_plan is not None and not 0 <= band_plan < len(self.bands.plans):
+            raise BundleError(f"no band plan {band_plan}: the bundle has {len(self.bands.plans)}")
+        names = self.bands.default_parts if band_plan is None else self.bands.plans[band_plan].parts
+        parts = [self.part(n) for n in names]
+        producer = {t.name: p.name for p in parts for t in p.outputs}
+        return tuple(
+            replace(p, depends_on=tuple(sorted({producer[t.name] for t in p.inputs if t.name in producer})))
+            for p in parts
+        )
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["plan"] = self.plan.to_json()
+        if self.bands is None:
+            del d["bands"]
+        else:
+            d["bands"] = self.bands.to_json()
         return d
 
     @staticmethod
@@ -150,6 +244,8 @@ class Manifest:
             kw["files"] = dict(d["files"])
             kw["plan"] = Plan.from_json(d["plan"], f"{source}: plan")
             kw["notes"] = tuple(d.get("notes", ()))
+            if d.get("bands") is not None:
+                kw["bands"] = BundleBands.from_json(d["bands"], source)
             manifest = Manifest(**kw)
         except PlanError as e:
             raise BundleError(str(e)) from e

@@ -7,7 +7,7 @@ hang (a part waiting on a part that never runs) or a file written or read outsid
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from edgesplit.compile.safeio import check_relpath
@@ -82,23 +82,59 @@ def check_manifest(m: Manifest, source: str) -> None:
         check_relpath(rel, source)
     if not m.parts:
         raise BundleError(f"{source}: the bundle has no parts (nothing to run)")
-    model_in = {t.name: t for t in m.inputs}
     for t in (*m.inputs, *m.outputs):
         _check_spec(t, source)
-    parts: dict[str, PartArtifact] = {}
-    written: dict[str, tuple[str, TensorSpec]] = {}
+    names: set[str] = set()
     for i, p in enumerate(m.parts):
         _check_part(p, i, m.files, source)
-        if p.name in parts:
+        if p.name in names:
             raise BundleError(f"{source}: two parts are named {p.name}")
-        parts[p.name] = p
+        names.add(p.name)
+    if m.bands is None:
+        _check_plan_parts(m, m.parts, source)
+        return
+    _check_bands(m, source)
+    for k, bp in enumerate(m.bands.plans):  # an adaptive bundle: every plan's parts fit together
+        missing = [n for n in (*bp.parts, *m.bands.default_parts) if n not in names]
+        if missing:
+            raise BundleError(
+                f"{source}: band plan {k} names parts the bundle lacks: {short(', '.join(missing), 120)}"
+            )
+    _check_plan_parts(m, m.plan_parts(), source)
+    for k in range(len(m.bands.plans)):
+        _check_plan_parts(m, m.plan_parts(k), f"{source}: band plan {k}")
+
+
+def _check_bands(m: Manifest, source: str) -> None:
+    """The band table: contiguous bands of increasing bandwidth, each naming a plan there is."""
+    assert m.bands is not None
+    n, prev = len(m.bands.plans), None
+    if not m.bands.bands or not n:
+        raise BundleError(f"{source}: bands: an empty band table")
+    for i, b in enumerate(m.bands.bands):
+        lo, hi, plan = b.get("lo_mbps"), b.get("hi_mbps"), b.get("plan")
+        ok = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi)) and 0 < lo < hi
+        if not ok or (prev is not None and lo != prev):
+            raise BundleError(f"{source}: bands[{i}]: not a band following the one before ({short(b, 80)})")
+        if not isinstance(plan, int) or isinstance(plan, bool) or not 0 <= plan < n:
+            raise BundleError(f"{source}: bands[{i}]: plan {short(plan, 20)} is not one of the {n} plans")
+        prev = hi
+
+
+def _check_plan_parts(m: Manifest, plan_parts: Sequence[PartArtifact], source: str) -> None:
+    """The parts of one plan: dependencies that exist and form no cycle, every tensor read written
+    by a part depended on (or a model input), with the same shape and dtype."""
+    model_in = {t.name: t for t in m.inputs}
+    parts: dict[str, PartArtifact] = {p.name: p for p in plan_parts}
+    written: dict[str, tuple[str, TensorSpec]] = {}
+    for p in plan_parts:
         for t in p.outputs:
             if t.name in written:
                 raise BundleError(
                     f"{source}: tensor {short(t.name, 60)} is written by parts {written[t.name][0]} and {p.name}"
                 )
             written[t.name] = (p.name, t)
-    for p in m.parts:
+    for p in plan_parts:
         where = f"{source}: part {p.name}"
         for d in p.depends_on:
             if d not in parts:
@@ -117,7 +153,7 @@ def check_manifest(m: Manifest, source: str) -> None:
                 raise BundleError(
                     f"{where} reads tensor {short(t.name, 60)}, which no part writes and the model does not take"
                 )
-    cycle = find_cycle({p.name: p.depends_on for p in m.parts})
+    cycle = find_cycle({p.name: p.depends_on for p in plan_parts})
     if cycle:
         raise BundleError(f"{source}: the parts depend on each other in a cycle ({' -> '.join(cycle)})")
     for t in m.outputs:

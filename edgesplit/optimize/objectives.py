@@ -36,7 +36,7 @@ import numpy as np
 
 from edgesplit.errors import PlanError
 from edgesplit.optimize.costs import CostModel
-from edgesplit.optimize.evaluate import feasible
+from edgesplit.optimize.evaluate import feasible, sequential_cost
 from edgesplit.optimize.exact import Infeasible, is_chain, solve_sequential
 from edgesplit.optimize.front import pareto_front, pick
 from edgesplit.optimize.pipeline import balance_stages, period_ms
@@ -93,6 +93,11 @@ class Objective(ABC):
     def score(self, cm: CostModel) -> Score:
         """The figure a local search minimises for this objective (default: the makespan)."""
         return lambda a: schedule(cm, a).makespan_ms
+
+    def value(self, cm: CostModel) -> Score:
+        """The figure a plan made for this objective is judged by: what its solver minimises
+        (band tables compare plans by it). Default: :meth:`score`."""
+        return self.score(cm)
 
     @property
     def sweep_objective(self) -> str:
@@ -161,6 +166,9 @@ class Latency(Objective):
 class LatencySequential(Objective):
     name = "latency_sequential"
 
+    def value(self, cm: CostModel) -> Score:
+        return lambda a: sequential_cost(cm, a, "latency")
+
     def choose(self, search: Search) -> Choice:
         sol = solve_sequential(search.cm, "latency", slo_ms=search.slo_ms, time_limit_s=search.time_limit_s)
         return Choice(
@@ -174,6 +182,9 @@ class Energy(Objective):
 
     def score(self, cm: CostModel) -> Score:
         return lambda a: schedule(cm, a).energy_mj
+
+    def value(self, cm: CostModel) -> Score:
+        return lambda a: sequential_cost(cm, a, "energy")
 
     def choose(self, search: Search) -> Choice:
         try:

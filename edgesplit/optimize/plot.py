@@ -71,3 +71,30 @@ def sweep_plot(rows: Sequence, path: str | os.PathLike, title: str = "") -> None
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def bands_plot(
+    bandwidths: Sequence[float],
+    values: Sequence[Sequence[float]],
+    breakpoints_mbps: Sequence[float],
+    path: str | os.PathLike,
+    title: str,
+    unit: str = "ms",
+) -> None:
+    """Each band plan's value against bandwidth (log-log), their envelope, and the breakpoints."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for k, v in enumerate(values):
+        ax.plot(bandwidths, v, label=f"plan {k}", linewidth=1)
+    ax.plot(bandwidths, [min(col) for col in zip(*values)], "k--", label="envelope", linewidth=2)
+    for b in breakpoints_mbps:
+        ax.axvline(b, color="grey", linewidth=0.5)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("uplink Mbit/s")
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

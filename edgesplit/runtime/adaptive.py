@@ -56,24 +56,54 @@ class LinkEstimator:
 
     def __init__(self, window: int = 16):
         self._pings: deque[float] = deque(maxlen=window)
-        self._recent: deque[tuple[int, float]] = deque(maxlen=window)  # (nbytes, transfer_ms)
+        self._recent: deque[tuple[int, float, int]] = deque(maxlen=window)  # (nbytes, ms, up nbytes)
         self._nbytes = 0
         self._transfer_ms = 0.0
         self._transfers = 0
+        self._last_transfer = float("-inf")
         self._lock = threading.Lock()
 
     def add_ping(self, rtt_ms: float) -> None:
         with self._lock:
             self._pings.append(rtt_ms)
 
-    def add_transfer(self, nbytes: int, elapsed_ms: float, server_ms: float) -> None:
-        """One exchange: ``nbytes`` both ways in ``elapsed_ms``, of which the server took ``server_ms``."""
+    def add_transfer(
+        self, nbytes: int, elapsed_ms: float, server_ms: float, up_nbytes: int | None = None
+    ) -> None:
+        """One exchange: ``nbytes`` both ways (``up_nbytes`` of them sent, when known) in
+        ``elapsed_ms``, of which the server took ``server_ms``."""
         transfer_ms = max(elapsed_ms - server_ms, 1e-3)
         with self._lock:
             self._nbytes += nbytes
             self._transfer_ms += transfer_ms
             self._transfers += 1
-            self._recent.append((nbytes, transfer_ms))
+            self._last_transfer = time.monotonic()
+            self._recent.append((nbytes, transfer_ms, nbytes if up_nbytes is None else up_nbytes))
+
+    @property
+    def last_transfer(self) -> float:
+        """``time.monotonic()`` of the last transfer (``-inf`` before any)."""
+        return self._last_transfer
+
+    def uplink_mbps(self, down_ratio: float = 1.0, min_nbytes: int = 64_000) -> float | None:
+        """The uplink rate implied by the newest transfers, for a downlink ``down_ratio`` times as
+        fast: each moved ``up`` bytes out and ``down`` back in ``wire = (up + down / ratio) * 8 / rate``
+        (the RTT and the server's time taken out). It takes transfers from the newest back until
+        they hold ``min_nbytes`` (a small one alone says more about the RTT's jitter than about the
+        rate), so that it follows a change within a request or two. None before a ping and a
+        transfer."""
+        with self._lock:
+            if not self._pings or not self._recent:
+                return None
+            rtt = min(self._pings)
+            recent = list(self._recent)
+        wire_ms = weighted = 0.0
+        for n, ms, up in reversed(recent):
+            wire_ms += max(ms - rtt, 1e-3)
+            weighted += up + (n - up) / down_ratio
+            if weighted >= min_nbytes:
+                break
+        return weighted * 8 / (wire_ms * 1e3)
 
     def estimate(self) -> LinkEstimate:
         with self._lock:
@@ -82,8 +112,8 @@ class LinkEstimator:
             bw = None
             if rtt is not None and self._recent:
                 # A ratio of sums over recent transfers: robust to the jitter of any single one.
-                wire_ms = sum(max(ms - rtt, 1e-3) for _, ms in self._recent)
-                bw = sum(n for n, _ in self._recent) * 8 / (wire_ms * 1e3)
+                wire_ms = sum(max(ms - rtt, 1e-3) for _, ms, _ in self._recent)
+                bw = sum(n for n, _, _ in self._recent) * 8 / (wire_ms * 1e3)
             return LinkEstimate(rtt, bw, goodput, self._transfers, self._nbytes)
 
 

@@ -113,12 +113,17 @@ class RunReport:
     breakdown: Breakdown | None = None
 
     def save_outputs(self, folder: str | os.PathLike) -> None:
-        import io
+        save_arrays(self.outputs, folder)
 
-        for name, arr in self.outputs.items():
-            buf = io.BytesIO()
-            np.save(buf, arr, allow_pickle=False)
-            atomic_write_bytes(Path(folder) / f"{name.replace('/', '_')}.npy", buf.getvalue())
+
+def save_arrays(arrays: dict[str, np.ndarray], folder: str | os.PathLike) -> None:
+    """Each array as ``NAME.npy`` in ``folder`` (written atomically)."""
+    import io
+
+    for name, arr in arrays.items():
+        buf = io.BytesIO()
+        np.save(buf, arr, allow_pickle=False)
+        atomic_write_bytes(Path(folder) / f"{name.replace('/', '_')}.npy", buf.getvalue())
 
 
 def benchmark(

@@ -189,7 +189,9 @@ class RemoteExecutor:
                 return self._run_local(ins)
             raise RemoteError(f"part {self.part.name}: {e}") from e
         total_ms = (time.perf_counter() - t0) * 1e3
-        self._link.add_transfer(ex.sent_nbytes + ex.received_nbytes, ex.elapsed_ms, ex.server_ms)
+        self._link.add_transfer(
+            ex.sent_nbytes + ex.received_nbytes, ex.elapsed_ms, ex.server_ms, up_nbytes=ex.sent_nbytes
+        )
         if self._policy is not None:
             self._policy.observed_remote(total_ms, ex.server_ms)
         with self._lock:
@@ -202,6 +204,33 @@ class RemoteExecutor:
             self._remote_ms.append(total_ms)
             self._next_cooldown = self._cooldown[0]
         return out
+
+    @property
+    def available(self) -> bool:
+        """False while a server is configured but in its cool-down after a failure."""
+        return self._client is not None and time.monotonic() >= self._down_until
+
+    @property
+    def link(self) -> LinkEstimator:
+        return self._link
+
+    def probe(self) -> bool:
+        """Send the part's zero inputs to the server to measure the link (not counted as a run);
+        True when it answered. A failure starts the cool-down, as a failed run does."""
+        if self._client is None or not self.available:
+            return False
+        feeds = {t.name: np.zeros(t.shape, dtype=t.dtype) for t in self.part.inputs}
+        try:
+            self._link.add_ping(self._client.ping(timeout_s=self._client.connect_timeout_s))
+            out, ex = self._client.infer(self.part.name, feeds, list(self._outputs))
+            self._check(out)
+        except RemoteError as e:
+            self._trip(e)
+            return False
+        self._link.add_transfer(
+            ex.sent_nbytes + ex.received_nbytes, ex.elapsed_ms, ex.server_ms, up_nbytes=ex.sent_nbytes
+        )
+        return True
 
     def _check(self, out: Mapping[str, np.ndarray]) -> None:
         """A server must answer exactly the part's outputs, with their shapes and dtypes."""

@@ -24,7 +24,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -103,13 +103,15 @@ class Session:
         detailed: bool = False,
         max_records: int = 100_000,
         trust_key: str | os.PathLike | None = None,
+        band_plan: int | None = None,
+        verify: bool = True,
     ):
         """See :func:`load`. ``max_records`` bounds the part-run records kept (oldest dropped)."""
         self.path = Path(bundle)
         # The signature (with a trusted key) and every checksum before any library loads; the
         # executors then load from bytes checked again as they are read.
-        self.bundle = open_verified(self.path, trust_key=trust_key)
-        self.manifest: Manifest = self.bundle.manifest
+        self.bundle = open_verified(self.path, trust_key=trust_key, verify=verify)
+        self.manifest: Manifest = _plan_view(self.bundle.manifest, band_plan)
         self.notes: list[str] = []
         self._parts = {p.name: p for p in self.manifest.parts}
         self._users: dict[str, list[str]] = {p.name: [] for p in self.manifest.parts}
@@ -309,6 +311,10 @@ class Session:
             if self._parts[n].remote and hasattr(ex, "stats")
         }
 
+    def remote_executors(self) -> list[Executor]:
+        """The executors of the remote parts, in part order."""
+        return [self._executors[p.name] for p in self.manifest.parts if p.remote]
+
     def trace_records(self) -> Trace:
         """The timing records of the requests and part runs since load or :meth:`reset_stats`.
 
@@ -378,6 +384,14 @@ class Session:
         self.close()
 
 
+def _plan_view(manifest: Manifest, band_plan: int | None) -> Manifest:
+    """The manifest as one plan of an adaptive bundle sees it: that plan and only its parts."""
+    if manifest.bands is None and band_plan is None:
+        return manifest
+    plan = manifest.plan if band_plan is None else manifest.bands.plans[band_plan].plan  # type: ignore[union-attr]
+    return replace(manifest, parts=manifest.plan_parts(band_plan), plan=plan)
+
+
 def _worker_key(part: PartArtifact) -> str:
     # One worker per remote part: independent server parts wait on the network concurrently.
     return f"remote:{part.name}" if part.remote else part.processor
@@ -390,6 +404,8 @@ def load(bundle: str | os.PathLike, **kwargs) -> Session:
     ``adaptive`` (remote parts pick server or fallback by measurement), ``detailed`` (ORT's
     profiler on the ORT parts, read with :meth:`Session.end_detailed_trace`), ``max_records``,
     ``trust_key`` (an ed25519 public key file: the bundle must be signed by it, see
-    :mod:`edgesplit.compile.signing`).
+    :mod:`edgesplit.compile.signing`),
+    ``band_plan`` (in an adaptive bundle, run that band plan instead of the default plan; see
+    :mod:`edgesplit.runtime.bands` for switching between them), ``verify`` (check checksums).
     """
     return Session(bundle, **kwargs)

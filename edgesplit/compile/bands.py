@@ -1,0 +1,120 @@
+"""Adaptive bundles: a plan per bandwidth band, compiled together, each shared part stored once.
+
+:func:`band_plans_for` re-loads a plan's problem and runs the band analysis
+(:func:`edgesplit.optimize.bands.problem_band_table`, seeded with the plan itself);
+:func:`compile_band_parts` compiles the parts the band plans add to a bundle's. A part with the
+same processor, backend, nodes and boundary as one already compiled is the same artifact, so it is
+named and stored once and the plans list it by that name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgesplit.compile.bundle import BandPlan, BundleBands, PartArtifact
+from edgesplit.compile.split import PartModel, check_parts, extract_parts
+from edgesplit.errors import EdgesplitError
+from edgesplit.model.graph import ModelGraph
+from edgesplit.optimize.bands import BandTable
+from edgesplit.optimize.plan import Part, Plan
+from edgesplit.optimize.problem import Problem
+
+
+@dataclass(frozen=True)
+class BandAnalysis:
+    """A plan's band table and one :class:`Plan` per plan of it (``None`` table: why there is none)."""
+
+    table: BandTable | None
+    plans: tuple[Plan, ...]
+    reason: str = ""
+
+
+def band_plans_for(plan: Plan, problem: Problem | None = None, **options) -> BandAnalysis:
+    """The band table of ``plan``'s problem (loaded again from the plan when not given).
+
+    A plan without a server, or whose profile is no longer on file (so the problem cannot be
+    priced again without measuring), gets no table, and the reason.
+    ``options``: ``lo_mbps``, ``hi_mbps``, ``per_decade``, ``max_evals`` (see ``band_table``).
+    """
+    from edgesplit.optimize.bands import band_plans, plan_assignment, problem_band_table, problem_costs
+    from edgesplit.pipeline import problem_from_plan
+
+    if not (plan.server and plan.link):
+        return BandAnalysis(None, (), "the plan has no server, so bandwidth changes nothing")
+    if problem is None:
+        if not plan.profile_path or not Path(plan.profile_path).is_file():
+            return BandAnalysis(None, (), "the plan's profile is not on file (give the problem to price it)")
+        try:
+            problem = problem_from_plan(plan)
+        except EdgesplitError as e:
+            return BandAnalysis(None, (), f"the plan's problem cannot be loaded again ({e})")
+    seed = plan_assignment(problem_costs(problem), plan)
+    table = problem_band_table(problem, seeds=[seed], **options)
+    return BandAnalysis(table, band_plans(problem, table))
+
+
+def part_key(p: Part | PartArtifact, nodes: Sequence[str] = ()) -> tuple:
+    """What makes two parts the same artifact."""
+    names = (t if isinstance(t, str) else t.name for t in p.inputs)
+    outs = (t if isinstance(t, str) else t.name for t in p.outputs)
+    return (p.processor, p.backend, tuple(sorted(nodes)), tuple(sorted(names)), tuple(sorted(outs)))
+
+
+def compile_band_parts(
+    graph: ModelGraph,
+    tmp: Path,
+    analysis: BandAnalysis,
+    done: dict[tuple, str],
+    compile_part: Callable[[Part, PartModel, float, dict[str, str]], PartArtifact],
+) -> tuple[list[PartArtifact], list[BandPlan]]:
+    """Compile the parts of ``analysis.plans`` not in ``done`` (part key -> name in the bundle).
+
+    ``compile_part(part, extracted, error, producer)`` compiles one extracted part (named as
+    in the bundle).
+    Returns the new artifacts and the band plans naming their parts.
+    """
+    new_parts: list[PartArtifact] = []
+    band_plans: list[BandPlan] = []
+    for k, plan in enumerate(analysis.plans):
+        todo = [p for p in plan.parts if part_key(p, p.nodes) not in done]
+        names = {p.name: f"b{k}_{p.name}" for p in todo}
+        extracted = extract_parts(graph, [(names[p.name], p.inputs, p.outputs) for p in todo])
+        errors = check_parts(graph, extracted) if extracted else {}
+        for p in todo:
+            done[part_key(p, p.nodes)] = names[p.name]
+        producer = {t: done[part_key(p, p.nodes)] for p in plan.parts for t in p.outputs}
+        for p, pm in zip(todo, extracted):
+            new_parts.append(compile_part(p, pm, errors[pm.name], producer))
+        band_plans.append(BandPlan(plan, tuple(done[part_key(p, p.nodes)] for p in plan.parts)))
+    return new_parts, band_plans
+
+
+def bundle_bands(analysis: BandAnalysis, plans: list[BandPlan], default_parts: Sequence[str]) -> BundleBands:
+    """The manifest's band table."""
+    table = analysis.table
+    assert table is not None
+    link = analysis.plans[0].link or {}
+    up, down = float(link.get("up_mbps") or 1.0), float(link.get("down_mbps") or 1.0)
+    return BundleBands(
+        objective=table.objective,
+        lo_mbps=table.lo_mbps,
+        hi_mbps=table.hi_mbps,
+        bands=tuple(
+            {
+                "lo_mbps": b.lo_mbps,
+                "hi_mbps": b.hi_mbps,
+                "plan": b.plan,
+                "value_lo": b.value_lo,
+                "value_hi": b.value_hi,
+            }
+            for b in table.bands
+        ),
+        plans=tuple(plans),
+        default_parts=tuple(default_parts),
+        down_ratio=down / up,
+        rtt_ms=float(link.get("rtt_ms") or 0.0),
+        solver_calls=table.solver_calls,
+        time_s=round(table.time_s, 6),
+    )
