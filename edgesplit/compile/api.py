@@ -159,25 +159,14 @@ def compile_bundle(
     check_output(out, force, [graph.path])
     spec = plan_device(plan, device)
     _check_known(plan, graph, spec, source)
-    extracted = extract_parts(graph, [(p.name, p.inputs, p.outputs) for p in plan.parts])
-    errors = check_parts(graph, extracted)
-    producer = {t: p.name for p in plan.parts for t in p.outputs}
     local_cpu = next((p for p in spec.processors if not p.is_remote and p.kind == "cpu"), None)
     notes: list[str] = []
-    artifacts: list[PartArtifact] = []
     analysis = band_plans_for(plan, problem) if bands else None
     if analysis is not None and analysis.table is None and plan.server:
         notes.append(f"no band table: {analysis.reason}")
     with atomic_dir(out) as tmp:
         (tmp / "parts").mkdir()
-        for k, (p, pm) in enumerate(zip(plan.parts, extracted)):
-            if progress:
-                progress("compile", k, len(plan.parts))
-            job = CompileJob(pm, graph, tmp, f"parts/{p.name}.onnx", errors[p.name], tune_trials)
-            onnx.save(pm.model, tmp / job.onnx_file)
-            art, warning = _compile_part(job, p, spec.processor(p.processor), local_cpu, producer)
-            artifacts.append(art)
-            notes.extend([warning] if warning else [])
+        artifacts = _compile_plan_parts(graph, tmp, plan, spec, local_cpu, tune_trials, progress, notes)
         band_set = None
         if analysis is not None and analysis.table is not None:
             band_set = _compile_bands(
@@ -200,6 +189,32 @@ def compile_bundle(
     if progress:
         progress("compile", len(plan.parts), len(plan.parts))
     return manifest
+
+
+def _compile_plan_parts(
+    graph: ModelGraph,
+    tmp: Path,
+    plan: Plan,
+    spec: DeviceSpec,
+    local_cpu: Processor | None,
+    tune_trials: int,
+    progress: Progress | None,
+    notes: list[str],
+) -> list[PartArtifact]:
+    """Extract, check and compile the plan's own parts into ``tmp``; warnings go to ``notes``."""
+    extracted = extract_parts(graph, [(p.name, p.inputs, p.outputs) for p in plan.parts])
+    errors = check_parts(graph, extracted)
+    producer = {t: p.name for p in plan.parts for t in p.outputs}
+    artifacts: list[PartArtifact] = []
+    for k, (p, pm) in enumerate(zip(plan.parts, extracted)):
+        if progress:
+            progress("compile", k, len(plan.parts))
+        job = CompileJob(pm, graph, tmp, f"parts/{p.name}.onnx", errors[p.name], tune_trials)
+        onnx.save(pm.model, tmp / job.onnx_file)
+        art, warning = _compile_part(job, p, spec.processor(p.processor), local_cpu, producer)
+        artifacts.append(art)
+        notes.extend([warning] if warning else [])
+    return artifacts
 
 
 def _compile_bands(
