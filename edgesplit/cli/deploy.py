@@ -19,6 +19,7 @@ from edgesplit.cli.common import (
     sign_key_option,
     slo_option,
 )
+from edgesplit.cli.compile import verify_options
 
 
 @click.command("deploy")
@@ -49,6 +50,12 @@ from edgesplit.cli.common import (
     "--runs", default=20, show_default=True, type=click.IntRange(1), help="Timed runs per measurement."
 )
 @click.option("--tune-trials", default=0, show_default=True, help="MetaSchedule trials for TVM parts.")
+@click.option(
+    "--no-verify",
+    is_flag=True,
+    help="Ship the plan without measuring it against the best baselines on this device.",
+)
+@verify_options
 def command(
     model,
     device,
@@ -67,9 +74,13 @@ def command(
     input_values,
     runs,
     tune_trials,
+    no_verify,
+    verify_budget_s,
+    server_url,
+    token,
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
-    from edgesplit.cli.compile import print_manifest
+    from edgesplit.cli.compile import print_manifest, print_verification
     from edgesplit.compile.api import check_output
     from edgesplit.deployment import deploy
     from edgesplit.pipeline import Choices, check_choices
@@ -99,6 +110,10 @@ def command(
             progress=update,
             force=force,
             sign_key=sign_key,
+            verify=not no_verify,
+            verify_budget_s=verify_budget_s,
+            server_url=server_url,
+            token=token,
             **choices,
         )
     print_manifest(manifest)
@@ -108,4 +123,8 @@ def command(
             f"predicted: {pred.get('latency_ms', float('nan')):.3f} ms, "
             f"{pred.get('energy_mj', float('nan')):.3f} mJ per inference"
         )
+    if manifest.verification is not None:
+        print_verification(manifest.verification)
+    elif no_verify:
+        console.print("not verified (--no-verify): the plan was not measured against the baselines")
     console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from edgesplit.compile.checks import check_manifest
 from edgesplit.compile.safeio import copy_checked, hash_checked, read_checked
 from edgesplit.compile.signing import SIGNATURE, check_signature, key_id, load_public_key, write_signature
+from edgesplit.compile.verdict import Verification
 from edgesplit.errors import BundleError, PlanError
 from edgesplit.optimize.plan import Plan
 from edgesplit.util import (
@@ -110,6 +111,8 @@ class Manifest:
 
     ``plan`` is the plan the bundle was compiled from; in ``manifest.json`` it is the plan's own
     JSON (:meth:`Plan.to_json`), so a bundle is read by the Java core and older readers alike.
+    ``verification`` is what measuring the plan against the baselines found (``deploy``,
+    ``compile --verify``), or None when it was not verified.
     """
 
     model_sha256: str
@@ -122,6 +125,7 @@ class Manifest:
     plan: Plan
     server: str | None = None
     notes: tuple[str, ...] = ()
+    verification: Verification | None = None
     format_version: int = FORMAT_VERSION
 
     def part(self, name: str) -> PartArtifact:
@@ -133,6 +137,7 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["plan"] = self.plan.to_json()
+        d["verification"] = self.verification.to_json() if self.verification else None
         return d
 
     @staticmethod
@@ -150,6 +155,8 @@ class Manifest:
             kw["files"] = dict(d["files"])
             kw["plan"] = Plan.from_json(d["plan"], f"{source}: plan")
             kw["notes"] = tuple(d.get("notes", ()))
+            if d.get("verification") is not None:
+                kw["verification"] = Verification.from_json(d["verification"])
             manifest = Manifest(**kw)
         except PlanError as e:
             raise BundleError(str(e)) from e
@@ -166,6 +173,10 @@ class Manifest:
                 )
         for t in (*manifest.inputs, *manifest.outputs):
             check_fields(t, f"{source}: tensor {short(t.name, 60)}", BundleError)
+        if manifest.verification is not None:
+            check_fields(manifest.verification, f"{source}: verification", BundleError)
+            for c in manifest.verification.candidates:
+                check_fields(c, f"{source}: verification: candidate {short(c.name, 60)}", BundleError)
         return manifest
 
 
