@@ -94,7 +94,9 @@ def setup(tmp_path_factory):
     spec = root / "verifyboard.yaml"
     spec.write_text(SPEC)
     graph = load_model(str(model))
-    prof = profile_model(graph, edgesplit.load_device(spec), ProfileOptions(("ort",), ("big", "little"), 5, 2))
+    prof = profile_model(
+        graph, edgesplit.load_device(spec), ProfileOptions(("ort",), ("big", "little"), 5, 2)
+    )
     prof_path = root / "chain.profile.json"
     prof.save(prof_path)
     return model, spec, prof_path, [n.name for n in graph.nodes]

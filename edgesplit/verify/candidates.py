@@ -116,7 +116,8 @@ def _whole_on(problem: Problem, proc: Processor, backend: str, name: str, base: 
     prof = problem.profile
     if prof.entry(proc.name, backend) is None:
         return Candidate(name, summary, None, f"the profile has no {proc.name}/{backend} entry")
-    only = tuple(e for e in prof.entries if e.processor != proc.name or e.backend == backend)
+    wanted = f"{proc.name}/{backend}"  # this processor keeps only this backend's entry
+    only = tuple(e for e in prof.entries if e.key == wanted or e.processor != proc.name)
     try:
         cm = _costs(problem, replace(prof, entries=only))
     except EdgesplitError as e:
