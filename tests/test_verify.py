@@ -246,3 +246,20 @@ def test_the_verdict_round_trips_and_older_manifests_read():
     del d["notes"]
     assert Verification.from_json(d).candidates == v.candidates  # tolerant both ways
     assert v.candidate("only:x").error and not v.candidate("only:x").measured
+
+
+def test_compile_verify_measures_a_saved_plan(setup, tmp_path, capsys):
+    """``compile --verify`` loads the plan's problem again (model, spec, profile) and verifies it."""
+    model, spec, prof, nodes = setup
+    plan = edgesplit.partition(model, spec, profile=prof, pins={n: "little" for n in nodes})
+    plan.save(tmp_path / "plan.json")
+    args = ["compile", str(model), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "b")]
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--verify", "--verify-budget-s", str(BUDGET_S)])
+    out = capsys.readouterr().out
+    assert e.value.code == 0, out
+    assert "verification on this device" in out and "shipped: only:big" in out
+    assert open_bundle(tmp_path / "b").verification.shipped == "only:big"
+    with pytest.raises(SystemExit) as e:
+        main([*args[:-1], str(tmp_path / "c")])
+    assert e.value.code == 0 and open_bundle(tmp_path / "c").verification is None  # no --verify: as before

@@ -123,7 +123,7 @@ def decide(
         )
     q = _per_round(plan, metric) / _per_round(best, metric)
     low, high = round(float(q.min()), 4), round(float(q.max()), 4)
-    span = f"plan / {best.name} per round {low:.2f}-{high:.2f} over {len(q)} rounds"
+    span = f"plan / {best.name}: median {float(np.median(q)):.2f}, {low:.2f}-{high:.2f} over {len(q)} rounds"
     better, worse = ("cheaper", "costlier") if metric == "energy" else ("faster", "slower")
     if high < 1.0:
         return (
