@@ -198,6 +198,6 @@ def print_verification(v) -> None:
     for n in v.notes:
         console.print(f"note: {n}")
     console.print(
-        f"shipped: {v.shipped} ({v.reason}); measuring took {v.measure_s:.1f} s of a "
-        f"{v.budget_s:g} s budget, compiling the candidates {v.compile_s:.1f} s"
+        f"shipped {v.shipped}: {v.reason}. Measuring took {v.measure_s:.1f} s of a "
+        f"{v.budget_s:g} s budget, compiling the candidates {v.compile_s:.1f} s."
     )

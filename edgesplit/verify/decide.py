@@ -117,7 +117,7 @@ def decide(
     if not plan.measured:
         return (
             best.name,
-            f"the plan could not run ({plan.error}); shipped {best.name}, the best measured",
+            f"the plan could not run ({plan.error}); {best.name} is the best measured candidate",
             None,
             None,
         )
@@ -136,4 +136,4 @@ def decide(
         verdict = f"the plan is {worse} than {best.name} in every round ({span})"
     else:
         verdict = f"the plan is not {better} than {best.name} beyond the noise ({span})"
-    return best.name, f"{verdict}: shipped {best.name}", low, high
+    return best.name, verdict, low, high
