@@ -206,6 +206,19 @@ def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_on
     m = _deploy(setup, tmp_path / "b", "big", server="server-a100", link="wifi", server_url="local")
     row = m.verification.candidate("server-only")
     assert row.error is None and row.measured and row.n_parts == 1
+    # a running server at a URL: measured where it serves the candidate's parts (bundle "a" is the
+    # whole model as one part p0, as server-only's is), else listed with the reason
+    from edgesplit.runtime.server import ServeOptions, ServerThread
+
+    with ServerThread(tmp_path / "a", ServeOptions(port=0, all_parts=True)) as srv:
+        m = _deploy(setup, tmp_path / "c", "big", server="server-a100", link="wifi", server_url=srv.url)
+    assert m.verification.candidate("server-only").measured
+    nodes = setup[3]
+    split = {n: "big" if i < 6 else "little" for i, n in enumerate(nodes)}  # its p0 is the first 6 nodes
+    edgesplit.deploy(setup[0], setup[1], tmp_path / "split", profile=setup[2], pins=split, verify=False)
+    with ServerThread(tmp_path / "split", ServeOptions(port=0, all_parts=True)) as srv:
+        m = _deploy(setup, tmp_path / "d", "big", server="server-a100", link="wifi", server_url=srv.url)
+    assert "serves another part p0" in m.verification.candidate("server-only").error
 
 
 def test_the_objective_decides_the_metric(setup, tmp_path):
