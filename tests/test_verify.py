@@ -276,3 +276,30 @@ def test_compile_verify_measures_a_saved_plan(setup, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main([*args[:-1], str(tmp_path / "c")])
     assert e.value.code == 0 and open_bundle(tmp_path / "c").verification is None  # no --verify: as before
+
+
+def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
+    """The decision on given figures (no measuring): paired per-round ratios against the best other."""
+    from edgesplit.verify.decide import decide
+
+    def row(name, rounds, **kw):
+        return MeasuredCandidate(
+            name, "", 1, None, sorted(rounds)[len(rounds) // 2], rounds_ms=tuple(rounds), **kw
+        )
+
+    big, little = row("only:big", [10, 12, 11]), row("only:little", [30, 31, 29])
+    assert decide([row("plan", [9, 11, 10]), big, little], "latency", None)[0] == "plan"
+    shipped, reason, low, high = decide([row("plan", [9, 13, 10]), big, little], "latency", None)
+    assert shipped == "only:big" and "beyond the noise" in reason and low < 1 < high
+    assert decide([row("plan", [20, 22, 21]), big, little], "latency", None)[1].startswith(
+        "the plan is slower"
+    )
+    same = row("only:big", [10, 12, 11], same_as="plan")
+    assert decide([row("plan", [10, 12, 11]), same, little], "latency", None)[0] == "plan"
+    failed = MeasuredCandidate("plan", "", 3, error="cannot run: boom")
+    assert decide([failed, big, little], "latency", None)[0] == "only:big"
+    assert decide([row("plan", [50, 50, 50]), big], "latency", "not enough time")[0] == "plan"
+    assert (
+        decide([row("plan", [9, 11, 10]), MeasuredCandidate("only:x", "", error="e")], "latency", None)[0]
+        == "plan"
+    )

@@ -189,6 +189,8 @@ def _measure(
 ) -> tuple[list[Candidate], Measurement]:
     with ExitStack() as stack:
         cands, urls = _servers(cands, options, stack)
+        if cands[0].error is not None:  # no server for the plan's own parts: it cannot be verified
+            return cands, Measurement({}, {}, 0, 0.0, f"the plan cannot be measured: {cands[0].error}")
         bundles = {c.name: c.bundle for c in cands if c.measurable and c.bundle is not None}
 
         def executor_options(name: str) -> Mapping | None:
