@@ -165,11 +165,14 @@ def test_rounds_and_turns_fit_the_budget():
     for budget_s in (0.2, 0.5, 1.0, 3.0, 30.0):
         rounds, k = _choose(benches, budget_s, "latency", 3, 9)
         if rounds:
-            assert 3 <= rounds <= 9 and k >= 1
+            assert 1 <= rounds <= 9 and k >= 1
             assert rounds * sum(b.turn_cost_ms(k) for b in benches) / 1e3 <= budget_s
+            if rounds < 3:
+                assert k == 1 and 3 * sum(b.turn_cost_ms(1) for b in benches) / 1e3 > budget_s
         else:
-            assert 3 * sum(b.turn_cost_ms(1) for b in benches) / 1e3 > budget_s
-    assert _choose(benches, 0.2, "latency", 3, 9) == (0, 0)
+            assert sum(b.turn_cost_ms(1) for b in benches) / 1e3 > budget_s
+    assert _choose(benches, 0.1, "latency", 3, 9) == (0, 0)
+    assert _choose(benches, 0.2, "latency", 3, 9) == (1, 1)
     assert _choose(benches, 30.0, "latency", 3, 9)[0] == 9
 
 
@@ -303,3 +306,6 @@ def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
         decide([row("plan", [9, 11, 10]), MeasuredCandidate("only:x", "", error="e")], "latency", None)[0]
         == "plan"
     )
+    # fewer rounds than the minimum (a small budget): a verdict, but the plan is not kept on it
+    shipped, reason, _, _ = decide([row("plan", [9]), row("only:big", [10]), little], "latency", None)
+    assert shipped == "only:big" and "fewer than the 3 needed" in reason

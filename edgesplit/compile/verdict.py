@@ -72,7 +72,9 @@ class Verification:
         kept_plan: True when the optimiser's plan was shipped (verified, or unverifiable and kept).
         reason: One sentence: why that candidate was shipped.
         candidates: Every candidate, the plan first, including those that could not be built or run.
-        rounds: Completed rounds (each candidate once per round, in rotating order).
+        rounds: Completed rounds (each candidate once per round, in rotating order). Fewer than
+            the minimum (3) when the budget allowed no more: the plan is then not kept over a
+            measured baseline.
         requests_per_turn: Timed requests per candidate per round (after one untimed).
         budget_s: The measurement budget; ``measure_s`` is what measuring took (loading included),
             ``compile_s`` what building the candidates' bundles took (not in the budget).

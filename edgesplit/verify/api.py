@@ -252,7 +252,7 @@ def verify_plan(
         else:
             cands, meas = _measure(cands, metric, options, progress)
         table = rows(cands, meas, metric)
-        shipped, reason, low, high = decide(table, metric, meas.short)
+        shipped, reason, low, high = decide(table, metric, meas.short, options.min_rounds)
         verdict = Verification(
             metric=metric,
             shipped=shipped,

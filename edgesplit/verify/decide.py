@@ -100,9 +100,12 @@ def _per_round(row: MeasuredCandidate, metric: str) -> np.ndarray:
 
 
 def decide(
-    table: Sequence[MeasuredCandidate], metric: str, short: str | None
+    table: Sequence[MeasuredCandidate], metric: str, short: str | None, min_rounds: int = 3
 ) -> tuple[str, str, float | None, float | None]:
-    """(shipped candidate, reason, lowest and highest per-round ratio of the plan to the best other)."""
+    """(shipped candidate, reason, lowest and highest per-round ratio of the plan to the best other).
+
+    With fewer than ``min_rounds`` rounds (a budget too small for more), the plan is not kept on
+    that evidence: the best measured baseline is shipped, which never loses to a baseline."""
     plan = table[0]
     assert plan.name == PLAN
     if short is not None:
@@ -125,6 +128,11 @@ def decide(
     low, high = round(float(q.min()), 4), round(float(q.max()), 4)
     span = f"plan / {best.name}: median {float(np.median(q)):.2f}, {low:.2f}-{high:.2f} over {len(q)} rounds"
     better, worse = ("cheaper", "costlier") if metric == "energy" else ("faster", "slower")
+    if high < 1.0 and len(q) < min_rounds:
+        few = (
+            f"the plan was {better} than {best.name} in {len(q)} round(s), fewer than the {min_rounds} needed"
+        )
+        return best.name, f"{few} to keep it ({span})", low, high
     if high < 1.0:
         return (
             PLAN,

@@ -40,7 +40,8 @@ class Measurement:
         errors: name -> why it could not be loaded or run.
         requests_per_turn: Timed requests per turn (0 when no round ran).
         elapsed_s: Measuring time, loading included.
-        short: Why fewer than the minimum rounds ran (None when enough did).
+        short: Why no round ran (None when at least one did; fewer than the minimum count as
+            weaker evidence, see :func:`edgesplit.verify.decide.decide`).
     """
 
     rounds_ms: Mapping[str, list[float]]
@@ -124,7 +125,8 @@ def _warm(benches: list[_Bench], feeds: dict[str, Any], errors: dict[str, str]) 
 
 def _choose(benches: list[_Bench], left_s: float, metric: str, min_rounds: int, max_rounds: int):
     """(rounds, requests per turn) that fit ``left_s``: as many rounds as fit up to ``max_rounds``
-    at the preferred turn, else fewer requests per turn; (0, 0) when ``min_rounds`` cannot fit."""
+    at the preferred turn, else fewer requests per turn, else fewer than ``min_rounds`` rounds of
+    the fewest requests; (0, 0) when not even one round fits."""
     lo, preferred, hi = TURN_REQUESTS[metric]
 
     def per_round_s(k: int) -> float:
@@ -139,7 +141,8 @@ def _choose(benches: list[_Bench], left_s: float, metric: str, min_rounds: int, 
     for k in range(preferred - 1, lo - 1, -1):
         if per_round_s(k) * min_rounds <= left_s:
             return min_rounds, k
-    return 0, 0
+    rounds = min(min_rounds - 1, int(left_s / max(per_round_s(lo), 1e-9)))
+    return (rounds, lo) if rounds >= 1 else (0, 0)
 
 
 def measure(
@@ -167,16 +170,16 @@ def measure(
         benches = _warm(benches, feeds, errors)
         rounds, k = _choose(benches, budget_s - (time.perf_counter() - t0), metric, min_rounds, max_rounds)
         if not rounds:
-            need = sum(b.turn_cost_ms(TURN_REQUESTS[metric][0]) for b in benches) * min_rounds / 1e3
+            need = sum(b.turn_cost_ms(TURN_REQUESTS[metric][0]) for b in benches) / 1e3
             short = (
-                f"not enough time to verify: {min_rounds} rounds need about {need + time.perf_counter() - t0:.1f} s, "
-                f"the budget is {budget_s:g} s"
+                f"not enough time to verify: loading and one round need about "
+                f"{need + time.perf_counter() - t0:.1f} s, the budget is {budget_s:g} s"
             )
             return Measurement({}, errors, 0, time.perf_counter() - t0, short)
         _rounds(benches, feeds, rounds, k, t0 + budget_s, errors, progress)
         done = {b.name: b.rounds_ms for b in benches if b.name not in errors}
         n = min((len(v) for v in done.values()), default=0)
-        short = None if n >= min_rounds else f"not enough time to verify: {n} of {min_rounds} rounds ran"
+        short = None if n else "not enough time to verify: no round ended within the budget"
         return Measurement({m: v[:n] for m, v in done.items()}, errors, k, time.perf_counter() - t0, short)
     finally:
         for b in benches:
