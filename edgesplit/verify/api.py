@@ -191,7 +191,8 @@ def _measure(
         cands, urls = _servers(cands, options, stack)
         if cands[0].error is not None:  # no server for the plan's own parts: it cannot be verified
             return cands, Measurement({}, {}, 0, 0.0, f"the plan cannot be measured: {cands[0].error}")
-        bundles = {c.name: c.bundle for c in cands if c.measurable and c.bundle is not None}
+        ready = [c for c in cands if c.measurable and c.bundle is not None]
+        bundles = {c.name: c.bundle for c in sorted(ready, key=lambda c: len(c.plan.parts))}  # cheap first
 
         def executor_options(name: str) -> Mapping | None:
             if name not in urls:

@@ -89,10 +89,14 @@ class _Bench:
 
 
 def _load(
-    bundles: Mapping[str, Path], metric: str, options: Callable[[str], Mapping | None]
+    bundles: Mapping[str, Path], metric: str, options: Callable[[str], Mapping | None], deadline: float
 ) -> tuple[list[_Bench], dict[str, str]]:
+    """Load the bundles in the order given (cheapest first, by the caller) until ``deadline``."""
     benches, errors = [], {}
     for name, path in bundles.items():
+        if time.perf_counter() > deadline:
+            errors[name] = "not loaded: loading the bundles before it took the whole budget"
+            continue
         try:
             sess = load(path, executor_options=options(name))
         except Exception as e:  # noqa: BLE001 - any failure disqualifies the candidate, with its reason
@@ -158,14 +162,16 @@ def measure(
     """Measure ``bundles`` (name -> bundle folder) in alternating rounds within ``budget_s``.
 
     Args:
+        bundles: Loaded in this order (put the cheap ones first: loading counts in the budget).
         metric: ``latency`` (single-request medians) or ``throughput`` (stream periods).
         executor_options: Per bundle name, ``executor_options`` for :func:`edgesplit.load`.
     """
     t0 = time.perf_counter()
-    benches, errors = _load(bundles, metric, executor_options)
+    benches, errors = _load(bundles, metric, executor_options, t0 + budget_s)
     try:
-        if not benches:
-            return Measurement({}, errors, 0, time.perf_counter() - t0, "nothing could be loaded")
+        if not benches or time.perf_counter() > t0 + budget_s:
+            why = "loading the bundles took the whole budget" if benches else "nothing could be loaded"
+            return Measurement({}, errors, 0, time.perf_counter() - t0, f"not enough time to verify: {why}")
         feeds = random_feeds(benches[0].session)
         benches = _warm(benches, feeds, errors)
         rounds, k = _choose(benches, budget_s - (time.perf_counter() - t0), metric, min_rounds, max_rounds)
