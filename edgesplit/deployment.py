@@ -52,7 +52,8 @@ def deploy(
             server-only (alternating, on this device) and ship the plan only where it is faster
             beyond the measured noise, else the best measured candidate
             (:func:`edgesplit.verify.verify_plan`). Only for a device that runs here.
-        verify_budget_s: The most time measuring may take (compiling the candidates is on top).
+        verify_budget_s: The most time measuring may take (compiling and loading the candidates
+            come on top).
         server_url, token: An offload server for candidates with server parts, or ``"local"`` to
             serve them from this process; without one they are skipped (and listed as such).
         verify_options: All the verification's options at once (overrides the three above).

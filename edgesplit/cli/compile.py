@@ -199,5 +199,6 @@ def print_verification(v) -> None:
         console.print(f"note: {n}")
     console.print(
         f"shipped {v.shipped}: {v.reason}. Measuring took {v.measure_s:.1f} s of a "
-        f"{v.budget_s:g} s budget, compiling the candidates {v.compile_s:.1f} s."
+        f"{v.budget_s:g} s budget (compiling the candidates {v.compile_s:.1f} s, loading them "
+        f"{v.load_s:.1f} s)."
     )

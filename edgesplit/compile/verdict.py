@@ -76,8 +76,9 @@ class Verification:
             the minimum (3) when the budget allowed no more: the plan is then not kept over a
             measured baseline.
         requests_per_turn: Timed requests per candidate per round (after one untimed).
-        budget_s: The measurement budget; ``measure_s`` is what measuring took (loading included),
-            ``compile_s`` what building the candidates' bundles took (not in the budget).
+        budget_s: The measurement budget; ``measure_s`` is what measuring took (warm-up and
+            rounds); ``load_s`` (loading the bundles into Sessions) and ``compile_s`` (building the
+            candidates' bundles) come on top.
         plan_ratio_low, plan_ratio_high: The lowest and highest per-round ratio of the plan to the
             best other candidate (paired by round, so drift cancels); the plan is kept only when
             the highest is below 1.
@@ -94,6 +95,7 @@ class Verification:
     budget_s: float = 0.0
     measure_s: float = 0.0
     compile_s: float = 0.0
+    load_s: float = 0.0
     plan_ratio_low: float | None = None
     plan_ratio_high: float | None = None
     notes: tuple[str, ...] = ()

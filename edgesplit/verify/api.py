@@ -53,8 +53,8 @@ class VerifyOptions:
     """How to verify.
 
     Attributes:
-        budget_s: The most time measuring may take, loading the bundles included (compiling the
-            candidates comes on top).
+        budget_s: The most time measuring may take (warm-up and rounds; compiling the candidates
+            and loading them come on top).
         server_url: A running offload server for candidates with server parts (it must serve them).
         token: Its bearer token.
         serve: Starts a server for one candidate's bundle and yields its URL (see the module doc);
@@ -265,6 +265,7 @@ def verify_plan(
             budget_s=options.budget_s,
             measure_s=round(meas.elapsed_s, 3),
             compile_s=round(compile_s, 3),
+            load_s=round(meas.load_s, 3),
             plan_ratio_low=low,
             plan_ratio_high=high,
             notes=tuple(notes),
