@@ -309,3 +309,40 @@ def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
     # fewer rounds than the minimum (a small budget): a verdict, but the plan is not kept on it
     shipped, reason, _, _ = decide([row("plan", [9]), row("only:big", [10]), little], "latency", None)
     assert shipped == "only:big" and "fewer than the 3 needed" in reason
+
+
+def test_a_verified_bundle_is_signed_with_its_verdict_and_refuses_a_foreign_output(setup, tmp_path):
+    """Main's hardening holds with verification: ``-o`` onto a folder of other files is refused
+    before anything is measured, and ``--sign-key`` signs the manifest the verdict is in."""
+    from edgesplit.compile.bundle import open_verified
+    from edgesplit.compile.signing import generate_key
+    from edgesplit.errors import BundleError
+
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"x")
+    with pytest.raises(BundleError, match="photos"):
+        _deploy(setup, foreign, "little")
+    assert (foreign / "cat.jpg").exists() and not list(tmp_path.glob(".photos.verify.*"))
+    private, public, _ = generate_key(tmp_path / "key")
+    out = tmp_path / "signed"
+    m = _deploy(setup, out, "little", sign_key=private)
+    vb = open_verified(out, trust_key=public)
+    assert vb.trusted_key is not None and vb.manifest.verification == m.verification
+    assert m.verification.shipped == "only:big"
+
+
+def test_a_manifest_with_a_hostile_verdict_is_refused(setup, tmp_path):
+    """The verdict is read as strictly as the rest of the manifest: a negative or non-numeric
+    figure is a one-line BundleError naming the manifest, never a crash later."""
+    from edgesplit.errors import BundleError
+
+    out = tmp_path / "b"
+    _deploy(setup, out, "big", verify=False)
+    raw = json.loads((out / "manifest.json").read_text())
+    for bad in ({"measured_ms": -1.0}, {"rounds_ms": ["fast"]}, {"name": 3}):
+        cand = {"name": "plan", "summary": "s", "measured_ms": 1.0, **bad}
+        raw["verification"] = {"metric": "latency", "shipped": "plan", "kept_plan": True, "reason": "r"}
+        raw["verification"]["candidates"] = [cand]
+        with pytest.raises(BundleError, match="manifest.json"):
+            Manifest.from_json(raw, str(out / "manifest.json"))
