@@ -261,6 +261,7 @@ def main() -> None:
     ap.add_argument("--profile-dir", help="profiles MODEL.DEVICE.profile.json (default WORK/profiles)")
     ap.add_argument("--label", default="plain", help="what the profiles are (plain, calibrated...)")
     ap.add_argument("--calibrate", action="store_true", help="then calibrate on the plan bundles, rerun")
+    ap.add_argument("--calibrate-rounds", type=int, default=1, help="edgesplit calibrate --rounds")
     ap.add_argument("--json", help="write every case and the summary here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -270,6 +271,7 @@ def main() -> None:
         ap.error("--rounds: at least 3")
     args.profile_dir = args.profile_dir or str(Path(args.work) / "profiles")
     Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
+    args.plain_profile_dir = args.profile_dir
     names, devices = args.models.split(","), [d for d in args.devices.split(",") if d]
     results = {"args": vars(args), "passes": []}
     for label, profile_dir in passes(args):
@@ -281,7 +283,7 @@ def main() -> None:
         results["passes"].append(
             {"profile": label, "summary": summary(rows), "rows": [asdict(r) for r in rows]}
         )
-        if args.calibrate and label == "plain" and not truth_lab.calibrate(args):
+        if args.calibrate and label == "plain" and not truth_lab.calibrate(args, rows):
             break
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

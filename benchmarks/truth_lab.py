@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,8 @@ def _offload_model(name, args, run_group, model_file, quota, dev, srv, tmp) -> l
     path, shapes = model_file(name, Path(args.work))
     graph = load_model(path, input_shapes=shapes)
     prof = Path(args.profile_dir) / f"{name}.offload-lab.profile.json"
+    if not prof.is_file() and args.label != "plain":
+        prof = Path(args.plain_profile_dir) / prof.name  # the lab is not calibrated: the plain profile
     if not prof.is_file():
         profiles(path, tmp, quota).save(prof)  # the device in the quota, the server unthrottled
     proc = subprocess.Popen(
@@ -149,8 +152,8 @@ def run_offload(names: list[str], args, run_group, model_file) -> list:
     return rows
 
 
-def calibrate(args) -> bool:
-    """``edgesplit calibrate`` on each plan bundle of the plain pass, into ``profiles-calibrated``;
+def calibrate(args, rows: list) -> bool:
+    """``edgesplit calibrate`` on the plan bundles of the plain pass, into ``WORK/profiles-calibrated``;
     False (and why) when this edgesplit has no ``calibrate``."""
     cmd = [sys.executable, "-m", "edgesplit", "calibrate", "--help"]
     if subprocess.run(cmd, capture_output=True).returncode != 0:
@@ -159,22 +162,40 @@ def calibrate(args) -> bool:
             "the profiles in a folder and run again with --profile-dir DIR --label calibrated"
         )
         return False
-    return _calibrate_all(args)
-
-
-def _calibrate_all(args) -> bool:
-    """The latency plan's bundle of each (device, model) calibrates that pair's profile."""
-    plain = Path(args.profile_dir)
     out = Path(args.work) / "profiles-calibrated"
     out.mkdir(parents=True, exist_ok=True)
-    root = Path(args.work) / "bundles" / args.label
-    for bundle in sorted(root.glob("*/*/latency/c0")):
-        device, model = bundle.parts[-4], bundle.parts[-3]
-        dest = out / f"{model}.{device}.profile.json"
-        cmd = [sys.executable, "-m", "edgesplit", "calibrate", str(bundle), "-o", str(dest)]
-        src = plain / f"{model}.{device}.profile.json"
-        if src.is_file():
-            cmd += ["--profile", str(src)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        print(f"calibrate {device} {model}: {'ok' if r.returncode == 0 else r.stderr.strip()[-200:]}")
+    pairs = sorted({(r.device, r.model) for r in rows if not r.device.startswith("lab@")})
+    for device, model in pairs:
+        bundles = [r.bundle for r in rows if (r.device, r.model) == (device, model) and r.kind == "plan"]
+        _calibrate_pair(args, device, model, [b for b in bundles if b], out)
+    if any(r.device.startswith("lab@") for r in rows):
+        print(
+            "the offload lab is not calibrated (its bundles need their servers): its plain profile is reused"
+        )
     return True
+
+
+def _calibrate_pair(args, device: str, model: str, bundles: list[str], out: Path) -> None:
+    """Each plan bundle in turn refits the profile the one before it wrote (the plain one first)."""
+    profile = Path(args.profile_dir) / f"{model}.{device}.profile.json"
+    dest = out / profile.name
+    for bundle in bundles:
+        cmd = [
+            sys.executable,
+            "-m",
+            "edgesplit",
+            "calibrate",
+            bundle,
+            "-o",
+            str(dest),
+            "--profile",
+            str(profile),
+        ]
+        cmd += ["--rounds", str(args.calibrate_rounds)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            print(f"calibrate {device} {model} {bundle}: failed: {r.stderr.strip()[-300:]}", flush=True)
+            continue
+        last = [ln for ln in r.stdout.splitlines() if ln.strip()][-3:]
+        print(f"calibrated {device} {model} on {os.path.relpath(bundle, args.work)}: {' | '.join(last)}")
+        profile = dest
