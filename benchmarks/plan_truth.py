@@ -34,6 +34,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -51,6 +52,7 @@ from edgesplit.verify.measure import measure
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import truth_lab  # noqa: E402 (the offload lab and the worker that measures inside its quota)
 
+warnings.filterwarnings("ignore", message="Renaming name")  # TVM's ONNX frontend, once per node
 PLANS = ("latency", "energy", "throughput")
 GROUPS = {"latency": ("latency", "energy"), "throughput": ("throughput",)}  # metric -> plans measured on it
 PPOCR = "ppocr-det"
@@ -96,15 +98,16 @@ def model_file(name: str, work: Path) -> tuple[Path, dict | None]:
     return path, None
 
 
-def profile_for(graph, device: str, profile_dir: Path, model: str, label: str) -> Path:
+def profile_for(graph, device: str, profile_dir: Path, model: str, args) -> Path:
     """The profile in ``profile_dir``: read when present, else (for the plain pass) measured here with
-    every backend and saved."""
-    path = profile_dir / f"{model}.{device}.profile.json"
+    every backend (or ``--backends``) and saved."""
+    label, backends = args.label, tuple(args.backends.split(",")) if args.backends else None
+    path = profile_dir / f"{model}.{device}{'.' + '+'.join(backends) if backends else ''}.profile.json"
     if not path.is_file() and label != "plain":
         raise edgesplit.EdgesplitError(f"no {label} profile {path}")
     if not path.is_file():
         t0 = time.perf_counter()
-        profile_model(graph, edgesplit.load_device(device), ProfileOptions()).save(path)
+        profile_model(graph, edgesplit.load_device(device), ProfileOptions(backends)).save(path)
         print(f"  profiled {model} on {device} in {time.perf_counter() - t0:.0f} s", flush=True)
     return path
 
@@ -242,7 +245,7 @@ def run_local(names: list[str], devices: list[str], args) -> list[Row]:
         for device in devices:
             for metric in ("latency", "throughput"):
                 try:
-                    prof = profile_for(graph, device, Path(args.profile_dir), model, args.label)
+                    prof = profile_for(graph, device, Path(args.profile_dir), model, args)
                     rows += run_group(graph, device, model, metric, {"profile": prof}, args, measurer)
                 except edgesplit.EdgesplitError as e:
                     print(f"{device:<16}{model:<14}{metric:<11}failed: {e}", flush=True)
@@ -253,6 +256,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join([*zoo.names(), PPOCR]), help="zoo names and ppocr-det")
     ap.add_argument("--devices", default="host-biglittle,host-2core")
+    ap.add_argument("--backends", help="profile only these backends (default: every one the device has)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (at least 3)")
     ap.add_argument("--budget-s", type=float, default=120.0, help="measuring time per group of candidates")
     ap.add_argument("--offload", action="store_true", help="also the offload lab (root, netns, tc)")

@@ -177,7 +177,8 @@ def calibrate(args, rows: list) -> bool:
 
 def _calibrate_pair(args, device: str, model: str, bundles: list[str], out: Path) -> None:
     """Each plan bundle in turn refits the profile the one before it wrote (the plain one first)."""
-    profile = Path(args.profile_dir) / f"{model}.{device}.profile.json"
+    suffix = "." + "+".join(args.backends.split(",")) if args.backends else ""
+    profile = Path(args.profile_dir) / f"{model}.{device}{suffix}.profile.json"
     dest = out / profile.name
     for bundle in bundles:
         cmd = [
