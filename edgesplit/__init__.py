@@ -54,6 +54,10 @@ _EXPORTS: dict[str, str] = {
     "Breakdown": "edgesplit.runtime.breakdown",
     "write_chrome_trace": "edgesplit.runtime.chrome",
     "deploy": "edgesplit.deployment",
+    "Verification": "edgesplit.compile.verdict",
+    "MeasuredCandidate": "edgesplit.compile.verdict",
+    "VerifyOptions": "edgesplit.verify.api",
+    "verify_plan": "edgesplit.verify.api",
     # errors
     "EdgesplitError": "edgesplit.errors",
     "InputError": "edgesplit.errors",
@@ -101,6 +105,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is used
     from edgesplit.compile.api import compile_bundle
     from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
+    from edgesplit.compile.verdict import MeasuredCandidate, Verification
     from edgesplit.deployment import deploy
     from edgesplit.device import DeviceSpec, NetworkLink, Processor, load_device, load_links
     from edgesplit.errors import (
@@ -129,3 +134,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
     from edgesplit.runtime.chrome import write_chrome_trace
     from edgesplit.runtime.session import Session, SessionStats, load
     from edgesplit.runtime.trace import PartRun, RequestRun, Trace
+    from edgesplit.verify.api import VerifyOptions, verify_plan

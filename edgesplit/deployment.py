@@ -14,6 +14,7 @@ from edgesplit.compile.bundle import Manifest
 
 if TYPE_CHECKING:
     from edgesplit.model.graph import ModelGraph
+    from edgesplit.verify import VerifyOptions
 
 
 def deploy(
@@ -26,10 +27,15 @@ def deploy(
     force: bool = False,
     sign_key: str | os.PathLike | None = None,
     bands: bool = True,
+    verify: bool = True,
+    verify_budget_s: float = 30.0,
+    server_url: str | None = None,
+    token: str | None = None,
+    verify_options: VerifyOptions | None = None,
     **choices,
 ) -> Manifest:
-    """Profile ``model`` on ``device`` (measured here, predicted elsewhere), partition it and
-    compile the plan into a bundle at ``out``.
+    """Profile ``model`` on ``device`` (measured here, predicted elsewhere), partition it, compile
+    the plan, and verify it by measurement against the best baselines before shipping it at ``out``.
 
     Args:
         model: A loaded :class:`ModelGraph` (the ``deploy`` command loads first, to print what
@@ -41,11 +47,22 @@ def deploy(
             ``input_values``, ``profiling``.
         tune_trials: MetaSchedule trials for TVM parts.
         force: Replace ``out`` even when it holds something other than an edgesplit bundle.
-        sign_key: An ed25519 private key file to sign the bundle with (the bundle is signed last).
+        sign_key: An ed25519 private key file to sign the bundle with (the bundle is signed last,
+            the verdict included).
+        verify: Measure the plan against the best single processor, the best single cut and
+            server-only (alternating, on this device) and ship the plan only where it is faster
+            beyond the measured noise, else the best measured candidate
+            (:func:`edgesplit.verify.verify_plan`). Only for a device that runs here.
+        verify_budget_s: The most time measuring may take (compiling and loading the candidates
+            come on top).
+        server_url, token: An offload server for candidates with server parts, or ``"local"`` to
+            serve them from this process; without one they are skipped (and listed as such).
+        verify_options: All the verification's options at once (overrides the three above).
         bands: With a server, also a plan per bandwidth band (an adaptive bundle).
 
-    The bundle's manifest carries the plan (``Manifest.plan``), with the predicted figures and the
-    baselines. Returns the manifest; open the bundle with :func:`edgesplit.load`.
+    The bundle's manifest carries the plan (``Manifest.plan``, the shipped candidate's), with the
+    predicted figures and the baselines, and the verdict (``Manifest.verification``, None when not
+    verified). Returns the manifest; open the bundle with :func:`edgesplit.load`.
     """
     from edgesplit.compile.api import check_output, compile_bundle
     from edgesplit.compile.bundle import sign_bundle
@@ -54,9 +71,24 @@ def deploy(
     from edgesplit.pipeline import Choices, resolve
 
     key = load_private_key(sign_key) if sign_key is not None else None
+    options = (verify_options or verify_options_for(verify_budget_s, server_url, token)) if verify else None
     check_output(out, force, [getattr(model, "path", None) or os.fspath(model)])  # before the slow steps
     problem = resolve(model, device, Choices(**choices), progress=progress)
     plan = solve_plan(problem)
+    if options is not None:
+        from edgesplit.verify import verify_plan
+
+        return verify_plan(
+            problem,
+            plan,
+            out,
+            options=options,
+            tune_trials=tune_trials,
+            progress=progress,
+            force=force,
+            sign_key=key,
+            bands=bands,
+        )
     manifest = compile_bundle(
         problem.graph,
         plan,
@@ -71,3 +103,19 @@ def deploy(
     if key is not None:
         sign_bundle(out, key)
     return manifest
+
+
+def verify_options_for(budget_s: float, server_url: str | None, token: str | None) -> VerifyOptions:
+    """The options of ``--verify-budget-s`` and ``--server-url`` (``local``: serve from this process).
+
+    Raises:
+        PlanError: for a budget that is not positive.
+    """
+    from edgesplit.errors import PlanError
+    from edgesplit.verify import VerifyOptions
+
+    if not budget_s > 0:
+        raise PlanError(f"--verify-budget-s must be positive, got {budget_s:g}")
+    if server_url == "local":
+        return VerifyOptions(budget_s=budget_s, serve="local", token=token)
+    return VerifyOptions(budget_s=budget_s, server_url=server_url, token=token)

@@ -312,18 +312,20 @@ def _plan_load(plan: Plan) -> dict[str, int]:
     return {"server_load": int(devices), "server_slots": int(plan.predicted.get("server_slots", 1))}
 
 
-def problem_from_plan(plan: Plan) -> Problem:
-    """The problem a plan was made from, loaded again from what it records.
+def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
+    """The problem a plan was made from, loaded again from what it records (the model as ``graph``
+    when given: loaded with sample input values, say).
 
     Raises:
         PlanError: when the model file is gone or has another hash than the plan's.
     """
-    if not Path(plan.model_path).is_file():
-        raise PlanError(f"the plan's model {plan.model_path} is missing")
-    graph = load_graph(plan.model_path, plan.input_shapes or None)
+    if graph is None:
+        if not Path(plan.model_path).is_file():
+            raise PlanError(f"the plan's model {plan.model_path} is missing")
+        graph = load_graph(plan.model_path, plan.input_shapes or None)
     if graph.sha256 != plan.model_sha256:
         raise PlanError(
-            f"the plan is for model {plan.model_sha256[:12]}, but {plan.model_path} is "
+            f"the plan is for model {plan.model_sha256[:12]}, but {graph.path} is "
             f"{graph.sha256[:12]} (re-run edgesplit partition)"
         )
     choices = Choices(

@@ -2,7 +2,9 @@
 # README's first command: set up, then run the main job on a bundled example:
 # build ResNet-18 from the zoo, profile it on this machine's two cores (big and a throttled
 # little one), partition it for latency and for throughput, compile the bundles, run them and
-# compare what was measured with what the plans predicted.
+# compare what was measured with what the plans predicted. It ends with what the product is for:
+# a deploy that measures its plan against the best baselines on this machine (alternating runs)
+# and ships the measured winner, with the verification table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -19,3 +21,6 @@ for objective in latency throughput; do
   $E compile "$out/$model.onnx" --plan "$out/$objective.json" -o "$out/$objective-bundle"
   $E run "$out/$objective-bundle" --repeat 30 --stream 100
 done
+echo "== deploy: the latency plan, verified against the baselines by measurement on this machine"
+$E deploy "$out/$model.onnx" --device host-biglittle --profile "$out/$model.profile.json" \
+  --objective latency --verify-budget-s 30 -o "$out/deploy-bundle"

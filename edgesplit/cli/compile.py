@@ -14,6 +14,27 @@ from edgesplit.cli.common import (
 )
 
 
+def verify_options(f):
+    """``--verify-budget-s``, ``--server-url`` and ``--token`` (deploy and compile --verify)."""
+    f = click.option(
+        "--token", default=None, envvar="EDGESPLIT_TOKEN", help="Bearer token for the offload server."
+    )(f)
+    f = click.option(
+        "--server-url",
+        default=None,
+        metavar="URL|local",
+        help="Offload server for candidates with server parts while verifying (local: serve them "
+        "from this process); without one they are skipped.",
+    )(f)
+    return click.option(
+        "--verify-budget-s",
+        default=30.0,
+        show_default=True,
+        type=click.FloatRange(min=0, min_open=True),
+        help="The most time verification may spend measuring.",
+    )(f)
+
+
 @click.command("compile")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option(
@@ -49,25 +70,84 @@ from edgesplit.cli.common import (
     is_flag=True,
     help="With a server: do not add a plan per bandwidth band (the bundle runs the one plan).",
 )
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Measure the plan against the best baselines here; ship the measured winner.",
+)
+@verify_options
 def command(
-    model, plan_path, output, force, sign_key, device, input_shapes, input_values, tune_trials, no_bands
+    model,
+    plan_path,
+    output,
+    force,
+    sign_key,
+    device,
+    input_shapes,
+    input_values,
+    tune_trials,
+    no_bands,
+    verify,
+    verify_budget_s,
+    server_url,
+    token,
 ):
     """Extract, check and compile every part of PLAN for MODEL into a bundle."""
-    from edgesplit.compile.api import compile_bundle
+    inputs = model_inputs(input_shapes, input_values)
+    if verify:
+        from edgesplit.deployment import verify_options_for
 
-    manifest = compile_bundle(
-        model,
-        plan_path,
-        output,
-        device=device,
-        **model_inputs(input_shapes, input_values),
-        tune_trials=tune_trials,
-        force=force,
-        sign_key=sign_key,
-        bands=not no_bands,
-    )
+        options = verify_options_for(verify_budget_s, server_url, token)
+        manifest = _verified(
+            model, plan_path, output, device, inputs, tune_trials, options, force, sign_key, not no_bands
+        )
+    else:
+        from edgesplit.compile.api import compile_bundle
+
+        manifest = compile_bundle(
+            model,
+            plan_path,
+            output,
+            device=device,
+            **inputs,
+            tune_trials=tune_trials,
+            force=force,
+            sign_key=sign_key,
+            bands=not no_bands,
+        )
     print_manifest(manifest)
+    if manifest.verification is not None:
+        print_verification(manifest.verification)
     console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))
+
+
+def _verified(model, plan_path, output, device, inputs, tune_trials, options, force, sign_key, bands):
+    """The plan's problem loaded again from what it records, then verified (as ``deploy`` does)."""
+    from dataclasses import replace
+
+    from edgesplit.cli.common import progress_bar
+    from edgesplit.compile.api import check_output
+    from edgesplit.pipeline import as_plan, load_graph, load_spec, problem_from_plan
+    from edgesplit.verify import verify_plan
+
+    check_output(output, force, [model, plan_path])  # before the slow steps
+    plan = as_plan(plan_path)
+    graph = load_graph(model, inputs["input_shapes"] or plan.input_shapes or None, inputs["input_values"])
+    problem = problem_from_plan(plan, graph)
+    if device is not None:
+        problem = replace(problem, device=load_spec(device))
+    with progress_bar() as update:
+        return verify_plan(
+            problem,
+            plan,
+            output,
+            options=options,
+            tune_trials=tune_trials,
+            progress=update,
+            force=force,
+            sign_key=sign_key,
+            bands=bands,
+        )
 
 
 def print_manifest(manifest) -> None:
@@ -112,3 +192,45 @@ def print_bands(bands) -> None:
             f"{b['value_lo']:.3f} .. {b['value_hi']:.3f}",
         )
     console.print(t)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_verification(v) -> None:
+    """The verification table: every candidate, predicted and measured, and what was shipped."""
+    from rich.table import Table
+
+    unit = "ms per request (stream period)" if v.metric == "throughput" else "ms"
+    t = Table(
+        title=f"verification on this device: {v.metric}, {v.rounds} rounds x {v.requests_per_turn} ({unit})"
+    )
+    cols = ["candidate", "parts", "predicted ms", "measured median ms", "spread", "ratio to best"]
+    cols += ["energy mJ (modelled)"] if v.metric == "energy" else []
+    for col in [*cols, "note"]:
+        t.add_column(col)
+    for c in v.candidates:
+        note = "shipped" if c.name == v.shipped else ""
+        if c.same_as:
+            note = ", ".join(x for x in (note, f"same bundle as {c.same_as}") if x)
+        if c.error:
+            note = c.error
+        row = [
+            c.name,
+            str(c.n_parts) if c.n_parts else "-",
+            _fmt(c.predicted_ms, ".3f"),
+            _fmt(c.measured_ms, ".3f"),
+            "-" if c.spread_pct is None else f"{c.spread_pct:.1f}%",
+            _fmt(c.ratio_to_best, ".3f"),
+        ]
+        row += [_fmt(c.energy_mj, ".3f")] if v.metric == "energy" else []
+        t.add_row(*row, note)
+    console.print(t)
+    for n in v.notes:
+        console.print(f"note: {n}")
+    console.print(
+        f"shipped {v.shipped}: {v.reason}. Measuring took {v.measure_s:.1f} s of a "
+        f"{v.budget_s:g} s budget (compiling the candidates {v.compile_s:.1f} s, loading them "
+        f"{v.load_s:.1f} s)."
+    )

@@ -19,6 +19,7 @@ from edgesplit.cli.common import (
     sign_key_option,
     slo_option,
 )
+from edgesplit.cli.compile import verify_options
 
 
 @click.command("deploy")
@@ -54,6 +55,12 @@ from edgesplit.cli.common import (
     help="With a server: do not add a plan per bandwidth band (the bundle runs the one plan).",
 )
 @click.option("--tune-trials", default=0, show_default=True, help="MetaSchedule trials for TVM parts.")
+@click.option(
+    "--no-verify",
+    is_flag=True,
+    help="Ship the plan without measuring it against the best baselines on this device.",
+)
+@verify_options
 def command(
     model,
     device,
@@ -73,9 +80,13 @@ def command(
     runs,
     tune_trials,
     no_bands,
+    no_verify,
+    verify_budget_s,
+    server_url,
+    token,
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
-    from edgesplit.cli.compile import print_manifest
+    from edgesplit.cli.compile import print_manifest, print_verification
     from edgesplit.compile.api import check_output
     from edgesplit.deployment import deploy
     from edgesplit.pipeline import Choices, check_choices
@@ -106,6 +117,10 @@ def command(
             force=force,
             sign_key=sign_key,
             bands=not no_bands,
+            verify=not no_verify,
+            verify_budget_s=verify_budget_s,
+            server_url=server_url,
+            token=token,
             **choices,
         )
     print_manifest(manifest)
@@ -115,4 +130,8 @@ def command(
             f"predicted: {pred.get('latency_ms', float('nan')):.3f} ms, "
             f"{pred.get('energy_mj', float('nan')):.3f} mJ per inference"
         )
+    if manifest.verification is not None:
+        print_verification(manifest.verification)
+    elif no_verify:
+        console.print("not verified (--no-verify): the plan was not measured against the baselines")
     console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))

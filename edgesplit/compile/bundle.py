@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from edgesplit.compile.checks import check_manifest
 from edgesplit.compile.safeio import copy_checked, hash_checked, read_checked
 from edgesplit.compile.signing import SIGNATURE, check_signature, key_id, load_public_key, write_signature
+from edgesplit.compile.verdict import Verification
 from edgesplit.errors import BundleError, PlanError
 from edgesplit.optimize.plan import Plan
 from edgesplit.util import (
@@ -179,6 +180,8 @@ class Manifest:
 
     ``bands`` (an adaptive bundle): a plan per bandwidth band. Then ``parts`` is the union of the
     parts of every plan (the server serves them all) and :meth:`plan_parts` gives one plan's.
+    ``verification`` is what measuring the plan against the baselines found (``deploy``,
+    ``compile --verify``), or None when it was not verified.
     """
 
     model_sha256: str
@@ -191,6 +194,7 @@ class Manifest:
     plan: Plan
     server: str | None = None
     notes: tuple[str, ...] = ()
+    verification: Verification | None = None
     format_version: int = FORMAT_VERSION
     bands: BundleBands | None = None
 
@@ -227,6 +231,7 @@ class Manifest:
             del d["bands"]
         else:
             d["bands"] = self.bands.to_json()
+        d["verification"] = self.verification.to_json() if self.verification else None
         return d
 
     @staticmethod
@@ -246,6 +251,8 @@ class Manifest:
             kw["notes"] = tuple(d.get("notes", ()))
             if d.get("bands") is not None:
                 kw["bands"] = BundleBands.from_json(d["bands"], source)
+            if d.get("verification") is not None:
+                kw["verification"] = Verification.from_json(d["verification"])
             manifest = Manifest(**kw)
         except PlanError as e:
             raise BundleError(str(e)) from e
@@ -262,6 +269,10 @@ class Manifest:
                 )
         for t in (*manifest.inputs, *manifest.outputs):
             check_fields(t, f"{source}: tensor {short(t.name, 60)}", BundleError)
+        if manifest.verification is not None:
+            check_fields(manifest.verification, f"{source}: verification", BundleError)
+            for c in manifest.verification.candidates:
+                check_fields(c, f"{source}: verification: candidate {short(c.name, 60)}", BundleError)
         return manifest
 
 

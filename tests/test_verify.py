@@ -1,0 +1,348 @@
+"""Verification by measurement (issue 10 item 4): ``deploy`` measures the plan against the best
+baselines on this machine, alternating between them, and ships the measured winner.
+
+The device here is this machine's two cores as ``big`` and a ``little`` one throttled to 20% (five
+times slower), so that a plan pinned to ``little`` is *much* worse than the whole model on ``big``:
+the verdict is then robust on a noisy shared machine. No other timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import make_model, rand
+from onnx import helper
+
+import edgesplit
+from edgesplit.cli.main import main
+from edgesplit.compile.bundle import Manifest, open_bundle
+from edgesplit.compile.verdict import MeasuredCandidate, Verification
+from edgesplit.model.load import load_model
+from edgesplit.profile.run import ProfileOptions, profile_model
+
+SPEC = """\
+name: verifyboard
+kind: device
+description: core 0 as big, core 1 throttled to 20% as little, and a processor without Relu
+local: true
+processors:
+  big:
+    kind: cpu
+    cores: [0]
+    threads: 1
+    peak_gflops: 100
+    mem_bandwidth_gbps: 10
+    active_w: 3.5
+    idle_w: 1.2
+    backends:
+      - runtime: ort
+  little:
+    kind: cpu
+    cores: [1]
+    threads: 1
+    cpu_quota_pct: 20
+    peak_gflops: 20
+    mem_bandwidth_gbps: 10
+    active_w: 1.0
+    idle_w: 0.4
+    backends:
+      - runtime: ort
+  norelu:
+    kind: cpu
+    cores: [0]
+    threads: 1
+    ops: {exclude: [Relu]}
+    peak_gflops: 1
+    mem_bandwidth_gbps: 1
+    active_w: 3.0
+    idle_w: 1.0
+    backends:
+      - runtime: ort
+"""
+BUDGET_S = 15.0
+
+
+def _chain(path: Path, n_convs: int = 6, ch: int = 32, hw: int = 48) -> Path:
+    """Conv/Relu x n on 1 x ch x hw x hw, then pool and a classifier: a few ms on one core."""
+    nodes, weights, x = [], [], "x"
+    for i in range(n_convs):
+        weights += [(f"w{i}", rand(ch, ch, 3, 3, seed=i)), (f"b{i}", rand(ch, seed=100 + i))]
+        nodes += [
+            helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+            helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        x = f"r{i}"
+    nodes += [
+        helper.make_node("GlobalAveragePool", [x], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, name="fc"),
+    ]
+    weights += [("wf", rand(10, ch, seed=7)), ("bf", rand(10, seed=8))]
+    import onnx
+
+    onnx.save(make_model(nodes, [("x", [1, ch, hw, hw])], [("y", [1, 10])], weights), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The model, the device spec, and a profile of big and little measured once (norelu predicted)."""
+    root = tmp_path_factory.mktemp("verify")
+    model = _chain(root / "chain.onnx")
+    spec = root / "verifyboard.yaml"
+    spec.write_text(SPEC)
+    graph = load_model(str(model))
+    prof = profile_model(
+        graph, edgesplit.load_device(spec), ProfileOptions(("ort",), ("big", "little"), 5, 2)
+    )
+    prof_path = root / "chain.profile.json"
+    prof.save(prof_path)
+    return model, spec, prof_path, [n.name for n in graph.nodes]
+
+
+def _deploy(setup, out: Path, on: str | None, **kw) -> Manifest:
+    model, spec, prof, nodes = setup
+    pins = {n: on for n in nodes} if on else None
+    kw.setdefault("verify_budget_s", BUDGET_S)
+    return edgesplit.deploy(model, spec, out, profile=prof, pins=pins, **kw)
+
+
+def test_a_plan_much_worse_than_a_baseline_is_replaced_by_it(setup, tmp_path):
+    """Every node pinned to the little core (5x slower): the whole model on big is shipped."""
+    out = tmp_path / "bundle"
+    m = _deploy(setup, out, "little")
+    v = m.verification
+    assert v is not None and v.metric == "latency"
+    assert v.shipped == "only:big" and not v.kept_plan, v.reason
+    assert "only:big" in v.reason, v.reason
+    assert v.rounds >= 3 and v.plan_ratio_high is not None and v.plan_ratio_high >= 1
+    # the bundle at -o is the baseline's, and says why
+    shipped = open_bundle(out)
+    assert {p.processor for p in shipped.parts} == {"big"} and len(shipped.parts) == 1
+    assert shipped.verification == v  # the verdict round-trips through manifest.json
+    assert shipped.plan.solver.name == "baseline:only:big"
+    plan, big = v.candidate("plan"), v.candidate("only:big")
+    assert plan.measured_ms > big.measured_ms and big.ratio_to_best == 1.0
+    assert plan.n_parts == 1 and len(plan.rounds_ms) == v.rounds
+    # the plan *is* the whole model on little: that candidate is the plan's measurement, not a second one
+    assert v.candidate("only:little").same_as == "plan"
+    # a candidate that cannot be built is listed with the reason, not dropped
+    norelu = v.candidate("only:norelu")
+    assert norelu.error and "Relu" in norelu.error and not norelu.measured
+    assert not list(tmp_path.glob(".bundle.verify.*"))  # the candidates' bundles are cleaned up
+
+
+def test_a_plan_that_is_the_best_single_processor_is_kept_and_measured_once(setup, tmp_path):
+    m = _deploy(setup, tmp_path / "bundle", "big")
+    v = m.verification
+    assert v.shipped == "plan" and v.kept_plan
+    assert "the plan is only:big" in v.reason
+    big = v.candidate("only:big")
+    assert big.same_as == "plan"
+    assert big.rounds_ms == v.candidate("plan").rounds_ms  # one measurement, shown under both names
+    assert v.candidate("only:little").measured
+    assert m.plan.solver.name != "baseline:only:big"  # the optimiser's own plan was shipped
+
+
+def test_a_tiny_budget_keeps_the_plan_and_says_so(setup, tmp_path):
+    m = _deploy(setup, tmp_path / "bundle", "little", verify_budget_s=0.001)
+    v = m.verification
+    assert v.shipped == "plan" and v.kept_plan and v.rounds == 0
+    assert "not enough time to verify" in v.reason
+    assert {p.processor for p in open_bundle(tmp_path / "bundle").parts} == {"little"}
+
+
+def test_rounds_and_turns_fit_the_budget():
+    from edgesplit.verify.measure import _Bench, _choose
+
+    class _Sess:
+        class manifest:  # noqa: N801 - a stand-in with the one attribute read
+            parts = (1, 2)
+
+    benches = [_Bench("a", _Sess(), "latency", warm_ms=10.0), _Bench("b", _Sess(), "latency", warm_ms=50.0)]
+    for budget_s in (0.2, 0.5, 1.0, 3.0, 30.0):
+        rounds, k = _choose(benches, budget_s, "latency", 3, 9)
+        if rounds:
+            assert 1 <= rounds <= 9 and k >= 1
+            assert rounds * sum(b.turn_cost_ms(k) for b in benches) / 1e3 <= budget_s
+            if rounds < 3:
+                assert k == 1 and 3 * sum(b.turn_cost_ms(1) for b in benches) / 1e3 > budget_s
+        else:
+            assert sum(b.turn_cost_ms(1) for b in benches) / 1e3 > budget_s
+    assert _choose(benches, 0.1, "latency", 3, 9) == (0, 0)
+    assert _choose(benches, 0.2, "latency", 3, 9) == (1, 1)
+    assert _choose(benches, 30.0, "latency", 3, 9)[0] == 9
+
+
+def test_no_verify_skips_and_the_cli_prints_the_table(setup, tmp_path, capsys):
+    model, spec, prof, nodes = setup
+    pins = [a for n in nodes for a in ("--pin", f"{n}=big")]
+    args = ["deploy", str(model), "-d", str(spec), "--profile", str(prof), *pins]
+
+    def run(*extra: str) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as e:
+            main([*args, *extra])
+        out, err = capsys.readouterr()
+        return e.value.code, out + err
+
+    code, out = run("--no-verify", "-o", str(tmp_path / "a"))
+    assert code == 0 and "not verified (--no-verify)" in out
+    assert open_bundle(tmp_path / "a").verification is None
+    code, out = run("--verify-budget-s", str(BUDGET_S), "-o", str(tmp_path / "b"))
+    assert code == 0, out
+    assert "verification on this device" in out and "measured median ms" in out
+    assert "shipped plan: the plan is only:big" in out
+    code, out = run("--verify-budget-s", "0", "-o", str(tmp_path / "c"))
+    assert code == 2 and "--verify-budget-s" in out
+
+
+def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_one(setup, tmp_path):
+    m = _deploy(setup, tmp_path / "a", "big", server="server-a100", link="wifi")
+    v = m.verification
+    assert "no server URL" in v.candidate("server-only").error
+    cut = v.candidate("best-single-cut")  # over Wi-Fi the best cut may keep every node on the device
+    assert (cut.error and "no server URL" in cut.error) or cut.same_as == "plan"
+    assert any("no server URL was given" in n for n in v.notes)
+    assert v.shipped == "plan"
+    m = _deploy(setup, tmp_path / "b", "big", server="server-a100", link="wifi", server_url="local")
+    row = m.verification.candidate("server-only")
+    assert row.error is None and row.measured and row.n_parts == 1
+    # a running server at a URL: measured where it serves the candidate's parts (bundle "a" is the
+    # whole model as one part p0, as server-only's is), else listed with the reason
+    from edgesplit.runtime.server import ServeOptions, ServerThread
+
+    with ServerThread(tmp_path / "a", ServeOptions(port=0, all_parts=True)) as srv:
+        m = _deploy(setup, tmp_path / "c", "big", server="server-a100", link="wifi", server_url=srv.url)
+    assert m.verification.candidate("server-only").measured
+    nodes = setup[3]
+    split = {n: "big" if i < 6 else "little" for i, n in enumerate(nodes)}  # its p0 is the first 6 nodes
+    edgesplit.deploy(setup[0], setup[1], tmp_path / "split", profile=setup[2], pins=split, verify=False)
+    with ServerThread(tmp_path / "split", ServeOptions(port=0, all_parts=True)) as srv:
+        m = _deploy(setup, tmp_path / "d", "big", server="server-a100", link="wifi", server_url=srv.url)
+    assert "serves another part p0" in m.verification.candidate("server-only").error
+
+
+def test_the_objective_decides_the_metric(setup, tmp_path):
+    v = _deploy(setup, tmp_path / "t", "big", objective="throughput").verification
+    assert v.metric == "throughput"
+    assert v.candidate("plan").predicted_ms == pytest.approx(
+        open_bundle(tmp_path / "t").plan.predicted["period_ms"], rel=1e-6
+    )
+    assert v.candidate("only:little").measured
+    v = _deploy(setup, tmp_path / "e", "big", objective="energy").verification
+    assert v.metric == "energy" and any("energy is modelled" in n for n in v.notes)
+    assert all(c.energy_mj is not None for c in v.candidates if c.measured)
+
+
+def test_the_verdict_round_trips_and_older_manifests_read():
+    v = Verification(
+        metric="latency",
+        shipped="only:big",
+        kept_plan=False,
+        reason="r",
+        candidates=(
+            MeasuredCandidate("plan", "s", 3, 1.0, 2.0, 5.0, 2.0, None, (2.0, 2.1, 1.9)),
+            MeasuredCandidate("only:big", "s", 1, 1.1, 1.0, 4.0, 1.0, same_as=None),
+            MeasuredCandidate("only:x", "s", error="cannot run 2 of 9 nodes (Relu)"),
+        ),
+        rounds=3,
+        requests_per_turn=5,
+        budget_s=30.0,
+        measure_s=1.5,
+        plan_ratio_low=1.9,
+        plan_ratio_high=2.1,
+        notes=("n",),
+    )
+    d = json.loads(json.dumps(v.to_json()))
+    assert Verification.from_json(d) == v
+    d["a_newer_key"] = 1
+    d["candidates"][0]["another"] = "x"
+    del d["notes"]
+    assert Verification.from_json(d).candidates == v.candidates  # tolerant both ways
+    assert v.candidate("only:x").error and not v.candidate("only:x").measured
+
+
+def test_compile_verify_measures_a_saved_plan(setup, tmp_path, capsys):
+    """``compile --verify`` loads the plan's problem again (model, spec, profile) and verifies it."""
+    model, spec, prof, nodes = setup
+    plan = edgesplit.partition(model, spec, profile=prof, pins={n: "little" for n in nodes})
+    plan.save(tmp_path / "plan.json")
+    args = ["compile", str(model), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "b")]
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--verify", "--verify-budget-s", str(BUDGET_S)])
+    out = capsys.readouterr().out
+    assert e.value.code == 0, out
+    assert "verification on this device" in out and "shipped only:big: the plan is" in out
+    assert open_bundle(tmp_path / "b").verification.shipped == "only:big"
+    with pytest.raises(SystemExit) as e:
+        main([*args[:-1], str(tmp_path / "c")])
+    assert e.value.code == 0 and open_bundle(tmp_path / "c").verification is None  # no --verify: as before
+
+
+def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
+    """The decision on given figures (no measuring): paired per-round ratios against the best other."""
+    from edgesplit.verify.decide import decide
+
+    def row(name, rounds, **kw):
+        return MeasuredCandidate(
+            name, "", 1, None, sorted(rounds)[len(rounds) // 2], rounds_ms=tuple(rounds), **kw
+        )
+
+    big, little = row("only:big", [10, 12, 11]), row("only:little", [30, 31, 29])
+    assert decide([row("plan", [9, 11, 10]), big, little], "latency", None)[0] == "plan"
+    shipped, reason, low, high = decide([row("plan", [9, 13, 10]), big, little], "latency", None)
+    assert shipped == "only:big" and "beyond the noise" in reason and low < 1 < high
+    assert decide([row("plan", [20, 22, 21]), big, little], "latency", None)[1].startswith(
+        "the plan is slower"
+    )
+    same = row("only:big", [10, 12, 11], same_as="plan")
+    assert decide([row("plan", [10, 12, 11]), same, little], "latency", None)[0] == "plan"
+    failed = MeasuredCandidate("plan", "", 3, error="cannot run: boom")
+    assert decide([failed, big, little], "latency", None)[0] == "only:big"
+    assert decide([row("plan", [50, 50, 50]), big], "latency", "not enough time")[0] == "plan"
+    assert (
+        decide([row("plan", [9, 11, 10]), MeasuredCandidate("only:x", "", error="e")], "latency", None)[0]
+        == "plan"
+    )
+    # fewer rounds than the minimum (a small budget): a verdict, but the plan is not kept on it
+    shipped, reason, _, _ = decide([row("plan", [9]), row("only:big", [10]), little], "latency", None)
+    assert shipped == "only:big" and "fewer than the 3 needed" in reason
+
+
+def test_a_verified_bundle_is_signed_with_its_verdict_and_refuses_a_foreign_output(setup, tmp_path):
+    """Main's hardening holds with verification: ``-o`` onto a folder of other files is refused
+    before anything is measured, and ``--sign-key`` signs the manifest the verdict is in."""
+    from edgesplit.compile.bundle import open_verified
+    from edgesplit.compile.signing import generate_key
+    from edgesplit.errors import BundleError
+
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"x")
+    with pytest.raises(BundleError, match="photos"):
+        _deploy(setup, foreign, "little")
+    assert (foreign / "cat.jpg").exists() and not list(tmp_path.glob(".photos.verify.*"))
+    private, public, _ = generate_key(tmp_path / "key")
+    out = tmp_path / "signed"
+    m = _deploy(setup, out, "little", sign_key=private)
+    vb = open_verified(out, trust_key=public)
+    assert vb.trusted_key is not None and vb.manifest.verification == m.verification
+    assert m.verification.shipped == "only:big"
+
+
+def test_a_manifest_with_a_hostile_verdict_is_refused(setup, tmp_path):
+    """The verdict is read as strictly as the rest of the manifest: a negative or non-numeric
+    figure is a one-line BundleError naming the manifest, never a crash later."""
+    from edgesplit.errors import BundleError
+
+    out = tmp_path / "b"
+    _deploy(setup, out, "big", verify=False)
+    raw = json.loads((out / "manifest.json").read_text())
+    for bad in ({"measured_ms": -1.0}, {"rounds_ms": ["fast"]}, {"name": 3}):
+        cand = {"name": "plan", "summary": "s", "measured_ms": 1.0, **bad}
+        raw["verification"] = {"metric": "latency", "shipped": "plan", "kept_plan": True, "reason": "r"}
+        raw["verification"]["candidates"] = [cand]
+        with pytest.raises(BundleError, match="manifest.json"):
+            Manifest.from_json(raw, str(out / "manifest.json"))
