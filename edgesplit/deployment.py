@@ -38,23 +38,16 @@ def deploy(
     the plan, and verify it by measurement against the best baselines before shipping it at ``out``.
 
     Args:
-        model: A loaded :class:`ModelGraph` (the ``deploy`` command loads first, to print what
-            loading changed) or the path of an ONNX file, loaded with ``input_shapes`` and
-            ``input_values``.
-        choices: The fields of :class:`edgesplit.pipeline.Choices`, as for
-            :func:`edgesplit.partition`: ``objective``, ``slo_ms``, ``profile``, ``server``,
-            ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
-            ``input_values``, ``profiling``.
+        model: A loaded :class:`ModelGraph` or an ONNX file (loaded with ``input_shapes``/``input_values``).
+        choices: The fields of :class:`edgesplit.pipeline.Choices`, as for :func:`edgesplit.partition`.
         tune_trials: MetaSchedule trials for TVM parts.
         force: Replace ``out`` even when it holds something other than an edgesplit bundle.
         sign_key: An ed25519 private key file to sign the bundle with (the bundle is signed last,
             the verdict included).
-        verify: Measure the plan against the best single processor, the best single cut and
-            server-only (alternating, on this device) and ship the plan only where it is faster
-            beyond the measured noise, else the best measured candidate
+        verify: Measure the plan against the best baselines here, alternating, and ship the plan only
+            where it is faster beyond the noise, else the best measured candidate
             (:func:`edgesplit.verify.verify_plan`). Only for a device that runs here.
-        verify_budget_s: The most time measuring may take (compiling and loading the candidates
-            come on top).
+        verify_budget_s: The most time measuring may take (compiling and loading come on top).
         server_url, token: An offload server for candidates with server parts, or ``"local"`` to
             serve them from this process; without one they are skipped (and listed as such).
         verify_options: All the verification's options at once (overrides the three above).
