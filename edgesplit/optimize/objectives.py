@@ -85,10 +85,12 @@ class Objective(ABC):
     Attributes:
         name: The key in :data:`OBJECTIVES` (and the CLI choice).
         baseline_metric: ``latency`` or ``energy``: how the best of a baseline's candidates is picked.
+        unit: The unit of :meth:`value` (``ms``, or ``mJ`` for energy).
     """
 
     name: str = ""
     baseline_metric: str = "latency"
+    unit: str = "ms"
 
     def score(self, cm: CostModel) -> Score:
         """The figure a local search minimises for this objective (default: the makespan)."""
@@ -179,6 +181,7 @@ class LatencySequential(Objective):
 class Energy(Objective):
     name = "energy"
     baseline_metric = "energy"
+    unit = "mJ"
 
     def score(self, cm: CostModel) -> Score:
         return lambda a: schedule(cm, a).energy_mj
