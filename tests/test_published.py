@@ -161,9 +161,9 @@ def test_calibration_applies_only_at_the_precision_the_processor_runs(squeezenet
     assert npu_profile.dispatch_ms == shipped.lookup("npu", "fp16").call_ms
     cpu_profile = predict(squeezenet, cpu, cpu.backend("ort"), device=spec.name)
     assert cpu_profile.dispatch_ms is None  # only fp16/int8 figures exist for it: plain roofline
-    explicit = replace(cpu, precision="fp16") if hasattr(cpu, "precision") else None
-    if explicit is not None:  # once specs carry precisions (issue 11) the fp16 fit applies
-        assert predict(squeezenet, explicit, cpu.backend("ort"), device=spec.name).dispatch_ms is not None
+    fp16 = replace(cpu.backend("ort"), runtime="ort-fp16", precision="fp16")  # an fp16 backend there
+    assert run_precision(cpu, fp16) == "fp16"
+    assert predict(squeezenet, cpu, fp16, device=spec.name).dispatch_ms == shipped.lookup("cpu_big", "fp16").call_ms
 
 
 @pytest.mark.slow
