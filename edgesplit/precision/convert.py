@@ -70,8 +70,12 @@ def calibrate(graph: ModelGraph, data: CalibrationSet) -> Path:
     """
     from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
+    memo = (graph.sha256, tuple(sorted(graph.input_shapes().items())), data.sha256, str(cache_dir()))
+    if memo in _CALIBRATED and _CALIBRATED[memo].is_file():
+        return _CALIBRATED[memo]
     path = cache_dir() / f"{model_sha256(graph.model)[:24]}-{data.sha256[:24]}-minmax.json"
     if path.is_file():
+        _CALIBRATED[memo] = path
         return path
     with tempfile.TemporaryDirectory(prefix="edgesplit-calib-") as tmp, _quiet():
         model_path = Path(tmp) / "model.onnx"
@@ -79,7 +83,11 @@ def calibrate(graph: ModelGraph, data: CalibrationSet) -> Path:
         calibrator = create_calibrator(model_path, None, augmented_model_path=str(Path(tmp) / "aug.onnx"))
         calibrator.collect_data(_Reader(list(data.calibration)))
         save_tensors_data(calibrator.compute_data(), path)  # temp file and rename
+    _CALIBRATED[memo] = path
     return path
+
+
+_CALIBRATED: dict[tuple, Path] = {}  # this process's calibrations (hashing a big model costs)
 
 
 def quantize_int8(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[str]) -> onnx.ModelProto:
