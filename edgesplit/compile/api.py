@@ -209,7 +209,9 @@ def _compile_plan_parts(
     for k, (p, pm) in enumerate(zip(plan.parts, extracted)):
         if progress:
             progress("compile", k, len(plan.parts))
-        job = CompileJob(pm, graph, tmp, f"parts/{p.name}.onnx", errors[p.name], tune_trials)
+        job = CompileJob(
+            pm, graph, tmp, f"parts/{p.name}.onnx", errors[p.name], tune_trials, _calibration(plan)
+        )
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(job, p, spec.processor(p.processor), local_cpu, producer)
         artifacts.append(art)
@@ -233,7 +235,7 @@ def _compile_bands(
 
     def one(part: Part, pm: PartModel, error: float, producer: dict[str, str]) -> PartArtifact:
         name = pm.name
-        job = CompileJob(pm, graph, tmp, f"parts/{name}.onnx", error, tune_trials)
+        job = CompileJob(pm, graph, tmp, f"parts/{name}.onnx", error, tune_trials, _calibration(plan))
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(
             job, replace(part, name=name), spec.processor(part.processor), local_cpu, producer
@@ -244,6 +246,11 @@ def _compile_bands(
     new, band_plans = compile_band_parts(graph, tmp, analysis, done, one)
     artifacts.extend(new)
     return bundle_bands(analysis, band_plans, [p.name for p in plan.parts])
+
+
+def _calibration(plan: Plan) -> str | None:
+    """The calibration data the plan's accuracy was measured on (None: the default data)."""
+    return ((plan.accuracy or {}).get("calibration") or {}).get("path")
 
 
 def _compile_part(
@@ -286,5 +293,6 @@ def _compile_part(
         fallback=fallback,
         predicted_ms=part.latency_ms,
         note=done.note,
+        precision=part.precision,
     )
     return artifact, done.warning
