@@ -131,10 +131,11 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
         return plan
     steps: list[dict[str, Any]] = []
     n_nodes = len(problem.graph.nodes)
+    baselines = plan.baselines  # of the problem as given, not of the restricted ones below
     while reduced(plan):
         acc = check.measure(plan.parts)
         if check.budget.meets(acc):
-            return replace(plan, accuracy=_figures(check, plan, acc, steps))
+            return replace(plan, baselines=baselines, accuracy=_figures(check, plan, acc, steps))
         alone = {p.name: check.measure(_alone(plan, p)) for p in reduced(plan)}
         value = {p.name: max(_saving_ms(problem, p), 0.0) / max(alone[p.name].noise, 1e-12) for p in reduced(plan)}
         worst = min(reduced(plan), key=lambda p: (value[p.name], p.name))
@@ -153,5 +154,5 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
         profile = restrict(problem.profile, problem.full_device, allowed, n_nodes)
         plan = solve(replace(problem, profile=profile, accuracy=None))
     if steps:  # every reduced part dropped: the fp32 plan, with what was tried
-        return replace(plan, accuracy=_figures(check, plan, EXACT, steps))
+        return replace(plan, baselines=baselines, accuracy=_figures(check, plan, EXACT, steps))
     return plan
