@@ -139,7 +139,7 @@ def test_snapdragon_processors_and_npu_op_support():
     assert not npu.supports("LSTM")
     assert not npu.supports("GRU")
     assert not npu.supports("Conv", ("float64",))
-    htp = npu.backend("ort")
+    htp = npu.backend("ort-int8")
     assert htp.provider == "QNNExecutionProvider"
     assert htp.options["backend_path"] == "libQnnHtp.so"
 

@@ -1,0 +1,135 @@
+"""int8 on host-npu, measured: latency and accuracy of fp32, int8 wherever allowed, and the plans.
+
+For resnet18 and mobilenetv2 from the zoo (seeded weights: their accuracy figures only stress the
+mechanism) and PP-OCRv4 det (trained weights, from the rapidocr-onnxruntime wheel), on
+``devices/host-npu.yaml`` (core 0 fp32 ORT, core 1 int8 QDQ ORT with the Ethos-U operator set):
+
+- ``fp32``: every node on ``cpu``;
+- ``int8-max``: every node the allowlist allows on ``npu`` in int8, the rest on ``cpu``;
+- ``plan-loose`` / ``plan-tight``: edgesplit's latency plan under a loose and a tight SNR budget.
+
+Each is compiled to a bundle and run through the runtime (median of ``--runs`` requests), and its
+accuracy against fp32 is measured by running the bundle on the held-out calibration samples
+(``skimage.data`` photographs). A candidate is on the frontier when no other is both faster and
+more accurate. Also printed: the profiled int8-against-fp32 speedup per op type (sums of the
+nodes' measured costs on ``npu`` and on ``cpu``). Run alone on the machine: timings taken while
+others run are noisy.
+
+    python benchmarks/precision.py [--runs 30] [--det-size 640] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+import edgesplit
+from edgesplit.model import zoo
+from edgesplit.model.calibration_data import calibration_set
+from edgesplit.precision.metrics import SNR_CAP_DB, AccuracyBudget
+from edgesplit.runtime.accuracy import bundle_accuracy
+
+DEVICE = "host-npu"
+LOOSE, TIGHT = AccuracyBudget(min_snr_db=15.0), AccuracyBudget(min_snr_db=30.0)
+ANY = AccuracyBudget(min_snr_db=-SNR_CAP_DB)
+
+
+def models(tmp: Path, det_size: int) -> list[tuple[str, str, dict | None, str]]:
+    import importlib.util
+
+    out = [(n, str(zoo.save(n, tmp / f"{n}.onnx")), None, "zoo, seeded weights") for n in ("resnet18", "mobilenetv2")]
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec and spec.submodule_search_locations:
+        det = sorted((Path(next(iter(spec.submodule_search_locations))) / "models").glob("*det*.onnx"))
+        if det:
+            out.append(("ppocrv4-det", str(det[0]), {"x": (1, 3, det_size, det_size)}, "trained (rapidocr wheel)"))
+    return out
+
+
+def speedups(graph, profile) -> dict[str, tuple[float, float]]:
+    cpu, npu = profile.entry("cpu", "ort"), profile.entry("npu", "ort-int8")
+    by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for n in graph.nodes:
+        if n.name in npu.nodes:
+            by[n.op_type][0] += cpu.nodes[n.name].latency_ms
+            by[n.op_type][1] += npu.nodes[n.name].latency_ms
+    return {op: (a, b) for op, (a, b) in by.items()}
+
+
+def measure(graph, plan, out: Path, runs: int) -> tuple[float, float, float | None]:
+    edgesplit.compile_bundle(graph, plan, out, device=DEVICE)
+    x = dict(calibration_set(graph).held_out[0])
+    with edgesplit.load(out) as session:
+        for _ in range(3):
+            session.run(x)
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            session.run(x)
+            times.append((time.perf_counter() - t0) * 1e3)
+    acc = bundle_accuracy(out)
+    return statistics.median(times), acc.snr_db, acc.top1_agreement
+
+
+def candidates(graph, profile) -> dict[str, object]:
+    device = edgesplit.load_device(DEVICE)
+    npu = device.processor("npu")
+    on_cpu = {n.name: "cpu" for n in graph.nodes}
+    allowed = {n.name: ("npu" if npu.supports(n.op_type) else "cpu") for n in graph.nodes}
+    part = edgesplit.partition
+    return {
+        "fp32": part(graph, DEVICE, profile=profile, pins=on_cpu),
+        "int8-max": part(graph, DEVICE, profile=profile, pins=allowed, accuracy=ANY),
+        "plan-loose": part(graph, DEVICE, profile=profile, accuracy=LOOSE),
+        "plan-tight": part(graph, DEVICE, profile=profile, accuracy=TIGHT),
+    }
+
+
+def run_model(name, path, shapes, weights, runs, tmp: Path, rows: list, ops: dict) -> None:
+    graph = edgesplit.load_model(path, shapes)
+    profile = edgesplit.profile_model(graph, edgesplit.load_device(DEVICE), edgesplit.ProfileOptions(runs=runs))
+    for op, (a, b) in speedups(graph, profile).items():
+        ops[op][0] += a
+        ops[op][1] += b
+    results = {}
+    for cand, plan in candidates(graph, profile).items():
+        ms, snr, top1 = measure(graph, plan, tmp / f"{name}-{cand}", runs)
+        int8 = sum(len(p.nodes) for p in plan.parts if p.precision == "int8")
+        results[cand] = (ms, snr, top1, int8, plan.predicted["latency_ms"])
+    for cand, (ms, snr, top1, int8, pred) in results.items():
+        dominated = any(o[0] < ms and o[1] > snr for k, o in results.items() if k != cand)
+        rows.append((name, weights, cand, int8, len(graph.nodes), pred, ms, snr, top1, not dominated))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--det-size", type=int, default=640)
+    ap.add_argument("--markdown", action="store_true", help="Print the README tables.")
+    args = ap.parse_args()
+    rows: list = []
+    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    with tempfile.TemporaryDirectory(prefix="edgesplit-precision-") as d:
+        tmp = Path(d)
+        for name, path, shapes, weights in models(tmp, args.det_size):
+            run_model(name, path, shapes, weights, args.runs, tmp, rows, ops)
+    head = "| model | weights | candidate | int8 nodes | predicted ms | measured ms | SNR dB | top-1 | frontier |"
+    print(head + "\n|" + "---|" * 9)
+    for name, weights, cand, int8, n, pred, ms, snr, top1, front in rows:
+        t1 = f"{top1:.0%}" if top1 is not None else "-"
+        snr_s = "exact" if snr >= SNR_CAP_DB else f"{snr:.1f}"
+        print(f"| {name} | {weights} | {cand} | {int8}/{n} | {pred:.1f} | {ms:.1f} | {snr_s} | {t1} | {'yes' if front else 'no'} |")
+    print("\n| op type | fp32 on cpu ms | int8 on npu ms | speedup |\n|---|---|---|---|")
+    for op, (a, b) in sorted(ops.items(), key=lambda kv: -kv[1][0]):
+        print(f"| {op} | {a:.2f} | {b:.2f} | {a / b:.1f}x |" if b > 0 else f"| {op} | {a:.2f} | {b:.2f} | fused away |")
+    print(f"\nbudgets: loose {LOOSE.summary()}, tight {TIGHT.summary()}; runs {args.runs}; numpy {np.__version__}")
+
+
+if __name__ == "__main__":
+    main()
