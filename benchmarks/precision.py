@@ -43,12 +43,17 @@ ANY = AccuracyBudget(min_snr_db=-SNR_CAP_DB)
 def models(tmp: Path, det_size: int) -> list[tuple[str, str, dict | None, str]]:
     import importlib.util
 
-    out = [(n, str(zoo.save(n, tmp / f"{n}.onnx")), None, "zoo, seeded weights") for n in ("resnet18", "mobilenetv2")]
+    out = [
+        (n, str(zoo.save(n, tmp / f"{n}.onnx")), None, "zoo, seeded weights")
+        for n in ("resnet18", "mobilenetv2")
+    ]
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec and spec.submodule_search_locations:
         det = sorted((Path(next(iter(spec.submodule_search_locations))) / "models").glob("*det*.onnx"))
         if det:
-            out.append(("ppocrv4-det", str(det[0]), {"x": (1, 3, det_size, det_size)}, "trained (rapidocr wheel)"))
+            out.append(
+                ("ppocrv4-det", str(det[0]), {"x": (1, 3, det_size, det_size)}, "trained (rapidocr wheel)")
+            )
     return out
 
 
@@ -93,7 +98,9 @@ def candidates(graph, profile) -> dict[str, object]:
 
 def run_model(name, path, shapes, weights, runs, tmp: Path, rows: list, ops: dict) -> None:
     graph = edgesplit.load_model(path, shapes)
-    profile = edgesplit.profile_model(graph, edgesplit.load_device(DEVICE), edgesplit.ProfileOptions(runs=runs))
+    profile = edgesplit.profile_model(
+        graph, edgesplit.load_device(DEVICE), edgesplit.ProfileOptions(runs=runs)
+    )
     for op, (a, b) in speedups(graph, profile).items():
         ops[op][0] += a
         ops[op][1] += b
@@ -124,11 +131,19 @@ def main() -> None:
     for name, weights, cand, int8, n, pred, ms, snr, top1, front in rows:
         t1 = f"{top1:.0%}" if top1 is not None else "-"
         snr_s = "exact" if snr >= SNR_CAP_DB else f"{snr:.1f}"
-        print(f"| {name} | {weights} | {cand} | {int8}/{n} | {pred:.1f} | {ms:.1f} | {snr_s} | {t1} | {'yes' if front else 'no'} |")
+        print(
+            f"| {name} | {weights} | {cand} | {int8}/{n} | {pred:.1f} | {ms:.1f} | {snr_s} | {t1} | {'yes' if front else 'no'} |"
+        )
     print("\n| op type | fp32 on cpu ms | int8 on npu ms | speedup |\n|---|---|---|---|")
     for op, (a, b) in sorted(ops.items(), key=lambda kv: -kv[1][0]):
-        print(f"| {op} | {a:.2f} | {b:.2f} | {a / b:.1f}x |" if b > 0 else f"| {op} | {a:.2f} | {b:.2f} | fused away |")
-    print(f"\nbudgets: loose {LOOSE.summary()}, tight {TIGHT.summary()}; runs {args.runs}; numpy {np.__version__}")
+        print(
+            f"| {op} | {a:.2f} | {b:.2f} | {a / b:.1f}x |"
+            if b > 0
+            else f"| {op} | {a:.2f} | {b:.2f} | fused away |"
+        )
+    print(
+        f"\nbudgets: loose {LOOSE.summary()}, tight {TIGHT.summary()}; runs {args.runs}; numpy {np.__version__}"
+    )
 
 
 if __name__ == "__main__":

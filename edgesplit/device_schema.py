@@ -90,7 +90,12 @@ _PROCESSOR = {
             "properties": {"only": _OPS, "exclude": _OPS},
         },
         "dtypes": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "precisions": {"type": "array", "items": {"enum": list(PRECISIONS)}, "minItems": 1, "uniqueItems": True},
+        "precisions": {
+            "type": "array",
+            "items": {"enum": list(PRECISIONS)},
+            "minItems": 1,
+            "uniqueItems": True,
+        },
         "cores": {
             "type": "array",
             "items": {"type": "integer", "minimum": 0, "maximum": 65535},

@@ -39,7 +39,10 @@ def _cache(tmp_path, monkeypatch):
 def _split_net(path) -> str:
     """Conv-Relu-Conv, HardSigmoid (not on the NPU), Conv-Relu-Conv, Div (not on the NPU),
     GlobalAveragePool-Flatten-Gemm: a classifier whose int8 nodes form three parts."""
-    c = lambda i, o, n: helper.make_node("Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}")  # noqa: E731
+
+    def c(i: str, o: str, n: int):
+        return helper.make_node("Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}")
+
     nodes = [
         c("x", "c1", 1),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
@@ -53,7 +56,11 @@ def _split_net(path) -> str:
         helper.make_node("Flatten", ["p"], ["f"], name="flat"),
         helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, name="fc"),
     ]
-    weights = [("two", np.array(2.0, np.float32)), ("wf", rand(10, 16, seed=9) * 10), ("bf", rand(10, seed=8))]
+    weights = [
+        ("two", np.array(2.0, np.float32)),
+        ("wf", rand(10, 16, seed=9) * 10),
+        ("bf", rand(10, seed=8)),
+    ]
     for n, (ci, co) in enumerate([(3, 16), (16, 16), (16, 16), (16, 16)], start=1):
         weights += [(f"w{n}", rand(co, ci, 3, 3, seed=n) * 3), (f"b{n}", rand(co, seed=10 + n))]
     onnx.save(make_model(nodes, [("x", [1, 3, 32, 32])], [("y", [1, 10])], weights), path)
@@ -147,7 +154,9 @@ def problem(split_net):
 
 
 def _solve(problem, budget):
-    return solve_plan(dataclasses.replace(problem, accuracy=dataclasses.replace(problem.accuracy, budget=budget)))
+    return solve_plan(
+        dataclasses.replace(problem, accuracy=dataclasses.replace(problem.accuracy, budget=budget))
+    )
 
 
 def test_an_op_outside_the_allowlist_never_lands_on_the_npu(problem):
@@ -233,7 +242,10 @@ def test_calibration_data_from_files(split_net, tmp_path):
     (tmp_path / "npy").mkdir()
     for i in range(3):
         np.save(tmp_path / "npy" / f"s{i}.npy", xs[i])
-    from_npz, from_dir = calibration_set(graph, tmp_path / "cal.npz"), calibration_set(graph, tmp_path / "npy")
+    from_npz, from_dir = (
+        calibration_set(graph, tmp_path / "cal.npz"),
+        calibration_set(graph, tmp_path / "npy"),
+    )
     assert (from_npz.source, len(from_npz.samples), len(from_dir.samples)) == ("file", 6, 3)
     assert np.array_equal(from_dir.samples[1]["x"], xs[1]) and from_npz.sha256 != from_dir.sha256
     np.savez(tmp_path / "bad.npz", x=xs[:, :, :2])
@@ -245,7 +257,12 @@ def test_calibration_data_from_files(split_net, tmp_path):
 
 
 def test_synthetic_calibration_warns(tmp_path):
-    m = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [("x", [4, 8])], [("y", [4, 8])], [("w", rand(8, 8))])
+    m = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [("x", [4, 8])],
+        [("y", [4, 8])],
+        [("w", rand(8, 8))],
+    )
     onnx.save(m, tmp_path / "mm.onnx")
     data = calibration_set(edgesplit.load_model(tmp_path / "mm.onnx"))
     assert data.source == "synthetic" and "weak" in data.warning and "warning" in data.describe()

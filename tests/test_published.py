@@ -167,7 +167,10 @@ def test_calibration_applies_only_at_the_precision_the_processor_runs(squeezenet
     assert cpu_profile.dispatch_ms is None  # only fp16/int8 figures exist for it: plain roofline
     fp16 = replace(cpu.backend("ort"), runtime="ort-fp16", precision="fp16")  # an fp16 backend there
     assert run_precision(cpu, fp16) == "fp16"
-    assert predict(squeezenet, cpu, fp16, device=spec.name).dispatch_ms == shipped.lookup("cpu_big", "fp16").call_ms
+    assert (
+        predict(squeezenet, cpu, fp16, device=spec.name).dispatch_ms
+        == shipped.lookup("cpu_big", "fp16").call_ms
+    )
 
 
 @pytest.mark.slow

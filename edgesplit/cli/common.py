@@ -216,7 +216,9 @@ def accuracy_options(f):
         help="Least share of samples whose top-1 class is fp32's (classifiers, 0-1).",
     )(f)
     return click.option(
-        "--min-snr-db", type=click.FloatRange(-200, 200), help="Least SNR of every output against fp32, in dB."
+        "--min-snr-db",
+        type=click.FloatRange(-200, 200),
+        help="Least SNR of every output against fp32, in dB.",
     )(f)
 
 

@@ -145,7 +145,18 @@ def print_plan(plan) -> None:
         + (f" + {plan.server}" if plan.server else "")
         + f" ({plan.objective})"
     )
-    cols = ("part", "processor", "backend", "precision", "nodes", "stage", "start ms", "end ms", "predicted ms", "mJ")
+    cols = (
+        "part",
+        "processor",
+        "backend",
+        "precision",
+        "nodes",
+        "stage",
+        "start ms",
+        "end ms",
+        "predicted ms",
+        "mJ",
+    )
     for col in cols:
         parts.add_column(col, justify="right" if col not in cols[:4] else "left")
     for p in plan.parts:
@@ -179,7 +190,16 @@ def print_plan(plan) -> None:
         console.print(xt)
     pred = plan.predicted
     bt = Table(title="plan against baselines (same cost model)")
-    for col in ("plan / baseline", "latency ms", "x plan", "energy mJ", "x plan", "per s", "accuracy", "what"):
+    for col in (
+        "plan / baseline",
+        "latency ms",
+        "x plan",
+        "energy mJ",
+        "x plan",
+        "per s",
+        "accuracy",
+        "what",
+    ):
         bt.add_column(col, justify="left" if col in ("plan / baseline", "accuracy", "what") else "right")
     bt.add_row(
         "plan",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import onnx
 
-from edgesplit.compile.backends import CompileJob, Compiled
+from edgesplit.compile.backends import Compiled, CompileJob
 from edgesplit.device import Backend, Processor
 from edgesplit.model.calibration_data import calibration_set
 from edgesplit.precision.convert import calibrate, convert

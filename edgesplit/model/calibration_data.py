@@ -164,7 +164,9 @@ def image_layout(graph: ModelGraph) -> tuple[str, int, int, int] | None:
     return None
 
 
-def photo_samples(graph: ModelGraph, count: int = DEFAULT_SAMPLES, seed: int = 0) -> list[dict[str, np.ndarray]]:
+def photo_samples(
+    graph: ModelGraph, count: int = DEFAULT_SAMPLES, seed: int = 0
+) -> list[dict[str, np.ndarray]]:
     """Seeded augmented crops of ``skimage.data`` photographs, as NCHW inputs of the vision model."""
     from skimage import data as photos
     from skimage.color import gray2rgb

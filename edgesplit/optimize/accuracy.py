@@ -107,7 +107,10 @@ def _saving_ms(problem: Problem, part: Part) -> float:
 
 def _alone(plan: Plan, part: Part) -> list[Part]:
     """The plan's parts with every reduced part but ``part`` in fp32."""
-    return [p if p.name == part.name or p.precision == "fp32" else replace(p, precision="fp32") for p in plan.parts]
+    return [
+        p if p.name == part.name or p.precision == "fp32" else replace(p, precision="fp32")
+        for p in plan.parts
+    ]
 
 
 def _figures(check: AccuracyCheck, plan: Plan, acc: Accuracy, steps: list) -> dict[str, Any]:
@@ -137,7 +140,9 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
         if check.budget.meets(acc):
             return replace(plan, baselines=baselines, accuracy=_figures(check, plan, acc, steps))
         alone = {p.name: check.measure(_alone(plan, p)) for p in reduced(plan)}
-        value = {p.name: max(_saving_ms(problem, p), 0.0) / max(alone[p.name].noise, 1e-12) for p in reduced(plan)}
+        value = {
+            p.name: max(_saving_ms(problem, p), 0.0) / max(alone[p.name].noise, 1e-12) for p in reduced(plan)
+        }
         worst = min(reduced(plan), key=lambda p: (value[p.name], p.name))
         steps.append(
             {

@@ -124,9 +124,9 @@ def quantize_int8(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[s
 
 def convert_fp16(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[str]) -> onnx.ModelProto:
     """``model`` with ``nodes`` (all when empty) in float16, its inputs and outputs kept float32."""
-    from onnxconverter_common import float16
-
     import warnings
+
+    from onnxconverter_common import float16
 
     keep = set(nodes)
     block = [n.name for n in model.graph.node if keep and n.name not in keep]

@@ -51,7 +51,9 @@ class Accuracy:
 
     def summary(self) -> str:
         top1 = f", top-1 {self.top1_agreement:.1%}" if self.top1_agreement is not None else ""
-        return f"SNR {self.snr_db:.1f} dB, cosine {self.cosine:.5f}, max abs err {self.max_abs_error:.3g}{top1}"
+        return (
+            f"SNR {self.snr_db:.1f} dB, cosine {self.cosine:.5f}, max abs err {self.max_abs_error:.3g}{top1}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}

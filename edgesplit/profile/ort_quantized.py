@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 import tempfile
 import time
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
