@@ -178,6 +178,8 @@ def test_the_real_profiler_measures_int8_and_leaves_unlisted_ops_unsupported(spl
     assert npu.source == "measured" and set(npu.unsupported) == {"hsig", "div"}
     assert set(npu.nodes) == {n.name for n in graph.nodes} - {"hsig", "div"}
     assert "quantize" in npu.note and npu.dispatch_ms > 0
+    assert npu.edge_in_ms_per_mb > 0 and npu.edge_out_ms_per_mb > 0  # Q/DQ at part edges, measured
+    assert prof.entry("cpu", "ort").edge_in_ms_per_mb is None
     assert sum(c.latency_ms for c in npu.nodes.values()) > 0
     plan = edgesplit.partition(graph, device, profile=prof, accuracy=AccuracyBudget(min_snr_db=-SNR_CAP_DB))
     assert all(plan.assignment[n]["processor"] == "cpu" for n in ("hsig", "div"))

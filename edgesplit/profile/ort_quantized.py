@@ -9,12 +9,13 @@ ORT fuses a QDQ model into integer kernels (``QLinearConv``, ``QLinearAdd``, ``Q
 after the original node (``conv1_token_1`` for ``conv1``), removes activations whose range the
 quantization clips (a Relu after a Conv costs nothing), and adds layout transposes. A kernel is
 charged to the node it is named after; ``<tensor>_QuantizeLinear`` / ``_DequantizeLinear`` to the
-node that makes (or, for an input or a weight, first reads) the tensor; anything else to the node
-of a neighbouring kernel.
+node that makes (or, for a weight, first reads) the tensor, except at the model's own inputs and
+outputs, which are part edges (below); anything else to the node of a neighbouring kernel.
 
 The part edges cost too: a part quantizes what enters it and dequantizes what leaves it. Both are
-measured per MB (``QuantizeLinear`` / ``DequantizeLinear`` micro-models of 4 MB), with the
-dispatch of a part (``dispatch_ms``), and written in the entry's note.
+measured per MB (``QuantizeLinear`` / ``DequantizeLinear`` micro-models of 4 MB) into the entry's
+``edge_in_ms_per_mb`` / ``edge_out_ms_per_mb``, which the cost model charges per crossing byte,
+beside the dispatch of a part (``dispatch_ms``).
 """
 
 from __future__ import annotations
@@ -54,10 +55,13 @@ def _base(name: str) -> str:
 def kernel_owners(graph: ModelGraph, optimized: onnx.GraphProto) -> dict[str, int]:
     """Optimised kernel name -> index of the original node it is charged to (see the module doc)."""
     owner: dict[int, int] = {}
+    edges = {*graph.inputs, *graph.outputs}
     for k, node in enumerate(optimized.node):
         base = _base(node.name)
         m = _QDQ.match(base)
-        if base in graph.index:
+        if m and m.group(1) in edges:
+            owner[k] = -1  # the model's own edges: priced per crossing byte, not as a node
+        elif base in graph.index:
             owner[k] = graph.index[base]
         elif m and m.group(1) in graph.producer:
             owner[k] = graph.producer[m.group(1)]
@@ -75,10 +79,10 @@ def kernel_owners(graph: ModelGraph, optimized: onnx.GraphProto) -> dict[str, in
             if k in owner:
                 continue
             near = [made[t] for t in n.input if t in made] + [r for t in n.output for r in readers.get(t, ())]
-            found = next((owner[j] for j in near if j in owner), None)
+            found = next((owner[j] for j in near if owner.get(j, -1) >= 0), None)
             if found is not None:
                 owner[k], changed = found, True
-    return {optimized.node[k].name: i for k, i in owner.items()}
+    return {optimized.node[k].name: i for k, i in owner.items() if i >= 0}
 
 
 def _edge_model(op: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -164,6 +168,8 @@ def profile_quantized(
         elapsed_s=time.perf_counter() - started,
         note="; ".join(notes),
         dispatch_ms=round(dispatch, 6),
+        edge_in_ms_per_mb=round(q_mb, 6),
+        edge_out_ms_per_mb=round(dq_mb, 6),
     )
 
 
