@@ -154,7 +154,17 @@ def print_manifest(manifest) -> None:
     from rich.table import Table
 
     t = Table(title=f"bundle of {manifest.model_name} for {manifest.device}")
-    for col in ("part", "processor", "backend", "precision", "file", "inputs", "outputs", "predicted ms", "note"):
+    for col in (
+        "part",
+        "processor",
+        "backend",
+        "precision",
+        "file",
+        "inputs",
+        "outputs",
+        "predicted ms",
+        "note",
+    ):
         t.add_column(col)
     for p in manifest.parts:
         t.add_row(
