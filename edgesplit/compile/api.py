@@ -30,6 +30,7 @@ from edgesplit.compile.split import PartModel, check_parts, extract_parts
 from edgesplit.device import DeviceSpec, Processor
 from edgesplit.errors import BundleError, CompileError, PlanError
 from edgesplit.model.graph import ModelGraph
+from edgesplit.optimize.accuracy import backend_precision
 from edgesplit.optimize.plan import Part, Plan, check_plan, check_plan_types
 from edgesplit.optimize.problem import Problem
 from edgesplit.pipeline import as_plan, load_graph, plan_device
@@ -81,6 +82,11 @@ def _check_known(plan: Plan, graph: ModelGraph, spec: DeviceSpec, source: str) -
             raise PlanError(
                 f"{source}: part {p.name} runs on processor {short(p.processor, 40)}, which {spec.path or spec.name} "
                 f"lacks (processors: {', '.join(sorted(procs))})"
+            )
+        runs = backend_precision(spec, p.processor, p.backend)
+        if p.precision != runs:  # the manifest, and the Android app's executor table, trust it
+            raise PlanError(
+                f"{source}: part {p.name} says {short(p.precision, 20)}, but {p.backend} on {p.processor} runs {runs}"
             )
         bad = [short(n, 40) for n in p.nodes if n not in graph.index]
         if bad:

@@ -14,7 +14,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from edgesplit.device_schema import PRECISIONS
 from edgesplit.errors import PlanError
+from edgesplit.precision.metrics import check_record
 from edgesplit.util import (
     check_fields,
     check_identifier,
@@ -184,8 +186,8 @@ class Plan:
             kw["assignment"] = {k: dict(v) for k, v in d["assignment"].items()}
             kw["predicted"] = dict(d.get("predicted", {}))
             kw["pins"] = dict(d.get("pins", {}))
-            if d.get("accuracy") is not None:
-                kw["accuracy"] = dict(d["accuracy"])
+            acc = d.get("accuracy")  # anything but an object is named by check_plan_types
+            kw["accuracy"] = dict(acc) if isinstance(acc, Mapping) else acc
             plan = Plan(**kw)
         except PlanError:
             raise
@@ -221,6 +223,8 @@ def check_plan_types(plan: Plan, source: str) -> None:
     check_fields(plan.solver, f"{source}: solver", PlanError)
     for i, p in enumerate(plan.parts):
         check_fields(p, f"{source}: parts[{i}]", PlanError)
+    if plan.accuracy is not None:
+        check_record(plan.accuracy, f"{source}: accuracy", PlanError)
 
 
 def check_plan(plan: Plan, source: str) -> None:
@@ -249,6 +253,10 @@ def check_plan_parts(parts: Sequence[Part], source: str) -> None:
     producer: dict[str, str] = {}
     for i, p in enumerate(parts):
         check_identifier(p.name, f"{source}: parts[{i}].name", PlanError)
+        if p.precision not in PRECISIONS:
+            raise PlanError(
+                f"{source}: parts[{i}].precision: {short(p.precision, 20)} is not one of {', '.join(PRECISIONS)}"
+            )
         if p.name in names:
             raise PlanError(f"{source}: two parts are named {p.name}")
         names.add(p.name)

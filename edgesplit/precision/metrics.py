@@ -121,6 +121,44 @@ class AccuracyBudget:
         return AccuracyBudget(**known_fields(AccuracyBudget, d))
 
 
+def check_record(record: Any, source: str, error: type[Exception]) -> None:
+    """A plan's ``accuracy`` record read from a file (see :attr:`edgesplit.optimize.Plan.accuracy`):
+    an object whose ``budget``, ``measured`` and ``parts`` figures have their types and finite
+    numbers, and whose ``calibration.path``, which compile and :func:`bundle_accuracy` read data
+    from, is a string. The rest is only printed.
+
+    Raises:
+        error: naming ``source`` and the key at fault.
+    """
+    from edgesplit.util import check_fields, known_fields, short
+
+    def figures(cls: type, value: Any, where: str) -> None:
+        if not isinstance(value, Mapping):
+            raise error(f"{where}: expected an object, got {short(value, 40)}")
+        try:
+            obj = cls(**known_fields(cls, value))
+        except KeyError as e:
+            raise error(f"{where}: missing key {e}") from None
+        check_fields(obj, where, error, signed=("snr_db", "cosine", "min_snr_db"))
+
+    if not isinstance(record, Mapping):
+        raise error(f"{source}: expected an object or null, got {short(record, 40)}")
+    for key, value in record.items():
+        if key == "budget":
+            figures(AccuracyBudget, value, f"{source}.budget")
+        elif key == "measured":
+            figures(Accuracy, value, f"{source}.measured")
+        elif key == "parts" and isinstance(value, Mapping):
+            for name, fig in value.items():
+                figures(Accuracy, fig, f"{source}.parts.{short(name, 40)}")
+        elif key in ("parts", "calibration", "dropped") and not isinstance(
+            value, Mapping if key != "dropped" else list
+        ):
+            raise error(f"{source}.{key}: expected {'a list' if key == 'dropped' else 'an object'}")
+        if key == "calibration" and not isinstance(value.get("path", ""), str):
+            raise error(f"{source}.calibration.path: expected a string, got {short(value['path'], 40)}")
+
+
 DEFAULT_BUDGET = AccuracyBudget(max_accuracy_drop=0.01)
 """With no budget given: 1% of top-1 classes changed, or 1% relative RMS error (40 dB)."""
 
