@@ -8,13 +8,12 @@ its outputs are compared with the fp32 model's on the same samples.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from edgesplit.compile.bundle import Manifest
+from edgesplit.compile.bundle import Manifest, open_bundle
 from edgesplit.model.graph import ModelGraph
 from edgesplit.precision.measure import PlanMeasurer
 from edgesplit.precision.metrics import Accuracy, AccuracyBudget, compare
-from edgesplit.runtime.session import load, open_bundle
+from edgesplit.runtime.session import load
 
 
 def bundle_accuracy(
@@ -29,7 +28,7 @@ def bundle_accuracy(
     Args:
         model: The fp32 model (default the plan's ``model_path``, with the plan's input shapes).
         calibration_data: Default the data the plan's accuracy was measured on.
-        load_options: For :func:`edgesplit.load` (executor options, ...).
+        load_options: For :func:`edgesplit.load` (executor options, ``trust_key``, ...).
     """
     from edgesplit.pipeline import load_graph
 
@@ -47,6 +46,7 @@ def bundle_accuracy(
 def bundle_meets(bundle: str | os.PathLike, budget: AccuracyBudget | None = None, **kwargs) -> list[str]:
     """Why the bundle misses ``budget`` (default: its plan's), measured; empty when it meets it."""
     if budget is None:
-        recorded = (open_bundle(Path(bundle)).plan.accuracy or {}).get("budget")
+        plan = open_bundle(bundle, verify=False, trust_key=kwargs.get("trust_key")).plan  # load verifies
+        recorded = (plan.accuracy or {}).get("budget")
         budget = AccuracyBudget.from_json(recorded) if recorded else AccuracyBudget()
     return budget.misses(bundle_accuracy(bundle, **kwargs))
