@@ -237,6 +237,35 @@ def test_an_int8_only_processor_never_gets_an_fp32_part(tmp_path, split_net):
         with_precisions(forged, device)
 
 
+def test_a_snapdragon_plan_has_int8_npu_parts_checked_here(tmp_path):
+    """The Hexagon NPU is priced in int8 from AI Hub's figures; the plan's accuracy check runs here,
+    on the same int8 QDQ parts, and compile makes them int8 artifacts for the QNN provider."""
+
+    def conv(i: str, o: str, n: int):
+        return helper.make_node("Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}")
+
+    nodes = [conv("x", "c1", 1), helper.make_node("Relu", ["c1"], ["r1"], name="relu1"), conv("r1", "c2", 2)]
+    nodes += [
+        helper.make_node("GlobalAveragePool", ["c2"], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, name="fc"),
+    ]
+    weights = [("wf", rand(10, 32, seed=9) * 10), ("bf", rand(10, seed=8))]
+    for n, ci in ((1, 3), (2, 32)):
+        weights += [(f"w{n}", rand(32, ci, 3, 3, seed=n)), (f"b{n}", rand(32, seed=10 + n))]
+    onnx.save(make_model(nodes, [("x", [1, 3, 224, 224])], [("y", [1, 10])], weights), tmp_path / "m.onnx")
+    graph = edgesplit.load_model(tmp_path / "m.onnx")
+    plan = edgesplit.partition(graph, "snapdragon-8gen2", accuracy=AccuracyBudget(min_snr_db=15.0))
+    npu = [p for p in plan.parts if p.processor == "npu"]
+    assert npu and all(p.precision == "int8" and p.backend == "ort-int8" for p in npu), plan.parts
+    assert plan.accuracy["meets"] and plan.accuracy["calibration"]["source"] == "photos"
+    assert 15.0 <= plan.accuracy["measured"]["snr_db"] < SNR_CAP_DB  # measured, not exact
+    manifest = edgesplit.compile_bundle(graph, plan, tmp_path / "b")
+    art = [p for p in manifest.parts if p.processor == "npu"]
+    assert all(p.precision == "int8" and p.provider == "QNNExecutionProvider" for p in art)
+    assert all(p.file.endswith(".int8.onnx") for p in art)
+
+
 def test_calibration_data_from_files(split_net, tmp_path):
     graph, _ = split_net
     xs = np.random.default_rng(0).standard_normal((6, 1, 3, 32, 32)).astype(np.float32)
