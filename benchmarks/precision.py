@@ -15,7 +15,7 @@ more accurate. Also printed: the profiled int8-against-fp32 speedup per op type 
 nodes' measured costs on ``npu`` and on ``cpu``). Run alone on the machine: timings taken while
 others run are noisy.
 
-    python benchmarks/precision.py [--runs 30] [--det-size 640] [--markdown]
+    python benchmarks/precision.py [--runs 30] [--det-size 640] [--models resnet18,mobilenetv2,ppocrv4-det]
 """
 
 from __future__ import annotations
@@ -114,26 +114,33 @@ def run_model(name, path, shapes, weights, runs, tmp: Path, rows: list, ops: dic
         rows.append((name, weights, cand, int8, len(graph.nodes), pred, ms, snr, top1, not dominated))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--det-size", type=int, default=640)
-    ap.add_argument("--markdown", action="store_true", help="Print the README tables.")
-    args = ap.parse_args()
-    rows: list = []
-    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    with tempfile.TemporaryDirectory(prefix="edgesplit-precision-") as d:
-        tmp = Path(d)
-        for name, path, shapes, weights in models(tmp, args.det_size):
-            run_model(name, path, shapes, weights, args.runs, tmp, rows, ops)
-    head = "| model | weights | candidate | int8 nodes | predicted ms | measured ms | SNR dB | top-1 | frontier |"
-    print(head + "\n|" + "---|" * 9)
+def print_rows(rows: list) -> None:
     for name, weights, cand, int8, n, pred, ms, snr, top1, front in rows:
         t1 = f"{top1:.0%}" if top1 is not None else "-"
         snr_s = "exact" if snr >= SNR_CAP_DB else f"{snr:.1f}"
         print(
-            f"| {name} | {weights} | {cand} | {int8}/{n} | {pred:.1f} | {ms:.1f} | {snr_s} | {t1} | {'yes' if front else 'no'} |"
+            f"| {name} | {weights} | {cand} | {int8}/{n} | {pred:.1f} | {ms:.1f} | {snr_s} | {t1} | "
+            f"{'yes' if front else 'no'} |",
+            flush=True,
         )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--det-size", type=int, default=640)
+    ap.add_argument("--models", default="resnet18,mobilenetv2,ppocrv4-det", help="Comma-separated, in order.")
+    args = ap.parse_args()
+    ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    head = "| model | weights | candidate | int8 nodes | predicted ms | measured ms | SNR dB | top-1 | frontier |"
+    print(head + "\n|" + "---|" * 9, flush=True)
+    with tempfile.TemporaryDirectory(prefix="edgesplit-precision-") as d:
+        tmp = Path(d)
+        found = {m[0]: m for m in models(tmp, args.det_size)}
+        for name, path, shapes, weights in (found[n] for n in args.models.split(",") if n in found):
+            rows: list = []
+            run_model(name, path, shapes, weights, args.runs, tmp, rows, ops)
+            print_rows(rows)  # as each model finishes: a long run keeps what it measured
     print("\n| op type | fp32 on cpu ms | int8 on npu ms | speedup |\n|---|---|---|---|")
     for op, (a, b) in sorted(ops.items(), key=lambda kv: -kv[1][0]):
         print(

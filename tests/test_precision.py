@@ -266,6 +266,29 @@ def test_a_snapdragon_plan_has_int8_npu_parts_checked_here(tmp_path):
     assert all(p.file.endswith(".int8.onnx") for p in art)
 
 
+def test_an_old_opset_model_quantizes_per_channel(tmp_path):
+    """PP-OCRv4 det is opset 12: per-channel DequantizeLinear needs 13, so the part is converted."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    weights = [("w", rand(8, 3, 3, 3, seed=1)), ("b", rand(8, seed=2))]
+    onnx.save(
+        make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 8, 16, 16])], weights, opset=12),
+        tmp_path / "m.onnx",
+    )
+    graph = edgesplit.load_model(tmp_path / "m.onnx")
+    data = calibration_set(graph)
+    q = convert(graph.model, "int8", calibrate(graph, data))
+    assert q.opset_import[0].version >= 13
+    assert any(
+        n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute) for n in q.graph.node
+    )
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = data.held_out[0]
+    assert compare([{"y": _tensor(graph, "y", x)}], [{"y": sess.run(None, dict(x))[0]}]).snr_db > 20
+
+
 def test_calibration_data_from_files(split_net, tmp_path):
     graph, _ = split_net
     xs = np.random.default_rng(0).standard_normal((6, 1, 3, 32, 32)).astype(np.float32)

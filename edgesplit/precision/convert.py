@@ -101,6 +101,7 @@ def quantize_int8(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[s
 
     if ranges is None:
         raise CompileError("int8 needs a calibration (precision.convert.calibrate)")
+    model = opset_for_per_channel(model)
     with tempfile.TemporaryDirectory(prefix="edgesplit-quant-") as tmp, _quiet():
         out = Path(tmp) / "q.onnx"
         try:
@@ -120,6 +121,31 @@ def quantize_int8(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[s
         except Exception as e:  # noqa: BLE001 - ORT raises plain exceptions of many kinds
             raise CompileError(f"int8 quantization failed: {type(e).__name__}: {e}") from e
         return onnx.load(out)
+
+
+PER_CHANNEL_OPSET = 13
+"""DequantizeLinear takes the ``axis`` of per-channel weights from opset 13."""
+
+
+def opset_for_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` converted to opset 13 when it is older (PP-OCRv4's is 12), with ONNX's version
+    converter (node names kept): ``quantize_static`` writes per-channel DequantizeLinear nodes
+    without raising the opset, which ORT then refuses as an invalid graph.
+
+    Raises:
+        CompileError: when the converter cannot convert the model.
+    """
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET)
+    if opset >= PER_CHANNEL_OPSET:
+        return model
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, PER_CHANNEL_OPSET)
+    except Exception as e:  # noqa: BLE001 - the converter raises plain exceptions of many kinds
+        raise CompileError(
+            f"int8 needs opset {PER_CHANNEL_OPSET}; converting from {opset} failed: {e}"
+        ) from e
 
 
 def convert_fp16(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[str]) -> onnx.ModelProto:
