@@ -8,7 +8,8 @@ mechanism) and PP-OCRv4 det (trained weights, from the rapidocr-onnxruntime whee
 - ``int8-max``: every node the allowlist allows on ``npu`` in int8, the rest on ``cpu``;
 - ``plan-loose`` / ``plan-tight``: edgesplit's latency plan under a loose and a tight SNR budget.
 
-Each is compiled to a bundle and run through the runtime (median of ``--runs`` requests), and its
+Each is compiled to a bundle and run through the runtime (median of ``--runs`` requests, the
+candidates timed in turn so that they share the machine's load), and its
 accuracy against fp32 is measured by running the bundle on the held-out calibration samples
 (``skimage.data`` photographs). A candidate is on the frontier when no other is both faster and
 more accurate. Also printed: the profiled int8-against-fp32 speedup per op type (sums of the
@@ -21,6 +22,7 @@ others run are noisy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 import time
@@ -67,19 +69,20 @@ def speedups(graph, profile) -> dict[str, tuple[float, float]]:
     return {op: (a, b) for op, (a, b) in by.items()}
 
 
-def measure(graph, plan, out: Path, runs: int) -> tuple[float, float, float | None]:
-    edgesplit.compile_bundle(graph, plan, out, device=DEVICE)
+def timed(graph, bundles: dict[str, Path], runs: int) -> dict[str, float]:
+    """Median ms per bundle, timed round-robin (one request each in turn), so that every candidate
+    sees the same load from the rest of the machine."""
     x = dict(calibration_set(graph).held_out[0])
-    with edgesplit.load(out) as session:
-        for _ in range(3):
-            session.run(x)
-        times = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            session.run(x)
-            times.append((time.perf_counter() - t0) * 1e3)
-    acc = bundle_accuracy(out)
-    return statistics.median(times), acc.snr_db, acc.top1_agreement
+    with contextlib.ExitStack() as stack:
+        sessions = {k: stack.enter_context(edgesplit.load(b)) for k, b in bundles.items()}
+        times: dict[str, list[float]] = {k: [] for k in bundles}
+        for r in range(runs + 3):
+            for k, session in sessions.items():
+                t0 = time.perf_counter()
+                session.run(x)
+                if r >= 3:  # warm-up
+                    times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(t) for k, t in times.items()}
 
 
 def candidates(graph, profile) -> dict[str, object]:
@@ -104,11 +107,16 @@ def run_model(name, path, shapes, weights, runs, tmp: Path, rows: list, ops: dic
     for op, (a, b) in speedups(graph, profile).items():
         ops[op][0] += a
         ops[op][1] += b
+    plans = candidates(graph, profile)
+    bundles = {cand: tmp / f"{name}-{cand}" for cand in plans}
+    for cand, plan in plans.items():
+        edgesplit.compile_bundle(graph, plan, bundles[cand], device=DEVICE)
+    ms = timed(graph, bundles, runs)
     results = {}
-    for cand, plan in candidates(graph, profile).items():
-        ms, snr, top1 = measure(graph, plan, tmp / f"{name}-{cand}", runs)
+    for cand, plan in plans.items():
+        acc = bundle_accuracy(bundles[cand])
         int8 = sum(len(p.nodes) for p in plan.parts if p.precision == "int8")
-        results[cand] = (ms, snr, top1, int8, plan.predicted["latency_ms"])
+        results[cand] = (ms[cand], acc.snr_db, acc.top1_agreement, int8, plan.predicted["latency_ms"])
     for cand, (ms, snr, top1, int8, pred) in results.items():
         dominated = any(o[0] < ms and o[1] > snr for k, o in results.items() if k != cand)
         rows.append((name, weights, cand, int8, len(graph.nodes), pred, ms, snr, top1, not dominated))
