@@ -181,6 +181,10 @@ def print_manifest(manifest) -> None:
     console.print(t)
     for n in manifest.notes:
         console.print(f"note: {n}")
+    from edgesplit.cli.partition import accuracy_lines
+
+    for line in accuracy_lines(manifest.plan):  # the plan's int8/fp16 parts measured against fp32
+        console.print(line, soft_wrap=True)
     if manifest.bands is not None:
         print_bands(manifest.bands)
 

@@ -138,10 +138,6 @@ def command(
             f"predicted: {pred.get('latency_ms', float('nan')):.3f} ms, "
             f"{pred.get('energy_mj', float('nan')):.3f} mJ per inference"
         )
-    from edgesplit.cli.partition import accuracy_lines
-
-    for line in accuracy_lines(manifest.plan):
-        console.print(line, soft_wrap=True)
     if manifest.verification is not None:
         print_verification(manifest.verification)
     elif no_verify:
