@@ -36,6 +36,11 @@ _EXPORTS: dict[str, str] = {
     "ProcessorProfile": "edgesplit.profile.store",
     "NodeCost": "edgesplit.profile.store",
     "load_profile": "edgesplit.profile.store",
+    # precision
+    "AccuracyBudget": "edgesplit.precision.metrics",
+    "Accuracy": "edgesplit.precision.metrics",
+    "calibration_set": "edgesplit.model.calibration_data",
+    "bundle_accuracy": "edgesplit.runtime.accuracy",
     # partition
     "partition": "edgesplit.pipeline",
     "Plan": "edgesplit.optimize",
@@ -121,15 +126,18 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
         RemoteHostError,
         RunInputError,
     )
+    from edgesplit.model.calibration_data import calibration_set
     from edgesplit.model.graph import ModelGraph, Node, TensorInfo
     from edgesplit.model.load import load_model
     from edgesplit.model.zoo import save as zoo_save
     from edgesplit.optimize import Plan, load_plan
     from edgesplit.pipeline import partition
+    from edgesplit.precision.metrics import Accuracy, AccuracyBudget
     from edgesplit.profile.fleet import profile_fleet
     from edgesplit.profile.remote import RemoteOptions, detect_remote, profile_remote
     from edgesplit.profile.run import ProfileOptions, profile_model
     from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile, load_profile
+    from edgesplit.runtime.accuracy import bundle_accuracy
     from edgesplit.runtime.breakdown import Breakdown
     from edgesplit.runtime.chrome import write_chrome_trace
     from edgesplit.runtime.session import Session, SessionStats, load

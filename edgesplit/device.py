@@ -15,13 +15,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edgesplit.device_schema import BACKENDS, KINDS, BackendKind, device_to_mapping, read_yaml, validate
+from edgesplit.device_schema import (
+    BACKENDS,
+    KINDS,
+    PRECISIONS,
+    BackendKind,
+    device_to_mapping,
+    read_yaml,
+    validate,
+)
 from edgesplit.errors import DeviceSpecError
 from edgesplit.util import shipped_dir
 
 __all__ = [
     "BACKENDS",
     "KINDS",
+    "PRECISIONS",
     "Backend",
     "BackendKind",
     "DeviceSpec",
@@ -48,15 +57,17 @@ class Backend:
     """How a processor runs a part: an ORT execution provider, or a TVM target.
 
     ``ops_only`` / ``ops_exclude`` narrow the processor's op support for this backend alone
-    (TVM has no LSTM converter, for example).
+    (TVM has no LSTM converter, for example). ``precision`` is what its parts run in, from its
+    kind (:data:`BACKENDS`): ``fp32``, ``fp16`` or ``int8``.
     """
 
-    runtime: str  # "ort" | "tvm"
+    runtime: str  # a key of BACKENDS: "ort", "tvm", "ort-int8", "ort-fp16" ...
     provider: str = "CPUExecutionProvider"
     options: Mapping[str, Any] = field(default_factory=dict)
     target: Mapping[str, Any] | None = None
     ops_only: frozenset[str] | None = None
     ops_exclude: frozenset[str] = frozenset()
+    precision: str = "fp32"
 
     @property
     def key(self) -> str:
@@ -90,10 +101,20 @@ class Processor:
     cpu_quota_pct: float | None = None
     server: str | None = None  # name of the server spec when the processor is remote
     description: str = ""
+    spec_precisions: tuple[str, ...] | None = None
 
     @property
     def is_remote(self) -> bool:
         return self.server is not None
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """What this processor runs: the spec's ``precisions`` list, else its backends' precisions.
+        A processor whose list is ``[int8]`` has only int8 backends (checked when the spec loads),
+        so it never gets an fp32 part."""
+        if self.spec_precisions is not None:
+            return self.spec_precisions
+        return tuple(dict.fromkeys(b.precision for b in self.backends))
 
     def supports(self, op_type: str, dtypes: tuple[str, ...] = ()) -> bool:
         """Whether any backend of this processor can run ``op_type`` on these dtypes."""
@@ -227,15 +248,30 @@ def _backend(proc: str, i: int, b: Mapping[str, Any], source: str) -> Backend:
         target=target,
         ops_only=only,
         ops_exclude=excl,
+        precision=kind.precision,
     )
+
+
+def _check_precisions(name: str, backends: tuple[Backend, ...], listed: Any, source: str) -> None:
+    """Every backend of a processor that lists its precisions runs one of them."""
+    if listed is None:
+        return
+    for i, b in enumerate(backends):
+        if b.precision not in listed:
+            raise DeviceSpecError(
+                f"{source}: processors.{name}.backends.{i}.runtime: '{b.runtime}' runs {b.precision}, "
+                f"which processors.{name}.precisions {list(listed)} leaves out"
+            )
 
 
 def _processor(name: str, d: Mapping[str, Any], source: str) -> Processor:
     only, excl = _ops(d.get("ops"))
+    backends = tuple(_backend(name, i, b, source) for i, b in enumerate(d["backends"]))
+    _check_precisions(name, backends, d.get("precisions"), source)
     return Processor(
         name=name,
         kind=d["kind"],
-        backends=tuple(_backend(name, i, b, source) for i, b in enumerate(d["backends"])),
+        backends=backends,
         peak_gflops=float(d["peak_gflops"]),
         mem_bandwidth_gbps=float(d["mem_bandwidth_gbps"]),
         active_w=float(d["active_w"]),
@@ -249,6 +285,7 @@ def _processor(name: str, d: Mapping[str, Any], source: str) -> Processor:
         threads=d.get("threads"),
         cpu_quota_pct=d.get("cpu_quota_pct"),
         description=d.get("description", ""),
+        spec_precisions=tuple(d["precisions"]) if "precisions" in d else None,
     )
 
 

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 KINDS = ("cpu", "gpu", "npu", "dsp")
 MAX_SPEC_NBYTES = 1 << 20
 """Largest spec file read: the shipped ones are a few kB."""
+PRECISIONS = ("fp32", "fp16", "int8")
+"""What a part can run in: float32 as exported, float16 (converted), int8 QDQ (quantized)."""
 
 _NUM = {"type": "number", "exclusiveMinimum": 0}
 _NUM0 = {"type": "number", "minimum": 0}
@@ -38,10 +40,14 @@ class BackendKind:
     Attributes:
         requires: Keys a backend entry of this kind must have (TVM needs its ``target``).
         summary: One line for ``edgesplit devices`` and error messages.
+        precision: What its parts run in (one of :data:`PRECISIONS`): a processor that runs
+            several precisions has one backend per precision (``ort`` and ``ort-int8``), so that
+            profiles and plans, keyed by backend, keep them apart.
     """
 
     requires: tuple[str, ...] = ()
     summary: str = ""
+    precision: str = "fp32"
 
 
 # The backend kinds a spec may name, by ``runtime``: the schema's enum is built from this table.
@@ -50,6 +56,8 @@ class BackendKind:
 BACKENDS: dict[str, BackendKind] = {
     "ort": BackendKind((), "ONNX Runtime with an execution provider"),
     "tvm": BackendKind(("target",), "Apache TVM, compiled for a target"),
+    "ort-int8": BackendKind((), "ONNX Runtime on int8 QDQ parts (onnxruntime.quantization)", "int8"),
+    "ort-fp16": BackendKind((), "ONNX Runtime on float16 parts (onnxconverter-common)", "fp16"),
 }
 
 _BACKEND = {
@@ -82,6 +90,12 @@ _PROCESSOR = {
             "properties": {"only": _OPS, "exclude": _OPS},
         },
         "dtypes": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "precisions": {
+            "type": "array",
+            "items": {"enum": list(PRECISIONS)},
+            "minItems": 1,
+            "uniqueItems": True,
+        },
         "cores": {
             "type": "array",
             "items": {"type": "integer", "minimum": 0, "maximum": 65535},
@@ -287,6 +301,7 @@ def _processor_json(p: Processor) -> dict[str, Any]:
     optional = {
         "memory_mb": p.memory_mb,
         "dtypes": list(p.dtypes) if p.dtypes is not None else None,
+        "precisions": list(p.spec_precisions) if p.spec_precisions is not None else None,
         "cores": list(p.cores) if p.cores is not None else None,
         "threads": p.threads,
         "cpu_quota_pct": p.cpu_quota_pct,

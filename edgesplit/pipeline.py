@@ -29,11 +29,13 @@ from typing import TYPE_CHECKING
 from edgesplit.device import DeviceSpec, NetworkLink, load_device, network_link
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
+from edgesplit.optimize.accuracy import AccuracyCheck
 from edgesplit.optimize.api import complete_profile, solve_plan
 from edgesplit.optimize.load import ServerLoad
 from edgesplit.optimize.objectives import objective as objective_named
 from edgesplit.optimize.plan import Plan, load_plan
 from edgesplit.optimize.problem import Problem, combined
+from edgesplit.precision.metrics import DEFAULT_BUDGET, AccuracyBudget
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import Profile, load_profile
 from edgesplit.util import check_number, short
@@ -84,6 +86,10 @@ class Choices:
             priced with the queueing delay of N devices in a closed loop
             (:mod:`edgesplit.optimize.load`). Only with a server.
         server_slots: Requests the server computes at once, for ``server_load`` (default 1).
+        accuracy: The budget int8 and fp16 parts must meet, measured against fp32 on held-out
+            calibration samples (default :data:`~edgesplit.precision.metrics.DEFAULT_BUDGET`).
+        calibration_data: An ``.npz`` or a folder of ``.npy`` samples to calibrate and measure
+            with (default: photographs for a vision model, else synthetic inputs).
     """
 
     objective: str = "latency"
@@ -99,6 +105,19 @@ class Choices:
     profiling: ProfileOptions | None = None
     server_load: int | None = None
     server_slots: int = 1
+    accuracy: AccuracyBudget | None = None
+    calibration_data: str | os.PathLike | None = None
+
+
+def accuracy_check(
+    graph: ModelGraph, budget: AccuracyBudget | None, calibration_data: str | os.PathLike | None
+) -> AccuracyCheck:
+    """The planner's accuracy check for ``graph``: the budget, and a measurer of plans that loads
+    the calibration data only when a plan first has a reduced-precision part."""
+    from edgesplit.precision.measure import PlanMeasurer
+
+    measurer = PlanMeasurer(graph, calibration_data)
+    return AccuracyCheck(budget or DEFAULT_BUDGET, measurer, measurer.describe)
 
 
 def load_graph(
@@ -245,7 +264,10 @@ def resolve(
     link = resolve_link(srv, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
     prof, path = _profile(graph, combined(dev, srv), c.profile, c.profiling, progress)
     load = ServerLoad(c.server_load, c.server_slots) if c.server_load is not None else None
-    return Problem(graph, dev, prof, srv, link, c.objective, c.slo_ms, pins, path, load)
+    check = accuracy_check(graph, c.accuracy, c.calibration_data)
+    return Problem(
+        graph, dev, prof, srv, link, c.objective, c.slo_ms, pins, path, server_load=load, accuracy=check
+    )
 
 
 def partition(
@@ -264,8 +286,9 @@ def partition(
         device: A :class:`DeviceSpec` or a spec name / path.
         choices: The fields of :class:`Choices`: ``objective``, ``slo_ms``, ``profile``,
             ``server``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
-            ``input_values``, ``profiling``, ``server_load``, ``server_slots``. Without a profile, the local processors are measured and the rest
-            predicted, as ``edgesplit partition`` does.
+            ``input_values``, ``profiling``, ``server_load``, ``server_slots``, ``accuracy``,
+            ``calibration_data``. Without a profile, the local processors are measured and the
+            rest predicted, as ``edgesplit partition`` does.
 
     Returns:
         The plan, with the baselines predicted by the same cost model.
@@ -328,6 +351,7 @@ def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
             f"the plan is for model {plan.model_sha256[:12]}, but {graph.path} is "
             f"{graph.sha256[:12]} (re-run edgesplit partition)"
         )
+    acc = plan.accuracy or {}
     choices = Choices(
         objective=plan.objective,
         slo_ms=plan.slo_ms,
@@ -336,5 +360,7 @@ def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
         link=_plan_link(plan),
         pins=plan.pins,
         **_plan_load(plan),
+        accuracy=AccuracyBudget.from_json(acc["budget"]) if "budget" in acc else None,
+        calibration_data=acc.get("calibration", {}).get("path"),
     )
     return resolve(graph, _recorded_spec(plan.device_path, plan.device), choices)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from edgesplit.device import (
+    BACKENDS,
     DEVICES_DIR,
     DeviceSpec,
     list_specs,
@@ -37,7 +38,7 @@ def _check_figures(spec: DeviceSpec) -> None:
         assert p.active_w > 0 and 0 <= p.idle_w < p.active_w, where
         assert p.memory_mb is None or p.memory_mb > 0, where
         for b in p.backends:
-            assert b.runtime in ("ort", "tvm"), where
+            assert b.runtime in BACKENDS and b.precision == BACKENDS[b.runtime].precision, where
             if b.runtime == "tvm":
                 assert b.target and "kind" in b.target, where
                 # TVM's ONNX importer has no converter for recurrent ops or control flow.
@@ -139,7 +140,7 @@ def test_snapdragon_processors_and_npu_op_support():
     assert not npu.supports("LSTM")
     assert not npu.supports("GRU")
     assert not npu.supports("Conv", ("float64",))
-    htp = npu.backend("ort")
+    htp = npu.backend("ort-int8")
     assert htp.provider == "QNNExecutionProvider"
     assert htp.options["backend_path"] == "libQnnHtp.so"
 

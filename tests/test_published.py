@@ -153,17 +153,24 @@ def test_predictor_uses_the_calibration_when_present_and_the_plain_roofline_when
 def test_calibration_applies_only_at_the_precision_the_processor_runs(squeezenet):
     spec = load_device("snapdragon-8gen2")
     npu, cpu = spec.processor("npu"), spec.processor("cpu_big")
-    assert run_precision(npu, npu.backend("ort")) == "fp16"  # QNN HTP with enable_htp_fp16_precision
+    assert run_precision(npu, npu.backend("ort-fp16")) == "fp16"
+    assert run_precision(npu, npu.backend("ort-int8")) == "int8"
+    assert npu.precisions == ("int8", "fp16")  # never an fp32 part on the HTP
     assert run_precision(cpu, cpu.backend("ort")) == "fp32"
     shipped = load_calibration(spec.name)
     assert shipped.lookup("npu", "fp16") is not None and shipped.lookup("cpu_big", "fp32") is None
-    npu_profile = predict(squeezenet, npu, npu.backend("ort"), device=spec.name)
+    npu_profile = predict(squeezenet, npu, npu.backend("ort-fp16"), device=spec.name)
     assert npu_profile.dispatch_ms == shipped.lookup("npu", "fp16").call_ms
+    int8 = predict(squeezenet, npu, npu.backend("ort-int8"), device=spec.name)
+    assert int8.dispatch_ms == shipped.lookup("npu", "int8").call_ms  # priced from the int8 figures
     cpu_profile = predict(squeezenet, cpu, cpu.backend("ort"), device=spec.name)
     assert cpu_profile.dispatch_ms is None  # only fp16/int8 figures exist for it: plain roofline
-    explicit = replace(cpu, precision="fp16") if hasattr(cpu, "precision") else None
-    if explicit is not None:  # once specs carry precisions (issue 11) the fp16 fit applies
-        assert predict(squeezenet, explicit, cpu.backend("ort"), device=spec.name).dispatch_ms is not None
+    fp16 = replace(cpu.backend("ort"), runtime="ort-fp16", precision="fp16")  # an fp16 backend there
+    assert run_precision(cpu, fp16) == "fp16"
+    assert (
+        predict(squeezenet, cpu, fp16, device=spec.name).dispatch_ms
+        == shipped.lookup("cpu_big", "fp16").call_ms
+    )
 
 
 @pytest.mark.slow

@@ -194,3 +194,44 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
             bar.update(tasks[label], completed=done, total=total)
 
         yield update
+
+
+def accuracy_options(f):
+    """``--min-snr-db``, ``--min-top1-agreement``, ``--max-accuracy-drop`` and ``--calibration-data``
+    (partition and deploy): the budget int8 and fp16 parts must meet, and the data to measure on."""
+    f = click.option(
+        "--calibration-data",
+        type=click.Path(),
+        help="An .npz of arrays named after the inputs, or a folder of .npy files, to calibrate int8 "
+        "parts and measure accuracy on (default: photographs for a vision model, else synthetic).",
+    )(f)
+    f = click.option(
+        "--max-accuracy-drop",
+        type=click.FloatRange(0, 1),
+        help="Largest accuracy drop against fp32: top-1 classes changed, or relative RMS error (0-1).",
+    )(f)
+    f = click.option(
+        "--min-top1-agreement",
+        type=click.FloatRange(0, 1),
+        help="Least share of samples whose top-1 class is fp32's (classifiers, 0-1).",
+    )(f)
+    return click.option(
+        "--min-snr-db",
+        type=click.FloatRange(-200, 200),
+        help="Least SNR of every output against fp32, in dB.",
+    )(f)
+
+
+def accuracy_choices(
+    min_snr_db: float | None,
+    min_top1_agreement: float | None,
+    max_accuracy_drop: float | None,
+    calibration_data: str | None,
+) -> dict:
+    """The ``accuracy`` and ``calibration_data`` fields of :class:`edgesplit.pipeline.Choices`
+    (no flag: the default budget)."""
+    from edgesplit.precision.metrics import AccuracyBudget
+
+    given = (min_snr_db, min_top1_agreement, max_accuracy_drop)
+    budget = AccuracyBudget(*given) if any(v is not None for v in given) else None
+    return {"accuracy": budget, "calibration_data": calibration_data}

@@ -154,13 +154,24 @@ def print_manifest(manifest) -> None:
     from rich.table import Table
 
     t = Table(title=f"bundle of {manifest.model_name} for {manifest.device}")
-    for col in ("part", "processor", "backend", "file", "inputs", "outputs", "predicted ms", "note"):
+    for col in (
+        "part",
+        "processor",
+        "backend",
+        "precision",
+        "file",
+        "inputs",
+        "outputs",
+        "predicted ms",
+        "note",
+    ):
         t.add_column(col)
     for p in manifest.parts:
         t.add_row(
             p.name,
             p.processor + (" (remote)" if p.remote else ""),
             p.backend,
+            p.precision,
             p.file,
             str(len(p.inputs)),
             str(len(p.outputs)),
@@ -170,6 +181,10 @@ def print_manifest(manifest) -> None:
     console.print(t)
     for n in manifest.notes:
         console.print(f"note: {n}")
+    from edgesplit.cli.partition import accuracy_lines
+
+    for line in accuracy_lines(manifest.plan):  # the plan's int8/fp16 parts measured against fp32
+        console.print(line, soft_wrap=True)
     if manifest.bands is not None:
         print_bands(manifest.bands)
 

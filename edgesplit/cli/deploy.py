@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from edgesplit.cli.common import (
+    accuracy_choices,
+    accuracy_options,
     console,
     device_option,
     force_option,
@@ -44,6 +46,7 @@ from edgesplit.cli.compile import verify_options
 )
 @link_options
 @pin_option
+@accuracy_options
 @input_shape_option
 @input_values_option
 @click.option(
@@ -75,6 +78,10 @@ def command(
     bandwidth_mbps,
     rtt_ms,
     pins,
+    min_snr_db,
+    min_top1_agreement,
+    max_accuracy_drop,
+    calibration_data,
     input_shapes,
     input_values,
     runs,
@@ -103,6 +110,7 @@ def command(
         pins=pins,
         profiling=ProfileOptions(runs=runs),
         **model_inputs(input_shapes, input_values),
+        **accuracy_choices(min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data),
     )
     check_choices(Choices(**choices))  # bad flags fail before the model is read
     check_output(output, force, [model])  # and so does an output that may not be replaced

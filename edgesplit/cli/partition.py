@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 
 from edgesplit.cli.common import (
+    accuracy_choices,
+    accuracy_options,
     console,
     device_option,
     input_shape_option,
@@ -35,6 +37,7 @@ from edgesplit.cli.common import (
 @slo_option
 @link_options
 @pin_option
+@accuracy_options
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a Gantt chart (PNG).")
 @click.option("-o", "--output", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
 @click.option(
@@ -71,6 +74,10 @@ def command(
     bandwidth_mbps,
     rtt_ms,
     pins,
+    min_snr_db,
+    min_top1_agreement,
+    max_accuracy_drop,
+    calibration_data,
     plot_path,
     output,
     onnx_out,
@@ -108,6 +115,7 @@ def command(
         server_load=server_load,
         server_slots=server_slots,
         **model_inputs(input_shapes, input_values),
+        **accuracy_choices(min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data),
     )
     check_choices(choices)  # bad flags fail before the model is read
     graph = load_graph(model, choices.input_shapes, choices.input_values)  # prints its notes
@@ -137,13 +145,26 @@ def print_plan(plan) -> None:
         + (f" + {plan.server}" if plan.server else "")
         + f" ({plan.objective})"
     )
-    for col in ("part", "processor", "backend", "nodes", "stage", "start ms", "end ms", "predicted ms", "mJ"):
-        parts.add_column(col, justify="right" if col not in ("part", "processor", "backend") else "left")
+    cols = (
+        "part",
+        "processor",
+        "backend",
+        "precision",
+        "nodes",
+        "stage",
+        "start ms",
+        "end ms",
+        "predicted ms",
+        "mJ",
+    )
+    for col in cols:
+        parts.add_column(col, justify="right" if col not in cols[:4] else "left")
     for p in plan.parts:
         parts.add_row(
             p.name,
             p.processor,
             p.backend,
+            p.precision,
             str(len(p.nodes)),
             str(p.stage),
             f"{p.start_ms:.3f}",
@@ -169,8 +190,17 @@ def print_plan(plan) -> None:
         console.print(xt)
     pred = plan.predicted
     bt = Table(title="plan against baselines (same cost model)")
-    for col in ("plan / baseline", "latency ms", "x plan", "energy mJ", "x plan", "per s", "what"):
-        bt.add_column(col, justify="left" if col in ("plan / baseline", "what") else "right")
+    for col in (
+        "plan / baseline",
+        "latency ms",
+        "x plan",
+        "energy mJ",
+        "x plan",
+        "per s",
+        "accuracy",
+        "what",
+    ):
+        bt.add_column(col, justify="left" if col in ("plan / baseline", "accuracy", "what") else "right")
     bt.add_row(
         "plan",
         f"{pred['latency_ms']:.3f}",
@@ -178,11 +208,12 @@ def print_plan(plan) -> None:
         f"{pred['energy_mj']:.3f}",
         "1.00",
         f"{pred['throughput_per_s']:.1f}",
+        accuracy_cell(plan),
         f"{len(plan.parts)} parts",
     )
     for b in plan.baselines:
         if not b.feasible:
-            bt.add_row(b.name, "-", "-", "-", "-", "-", b.assignment_summary)
+            bt.add_row(b.name, "-", "-", "-", "-", "-", "-", b.assignment_summary)
             continue
         lr = b.latency_ms / pred["latency_ms"] if pred["latency_ms"] else float("nan")
         er = b.energy_mj / pred["energy_mj"] if pred["energy_mj"] else float("nan")
@@ -194,11 +225,51 @@ def print_plan(plan) -> None:
             f"{b.energy_mj:.3f}",
             f"{er:.2f}",
             per_s,
+            "-",
             b.assignment_summary,
         )
     console.print(bt)
+    for line in accuracy_lines(plan):
+        console.print(line, soft_wrap=True)
     s = plan.solver
     console.print(
         f"solver {s.name}: {s.time_s:.3f} s, {'optimal' if s.optimal else f'gap {s.gap:.1%}'} "
         f"({s.model} model){'; ' + s.detail if s.detail else ''}"
     )
+
+
+def accuracy_cell(plan) -> str:
+    """The plan's measured accuracy against fp32, short (``fp32`` when it has no reduced part)."""
+    from edgesplit.precision.metrics import Accuracy
+
+    if not plan.accuracy:
+        return "fp32 (exact)"
+    acc = Accuracy.from_json(plan.accuracy["measured"])
+    top1 = f", top-1 {acc.top1_agreement:.1%}" if acc.top1_agreement is not None else ""
+    return f"SNR {acc.snr_db:.1f} dB{top1} (measured)"
+
+
+def accuracy_lines(plan) -> list[str]:
+    """The accuracy check: budget, what it was measured on, each reduced part alone, what was dropped."""
+    from edgesplit.precision.metrics import Accuracy
+
+    a = plan.accuracy
+    if not a:
+        return []
+    cal = a.get("calibration", {})
+    lines = [
+        f"accuracy against fp32: {Accuracy.from_json(a['measured']).summary()} on "
+        f"{cal.get('held_out_samples', '?')} held-out samples of {cal.get('source', '?')} data; "
+        f"budget {', '.join(f'{k}={v}' for k, v in a.get('budget', {}).items()) or 'none'}: "
+        + ("met" if a.get("meets") else "missed")
+    ]
+    if cal.get("warning"):
+        lines.append(f"warning: {cal['warning']}")
+    for name, fig in a.get("parts", {}).items():
+        lines.append(f"  part {name} alone: {Accuracy.from_json(fig).summary()}")
+    for step in a.get("dropped", []):
+        lines.append(
+            f"  dropped {step['precision']} part {step['part']} ({step['nodes']} nodes on {step['processor']}): "
+            f"{step['why']}"
+        )
+    return lines

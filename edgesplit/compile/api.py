@@ -30,6 +30,7 @@ from edgesplit.compile.split import PartModel, check_parts, extract_parts
 from edgesplit.device import DeviceSpec, Processor
 from edgesplit.errors import BundleError, CompileError, PlanError
 from edgesplit.model.graph import ModelGraph
+from edgesplit.optimize.accuracy import backend_precision
 from edgesplit.optimize.plan import Part, Plan, check_plan, check_plan_types
 from edgesplit.optimize.problem import Problem
 from edgesplit.pipeline import as_plan, load_graph, plan_device
@@ -81,6 +82,11 @@ def _check_known(plan: Plan, graph: ModelGraph, spec: DeviceSpec, source: str) -
             raise PlanError(
                 f"{source}: part {p.name} runs on processor {short(p.processor, 40)}, which {spec.path or spec.name} "
                 f"lacks (processors: {', '.join(sorted(procs))})"
+            )
+        runs = backend_precision(spec, p.processor, p.backend)
+        if p.precision != runs:  # the manifest, and the Android app's executor table, trust it
+            raise PlanError(
+                f"{source}: part {p.name} says {short(p.precision, 20)}, but {p.backend} on {p.processor} runs {runs}"
             )
         bad = [short(n, 40) for n in p.nodes if n not in graph.index]
         if bad:
@@ -209,7 +215,9 @@ def _compile_plan_parts(
     for k, (p, pm) in enumerate(zip(plan.parts, extracted)):
         if progress:
             progress("compile", k, len(plan.parts))
-        job = CompileJob(pm, graph, tmp, f"parts/{p.name}.onnx", errors[p.name], tune_trials)
+        job = CompileJob(
+            pm, graph, tmp, f"parts/{p.name}.onnx", errors[p.name], tune_trials, _calibration(plan)
+        )
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(job, p, spec.processor(p.processor), local_cpu, producer)
         artifacts.append(art)
@@ -233,7 +241,7 @@ def _compile_bands(
 
     def one(part: Part, pm: PartModel, error: float, producer: dict[str, str]) -> PartArtifact:
         name = pm.name
-        job = CompileJob(pm, graph, tmp, f"parts/{name}.onnx", error, tune_trials)
+        job = CompileJob(pm, graph, tmp, f"parts/{name}.onnx", error, tune_trials, _calibration(plan))
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(
             job, replace(part, name=name), spec.processor(part.processor), local_cpu, producer
@@ -244,6 +252,11 @@ def _compile_bands(
     new, band_plans = compile_band_parts(graph, tmp, analysis, done, one)
     artifacts.extend(new)
     return bundle_bands(analysis, band_plans, [p.name for p in plan.parts])
+
+
+def _calibration(plan: Plan) -> str | None:
+    """The calibration data the plan's accuracy was measured on (None: the default data)."""
+    return ((plan.accuracy or {}).get("calibration") or {}).get("path")
 
 
 def _compile_part(
@@ -286,5 +299,6 @@ def _compile_part(
         fallback=fallback,
         predicted_ms=part.latency_ms,
         note=done.note,
+        precision=part.precision,
     )
     return artifact, done.warning

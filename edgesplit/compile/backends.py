@@ -32,6 +32,8 @@ class CompileJob:
         bundle_dir: The bundle being written (artifacts go under ``parts/``).
         onnx_file: The part's ONNX model, already written, relative to ``bundle_dir``.
         max_error: The part's largest relative error against the whole model (ORT, checked).
+        calibration_data: What reduced-precision parts are calibrated on (the plan's
+            ``--calibration-data``; None: photographs or synthetic, see ``calibration_data``).
     """
 
     part: PartModel
@@ -40,6 +42,7 @@ class CompileJob:
     onnx_file: str
     max_error: float
     tune_trials: int = 0
+    calibration_data: str | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,15 @@ def _check(lib: Path, target: Mapping[str, Any], job: CompileJob) -> float:
     return check_library(lib, target, feeds, sess.run(list(job.part.outputs), feeds))
 
 
+def _reduced() -> Compiler:
+    from edgesplit.compile.quantize import ReducedPrecisionCompiler  # imports this module
+
+    return ReducedPrecisionCompiler()
+
+
 COMPILERS: dict[str, Compiler] = {
     "ort": OrtCompiler(),
     "tvm": TvmCompiler(),
+    "ort-int8": _reduced(),
+    "ort-fp16": _reduced(),
 }

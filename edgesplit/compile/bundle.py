@@ -70,6 +70,7 @@ class PartArtifact:
         fallback: For a remote part, or a TVM part that could not be built: what runs it locally
             (``{"backend": "ort", "file": ..., "processor": ..., "reason": ...}``), or None.
         depends_on: Names of the parts whose outputs this part reads.
+        precision: What ``file`` runs in (``fp32``, ``fp16``, ``int8``); ``onnx_file`` is fp32.
     """
 
     name: str
@@ -90,6 +91,7 @@ class PartArtifact:
     fallback: Mapping[str, Any] | None = None
     predicted_ms: float | None = None
     note: str = ""
+    precision: str = "fp32"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from edgesplit.compile.safeio import check_relpath
+from edgesplit.device_schema import PRECISIONS
 from edgesplit.errors import BundleError
 from edgesplit.optimize.plan import find_cycle
 from edgesplit.util import check_identifier, short
@@ -61,6 +62,10 @@ def _check_part(p: PartArtifact, i: int, files: Mapping[str, str], source: str) 
             raise BundleError(
                 f"{source}: part {p.name} names {short(f, 80)}, which the manifest has no checksum for"
             )
+    if p.precision not in PRECISIONS:
+        raise BundleError(
+            f"{where}: precision: {short(p.precision, 20)} is not one of {', '.join(PRECISIONS)}"
+        )
     if p.cpu_quota_pct is not None and not 0 < p.cpu_quota_pct <= 100:
         raise BundleError(f"{where}: cpu_quota_pct: {p.cpu_quota_pct} is not in (0, 100]")
     if p.threads is not None and p.threads < 1:

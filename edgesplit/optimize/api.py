@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, replace
+from functools import partial
 
 import numpy as np
 
 from edgesplit.device import DeviceSpec
 from edgesplit.model.graph import ModelGraph
+from edgesplit.optimize.accuracy import fit_budget, with_precisions
 from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.load import loaded_costs
 from edgesplit.optimize.plan import Part, Plan, Transfer
@@ -54,7 +56,9 @@ def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int =
     ``server_devices``, ``server_slots`` and ``server_queue_factor`` (time at the server over service time).
 
     Returns:
-        The plan, with the baselines predicted by the same cost model.
+        The plan, with the baselines predicted by the same cost model; with reduced-precision
+        parts, only where the whole plan meets ``problem.accuracy``'s budget (measured, see
+        :mod:`edgesplit.optimize.accuracy`).
 
     Raises:
         PlanError: an unknown processor or node in the pins, ops no processor supports (all
@@ -75,8 +79,19 @@ def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int =
         )
 
     load = problem.server_load
-    if load is None or problem.server is None:
-        return make_plan(problem, cm, run(cm))
+    plan = (
+        make_plan(problem, cm, run(cm))
+        if load is None or problem.server is None
+        else _loaded(problem, cm, run)
+    )
+    plan = with_precisions(plan, problem.full_device)
+    again = partial(solve_plan, time_limit_s=time_limit_s, max_evals=max_evals)
+    return fit_budget(problem, plan, again)
+
+
+def _loaded(problem: Problem, cm: CostModel, run) -> Plan:
+    """The plan with server nodes priced for ``problem.server_load`` (see :func:`solve_plan`)."""
+    load = problem.server_load
     last: list[tuple[CostModel, Outcome]] = []
 
     def priced(costs: CostModel) -> tuple[np.ndarray, float]:

@@ -20,7 +20,10 @@ The model, stated once (every solver, baseline and plan is priced by it):
   bandwidth`` (``bandwidth_gbps`` is in GB/s, like ``mem_bandwidth_gbps``). Device -> server costs
   ``nbytes * 8 / up_mbps`` plus ``rtt_ms / 2`` (one-way propagation); server -> device uses
   ``down_mbps``. Radio energy is ``tx_power_w`` (``rx_power_w``) times the serialisation time; the
-  propagation half-RTT is spent waiting, at idle power.
+  propagation half-RTT is spent waiting, at idle power. A tensor entering a processor whose parts
+  run in reduced precision is converted there (quantized), and back when it leaves (dequantized):
+  the measured ``edge_in_ms_per_mb`` / ``edge_out_ms_per_mb`` per byte (0 where the processor
+  also has an fp32 entry, whose parts convert nothing).
 * **Parts, hand-offs, requests.** What the runtime pays beyond nodes and crossings (a fixed cost
   per part run, bytes in and out of parts, layout reorders at part boundaries, the hand-off to an
   idle worker, the Session's per-request work, contention between processors) is in
@@ -341,6 +344,23 @@ def _allowed(
     return allowed, pin_idx
 
 
+def _add_edges(per_byte: np.ndarray, profile: Profile, procs: tuple[Processor, ...]) -> None:
+    """Precision conversions at part edges, per crossing byte (see the module doc)."""
+
+    def rate(p: Processor, key: str) -> float:
+        found = [getattr(e, key) or 0.0 for e in profile.for_processor(p.name)]
+        return min(found, default=0.0) / MB
+
+    into, out_of = (
+        [rate(p, "edge_in_ms_per_mb") for p in procs],
+        [rate(p, "edge_out_ms_per_mb") for p in procs],
+    )
+    for a in range(len(procs)):
+        for b in range(len(procs)):
+            if a != b:
+                per_byte[a, b] += out_of[a] + into[b]
+
+
 def _node_memory(graph: ModelGraph) -> np.ndarray:
     """Weights plus activations written, per node."""
     return np.array(
@@ -404,6 +424,7 @@ def build_costs(
     _check_supported(graph, device, np.isfinite(ms))
     allowed, pin_idx = _allowed(graph, procs, np.isfinite(ms), pins or {})
     lat, per_byte, radio, channel = _links(device, server, link)
+    _add_edges(per_byte, profile, procs)
     limits, groups = _memory_limits(device, server)
     flows = _flows(graph)
     home = home_processor(device)

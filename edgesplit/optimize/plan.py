@@ -14,7 +14,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from edgesplit.device_schema import PRECISIONS
 from edgesplit.errors import PlanError
+from edgesplit.precision.metrics import check_record
 from edgesplit.util import (
     check_fields,
     check_identifier,
@@ -38,6 +40,7 @@ class Part:
         latency_ms, energy_mj, start_ms, end_ms: The optimiser's predictions (None in a plan made
             by hand, :func:`edgesplit.compile.manual.contiguous_plan`).
         stage: Depth in the part graph (parts of one stage do not depend on each other).
+        precision: What the part runs in (``fp32``, ``fp16``, ``int8``): its backend's precision.
     """
 
     name: str
@@ -52,6 +55,7 @@ class Part:
     start_ms: float | None = None
     end_ms: float | None = None
     stage: int = 0
+    precision: str = "fp32"
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Part:
@@ -111,6 +115,10 @@ MANUAL = SolverInfo("manual", 0.0, False, None, "none", "made by hand, not by th
 class Plan:
     """A partition of a model over the processors of a device (and a server).
 
+    ``accuracy`` is the measured accuracy of a plan with reduced-precision parts against fp32
+    (:mod:`edgesplit.optimize.accuracy`): the budget, the figures of the plan and of each such part,
+    the calibration data, and the parts dropped to meet the budget; None for an fp32 plan.
+
     The fields are in the JSON's key order. A new field goes with a default (in :class:`Part` too):
     :meth:`from_json` fills what an older plan lacks from the defaults, and leaves keys it does not
     know, so adding a field is one line.
@@ -137,6 +145,7 @@ class Plan:
     device_path: str = ""
     server_path: str = ""
     profile_path: str | None = None
+    accuracy: Mapping[str, Any] | None = None
     format_version: int = FORMAT_VERSION
 
     def part_of(self, node: str) -> Part:
@@ -177,6 +186,8 @@ class Plan:
             kw["assignment"] = {k: dict(v) for k, v in d["assignment"].items()}
             kw["predicted"] = dict(d.get("predicted", {}))
             kw["pins"] = dict(d.get("pins", {}))
+            acc = d.get("accuracy")  # anything but an object is named by check_plan_types
+            kw["accuracy"] = dict(acc) if isinstance(acc, Mapping) else acc
             plan = Plan(**kw)
         except PlanError:
             raise
@@ -212,6 +223,8 @@ def check_plan_types(plan: Plan, source: str) -> None:
     check_fields(plan.solver, f"{source}: solver", PlanError)
     for i, p in enumerate(plan.parts):
         check_fields(p, f"{source}: parts[{i}]", PlanError)
+    if plan.accuracy is not None:
+        check_record(plan.accuracy, f"{source}: accuracy", PlanError)
 
 
 def check_plan(plan: Plan, source: str) -> None:
@@ -240,6 +253,10 @@ def check_plan_parts(parts: Sequence[Part], source: str) -> None:
     producer: dict[str, str] = {}
     for i, p in enumerate(parts):
         check_identifier(p.name, f"{source}: parts[{i}].name", PlanError)
+        if p.precision not in PRECISIONS:
+            raise PlanError(
+                f"{source}: parts[{i}].precision: {short(p.precision, 20)} is not one of {', '.join(PRECISIONS)}"
+            )
         if p.name in names:
             raise PlanError(f"{source}: two parts are named {p.name}")
         names.add(p.name)

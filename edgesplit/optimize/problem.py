@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from edgesplit.device import DeviceSpec, NetworkLink
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.load import ServerLoad
 from edgesplit.profile.store import Profile
+
+if TYPE_CHECKING:
+    from edgesplit.optimize.accuracy import AccuracyCheck
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ class Problem:
         server: The server spec whose processors may take parts, or None.
         profile_path: The profile file the costs came from, when they came from a file.
         server_load: Devices sharing the server, to price its queueing delay (None: this one alone).
+        accuracy: The budget reduced-precision parts must meet and how to measure it
+            (:mod:`edgesplit.optimize.accuracy`); None: no check (plans made in code).
     """
 
     graph: ModelGraph
@@ -42,6 +48,7 @@ class Problem:
     pins: Mapping[str, str] = field(default_factory=dict)
     profile_path: str | None = None
     server_load: ServerLoad | None = None
+    accuracy: AccuracyCheck | None = None
 
     @property
     def full_device(self) -> DeviceSpec:

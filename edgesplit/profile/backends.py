@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from edgesplit.profile.ort import OrtProfiler
+from edgesplit.profile.ort_quantized import OrtQuantizedProfiler
 from edgesplit.profile.tvm import TvmProfiler
 
 if TYPE_CHECKING:
@@ -55,4 +56,6 @@ class Profiler(Protocol):
 PROFILERS: dict[str, Profiler] = {
     "ort": OrtProfiler(),
     "tvm": TvmProfiler(),
+    "ort-int8": OrtQuantizedProfiler(),
+    "ort-fp16": OrtQuantizedProfiler(),
 }

@@ -52,11 +52,11 @@ def conv_efficiency(kind: str) -> float:
 
 
 def run_precision(processor: Processor, backend: Backend) -> str:
-    """The precision ``processor`` runs fp32 models in: an explicit spec field where there is one,
-    fp16 where the backend says it converts (QNN HTP's ``enable_htp_fp16_precision``), else fp32."""
-    explicit = getattr(processor, "precision", None)
-    if explicit:
-        return str(explicit)
+    """The precision ``processor`` runs a part in on ``backend``: the backend's own (``ort-int8``
+    runs int8 QDQ parts, ``ort-fp16`` float16 ones), except that an fp32 backend that converts as
+    it runs (QNN HTP's ``enable_htp_fp16_precision``) runs fp16."""
+    if backend.precision != "fp32":
+        return backend.precision
     if str(backend.options.get("enable_htp_fp16_precision", "")) == "1":
         return "fp16"
     return "fp32"

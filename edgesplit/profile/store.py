@@ -122,6 +122,9 @@ class ProcessorProfile:
             pair's runs, else ``modelled`` (active power from the spec x latency).
         terms: What a part run costs here beyond its kernels (None where not measured: predicted
             entries, older profiles; then ``dispatch_ms`` is the per-part cost).
+        edge_in_ms_per_mb, edge_out_ms_per_mb: For a reduced-precision pair, converting a tensor
+            that enters one of its parts into the part's precision (QuantizeLinear, a cast), and
+            back when it leaves, per MB of float32: measured micro-models; None for fp32 pairs.
     """
 
     processor: str
@@ -136,6 +139,8 @@ class ProcessorProfile:
     dispatch_ms: float | None = None
     energy: str = MODELLED
     terms: RunTerms | None = None
+    edge_in_ms_per_mb: float | None = None
+    edge_out_ms_per_mb: float | None = None
 
     @property
     def key(self) -> str:

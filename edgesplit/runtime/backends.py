@@ -54,10 +54,17 @@ def remote_executor(
     return RemoteExecutor(part, local=fallback_executor(part, bundle) if fallback else None, **options)
 
 
+def artifact_executor(part: PartArtifact, bundle: Path, **options) -> Executor:
+    """ORT on the part's artifact (``file``: its int8 QDQ or fp16 model), not its fp32 ONNX file."""
+    return OrtExecutor(part, bundle, file=part.file, **options)
+
+
 EXECUTORS: dict[str, ExecutorFactory] = {
     "ort": OrtExecutor,
     "tvm": TvmExecutor,
     "remote": remote_executor,
+    "ort-int8": artifact_executor,
+    "ort-fp16": artifact_executor,
 }
 
 

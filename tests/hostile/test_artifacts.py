@@ -784,6 +784,20 @@ PLANS = {
         lambda p: p["parts"][0]["outputs"].append("w"),
         "lists outputs its nodes do not write: w",
     ),
+    "unknown_precision": (lambda p: p["parts"][0].update(precision="int4"), "precision: int4 is not one of"),
+    "precision_not_the_backends": (
+        lambda p: p["parts"][0].update(precision="int8"),
+        "part p0 says int8, but ort on cpu runs fp32",
+    ),
+    "accuracy_not_an_object": (lambda p: p.update(accuracy=[1, 2]), "accuracy: expected an object"),
+    "accuracy_nan_snr": (
+        lambda p: p.update(accuracy={"measured": {"snr_db": "loud", "cosine": 1, "max_abs_error": 0}}),
+        "accuracy.measured: snr_db: expected a number",
+    ),
+    "calibration_path_not_a_string": (
+        lambda p: p.update(accuracy={"calibration": {"path": 7}}),
+        "accuracy.calibration.path: expected a string",
+    ),
 }
 
 
@@ -883,6 +897,10 @@ BUNDLES = {
     "quota_over_100": (
         _edit_manifest(lambda d, b: d["parts"][0].update(cpu_quota_pct=250)),
         "cpu_quota_pct: 250",
+    ),
+    "unknown_precision": (
+        _edit_manifest(lambda d, b: d["parts"][0].update(precision="bf8")),
+        "part p0: precision: bf8 is not one of",
     ),
     "not_json": (lambda b: (b / "manifest.json").write_text("{not json"), "not a JSON manifest"),
     "missing_manifest": (lambda b: (b / "manifest.json").unlink(), "missing; "),

@@ -12,6 +12,11 @@ import java.util.Map;
  * <p>ORT's Android package has the CPU, XNNPACK and NNAPI providers. Others that a device spec may
  * name (QNN, CUDA ...) run on the CPU, and {@link #note} says so; TVM libraries are not loaded by
  * the demo, which runs the part's ONNX model instead.
+ *
+ * <p>Reduced-precision parts ({@code ort-int8}: a QDQ model; {@code ort-fp16}: a float16 model) are
+ * meant for an NPU or DSP. Their provider (QNN's HTP in the spec) maps through {@link #REDUCED}:
+ * on ORT's Android package that is NNAPI, which hands a quantized or fp16 graph to the vendor's
+ * NPU driver; an app built with {@code onnxruntime-android-qnn} would use QNN itself.
  */
 public final class LocalPlacement {
     /** The execution providers of {@code onnxruntime-android}. */
@@ -37,9 +42,27 @@ public final class LocalPlacement {
     public final Integer threads;
     /** Why this differs from the plan, or "". */
     public final String note;
+    /** The part's precision ({@code fp32}, {@code fp16}, {@code int8}), for the report. */
+    public final String precision;
+
+    /** The executor table of reduced-precision parts: precision -> provider on this phone. */
+    public static final Map<String, Ep> REDUCED;
+
+    static {
+        Map<String, Ep> m = new LinkedHashMap<>();
+        m.put("int8", Ep.NNAPI);
+        m.put("fp16", Ep.NNAPI);
+        REDUCED = Collections.unmodifiableMap(m);
+    }
 
     private LocalPlacement(Ep ep, String file, String processor, Map<String, String> options, Integer threads,
                            String note) {
+        this(ep, file, processor, options, threads, note, "fp32");
+    }
+
+    private LocalPlacement(Ep ep, String file, String processor, Map<String, String> options, Integer threads,
+                           String note, String precision) {
+        this.precision = precision;
         this.ep = ep;
         this.file = file;
         this.processor = processor;
@@ -50,6 +73,17 @@ public final class LocalPlacement {
 
     /** Where a device part runs (a remote part gets its fallback from {@link #forFallback}). */
     public static LocalPlacement forPart(Part p) {
+        Ep reduced = REDUCED.get(p.precision);
+        if (reduced != null && !p.provider.equals("CPUExecutionProvider")) {
+            Map<String, String> flags = new LinkedHashMap<>();
+            if (p.precision.equals("fp16")) {
+                flags.put("USE_FP16", "1");
+            }
+            String note = p.provider.equals("NnapiExecutionProvider") ? ""
+                    : p.precision + " part for " + p.provider + ": runs through " + reduced.label
+                    + " (ONNX Runtime's Android package has no " + p.provider + ")";
+            return new LocalPlacement(reduced, p.file, p.processor, flags, p.threads, note, p.precision);
+        }
         String note = "";
         String file = p.file;
         if (p.backend.equals("tvm")) {
@@ -82,7 +116,7 @@ public final class LocalPlacement {
         }
         // XNNPACK runs its own thread pool; ORT advises one intra-op thread beside it.
         Integer threads = ep == Ep.XNNPACK ? Integer.valueOf(1) : p.threads;
-        return new LocalPlacement(ep, file, p.processor, options, threads, note);
+        return new LocalPlacement(ep, file, p.processor, options, threads, note, p.precision);
     }
 
     /** Where a remote part's local fallback runs (on the CPU), or null when the part has none. */
@@ -101,8 +135,8 @@ public final class LocalPlacement {
         return a.isEmpty() ? b : a + "; " + b;
     }
 
-    /** {@code "ORT XNNPACK on cpu_big"}. */
+    /** {@code "ORT XNNPACK on cpu_big"}, {@code "ORT NNAPI int8 on npu"}. */
     public String describe() {
-        return "ORT " + ep.label + " on " + processor;
+        return "ORT " + ep.label + (precision.equals("fp32") ? "" : " " + precision) + " on " + processor;
     }
 }

@@ -43,6 +43,12 @@ public final class Part {
     /** The plan's predicted latency of the part in ms, or null. */
     public final Double predictedMs;
     public final String note;
+    /** What {@code file} runs in: {@code fp32}, {@code fp16} or {@code int8} (QDQ). */
+    public final String precision;
+
+    /** The backends a bundle may name (edgesplit's executor table, device_schema.BACKENDS). */
+    static final List<String> BACKENDS = Collections.unmodifiableList(
+            java.util.Arrays.asList("ort", "tvm", "ort-int8", "ort-fp16"));
 
     private Part(Fields f) {
         name = f.str("name");
@@ -63,8 +69,9 @@ public final class Part {
                 : new Fallback(fb.str("backend"), fb.str("file"), fb.str("processor"), fb.optStr("reason", ""));
         predictedMs = f.optNumber("predicted_ms");
         note = f.optStr("note", "");
-        if (!backend.isEmpty() && !backend.equals("ort") && !backend.equals("tvm")) {
-            f.problems.add("'" + f.where + ".backend' is '" + backend + "'; expected 'ort' or 'tvm'");
+        precision = f.optStr("precision", "fp32");
+        if (!backend.isEmpty() && !BACKENDS.contains(backend)) {
+            f.problems.add("'" + f.where + ".backend' is '" + backend + "'; expected one of " + BACKENDS);
         }
     }
 

@@ -17,9 +17,9 @@ public final class Report {
         b.append("Device  ").append(m.device).append('\n');
         b.append("Plan    ").append(m.planSummary()).append('\n');
         for (Part p : m.parts) {
-            b.append(String.format(Locale.ROOT, "  %-4s %-18s %-26s %s%n", p.name, p.processor,
+            b.append(String.format(Locale.ROOT, "  %-4s %-18s %-26s %-5s %s%n", p.name, p.processor,
                     p.remote ? "server" : p.backend + " " + p.provider.replace("ExecutionProvider", ""),
-                    p.dependsOn.isEmpty() ? "" : "after " + String.join(", ", p.dependsOn)));
+                    p.precision, p.dependsOn.isEmpty() ? "" : "after " + String.join(", ", p.dependsOn)));
         }
         for (String n : m.notes) {
             b.append("  note: ").append(n).append('\n');

@@ -59,6 +59,28 @@ public class LocalPlacementTest {
     }
 
     @Test
+    public void int8PartsForTheNpuRunThroughNnapiAndSayTheirPrecision() throws Exception {
+        Map<String, Object> m = Fixtures.diamond();
+        Map<String, Object> p = Fixtures.part(m, 2);
+        p.put("backend", "ort-int8");
+        p.put("precision", "int8");
+        p.put("provider", "QNNExecutionProvider");
+        p.put("file", "parts/p2.int8.onnx");
+        @SuppressWarnings("unchecked")
+        Map<String, Object> files = (Map<String, Object>) m.get("files");
+        files.put("parts/p2.int8.onnx", Bundle.sha256(new byte[0]));
+        Manifest manifest = Fixtures.parse(m);
+        LocalPlacement q = LocalPlacement.forPart(manifest.part("p2"));
+        assertEquals(LocalPlacement.Ep.NNAPI, q.ep);
+        assertEquals("parts/p2.int8.onnx", q.file);
+        assertEquals("ORT NNAPI int8 on npu", q.describe());
+        assertTrue(q.note, q.note.contains("int8 part for QNNExecutionProvider: runs through NNAPI"));
+        assertTrue(Report.header(manifest), Report.header(manifest).contains("ort-int8 QNN"));
+        assertTrue(Report.header(manifest), Report.header(manifest).contains(" int8 "));
+        assertEquals("fp32", manifest.part("p1").precision);
+    }
+
+    @Test
     public void tvmPartsRunTheirOnnxOnOrt() throws Exception {
         LocalPlacement t = LocalPlacement.forPart(part("CPUExecutionProvider", Collections.<String, Object>emptyMap(), "tvm"));
         assertEquals("parts/p1.onnx", t.file);

@@ -119,7 +119,7 @@ public class ManifestTest {
 
         m = Fixtures.diamond();
         Fixtures.part(m, 1).put("backend", "tflite");
-        contains(fails(m), "'parts[1].backend' is 'tflite'; expected 'ort' or 'tvm'");
+        contains(fails(m), "'parts[1].backend' is 'tflite'; expected one of [ort, tvm, ort-int8, ort-fp16]");
     }
 
     @Test

@@ -1,0 +1,52 @@
+"""A bundle's accuracy against fp32, measured by running it (the hook for ``deploy``'s verification).
+
+The bundle runs through the real runtime (:func:`edgesplit.load`: its int8 and fp16 artifacts on
+their executors) on the held-out samples of the calibration data its plan was measured on, and
+its outputs are compared with the fp32 model's on the same samples.
+"""
+
+from __future__ import annotations
+
+import os
+
+from edgesplit.compile.bundle import Manifest, open_bundle
+from edgesplit.model.graph import ModelGraph
+from edgesplit.precision.measure import PlanMeasurer
+from edgesplit.precision.metrics import Accuracy, AccuracyBudget, compare
+from edgesplit.runtime.session import load
+
+
+def bundle_accuracy(
+    bundle: str | os.PathLike,
+    model: ModelGraph | str | os.PathLike | None = None,
+    *,
+    calibration_data: str | os.PathLike | None = None,
+    **load_options,
+) -> Accuracy:
+    """Run the bundle on held-out calibration samples and compare its outputs with fp32's.
+
+    Args:
+        model: The fp32 model (default the plan's ``model_path``, with the plan's input shapes).
+        calibration_data: Default the data the plan's accuracy was measured on.
+        load_options: For :func:`edgesplit.load` (executor options, ``trust_key``, ...).
+    """
+    from edgesplit.pipeline import load_graph
+
+    with load(bundle, **load_options) as session:
+        manifest: Manifest = session.manifest
+        plan = manifest.plan
+        recorded = ((plan.accuracy or {}).get("calibration") or {}).get("path")
+        graph = load_graph(model if model is not None else plan.model_path, plan.input_shapes or None)
+        measurer = PlanMeasurer(graph, calibration_data if calibration_data is not None else recorded)
+        got = [session.run(dict(s)) for s in measurer.data.held_out]
+    outputs = [{k: g[k] for k in graph.outputs} for g in got]
+    return compare(measurer.reference, outputs)
+
+
+def bundle_meets(bundle: str | os.PathLike, budget: AccuracyBudget | None = None, **kwargs) -> list[str]:
+    """Why the bundle misses ``budget`` (default: its plan's), measured; empty when it meets it."""
+    if budget is None:
+        plan = open_bundle(bundle, verify=False, trust_key=kwargs.get("trust_key")).plan  # load verifies
+        recorded = (plan.accuracy or {}).get("budget")
+        budget = AccuracyBudget.from_json(recorded) if recorded else AccuracyBudget()
+    return budget.misses(bundle_accuracy(bundle, **kwargs))

@@ -1,0 +1,351 @@
+"""Precision per processor (issue 11): int8 QDQ and fp16 parts, measured against fp32, under a
+budget. Real ONNX Runtime quantization and runs throughout; the profile of the budget tests is
+written in code so that the plan's shape (three int8 parts) does not depend on a noisy machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import make_model, rand
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import helper
+
+import edgesplit
+import edgesplit.precision.measure
+from edgesplit.errors import DeviceSpecError, InputError, PlanError
+from edgesplit.model.calibration_data import calibration_set, image_layout
+from edgesplit.optimize.accuracy import with_precisions
+from edgesplit.optimize.api import solve_plan
+from edgesplit.pipeline import Choices, resolve
+from edgesplit.precision.convert import calibrate, convert
+from edgesplit.precision.measure import PlanMeasurer
+from edgesplit.precision.metrics import SNR_CAP_DB, AccuracyBudget, compare
+from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile, Profile
+from edgesplit.runtime.accuracy import bundle_accuracy
+
+ALLOWED = {"Conv", "Relu", "GlobalAveragePool", "Flatten", "Gemm", "Add"}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+
+
+def _split_net(path) -> str:
+    """Conv-Relu-Conv, HardSigmoid (not on the NPU), Conv-Relu-Conv, Div (not on the NPU),
+    GlobalAveragePool-Flatten-Gemm: a classifier whose int8 nodes form three parts."""
+
+    def c(i: str, o: str, n: int):
+        return helper.make_node("Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}")
+
+    nodes = [
+        c("x", "c1", 1),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        c("r1", "c2", 2),
+        helper.make_node("HardSigmoid", ["c2"], ["h"], name="hsig"),
+        c("h", "c3", 3),
+        helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
+        c("r3", "c4", 4),
+        helper.make_node("Div", ["c4", "two"], ["d"], name="div"),
+        helper.make_node("GlobalAveragePool", ["d"], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, name="fc"),
+    ]
+    weights = [
+        ("two", np.array(2.0, np.float32)),
+        ("wf", rand(10, 16, seed=9) * 10),
+        ("bf", rand(10, seed=8)),
+    ]
+    for n, (ci, co) in enumerate([(3, 16), (16, 16), (16, 16), (16, 16)], start=1):
+        weights += [(f"w{n}", rand(co, ci, 3, 3, seed=n) * 3), (f"b{n}", rand(co, seed=10 + n))]
+    onnx.save(make_model(nodes, [("x", [1, 3, 32, 32])], [("y", [1, 10])], weights), path)
+    return str(path)
+
+
+NPU_SPEC = """\
+name: npu-board
+kind: device
+local: true
+processors:
+  cpu:
+    kind: cpu
+    cores: [0]
+    threads: 1
+    precisions: [fp32]
+    peak_gflops: 100
+    mem_bandwidth_gbps: 10
+    active_w: 3
+    idle_w: 1
+    backends: [{runtime: ort}]
+  npu:
+    kind: npu
+    cores: [1]
+    threads: 1
+    precisions: [int8]
+    peak_gflops: 400
+    mem_bandwidth_gbps: 10
+    active_w: 3
+    idle_w: 1
+    ops: {only: [Conv, Relu, GlobalAveragePool, Flatten, Gemm, Add]}
+    backends: [{runtime: ort-int8}]
+default_link: {bandwidth_gbps: 8, latency_ms: 0.01}
+"""
+
+
+@pytest.fixture
+def split_net(tmp_path):
+    model = _split_net(tmp_path / "split.onnx")
+    (tmp_path / "npu.yaml").write_text(NPU_SPEC)
+    return edgesplit.load_model(model), edgesplit.load_device(tmp_path / "npu.yaml")
+
+
+def _profile(graph, device) -> Profile:
+    """Made-up costs: every allowed node 4x faster on the npu, so the plan has three int8 parts."""
+    cpu = {n.name: NodeCost(1.0, 1.0, MEASURED, 3.0, 5) for n in graph.nodes}
+    npu = {n.name: NodeCost(0.25, 0.25, MEASURED, 0.75, 5) for n in graph.nodes if n.op_type in ALLOWED}
+    bad = {n.name: f"{n.op_type} is not supported" for n in graph.nodes if n.op_type not in ALLOWED}
+    entries = (
+        ProcessorProfile("cpu", "ort", MEASURED, cpu, dispatch_ms=0.05),
+        ProcessorProfile("npu", "ort-int8", MEASURED, npu, bad, dispatch_ms=0.05),
+    )
+    return Profile(graph.sha256, graph.name, device.name, graph.input_shapes(), entries)
+
+
+def _int8_nodes(plan) -> set[str]:
+    return {n for p in plan.parts if p.precision == "int8" for n in p.nodes}
+
+
+def test_an_int8_part_meets_the_stated_snr_against_fp32(split_net):
+    """Static QDQ, per-channel weights, calibrated on photographs: the conv block in int8 keeps
+    25 dB of SNR on held-out samples (measured here about 35-40 dB)."""
+    graph, _ = split_net
+    data = calibration_set(graph)
+    assert data.source == "photos" and len(data.held_out) >= 8 and image_layout(graph) is not None
+    ranges = calibrate(graph, data)
+    assert calibrate(graph, data) == ranges and ranges.is_file()  # cached by model and data hash
+    part = ["conv1", "relu1", "conv2"]
+    model = edgesplit.precision.measure.part_model(graph, ["x"], ["c2"], "int8", ranges)
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in model.graph.node}
+    q = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = [{"c2": _tensor(graph, "c2", s)} for s in data.held_out]
+    got = [{"c2": q.run(None, dict(s))[0]} for s in data.held_out]
+    acc = compare(ref, got)
+    assert acc.snr_db >= 25.0 and acc.cosine > 0.99, acc.summary()
+    assert set(part) <= {n.name for n in graph.nodes}
+
+
+def _tensor(graph, name, sample):
+    probe = onnx.ModelProto()
+    probe.CopyFrom(graph.model)
+    probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run([name], dict(sample))[0]
+
+
+@pytest.fixture
+def problem(split_net):
+    graph, device = split_net
+    return resolve(graph, device, Choices(profile=_profile(graph, device)))
+
+
+def _solve(problem, budget):
+    return solve_plan(
+        dataclasses.replace(problem, accuracy=dataclasses.replace(problem.accuracy, budget=budget))
+    )
+
+
+def test_an_op_outside_the_allowlist_never_lands_on_the_npu(problem):
+    plan = _solve(problem, AccuracyBudget(min_snr_db=-SNR_CAP_DB))  # a budget that takes any int8
+    on_npu = {n for p in plan.parts if p.processor == "npu" for n in p.nodes}
+    ops = {n.name: n.op_type for n in problem.graph.nodes}
+    assert on_npu and {ops[n] for n in on_npu} <= ALLOWED
+    assert plan.assignment["hsig"]["processor"] == "cpu" and plan.assignment["div"]["processor"] == "cpu"
+    assert all(p.precision == ("int8" if p.processor == "npu" else "fp32") for p in plan.parts)
+    assert len([p for p in plan.parts if p.precision == "int8"]) == 3
+    with pytest.raises(PlanError, match="cannot run HardSigmoid"):
+        solve_plan(dataclasses.replace(problem, pins={"hsig": "npu"}))
+
+
+def test_the_real_profiler_measures_int8_and_leaves_unlisted_ops_unsupported(split_net):
+    graph, device = split_net
+    prof = edgesplit.profile_model(graph, device, edgesplit.ProfileOptions(runs=3, warmup=1))
+    npu = prof.entry("npu", "ort-int8")
+    assert npu.source == "measured" and set(npu.unsupported) == {"hsig", "div"}
+    assert set(npu.nodes) == {n.name for n in graph.nodes} - {"hsig", "div"}
+    assert "quantize" in npu.note and npu.dispatch_ms > 0
+    assert npu.edge_in_ms_per_mb > 0 and npu.edge_out_ms_per_mb > 0  # Q/DQ at part edges, measured
+    assert prof.entry("cpu", "ort").edge_in_ms_per_mb is None
+    assert sum(c.latency_ms for c in npu.nodes.values()) > 0
+    plan = edgesplit.partition(graph, device, profile=prof, accuracy=AccuracyBudget(min_snr_db=-SNR_CAP_DB))
+    assert all(plan.assignment[n]["processor"] == "cpu" for n in ("hsig", "div"))
+
+
+BUDGETS = st.floats(min_value=0.0, max_value=60.0, allow_nan=False)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(a=BUDGETS, b=BUDGETS)
+def test_tightening_the_budget_never_adds_int8_parts(problem, a, b):
+    """Over random pairs of SNR budgets: the tighter one's int8 nodes are a subset of the looser
+    one's, and each plan meets its budget as measured."""
+    loose, tight = sorted((a, b))
+    p_loose, p_tight = (_solve(problem, AccuracyBudget(min_snr_db=x)) for x in (loose, tight))
+    assert _int8_nodes(p_tight) <= _int8_nodes(p_loose)
+    for plan, x in ((p_loose, loose), (p_tight, tight)):
+        if plan.accuracy is not None:
+            assert plan.accuracy["measured"]["snr_db"] >= x or not _int8_nodes(plan)
+
+
+def test_a_tight_budget_drops_int8_parts_least_valuable_first(problem):
+    first = _solve(problem, AccuracyBudget(min_snr_db=-SNR_CAP_DB))
+    exact = _solve(problem, AccuracyBudget(min_snr_db=SNR_CAP_DB))
+    assert len(_int8_nodes(first)) > 0 and _int8_nodes(exact) == set()
+    dropped = exact.accuracy["dropped"]
+    assert len(dropped) >= 1 and all("SNR" in d["why"] for d in dropped)
+    assert exact.accuracy["measured"]["snr_db"] == SNR_CAP_DB  # fp32 parts reproduce the model
+
+
+def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):
+    budget = AccuracyBudget(min_snr_db=15.0)
+    plan = _solve(problem, budget)
+    assert _int8_nodes(plan) and plan.accuracy["meets"]
+    manifest = edgesplit.compile_bundle(problem.graph, plan, tmp_path / "bundle", device=problem.device)
+    int8 = [p for p in manifest.parts if p.precision == "int8"]
+    assert int8 and all(p.backend == "ort-int8" and p.file.endswith(".int8.onnx") for p in int8)
+    x = calibration_set(problem.graph).held_out[0]
+    with edgesplit.load(tmp_path / "bundle") as session:
+        got = session.run(dict(x))["y"]
+    assert got.shape == (1, 10) and np.all(np.isfinite(got))
+    measured = bundle_accuracy(tmp_path / "bundle")
+    assert budget.meets(measured), measured.summary()
+    assert measured.snr_db == pytest.approx(plan.accuracy["measured"]["snr_db"], abs=0.5)
+
+
+def test_an_int8_only_processor_never_gets_an_fp32_part(tmp_path, split_net):
+    (tmp_path / "bad.yaml").write_text(NPU_SPEC.replace("runtime: ort-int8", "runtime: ort"))
+    with pytest.raises(DeviceSpecError, match=r"processors.npu.backends.0.runtime: 'ort' runs fp32"):
+        edgesplit.load_device(tmp_path / "bad.yaml")
+    graph, device = split_net
+    plan = _solve(resolve(graph, device, Choices(profile=_profile(graph, device))), AccuracyBudget())
+    forged = dataclasses.replace(plan, parts=tuple(dataclasses.replace(p, backend="ort") for p in plan.parts))
+    with pytest.raises(PlanError, match=r"npu runs \['int8'\], not fp32"):
+        with_precisions(forged, device)
+
+
+def test_a_snapdragon_plan_has_int8_npu_parts_checked_here(tmp_path):
+    """The Hexagon NPU is priced in int8 from AI Hub's figures; the plan's accuracy check runs here,
+    on the same int8 QDQ parts, and compile makes them int8 artifacts for the QNN provider."""
+
+    def conv(i: str, o: str, n: int):
+        return helper.make_node("Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}")
+
+    nodes = [conv("x", "c1", 1), helper.make_node("Relu", ["c1"], ["r1"], name="relu1"), conv("r1", "c2", 2)]
+    nodes += [
+        helper.make_node("GlobalAveragePool", ["c2"], ["p"], name="gap"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, name="fc"),
+    ]
+    weights = [("wf", rand(10, 32, seed=9) * 10), ("bf", rand(10, seed=8))]
+    for n, ci in ((1, 3), (2, 32)):
+        weights += [(f"w{n}", rand(32, ci, 3, 3, seed=n)), (f"b{n}", rand(32, seed=10 + n))]
+    onnx.save(make_model(nodes, [("x", [1, 3, 224, 224])], [("y", [1, 10])], weights), tmp_path / "m.onnx")
+    graph = edgesplit.load_model(tmp_path / "m.onnx")
+    plan = edgesplit.partition(graph, "snapdragon-8gen2", accuracy=AccuracyBudget(min_snr_db=15.0))
+    npu = [p for p in plan.parts if p.processor == "npu"]
+    assert npu and all(p.precision == "int8" and p.backend == "ort-int8" for p in npu), plan.parts
+    assert plan.accuracy["meets"] and plan.accuracy["calibration"]["source"] == "photos"
+    assert 15.0 <= plan.accuracy["measured"]["snr_db"] < SNR_CAP_DB  # measured, not exact
+    manifest = edgesplit.compile_bundle(graph, plan, tmp_path / "b")
+    art = [p for p in manifest.parts if p.processor == "npu"]
+    assert all(p.precision == "int8" and p.provider == "QNNExecutionProvider" for p in art)
+    assert all(p.file.endswith(".int8.onnx") for p in art)
+
+
+def test_an_old_opset_model_quantizes_per_channel(tmp_path):
+    """PP-OCRv4 det is opset 12: per-channel DequantizeLinear needs 13, so the part is converted."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["y"], name="relu"),
+    ]
+    weights = [("w", rand(8, 3, 3, 3, seed=1)), ("b", rand(8, seed=2))]
+    onnx.save(
+        make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 8, 16, 16])], weights, opset=12),
+        tmp_path / "m.onnx",
+    )
+    graph = edgesplit.load_model(tmp_path / "m.onnx")
+    data = calibration_set(graph)
+    q = convert(graph.model, "int8", calibrate(graph, data))
+    assert q.opset_import[0].version >= 13
+    assert any(
+        n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute) for n in q.graph.node
+    )
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = data.held_out[0]
+    assert compare([{"y": _tensor(graph, "y", x)}], [{"y": sess.run(None, dict(x))[0]}]).snr_db > 20
+
+
+def test_calibration_data_from_files(split_net, tmp_path):
+    graph, _ = split_net
+    xs = np.random.default_rng(0).standard_normal((6, 1, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "cal.npz", x=xs)
+    (tmp_path / "npy").mkdir()
+    for i in range(3):
+        np.save(tmp_path / "npy" / f"s{i}.npy", xs[i])
+    from_npz, from_dir = (
+        calibration_set(graph, tmp_path / "cal.npz"),
+        calibration_set(graph, tmp_path / "npy"),
+    )
+    assert (from_npz.source, len(from_npz.samples), len(from_dir.samples)) == ("file", 6, 3)
+    assert np.array_equal(from_dir.samples[1]["x"], xs[1]) and from_npz.sha256 != from_dir.sha256
+    np.savez(tmp_path / "bad.npz", x=xs[:, :, :2])
+    with pytest.raises(InputError, match=r"bad.npz: 'x' has shape \[6, 1, 2, 32, 32\]"):
+        calibration_set(graph, tmp_path / "bad.npz")
+    np.savez(tmp_path / "other.npz", z=xs)
+    with pytest.raises(InputError, match=r"unknown inputs \['z'\]; missing inputs \['x'\]"):
+        calibration_set(graph, tmp_path / "other.npz")
+
+
+def test_synthetic_calibration_warns(tmp_path):
+    m = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        [("x", [4, 8])],
+        [("y", [4, 8])],
+        [("w", rand(8, 8))],
+    )
+    onnx.save(m, tmp_path / "mm.onnx")
+    data = calibration_set(edgesplit.load_model(tmp_path / "mm.onnx"))
+    assert data.source == "synthetic" and "weak" in data.warning and "warning" in data.describe()
+
+
+def test_fp16_conversion_and_its_accuracy_check_on_cpu(split_net):
+    """float16 via onnxconverter-common: inputs and outputs stay float32, the weights are fp16,
+    and the accuracy check measures it (ORT's CPU provider runs it through casts)."""
+    graph, _ = split_net
+    model = convert(graph.model, "fp16")
+    io = [v.type.tensor_type.elem_type for v in (*model.graph.input, *model.graph.output)]
+    assert io == [onnx.TensorProto.FLOAT] * 2
+    assert any(w.data_type == onnx.TensorProto.FLOAT16 for w in model.graph.initializer)
+    measurer = PlanMeasurer(graph)
+    whole = edgesplit.optimize.plan.Part(
+        name="p0", processor="gpu", backend="ort-fp16", nodes=tuple(n.name for n in graph.nodes),
+        inputs=("x",), outputs=("y",), precision="fp16",
+    )  # fmt: skip
+    acc = measurer([whole])
+    assert acc.snr_db > 40 and acc.top1_agreement == 1.0, acc.summary()
+
+
+@pytest.mark.cuda
+def test_fp16_part_on_cuda(split_net):
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("no CUDAExecutionProvider in this onnxruntime")
+    graph, _ = split_net
+    model = convert(graph.model, "fp16")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+    x = calibration_set(graph).held_out[0]
+    ref = _tensor(graph, "y", x)
+    assert compare([{"y": ref}], [{"y": sess.run(None, dict(x))[0]}]).snr_db > 40
