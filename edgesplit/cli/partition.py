@@ -173,6 +173,20 @@ def print_plan(plan) -> None:
             f"{p.energy_mj:.3f}",
         )
     console.print(parts)
+    _print_transfers(plan)
+    _print_baselines(plan)
+    for line in accuracy_lines(plan):
+        console.print(line, soft_wrap=True)
+    s = plan.solver
+    console.print(
+        f"solver {s.name}: {s.time_s:.3f} s, {'optimal' if s.optimal else f'gap {s.gap:.1%}'} "
+        f"({s.model} model){'; ' + s.detail if s.detail else ''}"
+    )
+
+
+def _print_transfers(plan) -> None:
+    from rich.table import Table
+
     moving = [t for t in plan.transfers if t.latency_ms > 0]
     if moving:
         xt = Table(title=f"transfers ({len(moving)})")
@@ -188,6 +202,11 @@ def print_plan(plan) -> None:
                 f"{t.energy_mj:.3f}",
             )
         console.print(xt)
+
+
+def _print_baselines(plan) -> None:
+    from rich.table import Table
+
     pred = plan.predicted
     bt = Table(title="plan against baselines (same cost model)")
     for col in (
@@ -229,13 +248,6 @@ def print_plan(plan) -> None:
             b.assignment_summary,
         )
     console.print(bt)
-    for line in accuracy_lines(plan):
-        console.print(line, soft_wrap=True)
-    s = plan.solver
-    console.print(
-        f"solver {s.name}: {s.time_s:.3f} s, {'optimal' if s.optimal else f'gap {s.gap:.1%}'} "
-        f"({s.model} model){'; ' + s.detail if s.detail else ''}"
-    )
 
 
 def accuracy_cell(plan) -> str:
