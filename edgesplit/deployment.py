@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from edgesplit.compile.bundle import Manifest
 
 if TYPE_CHECKING:
+    from edgesplit.compile.tune import TuneOptions
     from edgesplit.model.graph import ModelGraph
     from edgesplit.verify import VerifyOptions
 
@@ -23,6 +24,7 @@ def deploy(
     out: str | os.PathLike = "bundle",
     *,
     tune_trials: int = 0,
+    tune: TuneOptions | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     force: bool = False,
     sign_key: str | os.PathLike | None = None,
@@ -40,7 +42,8 @@ def deploy(
     Args:
         model: A loaded :class:`ModelGraph` or an ONNX file (loaded with ``input_shapes``/``input_values``).
         choices: The fields of :class:`edgesplit.pipeline.Choices`, as for :func:`edgesplit.partition`.
-        tune_trials: MetaSchedule trials for TVM parts.
+        tune_trials: MetaSchedule trials for TVM parts in all.
+        tune: Per-kernel tuning of the TVM parts (:class:`~edgesplit.compile.tune.TuneOptions`).
         force: Replace ``out`` even when it holds something other than an edgesplit bundle.
         sign_key: An ed25519 private key file to sign the bundle with (the bundle is signed last,
             the verdict included).
@@ -77,6 +80,7 @@ def deploy(
             out,
             options=options,
             tune_trials=tune_trials,
+            tune=tune,
             progress=progress,
             force=force,
             sign_key=key,
@@ -88,6 +92,7 @@ def deploy(
         out,
         device=problem.full_device,
         tune_trials=tune_trials,
+        tune=tune,
         progress=progress,
         force=force,
         bands=bands,
