@@ -203,6 +203,8 @@ def test_tuning_over_ssh_measures_on_the_remote_rpc_server(sshd, remote_tmp, tmp
         str(PER_TASK),
         "-o",
         str(out),
+        "--builders",
+        "1",
         "-q",
         *sshd.cli_args(remote_tmp),
         env=env,
