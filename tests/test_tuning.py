@@ -230,3 +230,12 @@ def _is_rpc_server(cmdline: Path, folder: Path) -> bool:
 def test_tune_is_registered():
     r = run_cli("tune", "--help")
     assert r.returncode == 0 and "--trials-per-task" in r.stdout and "--remote" in r.stdout
+
+
+def test_the_record_of_tuning_runs_survives_a_new_run(tmp_path):
+    from edgesplit.profile.tvmdb import read_target_file, write_target_file
+
+    tuning = tuning_target(llvm_target(), 1)
+    write_target_file(tmp_path, tuning, runs=[{"model": "a"}])
+    write_target_file(tmp_path, tuning)  # what a tuning run does when it starts
+    assert read_target_file(tmp_path)["runs"] == [{"model": "a"}]

@@ -100,9 +100,12 @@ class Lookup:
 
 
 def write_target_file(folder: Path, tuning: Mapping[str, Any], **facts: Any) -> None:
-    """Record which tuning target (and TVM version) a database folder is for."""
+    """Record which tuning target (and TVM version) a database folder is for, keeping the other
+    facts already there (the record of tuning runs) unless ``facts`` replaces them."""
     folder.mkdir(parents=True, exist_ok=True)
-    body = {"target": dict(tuning), "tvm_version": tvm_version(), **facts}
+    old = read_target_file(folder) or {}
+    kept = {k: v for k, v in old.items() if k not in ("target", "tvm_version")}
+    body = {**kept, "target": dict(tuning), "tvm_version": tvm_version(), **facts}
     atomic_write_text(folder / TARGET_FILE, json.dumps(body, indent=1, sort_keys=True) + "\n")
 
 
