@@ -64,13 +64,13 @@ def kernel_table(graph, prof) -> list[tuple[str, str, float, float, float]]:
 
 
 def profile(graph, work: Path, runs: int):
-    from edgesplit.profile.run import profile_model
+    from edgesplit.profile.run import ProfileOptions, profile_model
 
     path = work / f"{graph.name}.{DEVICE}.{PROC}.profile.json"
     if path.exists():
         return load_profile(path)
     t0 = time.perf_counter()
-    prof = profile_model(graph, load_device(DEVICE), processors=[PROC], runs=runs, warmup=3)
+    prof = profile_model(graph, load_device(DEVICE), ProfileOptions(processors=[PROC], runs=runs, warmup=3))
     prof.save(path)
     print(f"  profiled in {time.perf_counter() - t0:.0f} s -> {path}")
     return prof
@@ -94,10 +94,10 @@ def report(graph, prof) -> None:
 
 
 def plan_and_run(graph, prof, work: Path, run: bool, runs: int) -> None:
-    from edgesplit.optimize import partition
+    from edgesplit.pipeline import partition
 
-    spec = load_device(DEVICE)
-    plan = partition(graph, spec, objective="latency", profile=prof, pins={n.name: PROC for n in graph.nodes})
+    pins = {n.name: PROC for n in graph.nodes}
+    plan = partition(graph, load_device(DEVICE), objective="latency", profile=prof, pins=pins)
     on_tvm = sum(len(p.nodes) for p in plan.parts if p.backend == "tvm")
     backends = [p.backend for p in plan.parts]
     print(

@@ -6,11 +6,13 @@ databases cover, and what tuning them cost (trials and wall time, from the datab
 ``target.json``). Nothing is tuned here: run ``edgesplit tune`` first (the README says how the
 shipped databases were made). ``--untuned`` adds TVM without any database (slow: seconds per run).
 
-Both runtimes run in this process, pinned to one core with one thread each, in separate blocks
-(TVM first, its thread pool told not to spin: ``TVM_THREAD_POOL_SPIN_COUNT=0``), so neither
-steals the core from the other. Outputs are checked against ORT's.
+Both runtimes run in this process, pinned to one core with one thread each, in alternating blocks
+(``--rounds`` of ``--runs`` each; TVM's thread pool told not to spin after a call:
+``TVM_THREAD_POOL_SPIN_COUNT=0``), so neither steals the core from the other and both see the
+same background load; the figures are medians over all runs. Outputs are checked against ORT's.
 
-    .venv/bin/python benchmarks/tvm_vs_ort.py [--models squeezenet,mobilenetv2,resnet18] [--runs 20]
+    .venv/bin/python benchmarks/tvm_vs_ort.py [--models squeezenet,mobilenetv2,resnet18]
+        [--runs 10] [--rounds 5] [--untuned]
 """
 
 from __future__ import annotations
@@ -40,37 +42,41 @@ from edgesplit.model.load import load_model  # noqa: E402
 from edgesplit.profile.tvmdb import find_databases, read_target_file  # noqa: E402
 
 
-def ort_ms(graph, feeds, runs: int) -> tuple[float, list[np.ndarray]]:
+def ort_runner(graph, feeds):
+    """(a call that runs the model once, its outputs) on ORT, one thread on CORE."""
     import onnxruntime as ort
 
     from edgesplit.cpu import ort_session_options
 
     so = ort_session_options(1, (CORE,))
     sess = ort.InferenceSession(graph.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    out = sess.run(None, feeds)
-    return _median_ms(lambda: sess.run(None, feeds), runs), out
+    return (lambda: sess.run(None, feeds)), sess.run(None, feeds)
 
 
-def tvm_ms(graph, feeds, lib: Path, runs: int) -> tuple[float, list[np.ndarray]]:
+def tvm_runner(graph, feeds, lib: Path):
+    """(a call that runs the model once, its outputs) on the TVM library ``lib``."""
     import tvm
     from tvm import relax
 
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
     args = [tvm.runtime.tensor(feeds[n], tvm.cpu()) for n in graph.inputs]
     raw = vm["main"](*args)
-    out = [v.numpy() for v in ([raw] if hasattr(raw, "numpy") else list(raw))]
-    return _median_ms(lambda: vm["main"](*args), runs), out
+    return (lambda: vm["main"](*args)), [v.numpy() for v in ([raw] if hasattr(raw, "numpy") else list(raw))]
 
 
-def _median_ms(fn, runs: int) -> float:
-    for _ in range(3):
-        fn()
-    t = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        t.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(t))
+def side_by_side(fns, runs: int, rounds: int) -> list[float]:
+    """Median ms of each call in ``fns``, timed in alternating blocks of ``runs`` (after a warm-up)."""
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
+        for _ in range(3):
+            fn()
+    for _ in range(rounds):
+        for fn, t in zip(fns, times):
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                fn()
+                t.append((time.perf_counter() - t0) * 1e3)
+    return [float(np.median(t)) for t in times]
 
 
 def coverage(graph, tuning, paths) -> tuple[int, int]:
@@ -105,7 +111,8 @@ def tuning_cost(paths, model: str) -> tuple[int, float, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="squeezenet,mobilenetv2,resnet18")
-    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=10, help="Runs per block.")
+    ap.add_argument("--rounds", type=int, default=5, help="Alternating blocks per runtime.")
     ap.add_argument("--untuned", action="store_true", help="Also time TVM without any database.")
     args = ap.parse_args()
     os.sched_setaffinity(0, {CORE})
@@ -125,15 +132,17 @@ def main() -> None:
             graph = load_model(zoo.save(name, Path(tmp) / f"{name}.onnx"))
             feeds = random_inputs(graph)
             build_library(graph.model, target, Path(tmp) / f"{name}.so", threads=1)
-            t_tvm, got = tvm_ms(graph, feeds, Path(tmp) / f"{name}.so", args.runs)
-            t_ort, want = ort_ms(graph, feeds, args.runs)
+            run_tvm, got = tvm_runner(graph, feeds, Path(tmp) / f"{name}.so")
+            run_ort, want = ort_runner(graph, feeds)
+            t_tvm, t_ort = side_by_side([run_tvm, run_ort], args.runs, args.rounds)
             err = max(rel_error(g, w) for g, w in zip(got, want))
             have, total = coverage(graph, lookup.tuning, lookup.paths)
             trials, wall, _ = tuning_cost(lookup.paths, name)
             row = f"{name:<13}{t_ort:>9.3f}{t_tvm:>9.3f}{t_tvm / t_ort:>8.2f}x{have:>5}/{total:<3}{trials:>8}{wall:>8.0f}"
             if args.untuned:
                 build_library(graph.model, target, Path(tmp) / f"{name}.u.so", use_database=False)
-                row += f"{tvm_ms(graph, feeds, Path(tmp) / f'{name}.u.so', 3)[0]:>12.1f}"
+                untuned = tvm_runner(graph, feeds, Path(tmp) / f"{name}.u.so")[0]
+                row += f"{side_by_side([untuned], 3, 1)[0]:>12.1f}"
             print(f"{row}  {err:.1e}", flush=True)
     for p in lookup.paths:
         for run in (read_target_file(p) or {}).get("runs", []):
