@@ -185,6 +185,7 @@ def test_tune_names_a_processor_without_tvm(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ssh
 def test_tuning_over_ssh_measures_on_the_remote_rpc_server(sshd, remote_tmp, tmp_path):  # noqa: F811
     """2 kernels x 2 trials through `edgesplit tune --remote`: the candidates are timed by the RPC
     server the agent started there (its log counts one session per candidate), and nothing is
