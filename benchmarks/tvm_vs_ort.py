@@ -54,14 +54,13 @@ def ort_runner(graph, feeds):
 
 
 def tvm_runner(graph, feeds, lib: Path):
-    """(a call that runs the model once, its outputs) on the TVM library ``lib``."""
-    import tvm
-    from tvm import relax
+    """(a call that runs the model once, its outputs) on the TVM library ``lib`` (the runtime's
+    :class:`~edgesplit.compile.tvm_build.TvmLibrary`)."""
+    from edgesplit.compile.tvm_build import TvmLibrary
 
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
-    args = [tvm.runtime.tensor(feeds[n], tvm.cpu()) for n in graph.inputs]
-    raw = vm["main"](*args)
-    return (lambda: vm["main"](*args)), [v.numpy() for v in ([raw] if hasattr(raw, "numpy") else list(raw))]
+    vm = TvmLibrary(lib, llvm_target())
+    args = vm.tensors([feeds[n] for n in graph.inputs])
+    return (lambda: vm.call(args)), vm.outputs(vm.call(args))
 
 
 def side_by_side(fns, runs: int, rounds: int) -> list[float]:

@@ -240,3 +240,19 @@ def test_the_record_of_tuning_runs_survives_a_new_run(tmp_path):
     write_target_file(tmp_path, tuning, runs=[{"model": "a"}])
     write_target_file(tmp_path, tuning)  # what a tuning run does when it starts
     assert read_target_file(tmp_path)["runs"] == [{"model": "a"}]
+
+
+def test_the_shipped_databases_are_found_for_their_own_target_only():
+    """Each ``profiles/tvm/NAME`` is found for the tuning target its target.json names (and for no
+    other thread count), and every record points at a workload the folder holds."""
+    from edgesplit.profile.tvmdb import WORKLOADS, read_target_file, shipped_root
+
+    folders = [p for p in shipped_root().iterdir() if (p / TARGET_FILE).is_file()]
+    assert folders, f"no shipped database under {shipped_root()}"
+    for folder in folders:
+        tuning = read_target_file(folder)["target"]
+        target = {k: v for k, v in tuning.items() if k != "num-cores"}
+        assert folder in find_databases(target, tuning["num-cores"]).paths
+        assert folder not in find_databases(target, tuning["num-cores"] + 1).paths
+        workloads = len((folder / WORKLOADS).read_text().splitlines())
+        assert set(records_per_workload(folder)) <= set(range(workloads)), folder
