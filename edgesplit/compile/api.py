@@ -145,17 +145,13 @@ def compile_bundle(
             whose shapes depend on input values needs them again here.
         force: Replace ``out`` even when it holds something other than an edgesplit bundle
             (without it, an existing ``out`` must be empty or a bundle).
-        sign_key: An ed25519 private key (file or key) to sign the manifest with
-            (:mod:`edgesplit.compile.signing`).
+        sign_key: An ed25519 private key (file or key) to sign the manifest with (``compile.signing``).
         bands: When the plan has a server, also compile a plan per bandwidth band (an adaptive
             bundle, :class:`~edgesplit.compile.bundle.BundleBands`); parts shared by plans are
-            stored once. Plans without a server, or whose problem cannot be loaded again, get a
-            note instead.
+            stored once. Plans without a server, or whose problem cannot be reloaded, get a note.
         problem: The plan's problem, when the caller has it (else loaded again from the plan).
-        tune_trials, tune: Tune the TVM parts' kernels first: a total budget, or
-            :class:`~edgesplit.compile.tune.TuneOptions` (per-kernel budget, cap...), measured on
-            each part's processor. Either way, TVM parts apply the tuning databases for their
-            processor's target and thread count.
+        tune_trials, tune: Tune TVM parts first (trials in all, or ``TuneOptions``); the tuning
+            databases for each part's target and threads apply either way.
 
     Raises:
         PlanError: the plan was made for another model, or names unknown processors or nodes.
@@ -178,7 +174,7 @@ def compile_bundle(
         notes.append(f"no band table: {analysis.reason}")
     with atomic_dir(out) as tmp:
         (tmp / "parts").mkdir()
-        tuning = {"tune_trials": tune_trials, "tune": tune, "progress": progress}  # CompileJob's fields
+        tuning = {"tune_trials": tune_trials, "tune": tune, "progress": progress}  # CompileJob fields
         artifacts = _compile_plan_parts(graph, tmp, plan, spec, local_cpu, tuning, progress, notes)
         band_set = None
         if analysis is not None and analysis.table is not None:
