@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from edgesplit.compile.bundle import Manifest
 
 if TYPE_CHECKING:
+    from edgesplit.compile.tune import TuneOptions
     from edgesplit.model.graph import ModelGraph
     from edgesplit.verify import VerifyOptions
 
@@ -23,6 +24,7 @@ def deploy(
     out: str | os.PathLike = "bundle",
     *,
     tune_trials: int = 0,
+    tune: TuneOptions | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     force: bool = False,
     sign_key: str | os.PathLike | None = None,
@@ -40,22 +42,19 @@ def deploy(
     Args:
         model: A loaded :class:`ModelGraph` or an ONNX file (loaded with ``input_shapes``/``input_values``).
         choices: The fields of :class:`edgesplit.pipeline.Choices`, as for :func:`edgesplit.partition`.
-        tune_trials: MetaSchedule trials for TVM parts.
+        tune_trials, tune: MetaSchedule trials for TVM parts in all, or per kernel (``TuneOptions``).
         force: Replace ``out`` even when it holds something other than an edgesplit bundle.
-        sign_key: An ed25519 private key file to sign the bundle with (the bundle is signed last,
-            the verdict included).
-        verify: Measure the plan against the best baselines here, alternating, and ship the plan only
-            where it is faster beyond the noise, else the best measured candidate
-            (:func:`edgesplit.verify.verify_plan`). Only for a device that runs here.
+        sign_key: An ed25519 private key file to sign the bundle with (last, the verdict included).
+        verify: Measure the plan against the best baselines here, alternating; ship it only where it is
+            faster beyond the noise, else the best measured (:func:`edgesplit.verify.verify_plan`).
         verify_budget_s: The most time measuring may take (compiling and loading come on top).
         server_url, token: An offload server for candidates with server parts, or ``"local"`` to
             serve them from this process; without one they are skipped (and listed as such).
         verify_options: All the verification's options at once (overrides the three above).
         bands: With a server, also a plan per bandwidth band (an adaptive bundle).
 
-    The bundle's manifest carries the plan (``Manifest.plan``, the shipped candidate's), with the
-    predicted figures and the baselines, and the verdict (``Manifest.verification``, None when not
-    verified). Returns the manifest; open the bundle with :func:`edgesplit.load`.
+    Returns the manifest: ``plan`` (the shipped candidate's, with predicted figures and baselines) and
+    ``verification`` (None when not verified); open the bundle with :func:`edgesplit.load`.
     """
     from edgesplit.compile.api import check_output, compile_bundle
     from edgesplit.compile.bundle import sign_bundle
@@ -77,6 +76,7 @@ def deploy(
             out,
             options=options,
             tune_trials=tune_trials,
+            tune=tune,
             progress=progress,
             force=force,
             sign_key=key,
@@ -88,6 +88,7 @@ def deploy(
         out,
         device=problem.full_device,
         tune_trials=tune_trials,
+        tune=tune,
         progress=progress,
         force=force,
         bands=bands,

@@ -100,7 +100,10 @@ def test_remote_profile_has_the_local_shape(sshd, remote_tmp, tiny, tmp_path):  
     assert prof.energy == "modelled"  # no power rails on this machine
     labels = {label for label, _, _ in seen}
     assert {"upload", "cpu/ort", "cpu/tvm"} <= labels
-    assert ("cpu/tvm", len(graph.nodes), len(graph.nodes)) in seen
+    # each backend's progress reaches its end (TVM's counts fused kernels, fewer than the nodes)
+    for key in ("cpu/ort", "cpu/tvm"):
+        steps = [(done, total) for label, done, total in seen if label == key]
+        assert 0 < steps[-1][0] == steps[-1][1] <= len(graph.nodes), (key, steps)
     assert not Path(f"{out}.partial").exists()
 
 

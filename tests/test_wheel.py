@@ -100,17 +100,25 @@ def test_the_package_comes_from_the_wheel_with_its_data(installed):
         "from edgesplit.profile.published import data_dir, load_calibration, load_published; "
         "print(json.dumps([edgesplit.__file__, str(load_device('snapdragon-8gen2').path), "
         "sorted(load_links()), str(data_dir()), load_calibration('snapdragon-8gen2') is not None, "
-        "len(load_published('snapdragon-8gen2').figures)]))"
+        "len(load_published('snapdragon-8gen2').figures)]));"
+        "from edgesplit.profile.tvmdb import shipped_root; print(shipped_root())"
     )
     import json
 
-    init, spec, links, profiles, calibrated, n_published = json.loads(installed._ask(code))
+    answer, tuning_root = installed._ask(code).splitlines()
+    init, spec, links, profiles, calibrated, n_published = json.loads(answer)
     package = Path(init).parent
     assert package.is_relative_to(installed.venv) and not package.is_relative_to(REPO)
     assert Path(spec) == package / "_data" / "devices" / "snapdragon-8gen2.yaml"
     assert {"wifi", "lte", "5g"} <= set(links)
     assert Path(profiles) == package / "_data" / "profiles" and (Path(profiles) / "README.md").is_file()
     assert calibrated and n_published > 0  # the predictor's calibration travels with the package
+    # the tuning databases too (profiles/tvm/NAME/: MetaSchedule's files and their target.json)
+    assert Path(tuning_root) == package / "_data" / "profiles" / "tvm"
+    shipped = {p.parent.name for p in (REPO / "profiles" / "tvm").glob("*/target.json")}
+    assert shipped and {p.parent.name for p in Path(tuning_root).glob("*/target.json")} == shipped
+    for name in shipped:
+        assert (Path(tuning_root) / name / "database_tuning_record.json").is_file()
     assert (package / "py.typed").is_file()
 
 

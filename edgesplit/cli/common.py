@@ -173,7 +173,14 @@ def load_graph(
 @contextlib.contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
     """A rich progress bar with one row per label; yields ``update(label, done, total)``."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     if not enabled:
         yield lambda label, done, total: None
@@ -183,6 +190,7 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),  # the ETA, from the rate so far (long jobs: tuning, profiling)
         console=err_console,
         transient=False,
     ) as bar:

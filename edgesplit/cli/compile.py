@@ -10,8 +10,27 @@ from edgesplit.cli.common import (
     input_shape_option,
     input_values_option,
     model_inputs,
+    progress_bar,
     sign_key_option,
 )
+
+tune_per_task_option = click.option(
+    "--tune-trials-per-task",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Tune each kernel of the TVM parts with up to N trials (kernels a database holds N of are "
+    "skipped); --tune-trials caps the total.",
+)
+
+
+def tune_options(total: int, per_task: int):
+    """The tuning asked for by --tune-trials / --tune-trials-per-task (None: per-task not given)."""
+    from edgesplit.compile.tune import TuneOptions
+
+    if not per_task:
+        return None
+    return TuneOptions(trials_per_task=per_task, max_trials=total or None)
 
 
 def verify_options(f):
@@ -63,7 +82,7 @@ def verify_options(f):
     default=0,
     show_default=True,
     type=click.IntRange(0),
-    help="MetaSchedule trials for TVM parts (0: untuned, or the cached database).",
+    help="MetaSchedule trials for TVM parts in all (0: none; the tuning databases still apply).",
 )
 @click.option(
     "--no-bands",
@@ -76,6 +95,7 @@ def verify_options(f):
     help="Measure the plan against the best baselines here; ship the measured winner.",
 )
 @verify_options
+@tune_per_task_option
 def command(
     model,
     plan_path,
@@ -91,37 +111,52 @@ def command(
     verify_budget_s,
     server_url,
     token,
+    tune_trials_per_task,
 ):
     """Extract, check and compile every part of PLAN for MODEL into a bundle."""
     inputs = model_inputs(input_shapes, input_values)
+    tune = tune_options(tune_trials, tune_trials_per_task)
     if verify:
         from edgesplit.deployment import verify_options_for
 
         options = verify_options_for(verify_budget_s, server_url, token)
         manifest = _verified(
-            model, plan_path, output, device, inputs, tune_trials, options, force, sign_key, not no_bands
+            model,
+            plan_path,
+            output,
+            device,
+            inputs,
+            tune_trials,
+            tune,
+            options,
+            force,
+            sign_key,
+            not no_bands,
         )
     else:
         from edgesplit.compile.api import compile_bundle
 
-        manifest = compile_bundle(
-            model,
-            plan_path,
-            output,
-            device=device,
-            **inputs,
-            tune_trials=tune_trials,
-            force=force,
-            sign_key=sign_key,
-            bands=not no_bands,
-        )
+        with progress_bar(bool(tune_trials or tune_trials_per_task)) as update:
+            manifest = compile_bundle(
+                model,
+                plan_path,
+                output,
+                device=device,
+                **inputs,
+                tune_trials=tune_trials,
+                tune=tune,
+                progress=update,
+                force=force,
+                sign_key=sign_key,
+                bands=not no_bands,
+            )
     print_manifest(manifest)
     if manifest.verification is not None:
         print_verification(manifest.verification)
     console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))
 
 
-def _verified(model, plan_path, output, device, inputs, tune_trials, options, force, sign_key, bands):
+def _verified(model, plan_path, output, device, inputs, tune_trials, tune, options, force, sign_key, bands):
     """The plan's problem loaded again from what it records, then verified (as ``deploy`` does)."""
     from dataclasses import replace
 
@@ -143,6 +178,7 @@ def _verified(model, plan_path, output, device, inputs, tune_trials, options, fo
             output,
             options=options,
             tune_trials=tune_trials,
+            tune=tune,
             progress=update,
             force=force,
             sign_key=sign_key,

@@ -21,7 +21,7 @@ from edgesplit.cli.common import (
     sign_key_option,
     slo_option,
 )
-from edgesplit.cli.compile import verify_options
+from edgesplit.cli.compile import tune_options, tune_per_task_option, verify_options
 
 
 @click.command("deploy")
@@ -64,6 +64,7 @@ from edgesplit.cli.compile import verify_options
     help="Ship the plan without measuring it against the best baselines on this device.",
 )
 @verify_options
+@tune_per_task_option
 def command(
     model,
     device,
@@ -91,6 +92,7 @@ def command(
     verify_budget_s,
     server_url,
     token,
+    tune_trials_per_task,
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
     from edgesplit.cli.compile import print_manifest, print_verification
@@ -121,6 +123,7 @@ def command(
             device,
             output,
             tune_trials=tune_trials,
+            tune=tune_options(tune_trials, tune_trials_per_task),
             progress=update,
             force=force,
             sign_key=sign_key,

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "profile": "edgesplit.cli.profile",
     "partition": "edgesplit.cli.partition",
     "explain": "edgesplit.cli.explain",
+    "tune": "edgesplit.cli.tune",
     "compile": "edgesplit.cli.compile",
     "run": "edgesplit.cli.run",
     "deploy": "edgesplit.cli.deploy",

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -27,6 +27,7 @@ from edgesplit.compile.bundle import (
 )
 from edgesplit.compile.signing import load_private_key
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
+from edgesplit.compile.tune import TuneOptions
 from edgesplit.device import DeviceSpec, Processor
 from edgesplit.errors import BundleError, CompileError, PlanError
 from edgesplit.model.graph import ModelGraph
@@ -126,6 +127,7 @@ def compile_bundle(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     input_values: Mapping[str, np.ndarray] | None = None,
     tune_trials: int = 0,
+    tune: TuneOptions | None = None,
     progress: Progress | None = None,
     force: bool = False,
     sign_key: str | os.PathLike | Ed25519PrivateKey | None = None,
@@ -143,13 +145,13 @@ def compile_bundle(
             whose shapes depend on input values needs them again here.
         force: Replace ``out`` even when it holds something other than an edgesplit bundle
             (without it, an existing ``out`` must be empty or a bundle).
-        sign_key: An ed25519 private key (file or key) to sign the manifest with
-            (:mod:`edgesplit.compile.signing`).
+        sign_key: An ed25519 private key (file or key) to sign the manifest with (``compile.signing``).
         bands: When the plan has a server, also compile a plan per bandwidth band (an adaptive
             bundle, :class:`~edgesplit.compile.bundle.BundleBands`); parts shared by plans are
-            stored once. Plans without a server, or whose problem cannot be loaded again, get a
-            note instead.
+            stored once. Plans without a server, or whose problem cannot be reloaded, get a note.
         problem: The plan's problem, when the caller has it (else loaded again from the plan).
+        tune_trials, tune: Tune TVM parts first (trials in all, or ``TuneOptions``); the tuning
+            databases for each part's target and threads apply either way.
 
     Raises:
         PlanError: the plan was made for another model, or names unknown processors or nodes.
@@ -172,12 +174,11 @@ def compile_bundle(
         notes.append(f"no band table: {analysis.reason}")
     with atomic_dir(out) as tmp:
         (tmp / "parts").mkdir()
-        artifacts = _compile_plan_parts(graph, tmp, plan, spec, local_cpu, tune_trials, progress, notes)
+        tuning = {"tune_trials": tune_trials, "tune": tune, "progress": progress}  # CompileJob fields
+        artifacts = _compile_plan_parts(graph, tmp, plan, spec, local_cpu, tuning, progress, notes)
         band_set = None
         if analysis is not None and analysis.table is not None:
-            band_set = _compile_bands(
-                graph, tmp, plan, analysis, spec, local_cpu, tune_trials, artifacts, notes
-            )
+            band_set = _compile_bands(graph, tmp, plan, analysis, spec, local_cpu, tuning, artifacts, notes)
         manifest = Manifest(
             model_sha256=graph.sha256,
             model_name=graph.name,
@@ -203,7 +204,7 @@ def _compile_plan_parts(
     plan: Plan,
     spec: DeviceSpec,
     local_cpu: Processor | None,
-    tune_trials: int,
+    tuning: dict[str, Any],
     progress: Progress | None,
     notes: list[str],
 ) -> list[PartArtifact]:
@@ -216,7 +217,13 @@ def _compile_plan_parts(
         if progress:
             progress("compile", k, len(plan.parts))
         job = CompileJob(
-            pm, graph, tmp, f"parts/{p.name}.onnx", errors[p.name], tune_trials, _calibration(plan)
+            pm,
+            graph,
+            tmp,
+            f"parts/{p.name}.onnx",
+            errors[p.name],
+            **tuning,
+            calibration_data=_calibration(plan),
         )
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(job, p, spec.processor(p.processor), local_cpu, producer)
@@ -232,7 +239,7 @@ def _compile_bands(
     analysis: BandAnalysis,
     spec: DeviceSpec,
     local_cpu: Processor | None,
-    tune_trials: int,
+    tuning: dict[str, Any],
     artifacts: list[PartArtifact],
     notes: list[str],
 ) -> BundleBands:
@@ -241,7 +248,9 @@ def _compile_bands(
 
     def one(part: Part, pm: PartModel, error: float, producer: dict[str, str]) -> PartArtifact:
         name = pm.name
-        job = CompileJob(pm, graph, tmp, f"parts/{name}.onnx", error, tune_trials, _calibration(plan))
+        job = CompileJob(
+            pm, graph, tmp, f"parts/{name}.onnx", error, **tuning, calibration_data=_calibration(plan)
+        )
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(
             job, replace(part, name=name), spec.processor(part.processor), local_cpu, producer

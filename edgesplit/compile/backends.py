@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from edgesplit.compile.split import PartModel
+from edgesplit.compile.tune import Progress, TuneOptions
 from edgesplit.compile.tvm_build import build_library, check_library, runs_here
 from edgesplit.cpu import ort_session_options
 from edgesplit.device import Backend, Processor
@@ -34,6 +35,8 @@ class CompileJob:
         max_error: The part's largest relative error against the whole model (ORT, checked).
         calibration_data: What reduced-precision parts are calibrated on (the plan's
             ``--calibration-data``; None: photographs or synthetic, see ``calibration_data``).
+        tune_trials, tune: Tuning asked for (a total budget, or per-kernel options); TVM parts
+            are tuned on their processor (its thread count and cores) before they are built.
     """
 
     part: PartModel
@@ -43,6 +46,8 @@ class CompileJob:
     max_error: float
     tune_trials: int = 0
     calibration_data: str | None = None
+    tune: TuneOptions | None = None
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,17 @@ class TvmCompiler:
         lib = job.bundle_dir / file_rel
         try:
             t0 = time.perf_counter()
-            build_library(job.part.model, target, lib, tune_trials=job.tune_trials)
+            build_library(
+                job.part.model,
+                target,
+                lib,
+                tune_trials=job.tune_trials,
+                tune=replace(job.tune, threads=processor.threads, cores=processor.cores)
+                if job.tune
+                else None,
+                threads=processor.threads,
+                progress=job.progress,
+            )
             note = f"tvm build {time.perf_counter() - t0:.1f}s"
             if runs_here(target):
                 note += f"; max rel error vs ORT {_check(lib, target, job):.1e}"

@@ -4,7 +4,8 @@
 - cross targets (``mtriple`` not this machine's): exported with ``<triple>-gcc``; a missing cross
   toolchain is a clear error naming the package to install;
 - cuda: TVM's default GPU pipeline (dlight schedules).
-Optional MetaSchedule tuning uses a database cached per target and reused across runs.
+Tuning (:mod:`edgesplit.compile.tune`) and the databases a build applies
+(:mod:`edgesplit.profile.tvmdb`) are per tuning target: the target and the thread count.
 
 :class:`TvmLibrary` runs a built library; the compiler's check (:func:`check_library`) and the
 runtime's TVM executor both use it, so compile needs nothing from the runtime.
@@ -13,13 +14,13 @@ runtime's TVM executor both use it, so compile needs nothing from the runtime.
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
 import io
 import json
 import os
 import platform
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,15 @@ import numpy as np
 import onnx
 
 from edgesplit.compile.split import rel_error
+from edgesplit.compile.tune import Progress, TuneOptions, tune_module
 from edgesplit.errors import CompileError
+from edgesplit.profile.tvmdb import (
+    apply_databases,
+    cache_dir,
+    find_databases,
+    lower_for_tuning,
+    tuning_target,
+)
 
 GPU_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")  # target kinds with a device of their own
 
@@ -67,11 +76,10 @@ def cross_compiler(target: Mapping[str, Any]) -> str | None:
     return cc
 
 
-def tuning_dir(target: Mapping[str, Any]) -> Path:
-    """Where MetaSchedule's database for this target lives (reused by later compiles)."""
-    root = Path(os.environ.get("EDGESPLIT_CACHE", Path.home() / ".cache" / "edgesplit"))
-    key = hashlib.sha256(json.dumps(dict(target), sort_keys=True).encode()).hexdigest()[:16]
-    return root / "tvm-tuning" / key
+def tuning_dir(target: Mapping[str, Any], threads: int | None = None) -> Path:
+    """The cache folder of MetaSchedule's database for ``target`` run with ``threads`` threads
+    (default: the cores this process may use); later compiles for the same target reuse it."""
+    return cache_dir(tuning_target(target, threads))
 
 
 def build_library(
@@ -81,36 +89,48 @@ def build_library(
     *,
     tune_trials: int = 0,
     use_database: bool = True,
+    tune: TuneOptions | None = None,
+    threads: int | None = None,
+    databases: Sequence[str | os.PathLike] = (),
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Import, (tune,) compile and export ``model`` as a shared library at ``out``.
 
-    With ``use_database`` (the default), schedules tuned earlier for this target are applied even
-    when ``tune_trials`` is 0. Returns facts for the manifest (target, tuning trials and database).
-    Raises CompileError for a
-    missing toolchain; any TVM import or build error propagates for the caller to fall back on.
+    Args:
+        tune_trials: A total budget, spread at up to 64 trials per kernel (``tune`` says more).
+        use_database: Apply the schedules that databases for this target hold (the cache, the
+            shipped ``profiles/tvm/`` ones and ``databases``), even when nothing is tuned now.
+        tune: Tune first (:class:`~edgesplit.compile.tune.TuneOptions`); its ``threads`` wins.
+        threads: The threads the part runs with (the processor's); databases are per thread count.
+
+    Returns facts for the manifest: target, trials, the databases applied, what tuning did.
+    Raises CompileError for a missing toolchain; any TVM import or build error propagates for the
+    caller to fall back on.
     """
     import tvm
-    from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
     cc = cross_compiler(target)
-    tgt_dict = dict(target)
-    info: dict[str, Any] = {"target": tgt_dict, "tune_trials": tune_trials}
+    if tune is None and tune_trials > 0:
+        tune = TuneOptions(trials_per_task=min(64, tune_trials), max_trials=tune_trials, threads=threads)
+    threads = tune.threads if tune is not None and tune.threads else threads
+    info: dict[str, Any] = {"target": dict(target), "tune_trials": tune_trials}
     with contextlib.redirect_stdout(io.StringIO()):
         mod = from_onnx(model, keep_params_in_input=False)
-        tgt = tvm.target.Target(tgt_dict)
-        if tune_trials > 0 or (use_database and (tuning_dir(target) / "database_workload.json").exists()):
-            work = tuning_dir(target)
-            work.mkdir(parents=True, exist_ok=True)
-            if "num-cores" not in tgt_dict and tgt_dict.get("kind") == "llvm":
-                tgt = tvm.target.Target({**tgt_dict, "num-cores": os.cpu_count() or 1})
-            mod = relax.pipeline.static_shape_tuning_pipeline(
-                total_trials=tune_trials,
-                target=tgt,
-                work_dir=str(work),
-                max_trials_per_task=max(1, min(64, tune_trials)) if tune_trials else None,
-            )(mod)
-            info["tuning_database"] = str(work)
+        tgt = tvm.target.Target(dict(target))
+        if tune is not None:
+            mod, report = tune_module(mod, target, tune, progress)
+            info["tuning"] = {k: v for k, v in dataclasses.asdict(report).items() if k != "task_names"}
+        lookup = find_databases(target, threads, extra=databases) if use_database else None
+        if lookup is not None and lookup.paths:
+            if tune is None:
+                mod = lower_for_tuning(mod, lookup.tuning)
+            mod = apply_databases(mod, lookup.tuning, lookup.paths)
+            tgt = tvm.target.Target(dict(lookup.tuning))
+            info["tuning_database"] = str(lookup.paths[0])
+            info["tuning_databases"] = [str(p) for p in lookup.paths]
+        if lookup is not None and lookup.notes:
+            info["tuning_notes"] = list(lookup.notes)
         ex = tvm.compile(mod, target=tgt)
     out.parent.mkdir(parents=True, exist_ok=True)
     if cc:

@@ -10,14 +10,19 @@ Requests (one JSON object per line)::
     {"op": "profile", "model": "model.onnx", "input_shapes": {...}, "device": {spec},
      "options": {ProfileOptions}, "done": [entries]}
     {"op": "detect"}
+    {"op": "rpc_start", "threads": N, "cores": [...]}   TVM's RPC server in the folder (for tuning)
+    {"op": "rpc_stats"}                                   sessions served and modules loaded so far
     {"op": "exit"}                                       (end of input means the same)
 
 Events: ``ready`` (versions, missing modules), ``stored``, ``plan``, ``progress``, ``entry`` (a
 finished processor/backend pair: the client's checkpoint), ``result``, ``detected``, ``error``,
-``alive`` (a heartbeat every few seconds, so the client can time out on silence) and ``bye``.
+``alive`` (a heartbeat every few seconds, so the client can time out on silence), ``rpc_ready``,
+``rpc_stats`` and ``bye``.
 
 The agent removes its folder when its input ends, on ``exit``, on SIGHUP/SIGTERM/SIGINT and at
-interpreter exit: a dropped connection leaves nothing behind. This module imports only the
+interpreter exit: a dropped connection leaves nothing behind. An RPC server it started (its own
+process group, its temporary files in the folder) is stopped first, and dies with the agent even
+when the agent is killed (parent-death signal). This module imports only the
 standard library at load time; the profiler is imported when a profile is asked for.
 """
 
@@ -54,6 +59,7 @@ class Agent:
         self.requests: queue.Queue[dict[str, Any]] = queue.Queue()
         self._lock = threading.Lock()
         self._removed = False
+        self._rpc = None  # TVM's RPC server, when started
 
     # -- output -----------------------------------------------------------------------------
     def send(self, event: str, **fields: Any) -> None:
@@ -67,7 +73,12 @@ class Agent:
 
     # -- the folder -------------------------------------------------------------------------
     def cleanup(self) -> bool:
-        """Remove the work folder (idempotent); True when it is gone."""
+        """Stop the RPC server and remove the work folder (idempotent); True when it is gone."""
+        if self._rpc is not None:
+            from edgesplit.profile.rpc import stop_server
+
+            stop_server(self._rpc)
+            self._rpc = None
         if not self._removed:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self._removed = not os.path.exists(self.workdir)
@@ -145,6 +156,10 @@ class Agent:
                     self.profile(msg)
                 elif op == "detect":
                     self.detect(msg)
+                elif op in ("rpc_start", "rpc_stats"):
+                    from edgesplit.profile.rpc import agent_request
+
+                    self._rpc = agent_request(self, op, msg, self._rpc)
                 else:
                     self.send("error", exit_code=1, message=f"agent: unknown op {op!r}")
             except Exception as e:  # noqa: BLE001 - reported to the client, which decides

@@ -166,7 +166,8 @@ class AgentSession:
     def _error(self, message: str) -> RemoteError:
         """A host that breaks the protocol before the agent is up cannot be used (exit 2); one that
         breaks off later failed while working (exit 1, and a resumable profile stays)."""
-        return RemoteError(message) if self.stage == "working" else RemoteHostError(message)
+        before = self.stage in ("connecting", "starting the agent")  # later stages: rpc.py's too
+        return RemoteHostError(message) if before else RemoteError(message)
 
     def _broken(self) -> RemoteError:
         chan = self.chan

@@ -239,3 +239,82 @@ def _connect_error(target: Target, opts: SshOptions, e: Exception) -> RemoteHost
     if isinstance(e, OSError):
         return RemoteHostError(f"{target}: cannot connect ({e.strerror or e})")
     return RemoteHostError(f"{target}: cannot connect ({type(e).__name__}: {e})")
+
+
+class PortForward:
+    """``ssh -L``: a port on 127.0.0.1 here whose connections are carried over an SSH connection to
+    ``host:port`` as the remote end sees it, one ``direct-tcpip`` channel each.
+
+    Nothing else listens: the port is bound to the loopback address and lives as long as the
+    object (``close()``, or use it as a context manager). ``connections`` counts the connections
+    carried; ``errors`` keeps why a channel could not be opened (the remote refused, say).
+    """
+
+    def __init__(self, transport, host: str, port: int, timeout_s: float = 15.0):
+        import threading
+
+        self.transport, self.host, self.remote_port, self.timeout_s = transport, host, port, timeout_s
+        self.connections = 0
+        self.errors: list[str] = []
+        self._listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+        self.port: int = self._listener.getsockname()[1]
+        self._closed = threading.Event()
+        self._open: set = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name=f"forward-{self.port}", daemon=True).start()
+
+    def __enter__(self) -> PortForward:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                chan = self.transport.open_channel(
+                    "direct-tcpip", (self.host, self.remote_port), peer, timeout=self.timeout_s
+                )
+            except Exception as e:  # noqa: BLE001 - paramiko's ChannelException, EOFError, timeouts
+                self.errors.append(f"cannot open a tunnel to {self.host}:{self.remote_port} ({e})")
+                conn.close()
+                continue
+            with self._lock:
+                self.connections += 1
+                self._open.update((conn, chan))
+            threading.Thread(target=self._pump, args=(conn, chan), daemon=True).start()
+
+    def _pump(self, conn: socket.socket, chan) -> None:
+        import select
+
+        try:
+            while not self._closed.is_set():
+                ready, _, _ = select.select([conn, chan], [], [], 0.5)
+                for src, dst in ((conn, chan), (chan, conn)):
+                    if src in ready:
+                        data = src.recv(65536)
+                        if not data:
+                            return
+                        dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._open.difference_update((conn, chan))
+            chan.close()
+            conn.close()
+
+    def close(self) -> None:
+        """Stop listening and close every tunnelled connection."""
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            for end in list(self._open):
+                end.close()
+            self._open.clear()

@@ -1,10 +1,14 @@
-"""Profile a model on Apache TVM (Relax VM, untuned), node by node.
+"""Profile a model on Apache TVM (Relax VM), kernel by kernel, with the tuned schedules there are.
 
-TVM's VM reports fused function names, not ONNX nodes (DESIGN.md), so each node is extracted
-as a one-node model (with the outer-scope tensors a control-flow node's subgraphs read),
-imported, compiled for the processor's target and timed on the processor's worker thread (pinned
-and throttled as the runtime's). Nodes with the same op, attributes and shapes share one
-measurement. The whole model is compiled and timed too; where TVM cannot import it, the profile
+TVM's VM reports fused function names, not ONNX nodes (DESIGN.md), so the profiler extracts the
+groups of nodes TVM fuses into one kernel (:func:`fusion_groups`: an op and the chain of
+elementwise ops that follows it, such as Conv -> Add -> Relu), compiles each group for the
+processor's target and times it on the processor's worker thread (pinned and throttled as the
+runtime's); the group's time is shared among its nodes in proportion to their roofline cost, as
+the ORT profiler shares a fused kernel's. Measuring the fused group, not each node alone, is what
+lets the tuning databases apply: they hold schedules for the kernels a whole model compiles to
+(:mod:`edgesplit.profile.tvmdb`), and a Conv measured without its ReLU would be another, untuned,
+kernel. Groups with the same ops, attributes and shapes share one measurement. The whole model is compiled and timed too; where TVM cannot import it, the profile
 says why.
 """
 
@@ -26,8 +30,10 @@ from edgesplit.device import Backend, Processor
 from edgesplit.model.extract import PartExtractor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph, Node
+from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile, RunTerms
 from edgesplit.profile.terms import MicroRun, MicroRunner, build_terms, neg_model
+from edgesplit.profile.tvmdb import apply_databases, find_databases, lower_for_tuning
 from edgesplit.throttle import busy, busy_call
 
 Progress = Callable[[str, int, int], None]
@@ -49,15 +55,24 @@ def _first_line(e: BaseException) -> str:
     return (lines[-1] if lines else type(e).__name__)[:200]
 
 
-def build_vm(model: onnx.ModelProto, target: dict[str, Any]):
-    """Import an ONNX model into Relax, compile it for ``target`` and return (vm, device)."""
+def build_vm(model: onnx.ModelProto, target: dict[str, Any], threads: int | None = None, tuned: bool = True):
+    """Import an ONNX model into Relax, compile it for ``target`` and return (vm, device).
+
+    With ``tuned``, the kernels the tuning databases for ``target`` run with ``threads`` threads
+    hold are scheduled as tuned (:func:`edgesplit.profile.tvmdb.find_databases`).
+    """
     import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         mod = from_onnx(model, keep_params_in_input=False)
-        ex = tvm.compile(mod, target=tvm.target.Target(dict(target)))
+        tgt = dict(target)
+        lookup = find_databases(target, threads) if tuned else None
+        if lookup is not None and lookup.paths:
+            mod = apply_databases(lower_for_tuning(mod, lookup.tuning), lookup.tuning, lookup.paths)
+            tgt = dict(lookup.tuning)
+        ex = tvm.compile(mod, target=tvm.target.Target(tgt))
     dev = tvm.cpu()
     return relax.VirtualMachine(ex, dev), dev
 
@@ -74,6 +89,41 @@ def time_vm(vm, dev, arrays: list[np.ndarray], runs: int) -> list[float]:
     repeat = max(3, min(runs, int(2.0 / max(once_s, 1e-6))))
     res = vm.time_evaluator("main", dev, number=1, repeat=repeat)(*args)
     return [r * 1e3 for r in res.results]
+
+
+# Ops TVM's FuseOps folds into the kernel of the op before them (elementwise and broadcast ops).
+FUSED_AFTER = frozenset(
+    {
+        "Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid",
+        "HardSwish", "Tanh", "Exp", "Erf", "Sqrt", "Neg", "Abs", "Pow", "BatchNormalization",
+        "Identity", "Cast",
+    }
+)  # fmt: skip
+
+
+def fusion_groups(graph: ModelGraph, nodes: list[Node]) -> list[list[Node]]:
+    """``nodes`` (in topological order) in the groups TVM compiles into one kernel each: a node and
+    the elementwise nodes that follow it, each fed by the group's last output and its only reader."""
+    readers: dict[str, int] = {}
+    for n in graph.nodes:
+        for t in dict.fromkeys(n.inputs):
+            readers[t] = readers.get(t, 0) + 1
+    for t in graph.outputs:
+        readers[t] = readers.get(t, 0) + 1
+    groups: list[list[Node]] = []
+    open_by_tail: dict[str, list[Node]] = {}  # a group's single output -> the group
+    for node in nodes:
+        acts = [t for t in node.inputs if not graph.tensors[t].is_weight]
+        group = next((open_by_tail[t] for t in acts if t in open_by_tail), None)
+        if node.op_type in FUSED_AFTER and group is not None and len(node.outputs) == 1:
+            open_by_tail.pop(group[-1].outputs[0], None)
+            group.append(node)
+        else:
+            group = [node]
+            groups.append(group)
+        if len(node.outputs) == 1 and readers.get(node.outputs[0], 0) == 1:
+            open_by_tail[node.outputs[0]] = group
+    return groups
 
 
 def _signature(node: Node, proto: onnx.NodeProto, graph: ModelGraph) -> str:
@@ -93,7 +143,8 @@ def profile_tvm(
     runs: int = 10,
     progress: Progress | None = None,
 ) -> ProcessorProfile:
-    """Measure every node TVM can import on ``backend.target`` (run here, so llvm only)."""
+    """Measure every fused kernel TVM can import on ``backend.target`` (run here, so llvm only),
+    with the schedules the tuning databases for the processor's target and threads hold."""
     started = time.perf_counter()
     target = dict(backend.target or {"kind": "llvm"})
     label = f"{processor.name}/tvm"
@@ -120,14 +171,20 @@ def profile_tvm(
         whole_ms = whole_p90 = None
         if not cant:
             try:
-                whole_ms, whole_p90 = _whole_model(graph, target, worker, runs)
+                whole_ms, whole_p90 = _whole_model(graph, target, processor.threads, worker, runs)
                 note = ""
             except Exception as e:  # noqa: BLE001 - TVM raises many types; we report the reason
                 note = f"TVM cannot compile the whole model: {_first_line(e)}"
         else:
             note = f"TVM cannot run {len(cant)} nodes ({', '.join(sorted({n.op_type for n in cant}))})"
-        nodes = _measure_nodes(graph, target, runs, processor, worker, unsupported, progress, label)
+        nodes = _measure_groups(graph, processor, target, unsupported, runs, worker, progress, label)
         terms = _terms(worker, target, max(5, runs // 2 + 2))
+    lookup = find_databases(target, processor.threads)
+    tuned = (
+        f"tuned schedules from {', '.join(p.name for p in lookup.paths)}"
+        if lookup.paths
+        else f"untuned: no tuning database for {lookup.tuning}"
+    )
     return ProcessorProfile(
         processor.name,
         backend.key,
@@ -136,16 +193,16 @@ def profile_tvm(
         unsupported,
         whole_model_ms=whole_ms,
         whole_model_p90_ms=whole_p90,
-        note=note,
+        note="; ".join(x for x in (note, tuned) if x),
         elapsed_s=time.perf_counter() - started,
         terms=terms,
     )
 
 
-def _whole_model(graph: ModelGraph, target: dict[str, Any], worker: ThreadPoolExecutor, runs: int):
+def _whole_model(graph: ModelGraph, target: dict[str, Any], threads, worker: ThreadPoolExecutor, runs: int):
     """Median and p90 of the whole model run as a one-part bundle runs it: handed to the worker,
     inputs copied in, ``main``, outputs copied out, the caller woken (as ORT's is measured)."""
-    vm, dev = build_vm(graph.model, target)
+    vm, dev = build_vm(graph.model, target, threads)
     feeds = random_inputs(graph)
     arrays = [feeds[n] for n in graph.inputs]
 
@@ -162,29 +219,49 @@ def _whole_model(graph: ModelGraph, target: dict[str, Any], worker: ThreadPoolEx
     return float(np.median(samples)), float(np.percentile(samples, 90))
 
 
-def _measure_nodes(
-    graph, target, runs, processor, worker, unsupported, progress, label
+def _measure_groups(
+    graph: ModelGraph,
+    processor: Processor,
+    target: dict[str, Any],
+    unsupported: dict[str, str],
+    runs: int,
+    worker: ThreadPoolExecutor,
+    progress: Progress | None,
+    label: str,
 ) -> dict[str, NodeCost]:
-    """Every node TVM can run, compiled alone here and timed on the worker (nodes with the same
-    signature share one measurement); the ones it cannot run go to ``unsupported``."""
+    """Time each fused group once per distinct signature; share its time among its nodes.
+
+    Nodes whose group TVM cannot compile go into ``unsupported`` with the reason."""
     extractor = PartExtractor(graph)  # follows control-flow subgraphs' outer-scope reads
     protos = {p.name: p for p in graph.model.graph.node}
-    cache: dict[str, NodeCost | str] = {}
-    nodes: dict[str, NodeCost] = {}
-    todo = [n for n in graph.nodes if n.name not in unsupported]
+    cache: dict[str, list[float] | str] = {}
+    groups = fusion_groups(graph, [n for n in graph.nodes if n.name not in unsupported])
     rng = np.random.default_rng(0)
-    for k, node in enumerate(todo):
-        sig = _signature(node, protos[node.name], graph)
+    nodes: dict[str, NodeCost] = {}
+    for k, group in enumerate(groups):
+        sig = "||".join(_signature(n, protos[n.name], graph) for n in group)
         if sig not in cache:
-            cache[sig] = _measure_node(graph, node, extractor, target, runs, rng, processor, worker)
+            cache[sig] = _measure_group(graph, group, extractor, target, processor.threads, runs, rng, worker)
         got = cache[sig]
         if isinstance(got, str):
-            unsupported[node.name] = got
+            unsupported.update({n.name: got for n in group})
         else:
-            nodes[node.name] = got
+            nodes.update(_share(group, np.asarray(got), processor))
         if progress is not None:
-            progress(label, k + 1, len(todo))
+            progress(label, k + 1, len(groups))
     return nodes
+
+
+def _share(group: list[Node], samples: np.ndarray, processor: Processor) -> dict[str, NodeCost]:
+    """A fused kernel's time, shared among its nodes in proportion to their roofline cost."""
+    weights = np.array([roofline_ms(n, processor) for n in group]) + 1e-9
+    weights /= weights.sum()
+    out = {}
+    for node, w in zip(group, weights):
+        med, p90 = float(np.median(samples * w)), float(np.percentile(samples * w, 90))
+        energy = round(med * processor.active_w, 6)  # W * ms = mJ; modelled
+        out[node.name] = NodeCost(round(med, 6), round(p90, 6), MEASURED, energy, len(samples))
+    return out
 
 
 def _terms(worker: ThreadPoolExecutor, target: dict[str, Any], repeats: int) -> RunTerms | None:
@@ -244,37 +321,43 @@ def tvm_micro_runner(
     return run
 
 
-def _measure_node(
+def _measure_group(
     graph: ModelGraph,
-    node: Node,
+    group: list[Node],
     extractor,
-    target,
+    target: dict[str, Any],
+    threads: int | None,
     runs: int,
     rng: np.random.Generator,
-    processor: Processor,
     worker: ThreadPoolExecutor,
-) -> NodeCost | str:
+) -> list[float] | str:
+    """The group's latencies in ms, or why TVM cannot run it."""
     from edgesplit.model.feeds import random_tensor
 
-    acts = [t for t in dict.fromkeys(node.inputs) if not graph.tensors[t].is_weight]
+    inside = {t for n in group for t in n.outputs}
+    acts = list(
+        dict.fromkeys(
+            t for n in group for t in n.inputs if t not in inside and not graph.tensors[t].is_weight
+        )
+    )
     try:
-        sub = extractor.extract(acts, list(node.outputs), node.name)
-        vm, dev = build_vm(sub, target)  # compiled here, timed on the processor's worker
+        sub = extractor.extract(acts, list(group[-1].outputs), group[0].name)
+        vm, dev = build_vm(sub, target, threads)  # compiled here, timed on the processor's worker
         arrays = [
             graph.sample_inputs[t] if t in graph.sample_inputs else random_tensor(graph.tensors[t], rng)
             for t in acts
         ]
-        samples = worker.submit(busy_call, time_vm, vm, dev, arrays, runs).result()
+        return worker.submit(busy_call, time_vm, vm, dev, arrays, runs).result()
     except Exception as e:  # noqa: BLE001
-        return f"TVM cannot import or compile {node.op_type}: {_first_line(e)}"
-    med, p90 = float(np.median(samples)), float(np.percentile(samples, 90))
-    return NodeCost(round(med, 6), round(p90, 6), MEASURED, round(med * processor.active_w, 6), len(samples))
+        ops = "+".join(n.op_type for n in group)
+        return f"TVM cannot import or compile {ops}: {_first_line(e)}"
 
 
 class TvmProfiler:
-    """The ``tvm`` entry of the profiler table: one node at a time on the Relax VM (:func:`profile_tvm`).
+    """The ``tvm`` entry of the profiler table: one fused kernel at a time on the Relax VM
+    (:func:`profile_tvm`), with the tuned schedules the databases for the target hold.
 
-    Each node is compiled, so it takes half the timed runs of ORT (at least 3).
+    Each kernel is compiled, so it takes half the timed runs of ORT (at least 3).
     """
 
     def unavailable(self, backend: Backend) -> str | None:

@@ -218,6 +218,7 @@ def verify_plan(
     *,
     options: VerifyOptions = VerifyOptions(),
     tune_trials: int = 0,
+    tune=None,
     progress: Progress | None = None,
     force: bool = False,
     sign_key: str | os.PathLike | Ed25519PrivateKey | None = None,
@@ -247,7 +248,7 @@ def verify_plan(
         t0 = time.perf_counter()
         to_build = cands[:1] if unverifiable else cands
         built = compile_candidates(
-            problem, to_build, stage, tune_trials=tune_trials, progress=progress, bands=bands
+            problem, to_build, stage, tune_trials=tune_trials, tune=tune, progress=progress, bands=bands
         )
         cands = built + cands[len(built) :]
         compile_s = time.perf_counter() - t0

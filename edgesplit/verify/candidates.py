@@ -203,6 +203,7 @@ def compile_candidates(
     stage: Path,
     *,
     tune_trials: int = 0,
+    tune=None,
     progress: Callable[[str, int, int], None] | None = None,
     bands: bool = False,
 ) -> list[Candidate]:
@@ -227,6 +228,7 @@ def compile_candidates(
                 where,
                 device=problem.full_device,
                 tune_trials=tune_trials,
+                tune=tune,  # TuneOptions: the kernels are tuned once, with the first candidate
                 bands=bands and c.name == PLAN,
                 problem=problem if c.name == PLAN else None,
             )

@@ -1,0 +1,115 @@
+"""``edgesplit tune``: tune a model's TVM kernels ahead of time, into a database for the target."""
+
+from __future__ import annotations
+
+import click
+
+from edgesplit.cli.common import console, device_option, input_shape_option, progress_bar
+from edgesplit.cli.profile import make_ssh_options, ssh_options
+
+
+@click.command("tune")
+@click.argument("model", type=click.Path(dir_okay=False))
+@device_option
+@click.option(
+    "--processor", "-p", default=None, help="The processor to tune for (default: the first with TVM)."
+)
+@click.option(
+    "--trials-per-task",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Measured candidates per kernel; kernels a database already holds this many of are skipped.",
+)
+@click.option("--max-trials", type=click.IntRange(1), default=None, help="Cap on the candidates of this run.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Database folder to write (e.g. profiles/tvm/NAME); default: the target's cache folder.",
+)
+@click.option(
+    "--trials-per-iter",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Candidates per search round of a kernel (default: a quarter of --trials-per-task). "
+    "With --max-trials below kernels x --trials-per-task, later rounds go to the kernels that gain most.",
+)
+@click.option(
+    "--builders", type=click.IntRange(1), default=None, help="Build processes (default: every core)."
+)
+@input_shape_option
+@click.option("--remote", metavar="USER@HOST[:PORT]", help="Measure the candidates on this host over SSH.")
+@ssh_options
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def command(
+    model,
+    device,
+    processor,
+    trials_per_task,
+    max_trials,
+    output,
+    trials_per_iter,
+    builders,
+    input_shapes,
+    remote,
+    identity,
+    known_hosts,
+    accept_new_host_key,
+    remote_python,
+    remote_tmpdir,
+    connect_timeout,
+    step_timeout,
+    quiet,
+):
+    """Tune MODEL's kernels with MetaSchedule for one processor of DEVICE.
+
+    Kernels are shared across models: a database already holding a kernel (from another model)
+    is not tuned again. Compile, profile and the benchmarks apply the database afterwards.
+    """
+    from pathlib import Path
+
+    from edgesplit.compile.tune import TuneOptions, tune_model
+    from edgesplit.model.load import parse_input_shapes
+
+    options = TuneOptions(
+        trials_per_task=trials_per_task,
+        max_trials=max_trials,
+        builder_workers=builders,
+        trials_per_iter=trials_per_iter,
+        database=Path(output) if output else None,
+    )
+    ssh = (
+        make_ssh_options(
+            identity,
+            known_hosts,
+            accept_new_host_key,
+            remote_python,
+            remote_tmpdir,
+            connect_timeout,
+            step_timeout,
+        )
+        if remote
+        else None
+    )
+    with progress_bar(not quiet) as update:
+        report = tune_model(
+            model,
+            device,
+            processor,
+            options=options,
+            input_shapes=parse_input_shapes(input_shapes) or None,
+            remote=remote,
+            ssh=ssh,
+            progress=update,
+        )
+    console.print(
+        f"{report.tasks} kernels: {report.tuned} tuned ({report.trials} trials, "
+        f"{report.trials_per_task} per kernel at most), {report.reused} already in a database; "
+        f"{report.elapsed_s:.0f} s"
+    )
+    if report.rpc_sessions is not None:
+        console.print(f"measured on {report.measured_on} ({report.rpc_sessions} RPC sessions there)")
+    console.print(f"target {report.target}")
+    console.print(f"wrote {report.database}")
