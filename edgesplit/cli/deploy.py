@@ -95,7 +95,6 @@ def command(
     tune_trials_per_task,
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
-    from edgesplit.cli.compile import print_manifest, print_verification
     from edgesplit.compile.api import check_output
     from edgesplit.deployment import deploy
     from edgesplit.pipeline import Choices, check_choices
@@ -134,6 +133,14 @@ def command(
             token=token,
             **choices,
         )
+    _report(manifest, no_verify)
+    console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))
+
+
+def _report(manifest, no_verify: bool) -> None:
+    """The bundle, the plan's predicted figures and the verification table."""
+    from edgesplit.cli.compile import print_manifest, print_verification
+
     print_manifest(manifest)
     pred = manifest.plan.predicted
     if pred:
@@ -145,4 +152,3 @@ def command(
         print_verification(manifest.verification)
     elif no_verify:
         console.print("not verified (--no-verify): the plan was not measured against the baselines")
-    console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))
