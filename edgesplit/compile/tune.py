@@ -229,7 +229,7 @@ class _Run:
                     max_workers=workers,
                     timeout_sec=opts.timeout_s,
                     f_build=build_candidate,
-                    f_export=functools.partial(export_candidate, cc=_cross_cc(self.tuning)),
+                    f_export=functools.partial(export_candidate, cc=_cross_cc(self.tuning), parent=logs),
                 ),
                 runner=_runner(opts),
                 database=ms.database.JSONDatabase(work_dir=str(self.out)),
@@ -320,12 +320,13 @@ def build_candidate(mod, target, _params):
     return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
-def export_candidate(mod, cc: str | None = None) -> str:
+def export_candidate(mod, cc: str | None = None, parent: str | None = None) -> str:
     """A shared library linked here (a cross compiler for another CPU), so the runner, local or on
-    a board without a C compiler, only loads it."""
+    a board without a C compiler, only loads it. It goes under ``parent`` (the tuning run's own
+    temporary folder, removed when the run ends), so a run of many trials leaves nothing behind."""
     import tvm
 
-    path = os.path.join(tempfile.mkdtemp(prefix="edgesplit-cand-"), "candidate.so")
+    path = os.path.join(tempfile.mkdtemp(prefix="edgesplit-cand-", dir=parent), "candidate.so")
     if cc:
         mod.export_library(path, fcompile=tvm.support.cc.cross_compiler(cc))
     else:
