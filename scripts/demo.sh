@@ -24,3 +24,6 @@ done
 echo "== deploy: the latency plan, verified against the baselines by measurement on this machine"
 $E deploy "$out/$model.onnx" --device host-biglittle --profile "$out/$model.profile.json" \
   --objective latency --verify-budget-s 30 -o "$out/deploy-bundle"
+echo "== deploy: a throughput plan on both cores (host-2core), verified against each core alone"
+$E deploy "$out/$model.onnx" --device host-2core --objective throughput --verify-budget-s 30 \
+  -o "$out/deploy-throughput-bundle"

@@ -92,19 +92,29 @@ def test_tritonclient_all_outputs_and_gzip(server, tiny):
     np.testing.assert_allclose(got, tiny["y"], rtol=1e-6, atol=1e-6)
 
 
-def raw(server, method: str, path: str, body: bytes = b"", headers: dict | None = None) -> tuple[int, dict]:
+def raw(
+    server, method: str, path: str, body: bytes = b"", headers: dict | None = None
+) -> tuple[int | None, dict]:
     u = server.url.removeprefix("http://").split(":")
     c = http.client.HTTPConnection(u[0], int(u[1]), timeout=10)
     try:
-        c.request(
-            method,
-            path,
-            body=body,
-            headers=headers or {},
-            encode_chunked="Transfer-Encoding" in (headers or {}),
-        )
-        r = c.getresponse()
-        data = r.read()
+        try:
+            c.request(
+                method,
+                path,
+                body=body,
+                headers=headers or {},
+                encode_chunked="Transfer-Encoding" in (headers or {}),
+            )
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before the body was sent: the answer may still be there to read
+        try:
+            r = c.getresponse()
+            data = r.read()
+        except ConnectionError:
+            # a refusal of a large body closes without reading it (runtime/transfer.send_and_close):
+            # a client still sending may see the reset rather than the answer
+            return None, {}
     finally:
         c.close()
     try:
@@ -179,8 +189,9 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
     }
     for what, (path, body, headers, status, message) in cases.items():
         got_status, got = raw(server, "POST", path, body, headers)
-        assert got_status == status, (what, got)
-        assert message in got.get("error", ""), (what, got)
+        if got_status is not None or status != 413:  # None: reset under the client, as documented
+            assert got_status == status, (what, got)
+            assert message in got.get("error", ""), (what, got)
         np.testing.assert_allclose(triton_infer(server, tiny), tiny["y"], rtol=1e-6, atol=1e-6)
     status, got = raw(server, "GET", infer, headers=auth())
     assert status == 405 and got["error"]

@@ -138,7 +138,8 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
     while reduced(plan):
         acc = check.measure(plan.parts)
         if check.budget.meets(acc):
-            return replace(plan, baselines=baselines, accuracy=_figures(check, plan, acc, steps))
+            kept = baselines if not steps else plan.baselines  # after a drop: as above
+            return replace(plan, baselines=kept, accuracy=_figures(check, plan, acc, steps))
         alone = {p.name: check.measure(_alone(plan, p)) for p in reduced(plan)}
         value = {
             p.name: max(_saving_ms(problem, p), 0.0) / max(alone[p.name].noise, 1e-12) for p in reduced(plan)
@@ -158,6 +159,8 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
         allowed = frozenset(n for p in reduced(plan) if p.name != worst.name for n in p.nodes)
         profile = restrict(problem.profile, problem.full_device, allowed, n_nodes)
         plan = solve(replace(problem, profile=profile, accuracy=None))
-    if steps:  # every reduced part dropped: the fp32 plan, with what was tried
-        return replace(plan, baselines=baselines, accuracy=_figures(check, plan, EXACT, steps))
+    if steps:  # every reduced part dropped: the fp32 plan, with what was tried. Its baselines are
+        # those of the restricted problem: one that runs the dropped nodes in reduced precision
+        # (all on an int8 NPU, say) would miss the budget the plan was held to.
+        return replace(plan, accuracy=_figures(check, plan, EXACT, steps))
     return plan

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # edgesplit/
-SUBPACKAGES = ("model", "profile")
+SUBPACKAGES = ("model", "profile", "precision")  # the int8 profiler lives in precision
 _STAMP = (2020, 1, 1, 0, 0, 0)  # fixed times: the same sources give the same bytes
 
 MAIN = """\
