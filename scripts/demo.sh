@@ -4,7 +4,8 @@
 # little one), partition it for latency and for throughput, compile the bundles, run them and
 # compare what was measured with what the plans predicted. It ends with what the product is for:
 # a deploy that measures its plan against the best baselines on this machine (alternating runs)
-# and ships the measured winner, with the verification table.
+# and ships the measured winner, with the verification table; last, a throughput plan over both
+# cores, which measures faster than either core alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
