@@ -34,41 +34,24 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, stop_process, wait_ready  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_load import client  # noqa: E402 - the same checked OIP client
+
 from edgesplit.runtime import oip  # noqa: E402
-
-
-async def client(url, request, expected, n, latencies, errors) -> None:
-    import aiohttp
-
-    body, headers = request
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            try:
-                async with session.post(f"{url}/v2/models/p1/infer", data=body, headers=headers) as r:
-                    data = await r.read()
-                    if r.status != 200:
-                        errors.append(f"HTTP {r.status}: {data[:100]!r}")
-                        continue
-                    hlen = oip.parse_header_length(r.headers.get(oip.HEADER_LENGTH), len(data))
-                    out = next(iter(oip.decode_response(data, hlen).values()))
-            except Exception as e:  # noqa: BLE001 - counted and reported
-                errors.append(f"{type(e).__name__}: {e}")
-                continue
-            if not np.allclose(out, expected, rtol=1e-4, atol=1e-5):
-                errors.append("wrong output")
-                continue
-            latencies.append((time.perf_counter() - t0) * 1e3)
 
 
 async def load(url, requests, expected, clients: int, n: int):
     latencies: list[float] = []
     errors: list[str] = []
+    wrong: list[int] = []
     t0 = time.perf_counter()
     await asyncio.gather(
-        *(client(url, requests[k], expected[k], n, latencies, errors) for k in range(clients))
+        *(
+            client(url, *requests[k], expected[k], n, latencies, errors, wrong, close=True)
+            for k in range(clients)
+        )
     )
-    return latencies, errors, time.perf_counter() - t0
+    return latencies, errors + ["wrong output"] * len(wrong), time.perf_counter() - t0
 
 
 def make_requests(bundle: Path, model: Path, cut: str, count: int):
