@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import make_model, rand
+from conftest import make_model, max_examples, rand
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
@@ -195,7 +195,9 @@ def test_the_real_profiler_measures_int8_and_leaves_unlisted_ops_unsupported(spl
 BUDGETS = st.floats(min_value=0.0, max_value=60.0, allow_nan=False)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=max_examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(a=BUDGETS, b=BUDGETS)
 def test_tightening_the_budget_never_adds_int8_parts(problem, a, b):
     """Over random pairs of SNR budgets: the tighter one's int8 nodes are a subset of the looser
