@@ -177,11 +177,12 @@ def photo_samples(
     return [{name: np.stack(images[k * batch : (k + 1) * batch]).astype(dtype)} for k in range(count)]
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)
 def _photo_images(height: int, width: int, n: int, seed: int) -> tuple[np.ndarray, ...]:
     """The ``n`` normalised CHW crops behind :func:`photo_samples`, kept (read-only) for the next
     call with the same size and seed: the anti-aliased resize is most of the cost of a calibration
-    set, and a partition with an accuracy budget asks for the same set several times."""
+    set, and a partition with an accuracy budget asks for the same set several times. Two sizes are
+    kept: as much memory as the calibration sets a caller holds anyway."""
     from skimage import data as photos
     from skimage.color import gray2rgb
     from skimage.transform import resize
