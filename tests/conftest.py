@@ -21,6 +21,12 @@ settings.register_profile("quick", max_examples=20)
 settings.load_profile("full")
 
 
+def max_examples(n: int) -> int:
+    """``n`` examples for a test that sets its own count, or the quick profile's fewer: call it in
+    ``@settings(...)`` (test modules are imported after ``--hypothesis-profile`` is applied)."""
+    return min(n, settings.default.max_examples)
+
+
 def make_model(nodes, inputs, outputs, weights=(), opset=17, value_info=()) -> onnx.ModelProto:
     """A model from onnx.helper pieces; inputs/outputs are (name, shape) or value infos."""
 

@@ -156,6 +156,7 @@ def test_calibration_lowers_the_error_of_a_mis_scaled_profile(conv_chain, tmp_pa
     assert fit["core1"].node_scale / fit["core0"].node_scale < 0.6, result.rounds[-1].fits
 
 
+@pytest.mark.slow  # profiles, then runs the bundle in two rounds in two CLI processes
 def test_calibrate_command(conv_chain, tmp_path):
     device = load_device("host-2core")
     prof = profile_model(conv_chain, device, ProfileOptions(["ort"], runs=5, warmup=2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -53,10 +54,21 @@ def _check_equal(got, want):
         assert err <= 1e-4 * float(np.max(np.abs(want[k]))) + 1e-6, (k, err)
 
 
+class _Zoo(dict):
+    """Zoo model name -> its saved path, each saved when a test first asks for it."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name: str) -> Path:
+        self[name] = path = zoo.save(name, self.root / f"{name}.onnx")
+        return path
+
+
 @pytest.fixture(scope="module")
 def zoo_models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("zoo")
-    return {name: zoo.save(name, d / f"{name}.onnx") for name in ZOO}
+    return _Zoo(tmp_path_factory.mktemp("zoo"))
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in ZOO])
@@ -83,13 +95,20 @@ def test_real_ppocr_model_bundles(tmp_path):
             _check_equal(sess.run(feeds), _whole(path, feeds))
 
 
-def test_tvm_part_matches_and_concurrent_parts_run(zoo_models, tmp_path):
+@pytest.fixture(scope="module")
+def tvm_bundle(zoo_models, tmp_path_factory):
+    """tiny_dag as a TVM part on big and an ORT part on little, compiled once for the module."""
     graph = load_model(zoo_models["tiny_dag"])
     plan = contiguous_plan(graph, "host-biglittle", [("big", "tvm"), ("little", "ort")])
-    m = compile_bundle(graph, plan, tmp_path / "b")
+    out = tmp_path_factory.mktemp("tvm_bundle") / "b"
+    return out, compile_bundle(graph, plan, out)
+
+
+def test_tvm_part_matches_and_concurrent_parts_run(zoo_models, tvm_bundle):
+    path, m = tvm_bundle
     assert m.parts[0].backend == "tvm" and m.parts[0].file.endswith(".so")
     assert "max rel error vs ORT" in m.parts[0].note
-    with load(tmp_path / "b") as sess:
+    with load(path) as sess:
         feeds = random_feeds(sess)
         _check_equal(sess.run(feeds), _whole(zoo_models["tiny_dag"], feeds))
         outs = list(sess.run_stream([feeds] * 6))
@@ -175,10 +194,9 @@ def test_missing_cross_toolchain_is_named(zoo_models, tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def bundle(zoo_models, tmp_path):
-    graph = load_model(zoo_models["tiny_dag"])
-    plan = contiguous_plan(graph, "host-biglittle", [("big", "tvm"), ("little", "ort")])
-    compile_bundle(graph, plan, tmp_path / "b")
+def bundle(tvm_bundle, tmp_path):
+    """A copy of the module's TVM bundle, for a test to tamper with."""
+    shutil.copytree(tvm_bundle[0], tmp_path / "b")
     return tmp_path / "b"
 
 
@@ -223,10 +241,10 @@ def test_plan_for_another_model(zoo_models, tmp_path):
     plan = contiguous_plan(load_model(zoo_models["tiny_dag"]), "host-biglittle", [("big", "ort")])
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_json()))
     with pytest.raises(PlanError, match="does not fit"):
-        compile_bundle(zoo_models["squeezenet"], tmp_path / "plan.json", tmp_path / "b")
+        compile_bundle(zoo_models["chain_shrink"], tmp_path / "plan.json", tmp_path / "b")
     r = run_cli(
         "compile",
-        str(zoo_models["squeezenet"]),
+        str(zoo_models["chain_shrink"]),
         "--plan",
         str(tmp_path / "plan.json"),
         "-o",

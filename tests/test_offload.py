@@ -35,8 +35,24 @@ def model(tmp_path_factory) -> dict:
         "fallback": make_bundle(path, d / "with_fallback", cuts, [False, True, True]),
         "nofallback": make_bundle(path, d / "without_fallback", cuts, [False, True, True], fallback=False),
         "xs": xs,
-        "ys": [whole.run(None, {"input": x})[0] for x in xs[:100]],
+        "ys": _Outputs(whole, xs),
     }
+
+
+class _Outputs:
+    """The whole model's output for each of ``xs``, computed when a test first reads it (the quick
+    tests read a few; the stream tests all 100)."""
+
+    def __init__(self, whole: ort.InferenceSession, xs: list[np.ndarray]):
+        self.whole, self.xs, self.cache = whole, xs, {}
+
+    def __len__(self) -> int:
+        return len(self.xs)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i not in self.cache:
+            self.cache[i] = self.whole.run(None, {"input": self.xs[i]})[0]  # IndexError past the end
+        return self.cache[i]
 
 
 def close(a: np.ndarray, b: np.ndarray) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import max_examples
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -180,7 +181,7 @@ def test_schedule_is_bounded_by_sequential_and_lower_bound(cm):
         assert makespan_lower_bound(cm) <= s.makespan_ms + 1e-9
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=max_examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cm=problems(memory=False))
 def test_brute_force_latency_optimum_bounds_every_schedule(cm):
     """Brute force over the part-level schedule itself: no assignment beats the lower bound, and

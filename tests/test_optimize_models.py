@@ -41,9 +41,23 @@ def _plans(graph, device, server, **kw):
     }
 
 
+@pytest.fixture(scope="module")
+def snapdragon_plans(graphs, snapdragon):
+    """A model's plans at every bandwidth on the Snapdragon with the A100, made once per model (the
+    transformer's take minutes, and two tests read them)."""
+    made = {}
+
+    def plans(name: str) -> dict:
+        if name not in made:
+            made[name] = _plans(graphs[name], *snapdragon)
+        return made[name]
+
+    return plans
+
+
 @pytest.mark.parametrize("name", ["resnet18", "googlenet", "transformer"])
-def test_plan_never_worse_than_any_baseline(graphs, snapdragon, name):
-    plans = _plans(graphs[name], *snapdragon)
+def test_plan_never_worse_than_any_baseline(graphs, snapdragon_plans, name):
+    plans = snapdragon_plans(name)
     for bw, plan in plans.items():
         feasible = [b for b in plan.baselines if b.feasible]
         assert {b.name for b in feasible} >= {"server-only", "best-single-cut", "ort-greedy"}
@@ -52,9 +66,9 @@ def test_plan_never_worse_than_any_baseline(graphs, snapdragon, name):
         assert sorted(plan.assignment) == sorted(n.name for n in graphs[name].nodes)
 
 
-def test_branchy_transformer_beats_the_best_single_cut(graphs, snapdragon):
+def test_branchy_transformer_beats_the_best_single_cut(snapdragon_plans):
     """The encoder's ops that the NPU lacks rule out NPU-only; mixing CPU and GPU beats any cut."""
-    plans = _plans(graphs["transformer"], *snapdragon)
+    plans = snapdragon_plans("transformer")
     wins = [
         bw
         for bw, p in plans.items()

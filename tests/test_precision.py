@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import make_model, rand
+from conftest import make_model, max_examples, rand
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
@@ -31,9 +31,16 @@ from edgesplit.runtime.accuracy import bundle_accuracy
 ALLOWED = {"Conv", "Relu", "GlobalAveragePool", "Flatten", "Gemm", "Add"}
 
 
+@pytest.fixture(scope="module")
+def _module_cache(tmp_path_factory):
+    """One private EDGESPLIT_CACHE for the module: the calibration ranges of a model and data set are
+    computed once and shared by its tests (the user's cache is never touched)."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+def _cache(_module_cache, monkeypatch):
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(_module_cache))
 
 
 def _split_net(path) -> str:
@@ -188,7 +195,9 @@ def test_the_real_profiler_measures_int8_and_leaves_unlisted_ops_unsupported(spl
 BUDGETS = st.floats(min_value=0.0, max_value=60.0, allow_nan=False)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=max_examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(a=BUDGETS, b=BUDGETS)
 def test_tightening_the_budget_never_adds_int8_parts(problem, a, b):
     """Over random pairs of SNR budgets: the tighter one's int8 nodes are a subset of the looser
@@ -267,14 +276,15 @@ def test_a_snapdragon_plan_has_int8_npu_parts_checked_here(tmp_path):
 
 
 def test_an_old_opset_model_quantizes_per_channel(tmp_path):
-    """PP-OCRv4 det is opset 12: per-channel DequantizeLinear needs 13, so the part is converted."""
+    """PP-OCRv4 det is opset 12: per-channel DequantizeLinear needs 13, so the part is converted.
+    (32 x 32 as split_net: the calibration photographs of that size are made once per process.)"""
     nodes = [
         helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], name="conv"),
         helper.make_node("Relu", ["c"], ["y"], name="relu"),
     ]
     weights = [("w", rand(8, 3, 3, 3, seed=1)), ("b", rand(8, seed=2))]
     onnx.save(
-        make_model(nodes, [("x", [1, 3, 16, 16])], [("y", [1, 8, 16, 16])], weights, opset=12),
+        make_model(nodes, [("x", [1, 3, 32, 32])], [("y", [1, 8, 32, 32])], weights, opset=12),
         tmp_path / "m.onnx",
     )
     graph = edgesplit.load_model(tmp_path / "m.onnx")

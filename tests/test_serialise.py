@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import max_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +28,9 @@ from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.steps import load_partial, save_partial
 from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=max_examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 names = st.text("abcdefgh_0123456789", min_size=1, max_size=8)
 floats = st.floats(0.0, 1e6, allow_nan=False, allow_infinity=False)

@@ -86,20 +86,28 @@ def _chain(path: Path, n_convs: int = 6, ch: int = 32, hw: int = 48) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """The model, the device spec, and a profile of big and little measured once (norelu predicted)."""
-    root = tmp_path_factory.mktemp("verify")
+def _setup(root: Path, processors: tuple[str, ...]):
     model = _chain(root / "chain.onnx")
     spec = root / "verifyboard.yaml"
     spec.write_text(SPEC)
     graph = load_model(str(model))
-    prof = profile_model(
-        graph, edgesplit.load_device(spec), ProfileOptions(("ort",), ("big", "little"), 5, 2)
-    )
+    prof = profile_model(graph, edgesplit.load_device(spec), ProfileOptions(("ort",), processors, 5, 2))
     prof_path = root / "chain.profile.json"
     prof.save(prof_path)
     return model, spec, prof_path, [n.name for n in graph.nodes]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The model, the device spec, and a profile of big and little measured once (norelu predicted)."""
+    return _setup(tmp_path_factory.mktemp("verify"), ("big", "little"))
+
+
+@pytest.fixture(scope="module")
+def setup_big(tmp_path_factory):
+    """As ``setup``, with only big measured (little, throttled and slow to profile, predicted): for
+    the tests that measure no candidates."""
+    return _setup(tmp_path_factory.mktemp("verify_big"), ("big",))
 
 
 def _deploy(setup, out: Path, on: str | None, **kw) -> Manifest:
@@ -109,6 +117,7 @@ def _deploy(setup, out: Path, on: str | None, **kw) -> Manifest:
     return edgesplit.deploy(model, spec, out, profile=prof, pins=pins, **kw)
 
 
+@pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_a_plan_much_worse_than_a_baseline_is_replaced_by_it(setup, tmp_path):
     """Every node pinned to the little core (5x slower): the whole model on big is shipped."""
     out = tmp_path / "bundle"
@@ -134,6 +143,7 @@ def test_a_plan_much_worse_than_a_baseline_is_replaced_by_it(setup, tmp_path):
     assert not list(tmp_path.glob(".bundle.verify.*"))  # the candidates' bundles are cleaned up
 
 
+@pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_a_plan_that_is_the_best_single_processor_is_kept_and_measured_once(setup, tmp_path):
     m = _deploy(setup, tmp_path / "bundle", "big")
     v = m.verification
@@ -146,8 +156,8 @@ def test_a_plan_that_is_the_best_single_processor_is_kept_and_measured_once(setu
     assert m.plan.solver.name != "baseline:only:big"  # the optimiser's own plan was shipped
 
 
-def test_a_tiny_budget_keeps_the_plan_and_says_so(setup, tmp_path):
-    m = _deploy(setup, tmp_path / "bundle", "little", verify_budget_s=0.001)
+def test_a_tiny_budget_keeps_the_plan_and_says_so(setup_big, tmp_path):
+    m = _deploy(setup_big, tmp_path / "bundle", "little", verify_budget_s=0.001)
     v = m.verification
     assert v.shipped == "plan" and v.kept_plan and v.rounds == 0
     assert "not enough time to verify" in v.reason
@@ -176,6 +186,7 @@ def test_rounds_and_turns_fit_the_budget():
     assert _choose(benches, 30.0, "latency", 3, 9)[0] == 9
 
 
+@pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_no_verify_skips_and_the_cli_prints_the_table(setup, tmp_path, capsys):
     model, spec, prof, nodes = setup
     pins = [a for n in nodes for a in ("--pin", f"{n}=big")]
@@ -198,6 +209,7 @@ def test_no_verify_skips_and_the_cli_prints_the_table(setup, tmp_path, capsys):
     assert code == 2 and "--verify-budget-s" in out
 
 
+@pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_one(setup, tmp_path):
     m = _deploy(setup, tmp_path / "a", "big", server="server-a100", link="wifi")
     v = m.verification
@@ -224,6 +236,7 @@ def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_on
     assert "serves another part p0" in m.verification.candidate("server-only").error
 
 
+@pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_the_objective_decides_the_metric(setup, tmp_path):
     v = _deploy(setup, tmp_path / "t", "big", objective="throughput").verification
     assert v.metric == "throughput"
@@ -264,6 +277,7 @@ def test_the_verdict_round_trips_and_older_manifests_read():
     assert v.candidate("only:x").error and not v.candidate("only:x").measured
 
 
+@pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_compile_verify_measures_a_saved_plan(setup, tmp_path, capsys):
     """``compile --verify`` loads the plan's problem again (model, spec, profile) and verifies it."""
     model, spec, prof, nodes = setup
@@ -311,6 +325,7 @@ def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
     assert shipped == "only:big" and "fewer than the 3 needed" in reason
 
 
+@pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_a_verified_bundle_is_signed_with_its_verdict_and_refuses_a_foreign_output(setup, tmp_path):
     """Main's hardening holds with verification: ``-o`` onto a folder of other files is refused
     before anything is measured, and ``--sign-key`` signs the manifest the verdict is in."""
@@ -332,13 +347,13 @@ def test_a_verified_bundle_is_signed_with_its_verdict_and_refuses_a_foreign_outp
     assert m.verification.shipped == "only:big"
 
 
-def test_a_manifest_with_a_hostile_verdict_is_refused(setup, tmp_path):
+def test_a_manifest_with_a_hostile_verdict_is_refused(setup_big, tmp_path):
     """The verdict is read as strictly as the rest of the manifest: a negative or non-numeric
     figure is a one-line BundleError naming the manifest, never a crash later."""
     from edgesplit.errors import BundleError
 
     out = tmp_path / "b"
-    _deploy(setup, out, "big", verify=False)
+    _deploy(setup_big, out, "big", verify=False)
     raw = json.loads((out / "manifest.json").read_text())
     for bad in ({"measured_ms": -1.0}, {"rounds_ms": ["fast"]}, {"name": 3}):
         cand = {"name": "plan", "summary": "s", "measured_ms": 1.0, **bad}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console
-from edgesplit.cli.profile import make_ssh_options, ssh_options
+from edgesplit.cli.common import console, remote_options
 
 
 @click.group("devices", invoke_without_command=True)
@@ -72,23 +71,14 @@ def show_cmd(name: str) -> None:
 
 
 @command.command("detect")
-@click.option(
-    "--remote", metavar="USER@HOST[:PORT]", help="Probe this host over SSH (default: this machine)."
-)
-@ssh_options
+@remote_options("Probe this host over SSH (default: this machine).")
 @click.option("--name", help="The spec's name (default: the output file's stem, else the host name).")
 @click.option(
     "-o", "--output", type=click.Path(dir_okay=False), help="Write the spec here (default: print it)."
 )
 def detect_cmd(
     remote,
-    identity,
-    known_hosts,
-    accept_new_host_key,
-    remote_python,
-    remote_tmpdir,
-    connect_timeout,
-    step_timeout,
+    ssh,
     name,
     output,
 ) -> None:
@@ -103,15 +93,6 @@ def detect_cmd(
     if remote:
         from edgesplit.profile.remote import detect_remote
 
-        ssh = make_ssh_options(
-            identity,
-            known_hosts,
-            accept_new_host_key,
-            remote_python,
-            remote_tmpdir,
-            connect_timeout,
-            step_timeout,
-        )
         facts = detect_remote(remote, ssh)
     else:
         from edgesplit.profile.detect import probe

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import click
 
 from edgesplit.cli.common import (
-    FiniteFloat,
     TableChoice,
     console,
     device_option,
@@ -17,6 +15,7 @@ from edgesplit.cli.common import (
     load_graph,
     model_inputs,
     progress_bar,
+    remote_options,
 )
 
 
@@ -24,71 +23,6 @@ def _backend_names():
     from edgesplit.device import BACKENDS
 
     return BACKENDS
-
-
-def ssh_options(f):
-    """The flags that say how to reach a remote host (shared with ``devices detect``)."""
-    opts = [
-        click.option(
-            "--identity",
-            "-i",
-            type=click.Path(dir_okay=False),
-            help="Private key file (default: the SSH agent, then ~/.ssh/id_*). No passwords.",
-        ),
-        click.option(
-            "--known-hosts",
-            default="~/.ssh/known_hosts",
-            show_default=True,
-            help="known_hosts file the host key is checked against.",
-        ),
-        click.option(
-            "--accept-new-host-key",
-            is_flag=True,
-            help="Trust and record an unknown host key (a changed key is always refused).",
-        ),
-        click.option(
-            "--remote-python",
-            default="python3",
-            show_default=True,
-            help="Python interpreter on the remote host.",
-        ),
-        click.option(
-            "--remote-tmpdir",
-            metavar="DIR",
-            help="Where the agent's private folder goes there (default $TMPDIR or /tmp).",
-        ),
-        click.option(
-            "--connect-timeout",
-            type=FiniteFloat(minimum=0.1),
-            default=15.0,
-            show_default=True,
-            help="Seconds for TCP connect, SSH banner, auth and channel opening, each.",
-        ),
-        click.option(
-            "--step-timeout",
-            type=FiniteFloat(minimum=1.0),
-            default=120.0,
-            show_default=True,
-            help="Seconds the remote agent may stay silent before we give up.",
-        ),
-    ]
-    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
-
-
-def make_ssh_options(
-    identity, known_hosts, accept_new_host_key, remote_python, remote_tmpdir, connect_timeout, step_timeout
-):
-    from edgesplit.profile.ssh import SshOptions
-
-    return SshOptions(
-        identity=identity,
-        known_hosts=known_hosts,
-        accept_new_host_key=accept_new_host_key,
-        remote_python=remote_python,
-        remote_tmpdir=remote_tmpdir,
-        connect_timeout_s=connect_timeout,
-        step_timeout_s=step_timeout,
-    )
 
 
 @click.command("profile")
@@ -115,7 +49,6 @@ def make_ssh_options(
     help="Profile JSON (default MODEL.DEVICE.profile.json); "
     "with --hosts, the folder for one profile per host.",
 )
-@click.option("--remote", metavar="USER@HOST[:PORT]", help="Profile on this host over SSH.")
 @click.option(
     "--hosts",
     "fleet_file",
@@ -131,7 +64,7 @@ def make_ssh_options(
     help="Keep the processor/backend pairs an interrupted run saved "
     "(OUTPUT.partial) and measure only the rest.",
 )
-@ssh_options
+@remote_options("Profile on this host over SSH.")
 @click.option("--top", default=10, show_default=True, help="Operators to show in the summary.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or table.")
 def command(
@@ -144,17 +77,11 @@ def command(
     runs,
     warmup,
     output,
-    remote,
     fleet_file,
     jobs,
     resume,
-    identity,
-    known_hosts,
-    accept_new_host_key,
-    remote_python,
-    remote_tmpdir,
-    connect_timeout,
-    step_timeout,
+    remote,
+    ssh,
     top,
     quiet,
 ):
@@ -168,15 +95,6 @@ def command(
 
     if remote and fleet_file:
         raise InputError("--remote and --hosts exclude each other")
-    ssh = make_ssh_options(
-        identity,
-        known_hosts,
-        accept_new_host_key,
-        remote_python,
-        remote_tmpdir,
-        connect_timeout,
-        step_timeout,
-    )
     # validate locally first: a bad model never travels
     graph = load_graph(model, **model_inputs(input_shapes, input_values))
     options = ProfileOptions(backends, processors, runs, warmup)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console, device_option, input_shape_option, progress_bar
-from edgesplit.cli.profile import make_ssh_options, ssh_options
+from edgesplit.cli.common import console, device_option, input_shape_option, progress_bar, remote_options
 
 
 @click.command("tune")
@@ -40,8 +39,7 @@ from edgesplit.cli.profile import make_ssh_options, ssh_options
     "--builders", type=click.IntRange(1), default=None, help="Build processes (default: every core)."
 )
 @input_shape_option
-@click.option("--remote", metavar="USER@HOST[:PORT]", help="Measure the candidates on this host over SSH.")
-@ssh_options
+@remote_options("Measure the candidates on this host over SSH.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def command(
     model,
@@ -54,13 +52,7 @@ def command(
     builders,
     input_shapes,
     remote,
-    identity,
-    known_hosts,
-    accept_new_host_key,
-    remote_python,
-    remote_tmpdir,
-    connect_timeout,
-    step_timeout,
+    ssh,
     quiet,
 ):
     """Tune MODEL's kernels with MetaSchedule for one processor of DEVICE.
@@ -80,19 +72,6 @@ def command(
         trials_per_iter=trials_per_iter,
         database=Path(output) if output else None,
     )
-    ssh = (
-        make_ssh_options(
-            identity,
-            known_hosts,
-            accept_new_host_key,
-            remote_python,
-            remote_tmpdir,
-            connect_timeout,
-            step_timeout,
-        )
-        if remote
-        else None
-    )
     with progress_bar(not quiet) as update:
         report = tune_model(
             model,
@@ -101,7 +80,7 @@ def command(
             options=options,
             input_shapes=parse_input_shapes(input_shapes) or None,
             remote=remote,
-            ssh=ssh,
+            ssh=ssh if remote else None,
             progress=update,
         )
     console.print(

@@ -17,6 +17,7 @@ A :class:`CalibrationSet` carries the sha256 of its samples, which keys the cali
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -168,16 +169,27 @@ def photo_samples(
     graph: ModelGraph, count: int = DEFAULT_SAMPLES, seed: int = 0
 ) -> list[dict[str, np.ndarray]]:
     """Seeded augmented crops of ``skimage.data`` photographs, as NCHW inputs of the vision model."""
+    layout = image_layout(graph)
+    assert layout is not None, "not a vision model"
+    name, batch, height, width = layout
+    images = _photo_images(height, width, count * batch, seed)
+    dtype = graph.tensors[name].dtype
+    return [{name: np.stack(images[k * batch : (k + 1) * batch]).astype(dtype)} for k in range(count)]
+
+
+@functools.lru_cache(maxsize=2)
+def _photo_images(height: int, width: int, n: int, seed: int) -> tuple[np.ndarray, ...]:
+    """The ``n`` normalised CHW crops behind :func:`photo_samples`, kept (read-only) for the next
+    call with the same size and seed: the anti-aliased resize is most of the cost of a calibration
+    set, and a partition with an accuracy budget asks for the same set several times. Two sizes are
+    kept: as much memory as the calibration sets a caller holds anyway."""
     from skimage import data as photos
     from skimage.color import gray2rgb
     from skimage.transform import resize
 
-    layout = image_layout(graph)
-    assert layout is not None, "not a vision model"
-    name, batch, height, width = layout
     rng = np.random.default_rng(seed)
     images = []
-    for i in range(count * batch):
+    for i in range(n):
         img = getattr(photos, PHOTOS[i % len(PHOTOS)])()
         img = gray2rgb(img) if img.ndim == 2 else img[..., :3]
         h, w = img.shape[:2]
@@ -189,9 +201,10 @@ def photo_samples(
             crop = crop[:, ::-1]
         pic = resize(crop, (height, width), anti_aliasing=True).astype(np.float32)  # floats in [0, 1]
         pic = np.clip(pic * rng.uniform(0.8, 1.2) + rng.uniform(-0.1, 0.1), 0.0, 1.0)
-        images.append(((pic - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1))
-    dtype = graph.tensors[name].dtype
-    return [{name: np.stack(images[k * batch : (k + 1) * batch]).astype(dtype)} for k in range(count)]
+        chw = ((pic - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)
+        chw.setflags(write=False)
+        images.append(chw)
+    return tuple(images)
 
 
 def calibration_set(

@@ -22,8 +22,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_array
 
 from edgesplit.optimize.costs import CostModel, Flow
 
@@ -84,6 +82,11 @@ class MilpModel:
 
     def solve(self, time_limit_s: float, rel_gap: float = 1e-7):
         """scipy's ``OptimizeResult``."""
+        # imported here: scipy.optimize takes most of a second to import, which every CLI command
+        # (even one refusing its input) paid through the objectives table
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import csr_array
+
         a = csr_array((self._v, (self._r, self._c)), shape=(len(self._row_lb), len(self.cost)))
         return milp(
             c=np.asarray(self.cost),
