@@ -242,8 +242,11 @@ def test_reorders_at_a_conv_boundary_are_those_ort_adds(chain_model, chain_profi
     assert ops.count("ReorderInput") - whole.count("ReorderInput") == predicted_in
 
 
-def _median_latency(bundles: dict[str, object], rounds: int = 6, block: int = 10) -> dict[str, float]:
-    """Median latency of each bundle, in alternating blocks (drift on a shared machine cancels)."""
+def _median_latency(
+    bundles: dict[str, object], rounds: int = 6, block: int = 10, q: float = 0.5
+) -> dict[str, float]:
+    """The ``q`` quantile (median by default) of each bundle's latency, in alternating blocks (drift
+    on a shared machine cancels; a low ``q`` keeps the runs the machine's other load left alone)."""
     sessions = {k: load(v) for k, v in bundles.items()}
     times: dict[str, list[float]] = {k: [] for k in bundles}
     try:
@@ -260,7 +263,7 @@ def _median_latency(bundles: dict[str, object], rounds: int = 6, block: int = 10
     finally:
         for s in sessions.values():
             s.close()
-    return {k: float(np.median(v)) for k, v in times.items()}
+    return {k: float(np.quantile(v, q)) for k, v in times.items()}
 
 
 def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp_path):
@@ -273,7 +276,7 @@ def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp
         plan = contiguous_plan(chain_model, "host-2core", [("core0", "ort")] * n)
         compile_bundle(chain_model, plan, tmp_path / f"b{n}")
         bundles[n] = tmp_path / f"b{n}"
-    got = _median_latency(bundles)
+    got = _median_latency(bundles, rounds=8, q=0.2)  # the model prices an unloaded machine
     x = np.zeros(cm.n_nodes, dtype=np.int64)
     backends = [b[0] for b in cm.backend]
     split = contiguous_plan(chain_model, "host-2core", [("core0", "ort")] * 3)
