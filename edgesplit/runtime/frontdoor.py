@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 log = logging.getLogger("edgesplit.serve")
 
-PEEK_WAIT_S = 0.01  # how long a new connection may take to send a whole health request
+PEEK_WAIT_S = 0.05  # how long a new connection may take to send a whole health request
 REPEEK_S = 0.002  # how often a connection that sent part of a health request is looked at again
 MAX_PEEKING = 32  # connections waiting for their first bytes at once
 MAX_IN_TRANSIT = 32  # connections handed to the loop and not yet taken: past it, no accepting
@@ -53,6 +53,7 @@ _LINES = {
     f"GET /v2/health/{kind} HTTP/1.{minor}".encode(): kind for kind in ("live", "ready") for minor in (0, 1)
 }
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 WAIT = "wait"
 
 
@@ -73,13 +74,17 @@ def classify(data: bytes) -> str | None:
     lines = headers.split(b"\r\n") if headers else []
     if len(lines) > MAX_HEADERS:
         return None
-    for header in lines:
+    names = []
+    for header in lines:  # what aiohttp's parser refuses with 400 is aiohttp's to answer
         name, colon, value = header.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name):
-            return None  # aiohttp answers a malformed header
-        name = name.lower()
-        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+        if not colon or not _TOKEN.fullmatch(name) or _CONTROL.search(value):
             return None
+        names.append(name.lower())
+        if names[-1] == b"transfer-encoding" or (names[-1] == b"content-length" and value.strip() != b"0"):
+            return None
+    hosts = names.count(b"host")  # HTTP/1.1 needs exactly one
+    if names.count(b"content-length") > 1 or hosts > 1 or (hosts == 0 and line.endswith(b"1.1")):
+        return None
     return kind
 
 
@@ -151,27 +156,34 @@ class FrontDoor:
 
     def _run(self) -> None:
         while not self._stopping:
-            now = time.monotonic()
-            timeout = min(self._waiting.values(), default=now + 1.0) - now
-            if self._partial:
-                timeout = min(timeout, REPEEK_S)
-            if not self._accepting:
-                timeout = min(timeout, ACCEPT_PAUSE_S / 4)
-            for key, _ in self._selector.select(max(0.0, timeout)):
-                if key.fileobj is self._sock:
-                    self._accept()
-                elif key.fileobj is self._wake_r:
-                    self._wake_r.recv(64)
-                else:
-                    self._look(key.fileobj)  # type: ignore[arg-type]
-            for conn in [*self._partial]:
-                self._look(conn)
-            now = time.monotonic()
-            while self._waiting and next(iter(self._waiting.values())) <= now:
-                self._hand_off(next(iter(self._waiting)))  # nothing whole in time: aiohttp's to judge
-            with self._lock:
-                room = self._in_transit < MAX_IN_TRANSIT
-            self._set_accepting(room and now >= self._paused_until)
+            try:
+                self._turn()
+            except Exception:  # noqa: BLE001 - a bug here must not stop the server accepting
+                log.exception("front door: unexpected error (serving on)")
+
+    def _turn(self) -> None:
+        """One wait on the selector, and what follows from it."""
+        now = time.monotonic()
+        timeout = min(self._waiting.values(), default=now + 1.0) - now
+        if self._partial:
+            timeout = min(timeout, REPEEK_S)
+        if not self._accepting:
+            timeout = min(timeout, ACCEPT_PAUSE_S / 4)
+        for key, _ in self._selector.select(max(0.0, timeout)):
+            if key.fileobj is self._sock:
+                self._accept()
+            elif key.fileobj is self._wake_r:
+                self._wake_r.recv(64)
+            elif key.fileobj in self._waiting:  # (not handed off by an accept just now)
+                self._look(key.fileobj)  # type: ignore[arg-type]
+        for conn in [*self._partial]:
+            self._look(conn)
+        now = time.monotonic()
+        while self._waiting and next(iter(self._waiting.values())) <= now:
+            self._hand_off(next(iter(self._waiting)))  # nothing whole in time: aiohttp's to judge
+        with self._lock:
+            room = self._in_transit < MAX_IN_TRANSIT
+        self._set_accepting(room and now >= self._paused_until)
 
     def _set_accepting(self, on: bool) -> None:
         if on != self._accepting:

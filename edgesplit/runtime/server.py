@@ -426,6 +426,11 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.server.options.host}:{self.server.port}"
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The server's event loop (running on the thread)."""
+        return self._loop
+
     def __enter__(self) -> ServerThread:
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(timeout=30)
