@@ -39,7 +39,7 @@ from collections.abc import Callable
 log = logging.getLogger("edgesplit.serve")
 
 PEEK_WAIT_S = 0.05  # how long a new connection may take to send a whole health request
-REPEEK_S = 0.002  # how often a connection that sent part of a health request is looked at again
+REPEEK_S = 0.005  # how often a connection that sent part of a health request is looked at again
 MAX_PEEKING = 32  # connections waiting for their first bytes at once
 MAX_IN_TRANSIT = 32  # connections handed to the loop and not yet taken: past it, no accepting
 MAX_HEAD_NBYTES = 2048  # a health request with longer headers goes to aiohttp
