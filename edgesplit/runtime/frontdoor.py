@@ -20,6 +20,9 @@ once (past it the oldest is handed off), and one that has sent a part of a healt
 peeked again every :data:`REPEEK_S` rather than watched (its unread bytes would wake the selector
 at once, again and again). It holds the GIL only for a few short calls per connection; the server
 lowers the switch interval (:data:`SWITCH_INTERVAL_S`) so that it gets the GIL soon from a busy loop.
+Measured once each on the shared 2-core machine (noisy, load average 8-12): probe p99 9-32 ms with
+the front door and a 1 ms interval, 18 ms with Python's 5 ms (so the interval is margin, not the
+fix), 144 ms before the front door.
 Everything else is aiohttp's: this parses only the few fixed request lines it answers.
 """
 
