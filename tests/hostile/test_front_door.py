@@ -13,19 +13,21 @@ import socket
 import time
 
 import pytest
-from test_http import LIMITS, Raw, assert_serves, port_of, request, serving, tiny  # noqa: F401 - fixture
+from http_kit import (  # noqa: F401 - the fixtures tiny, server
+    Raw,
+    assert_serves,
+    port_of,
+    request,
+    server_fixture,
+    serving,
+    tiny_fixture,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
 READY = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
 RESET = b"reset"  # in a case's steps: close with a reset (SO_LINGER 0) and stop
 CLOSED = "closed"
-
-
-@pytest.fixture(scope="module")
-def server(tiny):  # noqa: F811 - the fixture imported above
-    with serving(tiny["bundle"]) as s:
-        yield s
 
 
 # (what to send: bytes, or a pause in seconds) -> (statuses answered, then CLOSED if the server
@@ -90,7 +92,7 @@ def wait_no_connections(srv, timeout_s: float = 10.0) -> int:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_front_door_case_ends_in_an_answer_or_a_clean_close(server, tiny, case):  # noqa: F811
+def test_front_door_case_ends_in_an_answer_or_a_clean_close(server, tiny, case):
     steps, expected, fast = CASES[case]
     before = server.server.stats().health_fast_answers
     c = run_case(port_of(server), steps)
@@ -107,7 +109,7 @@ def test_front_door_case_ends_in_an_answer_or_a_clean_close(server, tiny, case):
     assert_serves(server, tiny)
 
 
-def test_a_health_probe_gets_past_a_crowd_of_silent_and_stalled_sockets(tiny):  # noqa: F811
+def test_a_health_probe_gets_past_a_crowd_of_silent_and_stalled_sockets(tiny):
     """100 sockets that send nothing and 100 that sent a part of a health request and stalled, at a
     cap of 64 connections: probes on new connections are answered by the front door, real
     requests get in (idle ones are closed at the cap), and the count of connections never passes
