@@ -5,9 +5,11 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +59,45 @@ def server(tiny):
 
 def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN}"}  # fresh each call: tritonclient adds to the dict it is given
+
+
+def fresh_health(server, path: str = "/v2/health/ready") -> tuple[int, bytes]:
+    """``GET path`` on a new connection, without a token (health stays open); the status and body."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        got = b""
+        while data := s.recv(4096):
+            got += data
+    head, _, body = got.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_health_on_a_new_connection_is_answered_while_the_event_loop_is_blocked(server):
+    """The front door answers a probe on a new connection without the event loop: with the loop held
+    for a second by a callback that spins (holding the GIL but for switches), the answer comes back
+    before the callback ends. Before the front door, the probe waited for the loop."""
+    started, ended = threading.Event(), []
+
+    def block() -> None:
+        started.set()
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            pass
+        ended.append(time.monotonic())
+
+    before = server.server.stats().health_fast_answers
+    server.loop.call_soon_threadsafe(block)
+    assert started.wait(30)
+    status, body = fresh_health(server)
+    answered = time.monotonic()
+    deadline = time.monotonic() + 30
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (status, json.loads(body)) == (200, {"ready": True})
+    assert answered < ended[0]
+    assert server.server.stats().health_fast_answers == before + 1
+    assert fresh_health(server, "/v2/health/live") == (200, b'{"live": true}')  # no token needed
 
 
 def triton_infer(server, tiny, binary: bool = True, **kw):

@@ -14,7 +14,9 @@ at the socket, below the application:
   and closed. Either way the process never runs out of file descriptors, so health checks and
   real clients still get in while idle sockets pile up.
 * :class:`ByteBudget` is the number of request-body bytes all requests may hold at once.
-* :class:`GuardedSite` listens with :class:`GuardedHandler`, as aiohttp's ``TCPSite`` would.
+* :class:`GuardedSite` listens with :class:`GuardedHandler`, as aiohttp's ``TCPSite`` would, behind
+  a :class:`~edgesplit.runtime.frontdoor.FrontDoor` that answers health probes on new connections
+  off the event loop and hands every other connection to it.
 
 Every refusal carries a JSON body ``{"error": ...}``, as the application's own do.
 """
@@ -34,24 +36,25 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from edgesplit.runtime.frontdoor import FRONT_DOOR_FDS, FrontDoor
+
 log = logging.getLogger("edgesplit.serve")
 
 
-ACCEPT_BURST = 32  # connections asyncio accepts per loop iteration (its ``backlog`` argument)
 LISTEN_QUEUE = 1024  # connections the kernel queues until they are accepted
 
 
 def default_max_connections(reserve_fds: int = 64, ceiling: int = 1024) -> int:
     """A connection cap that fits this process's file-descriptor limit.
 
-    It leaves ``reserve_fds`` for the process's own files, and 4 x :data:`ACCEPT_BURST` more: asyncio
-    accepts a burst per loop iteration, and a connection accepted in one is admitted (or closes the
-    one it replaces) a few iterations later, so up to about three bursts are open beyond the cap.
+    It leaves ``reserve_fds`` for the process's own files, and 128 more: the front door holds up to
+    :data:`~edgesplit.runtime.frontdoor.FRONT_DOOR_FDS` sockets that are not yet connections of the
+    loop, and a connection closed at the cap (to make room) is closed an iteration of the loop later.
     """
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return ceiling
-    return max(8, min(ceiling, soft - reserve_fds - 4 * ACCEPT_BURST))
+    return max(8, min(ceiling, soft - reserve_fds - max(128, FRONT_DOOR_FDS)))
 
 
 def raw_response(status: int, message: str, headers: dict[str, str] | None = None) -> bytes:
@@ -235,7 +238,12 @@ class GuardedHandler(RequestHandler):
 
 
 class GuardedSite(web.BaseSite):
-    """A TCP listener whose connections are :class:`GuardedHandler` built by ``factory``."""
+    """A TCP listener whose connections are :class:`GuardedHandler` built by ``factory``.
+
+    The listening socket belongs to a :class:`~edgesplit.runtime.frontdoor.FrontDoor` thread, which
+    answers health probes on new connections from ``ready`` and hands every other connection to the
+    event loop; :attr:`front_door` counts what it did.
+    """
 
     def __init__(
         self,
@@ -243,10 +251,12 @@ class GuardedSite(web.BaseSite):
         host: str,
         port: int,
         factory: Callable[[], GuardedHandler],
+        ready: Callable[[], bool],
     ):
-        super().__init__(runner, backlog=ACCEPT_BURST)
-        self._host, self._port, self._factory = host, port, factory
+        super().__init__(runner)
+        self._host, self._port, self._factory, self._ready = host, port, factory, ready
         self.bound_port: int | None = None
+        self.front_door: FrontDoor | None = None
 
     @property
     def name(self) -> str:
@@ -257,6 +267,11 @@ class GuardedSite(web.BaseSite):
         loop = asyncio.get_running_loop()
         family = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         sock = socket.create_server((self._host, self._port), family=family[0][0], backlog=LISTEN_QUEUE)
-        self._server = await loop.create_server(self._factory, sock=sock, backlog=self._backlog)
-        sock.listen(LISTEN_QUEUE)  # create_server set the queue to the burst: a long queue in the kernel
         self.bound_port = int(sock.getsockname()[1])
+        self.front_door = FrontDoor(sock, loop, self._factory, self._ready)
+        self.front_door.start()
+
+    async def stop(self) -> None:
+        if self.front_door is not None:
+            self.front_door.stop()
+        await super().stop()

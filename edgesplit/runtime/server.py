@@ -4,7 +4,9 @@
 extension, so ``tritonclient.http`` works against it unchanged. The model name is the part name.
 The hot path is aiohttp's HTTP server on one event loop; ONNX Runtime runs on the threads of a
 bounded :class:`~edgesplit.runtime.compute.ComputeQueue`, and large JSON is decoded and encoded on
-threads of its own, so the loop (and every health check) never waits for either.
+threads of its own, so the loop (and every health check) never waits for either. A health probe on
+a new connection does not wait for the loop at all: a front door thread answers it
+(:mod:`edgesplit.runtime.frontdoor`).
 
 Limits (all in :class:`ServeOptions`, all ``serve`` flags): request headers complete within
 ``header_timeout_s`` of their first byte, the body within ``body_timeout_s`` (408 after), an
@@ -34,6 +36,7 @@ import hmac
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -48,6 +51,7 @@ from edgesplit.compile.bundle import open_verified
 from edgesplit.errors import BundleError, InputError, RunInputError
 from edgesplit.runtime import oip
 from edgesplit.runtime.compute import ComputeQueue, QueueFull, QueueStats
+from edgesplit.runtime.frontdoor import SWITCH_INTERVAL_S
 from edgesplit.runtime.guard import (
     ByteBudget,
     ConnectionGuard,
@@ -131,6 +135,7 @@ class ServerStats:
     inflight_nbytes: int
     inflight_peak_nbytes: int
     queue: QueueStats
+    health_fast_answers: int  # health probes the front door answered off the event loop
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -176,6 +181,7 @@ class OffloadServer:
         )
         self._ready = False
         self._runner: web.AppRunner | None = None
+        self._site: GuardedSite | None = None
         self.port: int | None = None
 
     def stats(self) -> ServerStats:
@@ -189,6 +195,7 @@ class OffloadServer:
             b.used_nbytes,
             b.peak_nbytes,
             self.compute.stats(),
+            self._site.front_door.answered if self._site and self._site.front_door else 0,
         )
 
     # ---- the application
@@ -367,9 +374,9 @@ class OffloadServer:
                 lingering_time=min(10.0, o.body_timeout_s),
             )
 
-        site = GuardedSite(self._runner, o.host, o.port, connection)
-        await site.start()
-        self.port = site.bound_port
+        self._site = GuardedSite(self._runner, o.host, o.port, connection, lambda: self._ready)
+        await self._site.start()
+        self.port = self._site.bound_port
         self.compute.start()
         self._ready = True
         return self.port
@@ -385,6 +392,9 @@ class OffloadServer:
 
     def serve(self, on_ready: Callable[[str, int], None] | None = None) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+
+        # the process is the server's: the front door thread gets the GIL from a busy loop sooner
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
 
         async def main() -> None:
             stop = asyncio.Event()
@@ -415,6 +425,11 @@ class ServerThread:
     @property
     def url(self) -> str:
         return f"http://{self.server.options.host}:{self.server.port}"
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The server's event loop (running on the thread)."""
+        return self._loop
 
     def __enter__(self) -> ServerThread:
         self._thread.start()
