@@ -235,6 +235,35 @@ def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):
     assert measured.snr_db == pytest.approx(plan.accuracy["measured"]["snr_db"], abs=0.5)
 
 
+def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(problem, tmp_path):
+    """An int8 part is checked by the plan's accuracy measure, not the fp32 tolerance: compile runs
+    the artifacts that ship on the held-out samples and reports the SNR against the budget. With
+    the calibration's ranges shrunk 100-fold (int8 scales far too small: every activation clips),
+    the same plan's bundle is refused, naming the part."""
+    import json
+
+    from edgesplit.compile.precision_check import plan_budget
+    from edgesplit.errors import CompileError
+
+    plan = _solve(problem, AccuracyBudget(min_snr_db=15.0))
+    assert _int8_nodes(plan)
+    manifest = edgesplit.compile_bundle(problem.graph, plan, tmp_path / "ok", device=problem.device)
+    note = next(n for n in manifest.notes if n.startswith("precision check"))
+    assert "budget (plan) SNR >= 15 dB: met" in note and "held-out photos samples" in note, note
+    int8 = [p.name for p in plan.parts if p.precision == "int8"]
+    assert all(f"{name} " in note.split("each part's outputs:")[1] for name in int8), note
+    assert plan_budget(plan, None) == (AccuracyBudget(min_snr_db=15.0), "plan")
+    ranges = calibrate(problem.graph, calibration_set(problem.graph))
+    table = json.loads(ranges.read_text())
+    for t in table["data"].values():
+        for end in ("lowest", "highest"):
+            t[end]["data"] = [v / 100 for v in t[end]["data"]]
+    ranges.write_text(json.dumps(table))
+    with pytest.raises(CompileError, match=r"miss the accuracy budget .* SNR .* < 15 dB .* worst part is p\d"):
+        edgesplit.compile_bundle(problem.graph, plan, tmp_path / "broken", device=problem.device)
+    assert not (tmp_path / "broken").exists()
+
+
 def test_an_int8_only_processor_never_gets_an_fp32_part(tmp_path, split_net):
     (tmp_path / "bad.yaml").write_text(NPU_SPEC.replace("runtime: ort-int8", "runtime: ort"))
     with pytest.raises(DeviceSpecError, match=r"processors.npu.backends.0.runtime: 'ort' runs fp32"):
