@@ -32,6 +32,7 @@ from edgesplit.errors import EdgesplitError
 from edgesplit.optimize.plan import Plan
 from edgesplit.pipeline import Problem
 from edgesplit.util import atomic_dir
+from edgesplit.verify.accuracy import budget_of, measure_accuracy
 from edgesplit.verify.candidates import PLAN, Candidate, candidates, compile_candidates, stage_dir
 from edgesplit.verify.decide import decide, metric_for, rows
 from edgesplit.verify.measure import MAX_ROUNDS, MIN_ROUNDS, Measurement, measure
@@ -226,6 +227,9 @@ def verify_plan(
 ) -> Manifest:
     """Measure ``plan`` against the best baselines here and write the winner's bundle at ``out``.
 
+    Candidates with int8/fp16 parts have their accuracy measured against fp32 first
+    (:mod:`edgesplit.verify.accuracy`); one that misses the problem's budget is never shipped.
+
     ``out`` is refused as ``compile`` refuses it (an existing folder that is neither empty nor a
     bundle, unless ``force``); with ``sign_key`` the shipped manifest, verdict included, is signed.
 
@@ -234,7 +238,8 @@ def verify_plan(
         shipped and why (``manifest.plan`` is the shipped candidate's plan).
 
     Raises:
-        CompileError, PlanError: when the plan itself cannot be compiled.
+        CompileError, PlanError: when the plan itself cannot be compiled; PlanError when it misses
+            the accuracy budget and no other candidate that meets it could be built.
     """
     key = load_private_key(sign_key) if sign_key is not None else None
     check_output(out, force, [problem.graph.path])
@@ -248,15 +253,25 @@ def verify_plan(
         t0 = time.perf_counter()
         to_build = cands[:1] if unverifiable else cands
         built = compile_candidates(
-            problem, to_build, stage, tune_trials=tune_trials, tune=tune, progress=progress, bands=bands
+            problem,
+            to_build,
+            stage,
+            tune_trials=tune_trials,
+            tune=tune,
+            progress=progress,
+            bands=bands,
+            check_accuracy=bool(unverifiable),  # else measured below, for every candidate
         )
         cands = built + cands[len(built) :]
         compile_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        cands, accuracy = (cands, {}) if unverifiable else measure_accuracy(problem, cands)
+        accuracy_s = time.perf_counter() - t1
         if unverifiable:
             meas = Measurement({}, {}, 0, 0.0, unverifiable)
         else:
             cands, meas = _measure(cands, metric, options, progress)
-        table = rows(cands, meas, metric)
+        table = rows(cands, meas, metric, accuracy)
         shipped, reason, low, high = decide(table, metric, meas.short, options.min_rounds)
         verdict = Verification(
             metric=metric,
@@ -273,6 +288,8 @@ def verify_plan(
             plan_ratio_low=low,
             plan_ratio_high=high,
             notes=tuple(notes),
+            accuracy_budget=budget_of(problem).summary(),
+            accuracy_s=round(accuracy_s, 3),
         )
         return _ship(cands, shipped, out, verdict, key)
     finally:
