@@ -147,28 +147,21 @@ def compile_bundle(
         plan: The plan (a path to plan.json is read once, here).
         device: The device spec (with its server's processors, or they are added); default the
             spec file the plan was made with, else the spec its name finds.
-        input_shapes, input_values: Shapes and sample values to load ``model`` with, when it is a
-            path (default the plan's shapes); a plan does not record sample values, so a model
-            whose shapes depend on input values needs them again here.
-        force: Replace ``out`` even when it holds something other than an edgesplit bundle
-            (without it, an existing ``out`` must be empty or a bundle).
+        input_shapes, input_values: Shapes and sample values to load a ``model`` path with
+            (default the plan's shapes; a plan records no sample values).
+        force: Replace ``out`` even when it is neither empty nor an edgesplit bundle.
         sign_key: An ed25519 private key (file or key) to sign the manifest with (``compile.signing``).
-        bands: When the plan has a server, also compile a plan per bandwidth band (an adaptive
-            bundle, :class:`~edgesplit.compile.bundle.BundleBands`); parts shared by plans are
-            stored once. Plans without a server, or whose problem cannot be reloaded, get a note.
+        bands: With a server, also a plan per bandwidth band (an adaptive bundle, ``BundleBands``,
+            parts shared by plans stored once); plans whose problem cannot be reloaded get a note.
         problem: The plan's problem, when the caller has it (else loaded again from the plan).
-        tune_trials, tune: Tune TVM parts first (trials in all, or ``TuneOptions``); the tuning
-            databases for each part's target and threads apply either way.
-        accuracy_budget: What the int8 and fp16 parts must meet, measured as shipped on the held-out
-            calibration samples (default the budget the plan records, else the default budget).
-        check_accuracy: False: do not measure them (``deploy``'s verification measures every
-            candidate's accuracy through the runtime instead, and ships one that meets the budget).
+        tune_trials, tune: TVM tuning first (trials in all, or ``TuneOptions``); tuning databases apply anyway.
+        accuracy_budget: What int8/fp16 parts must meet, measured as shipped (default the plan's).
+        check_accuracy: False: not measured here (``deploy``'s verification measures them itself).
 
     Raises:
         PlanError: the plan was made for another model, or names unknown processors or nodes.
-        CompileError: a part cannot be extracted, does not match the whole model (an fp32 part to
-            1e-3), its backend has no compiler, or its target needs a toolchain that is missing;
-            the int8/fp16 parts miss the accuracy budget (naming the worst part).
+        CompileError: a part cannot be extracted, does not match the whole model, its backend has
+            no compiler, its target needs a missing toolchain; int8/fp16 parts miss the budget.
     """
     source = "plan" if isinstance(plan, Plan) else os.fspath(plan)
     key = load_private_key(sign_key) if sign_key is not None else None
@@ -191,8 +184,7 @@ def compile_bundle(
         band_set = None
         if analysis is not None and analysis.table is not None:
             band_set = _compile_bands(graph, tmp, plan, analysis, spec, local_cpu, tuning, artifacts, notes)
-        if check_accuracy:
-            notes.extend(_check_precision(graph, tmp, plan, band_set, artifacts, accuracy_budget))
+        notes += _check_precision(graph, tmp, plan, band_set, artifacts, accuracy_budget, check_accuracy)
         manifest = Manifest(
             model_sha256=graph.sha256,
             model_name=graph.name,
@@ -284,12 +276,16 @@ def _check_precision(
     band_set: BundleBands | None,
     artifacts: Sequence[PartArtifact],
     given: AccuracyBudget | None,
+    check: bool = True,
 ) -> list[str]:
-    """Each of the bundle's plans with int8/fp16 parts, measured as shipped; a note per plan.
+    """Each of the bundle's plans with int8/fp16 parts, measured as shipped; a note per plan
+    (none when not ``check``).
 
     Raises:
         CompileError: when one misses its budget.
     """
+    if not check:
+        return []
     by_name = {a.name: a for a in artifacts}
     plans = [("", plan, {p.name: by_name[p.name] for p in plan.parts})]
     for k, bp in enumerate(band_set.plans if band_set else ()):

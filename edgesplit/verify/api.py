@@ -212,6 +212,36 @@ def _measure(
     return cands, meas
 
 
+def _verdict(
+    table: list,
+    metric: str,
+    meas: Measurement,
+    options: VerifyOptions,
+    notes: list[str],
+    accuracy_budget: str,
+    timing: Mapping[str, float],
+) -> Verification:
+    """The verdict: what to ship (:func:`~edgesplit.verify.decide.decide`), with every figure."""
+    shipped, reason, low, high = decide(table, metric, meas.short, options.min_rounds)
+    return Verification(
+        metric=metric,
+        shipped=shipped,
+        kept_plan=shipped == PLAN,
+        reason=reason,
+        candidates=tuple(table),
+        rounds=meas.rounds,
+        requests_per_turn=meas.requests_per_turn,
+        budget_s=options.budget_s,
+        measure_s=round(meas.elapsed_s, 3),
+        load_s=round(meas.load_s, 3),
+        plan_ratio_low=low,
+        plan_ratio_high=high,
+        notes=tuple(notes),
+        accuracy_budget=accuracy_budget,
+        **timing,
+    )
+
+
 def verify_plan(
     problem: Problem,
     plan: Plan,
@@ -266,31 +296,14 @@ def verify_plan(
         compile_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         cands, accuracy = (cands, {}) if unverifiable else measure_accuracy(problem, cands)
-        accuracy_s = time.perf_counter() - t1
+        timing = {"compile_s": round(compile_s, 3), "accuracy_s": round(time.perf_counter() - t1, 3)}
         if unverifiable:
             meas = Measurement({}, {}, 0, 0.0, unverifiable)
         else:
             cands, meas = _measure(cands, metric, options, progress)
         table = rows(cands, meas, metric, accuracy)
-        shipped, reason, low, high = decide(table, metric, meas.short, options.min_rounds)
-        verdict = Verification(
-            metric=metric,
-            shipped=shipped,
-            kept_plan=shipped == PLAN,
-            reason=reason,
-            candidates=tuple(table),
-            rounds=meas.rounds,
-            requests_per_turn=meas.requests_per_turn,
-            budget_s=options.budget_s,
-            measure_s=round(meas.elapsed_s, 3),
-            compile_s=round(compile_s, 3),
-            load_s=round(meas.load_s, 3),
-            plan_ratio_low=low,
-            plan_ratio_high=high,
-            notes=tuple(notes),
-            accuracy_budget=budget_of(problem).summary(),
-            accuracy_s=round(accuracy_s, 3),
-        )
+        verdict = _verdict(table, metric, meas, options, notes, budget_of(problem).summary(), timing)
+        shipped = verdict.shipped
         return _ship(cands, shipped, out, verdict, key)
     finally:
         _keep(stage, cands, options.keep_candidates)
