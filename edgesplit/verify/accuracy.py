@@ -11,6 +11,7 @@ candidate that misses it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from edgesplit.errors import EdgesplitError
@@ -42,9 +43,14 @@ def reduced(c: Candidate) -> bool:
     return c.plan is not None and any(p.precision != "fp32" for p in c.plan.parts)
 
 
-def measure_accuracy(problem: Problem, cands: list[Candidate]) -> tuple[list[Candidate], dict[str, Measured]]:
-    """The accuracy of every compiled candidate with reduced-precision parts; one that cannot be
-    run for it gets the reason as its error (and is then not measured for latency either)."""
+def measure_accuracy(
+    problem: Problem,
+    cands: list[Candidate],
+    executor_options: Callable[[str], Mapping | None] = lambda name: None,
+) -> tuple[list[Candidate], dict[str, Measured]]:
+    """The accuracy of every compiled candidate with reduced-precision parts (``executor_options``
+    by candidate name: its server's URL); one that cannot be run for it gets the reason as its
+    error (and is then not measured for latency either)."""
     from edgesplit.runtime.accuracy import bundle_accuracy
 
     budget = budget_of(problem)
@@ -55,7 +61,9 @@ def measure_accuracy(problem: Problem, cands: list[Candidate]) -> tuple[list[Can
             out.append(c)
             continue
         try:
-            acc = bundle_accuracy(c.bundle, problem.graph, calibration_data=data)
+            acc = bundle_accuracy(
+                c.bundle, problem.graph, calibration_data=data, executor_options=executor_options(c.name)
+            )
         except EdgesplitError as e:
             out.append(replace(c, error=f"its accuracy could not be measured: {e}"))
             continue

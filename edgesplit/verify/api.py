@@ -32,7 +32,7 @@ from edgesplit.errors import EdgesplitError
 from edgesplit.optimize.plan import Plan
 from edgesplit.pipeline import Problem
 from edgesplit.util import atomic_dir
-from edgesplit.verify.accuracy import budget_of, measure_accuracy
+from edgesplit.verify.accuracy import Measured, budget_of, measure_accuracy
 from edgesplit.verify.candidates import PLAN, Candidate, candidates, compile_candidates, stage_dir
 from edgesplit.verify.decide import decide, metric_for, rows
 from edgesplit.verify.measure import MAX_ROUNDS, MIN_ROUNDS, Measurement, measure
@@ -186,20 +186,30 @@ def _keep(stage: Path, cands: list[Candidate], keep: str | os.PathLike | None) -
 
 
 def _measure(
-    cands: list[Candidate], metric: str, options: VerifyOptions, progress: Progress | None
-) -> tuple[list[Candidate], Measurement]:
+    problem: Problem, cands: list[Candidate], metric: str, options: VerifyOptions, progress: Progress | None
+) -> tuple[list[Candidate], Measurement, dict[str, Measured], float]:
+    """With the candidates' servers up: their accuracy (those with int8/fp16 parts), then their
+    latency or throughput; also the seconds the accuracy took."""
     with ExitStack() as stack:
         cands, urls = _servers(cands, options, stack)
         if cands[0].error is not None:  # no server for the plan's own parts: it cannot be verified
-            return cands, Measurement({}, {}, 0, 0.0, f"the plan cannot be measured: {cands[0].error}")
-        ready = [c for c in cands if c.measurable and c.bundle is not None]
-        bundles = {c.name: c.bundle for c in sorted(ready, key=lambda c: len(c.plan.parts))}  # cheap first
+            return (
+                cands,
+                Measurement({}, {}, 0, 0.0, f"the plan cannot be measured: {cands[0].error}"),
+                {},
+                0.0,
+            )
 
         def executor_options(name: str) -> Mapping | None:
             if name not in urls:
                 return None
             return {"remote": {"url": urls[name], "token": options.token, "fallback": False}}
 
+        t0 = time.perf_counter()
+        cands, accuracy = measure_accuracy(problem, cands, executor_options)
+        accuracy_s = time.perf_counter() - t0
+        ready = [c for c in cands if c.measurable and c.bundle is not None]
+        bundles = {c.name: c.bundle for c in sorted(ready, key=lambda c: len(c.plan.parts))}  # cheap first
         meas = measure(
             bundles,
             "throughput" if metric == "throughput" else "latency",
@@ -209,7 +219,7 @@ def _measure(
             max_rounds=options.max_rounds,
             progress=progress,
         )
-    return cands, meas
+    return cands, meas, accuracy, accuracy_s
 
 
 def _verdict(
@@ -294,13 +304,13 @@ def verify_plan(
         )
         cands = built + cands[len(built) :]
         compile_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        cands, accuracy = (cands, {}) if unverifiable else measure_accuracy(problem, cands)
-        timing = {"compile_s": round(compile_s, 3), "accuracy_s": round(time.perf_counter() - t1, 3)}
+        accuracy: dict[str, Measured] = {}
+        accuracy_s = 0.0
         if unverifiable:
             meas = Measurement({}, {}, 0, 0.0, unverifiable)
         else:
-            cands, meas = _measure(cands, metric, options, progress)
+            cands, meas, accuracy, accuracy_s = _measure(problem, cands, metric, options, progress)
+        timing = {"compile_s": round(compile_s, 3), "accuracy_s": round(accuracy_s, 3)}
         table = rows(cands, meas, metric, accuracy)
         verdict = _verdict(table, metric, meas, options, notes, budget_of(problem).summary(), timing)
         shipped = verdict.shipped
