@@ -235,7 +235,7 @@ def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):
     assert measured.snr_db == pytest.approx(plan.accuracy["measured"]["snr_db"], abs=0.5)
 
 
-def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(problem, tmp_path):
+def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(problem, tmp_path, monkeypatch):
     """An int8 part is checked by the plan's accuracy measure, not the fp32 tolerance: compile runs
     the artifacts that ship on the held-out samples and reports the SNR against the budget. With
     the calibration's ranges shrunk 100-fold (int8 scales far too small: every activation clips),
@@ -253,7 +253,9 @@ def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(probl
     int8 = [p.name for p in plan.parts if p.precision == "int8"]
     assert all(f"{name} " in note.split("each part's outputs:")[1] for name in int8), note
     assert plan_budget(plan, None) == (AccuracyBudget(min_snr_db=15.0), "plan")
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))  # spoil a private copy only
     ranges = calibrate(problem.graph, calibration_set(problem.graph))
+    assert tmp_path in ranges.parents
     table = json.loads(ranges.read_text())
     for t in table["data"].values():
         for end in ("lowest", "highest"):
