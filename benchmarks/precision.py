@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import tempfile
 import time
@@ -139,6 +140,7 @@ def main() -> None:
     ap.add_argument("--det-size", type=int, default=640)
     ap.add_argument("--models", default="resnet18,mobilenetv2,ppocrv4-det", help="Comma-separated, in order.")
     args = ap.parse_args()
+    load_start = os.getloadavg()
     ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     head = "| model | weights | candidate | int8 nodes | predicted ms | measured ms | SNR dB | top-1 | frontier |"
     print(head + "\n|" + "---|" * 9, flush=True)
@@ -158,6 +160,13 @@ def main() -> None:
         )
     print(
         f"\nbudgets: loose {LOOSE.summary()}, tight {TIGHT.summary()}; runs {args.runs}; numpy {np.__version__}"
+    )
+    print(  # timings taken while others run are noisy: say how busy the machine was
+        "load average (1, 5, 15 min) at start "
+        + ", ".join(f"{x:.1f}" for x in load_start)
+        + ", at end "
+        + ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        + f" on {os.cpu_count()} cores"
     )
 
 

@@ -235,6 +235,71 @@ def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):
     assert measured.snr_db == pytest.approx(plan.accuracy["measured"]["snr_db"], abs=0.5)
 
 
+def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(problem, tmp_path, monkeypatch):
+    """An int8 part is checked by the plan's accuracy measure, not the fp32 tolerance: compile runs
+    the artifacts that ship on the held-out samples and reports the SNR against the budget. With
+    the calibration's ranges shrunk 100-fold (int8 scales far too small: every activation clips),
+    the same plan's bundle is refused, naming the part."""
+    import json
+
+    from edgesplit.compile.precision_check import plan_budget
+    from edgesplit.errors import CompileError
+
+    plan = _solve(problem, AccuracyBudget(min_snr_db=15.0))
+    assert _int8_nodes(plan)
+    manifest = edgesplit.compile_bundle(problem.graph, plan, tmp_path / "ok", device=problem.device)
+    note = next(n for n in manifest.notes if n.startswith("precision check"))
+    assert "budget (plan) SNR >= 15 dB: met" in note and "held-out photos samples" in note, note
+    int8 = [p.name for p in plan.parts if p.precision == "int8"]
+    assert all(f"{name} " in note.split("each part's outputs:")[1] for name in int8), note
+    assert plan_budget(plan, None) == (AccuracyBudget(min_snr_db=15.0), "plan")
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))  # spoil a private copy only
+    ranges = calibrate(problem.graph, calibration_set(problem.graph))
+    assert tmp_path in ranges.parents
+    table = json.loads(ranges.read_text())
+    for t in table["data"].values():
+        for end in ("lowest", "highest"):
+            t[end]["data"] = [v / 100 for v in t[end]["data"]]
+    ranges.write_text(json.dumps(table))
+    with pytest.raises(
+        CompileError, match=r"miss the accuracy budget .* SNR .* < 15 dB .* worst part is p\d"
+    ):
+        edgesplit.compile_bundle(problem.graph, plan, tmp_path / "broken", device=problem.device)
+    assert not (tmp_path / "broken").exists()
+
+
+def test_verification_never_ships_a_plan_that_misses_the_accuracy_budget(problem, tmp_path, capsys):
+    """deploy's verification measures each int8 candidate's accuracy through the runtime: held to a
+    budget 5 dB over what the plan measures, the plan is not shipped, the all-fp32 baseline is, and
+    the table says why. Under the budget it was made for, it meets it."""
+    from edgesplit.cli.compile import print_verification
+    from edgesplit.verify import VerifyOptions, verify_plan
+
+    def held_to(budget):
+        return dataclasses.replace(problem, accuracy=dataclasses.replace(problem.accuracy, budget=budget))
+
+    loose = AccuracyBudget(min_snr_db=15.0)
+    plan = _solve(problem, loose)
+    snr = plan.accuracy["measured"]["snr_db"]
+    assert _int8_nodes(plan) and snr < SNR_CAP_DB
+    tight = AccuracyBudget(min_snr_db=round(snr + 5.0, 1))
+    options = VerifyOptions(budget_s=3.0)
+    m = verify_plan(held_to(tight), plan, tmp_path / "tight", options=options)
+    v = m.verification
+    row = v.candidate("plan")
+    assert row.meets_budget is False and row.snr_db == pytest.approx(snr, abs=0.5), row
+    assert "SNR" in row.accuracy_misses and v.accuracy_budget == tight.summary()
+    assert v.shipped == "only:cpu" and not v.kept_plan and "misses the accuracy budget" in v.reason, v.reason
+    assert v.candidate("only:cpu").meets_budget is None  # all fp32: exact, not run
+    assert all(p.precision == "fp32" for p in m.parts) and m.plan.solver.name == "baseline:only:cpu"
+    print_verification(v)
+    assert "shipped only:cpu: the plan misses the accuracy budget" in " ".join(
+        capsys.readouterr().out.split()
+    )
+    v = verify_plan(held_to(loose), plan, tmp_path / "loose", options=options).verification
+    assert v.candidate("plan").meets_budget is True and v.candidate("plan").accuracy_misses == ""
+
+
 def test_an_int8_only_processor_never_gets_an_fp32_part(tmp_path, split_net):
     (tmp_path / "bad.yaml").write_text(NPU_SPEC.replace("runtime: ort-int8", "runtime: ort"))
     with pytest.raises(DeviceSpecError, match=r"processors.npu.backends.0.runtime: 'ort' runs fp32"):

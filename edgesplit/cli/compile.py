@@ -249,6 +249,13 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _snr_cell(c) -> str:
+    if c.snr_db is None:
+        return "exact" if c.error is None and c.n_parts else "-"
+    top1 = f", top-1 {c.top1_agreement:.0%}" if c.top1_agreement is not None else ""
+    return f"{c.snr_db:.1f}{top1}"
+
+
 def print_verification(v) -> None:
     """The verification table: every candidate, predicted and measured, and what was shipped."""
     from rich.table import Table
@@ -259,6 +266,8 @@ def print_verification(v) -> None:
     )
     cols = ["candidate", "parts", "predicted ms", "measured median ms", "spread", "ratio to best"]
     cols += ["energy mJ (modelled)"] if v.metric == "energy" else []
+    accuracy = any(c.snr_db is not None for c in v.candidates)
+    cols += ["SNR dB vs fp32"] if accuracy else []
     for col in [*cols, "note"]:
         t.add_column(col)
     for c in v.candidates:
@@ -276,10 +285,18 @@ def print_verification(v) -> None:
             _fmt(c.ratio_to_best, ".3f"),
         ]
         row += [_fmt(c.energy_mj, ".3f")] if v.metric == "energy" else []
+        row += [_snr_cell(c)] if accuracy else []
+        if c.meets_budget is False:
+            note = ", ".join(x for x in (note, f"misses the accuracy budget: {c.accuracy_misses}") if x)
         t.add_row(*row, note)
     console.print(t)
     for n in v.notes:
         console.print(f"note: {n}")
+    if accuracy:
+        console.print(
+            f"accuracy budget: {v.accuracy_budget} (int8/fp16 candidates run on the held-out "
+            f"calibration samples, {v.accuracy_s:.1f} s; all-fp32 ones are exact)"
+        )
     console.print(
         f"shipped {v.shipped}: {v.reason}. Measuring took {v.measure_s:.1f} s of a "
         f"{v.budget_s:g} s budget (compiling the candidates {v.compile_s:.1f} s, loading them "

@@ -1,7 +1,9 @@
 """``compile``: turn a model and its plan into a bundle of per-device artifacts.
 
 Every part is extracted and checked against the whole model (:mod:`edgesplit.compile.split`),
-then compiled by its backend's entry in :data:`edgesplit.compile.backends.COMPILERS`.
+then compiled by its backend's entry in :data:`edgesplit.compile.backends.COMPILERS`. A plan with
+int8 or fp16 parts is then checked as it ships, against the plan's accuracy budget
+(:mod:`edgesplit.compile.precision_check`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from edgesplit.compile.bundle import (
     is_bundle_dir,
     write_manifest,
 )
+from edgesplit.compile.precision_check import check_precision, plan_budget, require
 from edgesplit.compile.signing import load_private_key
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
 from edgesplit.compile.tune import TuneOptions
@@ -40,6 +43,8 @@ from edgesplit.util import atomic_dir, refuse_to_replace, sha256_file, short
 if TYPE_CHECKING:
     import numpy as np
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from edgesplit.precision.metrics import AccuracyBudget
 
 Progress = Callable[[str, int, int], None]
 
@@ -133,6 +138,8 @@ def compile_bundle(
     sign_key: str | os.PathLike | Ed25519PrivateKey | None = None,
     bands: bool = True,
     problem: Problem | None = None,
+    accuracy_budget: AccuracyBudget | None = None,
+    check_accuracy: bool = True,
 ) -> Manifest:
     """Extract, check and compile every part of ``plan``; write the bundle at ``out`` atomically.
 
@@ -140,23 +147,21 @@ def compile_bundle(
         plan: The plan (a path to plan.json is read once, here).
         device: The device spec (with its server's processors, or they are added); default the
             spec file the plan was made with, else the spec its name finds.
-        input_shapes, input_values: Shapes and sample values to load ``model`` with, when it is a
-            path (default the plan's shapes); a plan does not record sample values, so a model
-            whose shapes depend on input values needs them again here.
-        force: Replace ``out`` even when it holds something other than an edgesplit bundle
-            (without it, an existing ``out`` must be empty or a bundle).
+        input_shapes, input_values: Shapes and sample values to load a ``model`` path with
+            (default the plan's shapes; a plan records no sample values).
+        force: Replace ``out`` even when it is neither empty nor an edgesplit bundle.
         sign_key: An ed25519 private key (file or key) to sign the manifest with (``compile.signing``).
-        bands: When the plan has a server, also compile a plan per bandwidth band (an adaptive
-            bundle, :class:`~edgesplit.compile.bundle.BundleBands`); parts shared by plans are
-            stored once. Plans without a server, or whose problem cannot be reloaded, get a note.
+        bands: With a server, also a plan per bandwidth band (an adaptive bundle, ``BundleBands``,
+            parts shared by plans stored once); plans whose problem cannot be reloaded get a note.
         problem: The plan's problem, when the caller has it (else loaded again from the plan).
-        tune_trials, tune: Tune TVM parts first (trials in all, or ``TuneOptions``); the tuning
-            databases for each part's target and threads apply either way.
+        tune_trials, tune: TVM tuning first (trials in all, or ``TuneOptions``); tuning databases apply anyway.
+        accuracy_budget: What int8/fp16 parts must meet, measured as shipped (default the plan's).
+        check_accuracy: False: not measured here (``deploy``'s verification measures them itself).
 
     Raises:
         PlanError: the plan was made for another model, or names unknown processors or nodes.
         CompileError: a part cannot be extracted, does not match the whole model, its backend has
-            no compiler, or its target needs a toolchain that is missing.
+            no compiler, its target needs a missing toolchain; int8/fp16 parts miss the budget.
     """
     source = "plan" if isinstance(plan, Plan) else os.fspath(plan)
     key = load_private_key(sign_key) if sign_key is not None else None
@@ -179,6 +184,7 @@ def compile_bundle(
         band_set = None
         if analysis is not None and analysis.table is not None:
             band_set = _compile_bands(graph, tmp, plan, analysis, spec, local_cpu, tuning, artifacts, notes)
+        notes += _check_precision(graph, tmp, plan, band_set, artifacts, accuracy_budget, check_accuracy)
         manifest = Manifest(
             model_sha256=graph.sha256,
             model_name=graph.name,
@@ -210,7 +216,7 @@ def _compile_plan_parts(
 ) -> list[PartArtifact]:
     """Extract, check and compile the plan's own parts into ``tmp``; warnings go to ``notes``."""
     extracted = extract_parts(graph, [(p.name, p.inputs, p.outputs) for p in plan.parts])
-    errors = check_parts(graph, extracted)
+    errors = check_parts(graph, extracted, reduced={p.name for p in plan.parts if p.precision != "fp32"})
     producer = {t: p.name for p in plan.parts for t in p.outputs}
     artifacts: list[PartArtifact] = []
     for k, (p, pm) in enumerate(zip(plan.parts, extracted)):
@@ -261,6 +267,38 @@ def _compile_bands(
     new, band_plans = compile_band_parts(graph, tmp, analysis, done, one)
     artifacts.extend(new)
     return bundle_bands(analysis, band_plans, [p.name for p in plan.parts])
+
+
+def _check_precision(
+    graph: ModelGraph,
+    tmp: Path,
+    plan: Plan,
+    band_set: BundleBands | None,
+    artifacts: Sequence[PartArtifact],
+    given: AccuracyBudget | None,
+    check: bool = True,
+) -> list[str]:
+    """Each of the bundle's plans with int8/fp16 parts, measured as shipped; a note per plan
+    (none when not ``check``).
+
+    Raises:
+        CompileError: when one misses its budget.
+    """
+    if not check:
+        return []
+    by_name = {a.name: a for a in artifacts}
+    plans = [("", plan, {p.name: by_name[p.name] for p in plan.parts})]
+    for k, bp in enumerate(band_set.plans if band_set else ()):
+        plans.append(
+            (f" (band plan {k})", bp.plan, {p.name: by_name[n] for p, n in zip(bp.plan.parts, bp.parts)})
+        )
+    notes = []
+    for label, each, arts in plans:
+        budget, source = plan_budget(each, given)
+        check = check_precision(graph, each.parts, arts, tmp, budget, source, _calibration(each))
+        require(check, label)
+        notes.extend([check.note(label)] if check else [])
+    return notes
 
 
 def _calibration(plan: Plan) -> str | None:

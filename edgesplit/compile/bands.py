@@ -81,7 +81,8 @@ def compile_band_parts(
         todo = [p for p in plan.parts if part_key(p, p.nodes) not in done]
         names = {p.name: f"b{k}_{p.name}" for p in todo}
         extracted = extract_parts(graph, [(names[p.name], p.inputs, p.outputs) for p in todo])
-        errors = check_parts(graph, extracted) if extracted else {}
+        reduced = {names[p.name] for p in todo if p.precision != "fp32"}
+        errors = check_parts(graph, extracted, reduced=reduced) if extracted else {}
         for p in todo:
             done[part_key(p, p.nodes)] = names[p.name]
         producer = {t: done[part_key(p, p.nodes)] for p in plan.parts for t in p.outputs}

@@ -274,7 +274,8 @@ class Manifest:
         if manifest.verification is not None:
             check_fields(manifest.verification, f"{source}: verification", BundleError)
             for c in manifest.verification.candidates:
-                check_fields(c, f"{source}: verification: candidate {short(c.name, 60)}", BundleError)
+                where = f"{source}: verification: candidate {short(c.name, 60)}"
+                check_fields(c, where, BundleError, signed=("snr_db",))
         return manifest
 
 

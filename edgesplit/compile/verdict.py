@@ -9,6 +9,9 @@ Figures are per request, in ms: the single-request median for the ``latency`` me
 period (1000 / requests per second) for ``throughput``. For ``energy`` the figures are the measured
 latency, and ``energy_mj`` is *modelled* from it (no power rails here): the candidate's predicted
 energy scaled by its measured over its predicted latency.
+
+A candidate with int8 or fp16 parts also has its accuracy against fp32, measured by running its
+bundle on the held-out calibration samples; one that misses the accuracy budget is never shipped.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ class MeasuredCandidate:
         rounds_ms: The per-round medians, in the order of the rounds.
         same_as: The candidate whose bundle this one is identical to (measured once, under that name).
         error: Why it could not be built or run (then it has no figures).
+        snr_db, top1_agreement: Its outputs against fp32 on the held-out calibration samples (None
+            when every part is fp32: exact, not run).
+        meets_budget: Whether that meets the accuracy budget (None: all fp32, which meets any).
+        accuracy_misses: Why it misses the budget (empty when it meets it).
     """
 
     name: str
@@ -50,6 +57,10 @@ class MeasuredCandidate:
     rounds_ms: tuple[float, ...] = ()
     same_as: str | None = None
     error: str | None = None
+    snr_db: float | None = None
+    top1_agreement: float | None = None
+    meets_budget: bool | None = None
+    accuracy_misses: str = ""
 
     @property
     def measured(self) -> bool:
@@ -83,6 +94,8 @@ class Verification:
             best other candidate (paired by round, so drift cancels); the plan is kept only when
             the highest is below 1.
         notes: What was skipped or modelled, and why.
+        accuracy_budget: The budget candidates with int8/fp16 parts were held to (its summary).
+        accuracy_s: Measuring their accuracy took this long (on top of the budget).
     """
 
     metric: str
@@ -99,6 +112,8 @@ class Verification:
     plan_ratio_low: float | None = None
     plan_ratio_high: float | None = None
     notes: tuple[str, ...] = ()
+    accuracy_budget: str = ""
+    accuracy_s: float = 0.0
 
     def candidate(self, name: str) -> MeasuredCandidate:
         """The candidate called ``name`` (KeyError if none)."""

@@ -32,6 +32,7 @@ from edgesplit.errors import EdgesplitError
 from edgesplit.optimize.plan import Plan
 from edgesplit.pipeline import Problem
 from edgesplit.util import atomic_dir
+from edgesplit.verify.accuracy import Measured, budget_of, measure_accuracy
 from edgesplit.verify.candidates import PLAN, Candidate, candidates, compile_candidates, stage_dir
 from edgesplit.verify.decide import decide, metric_for, rows
 from edgesplit.verify.measure import MAX_ROUNDS, MIN_ROUNDS, Measurement, measure
@@ -185,20 +186,30 @@ def _keep(stage: Path, cands: list[Candidate], keep: str | os.PathLike | None) -
 
 
 def _measure(
-    cands: list[Candidate], metric: str, options: VerifyOptions, progress: Progress | None
-) -> tuple[list[Candidate], Measurement]:
+    problem: Problem, cands: list[Candidate], metric: str, options: VerifyOptions, progress: Progress | None
+) -> tuple[list[Candidate], Measurement, dict[str, Measured], float]:
+    """With the candidates' servers up: their accuracy (those with int8/fp16 parts), then their
+    latency or throughput; also the seconds the accuracy took."""
     with ExitStack() as stack:
         cands, urls = _servers(cands, options, stack)
         if cands[0].error is not None:  # no server for the plan's own parts: it cannot be verified
-            return cands, Measurement({}, {}, 0, 0.0, f"the plan cannot be measured: {cands[0].error}")
-        ready = [c for c in cands if c.measurable and c.bundle is not None]
-        bundles = {c.name: c.bundle for c in sorted(ready, key=lambda c: len(c.plan.parts))}  # cheap first
+            return (
+                cands,
+                Measurement({}, {}, 0, 0.0, f"the plan cannot be measured: {cands[0].error}"),
+                {},
+                0.0,
+            )
 
         def executor_options(name: str) -> Mapping | None:
             if name not in urls:
                 return None
             return {"remote": {"url": urls[name], "token": options.token, "fallback": False}}
 
+        t0 = time.perf_counter()
+        cands, accuracy = measure_accuracy(problem, cands, executor_options)
+        accuracy_s = time.perf_counter() - t0
+        ready = [c for c in cands if c.measurable and c.bundle is not None]
+        bundles = {c.name: c.bundle for c in sorted(ready, key=lambda c: len(c.plan.parts))}  # cheap first
         meas = measure(
             bundles,
             "throughput" if metric == "throughput" else "latency",
@@ -208,7 +219,37 @@ def _measure(
             max_rounds=options.max_rounds,
             progress=progress,
         )
-    return cands, meas
+    return cands, meas, accuracy, accuracy_s
+
+
+def _verdict(
+    table: list,
+    metric: str,
+    meas: Measurement,
+    options: VerifyOptions,
+    notes: list[str],
+    accuracy_budget: str,
+    timing: Mapping[str, float],
+) -> Verification:
+    """The verdict: what to ship (:func:`~edgesplit.verify.decide.decide`), with every figure."""
+    shipped, reason, low, high = decide(table, metric, meas.short, options.min_rounds)
+    return Verification(
+        metric=metric,
+        shipped=shipped,
+        kept_plan=shipped == PLAN,
+        reason=reason,
+        candidates=tuple(table),
+        rounds=meas.rounds,
+        requests_per_turn=meas.requests_per_turn,
+        budget_s=options.budget_s,
+        measure_s=round(meas.elapsed_s, 3),
+        load_s=round(meas.load_s, 3),
+        plan_ratio_low=low,
+        plan_ratio_high=high,
+        notes=tuple(notes),
+        accuracy_budget=accuracy_budget,
+        **timing,
+    )
 
 
 def verify_plan(
@@ -226,6 +267,9 @@ def verify_plan(
 ) -> Manifest:
     """Measure ``plan`` against the best baselines here and write the winner's bundle at ``out``.
 
+    Candidates with int8/fp16 parts have their accuracy measured against fp32 first
+    (:mod:`edgesplit.verify.accuracy`); one that misses the problem's budget is never shipped.
+
     ``out`` is refused as ``compile`` refuses it (an existing folder that is neither empty nor a
     bundle, unless ``force``); with ``sign_key`` the shipped manifest, verdict included, is signed.
 
@@ -234,7 +278,8 @@ def verify_plan(
         shipped and why (``manifest.plan`` is the shipped candidate's plan).
 
     Raises:
-        CompileError, PlanError: when the plan itself cannot be compiled.
+        CompileError, PlanError: when the plan itself cannot be compiled; PlanError when it misses
+            the accuracy budget and no other candidate that meets it could be built.
     """
     key = load_private_key(sign_key) if sign_key is not None else None
     check_output(out, force, [problem.graph.path])
@@ -248,32 +293,27 @@ def verify_plan(
         t0 = time.perf_counter()
         to_build = cands[:1] if unverifiable else cands
         built = compile_candidates(
-            problem, to_build, stage, tune_trials=tune_trials, tune=tune, progress=progress, bands=bands
+            problem,
+            to_build,
+            stage,
+            tune_trials=tune_trials,
+            tune=tune,
+            progress=progress,
+            bands=bands,
+            check_accuracy=bool(unverifiable),  # else measured below, for every candidate
         )
         cands = built + cands[len(built) :]
         compile_s = time.perf_counter() - t0
+        accuracy: dict[str, Measured] = {}
+        accuracy_s = 0.0
         if unverifiable:
             meas = Measurement({}, {}, 0, 0.0, unverifiable)
         else:
-            cands, meas = _measure(cands, metric, options, progress)
-        table = rows(cands, meas, metric)
-        shipped, reason, low, high = decide(table, metric, meas.short, options.min_rounds)
-        verdict = Verification(
-            metric=metric,
-            shipped=shipped,
-            kept_plan=shipped == PLAN,
-            reason=reason,
-            candidates=tuple(table),
-            rounds=meas.rounds,
-            requests_per_turn=meas.requests_per_turn,
-            budget_s=options.budget_s,
-            measure_s=round(meas.elapsed_s, 3),
-            compile_s=round(compile_s, 3),
-            load_s=round(meas.load_s, 3),
-            plan_ratio_low=low,
-            plan_ratio_high=high,
-            notes=tuple(notes),
-        )
+            cands, meas, accuracy, accuracy_s = _measure(problem, cands, metric, options, progress)
+        timing = {"compile_s": round(compile_s, 3), "accuracy_s": round(accuracy_s, 3)}
+        table = rows(cands, meas, metric, accuracy)
+        verdict = _verdict(table, metric, meas, options, notes, budget_of(problem).summary(), timing)
+        shipped = verdict.shipped
         return _ship(cands, shipped, out, verdict, key)
     finally:
         _keep(stage, cands, options.keep_candidates)

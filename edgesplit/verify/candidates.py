@@ -206,8 +206,12 @@ def compile_candidates(
     tune=None,
     progress: Callable[[str, int, int], None] | None = None,
     bands: bool = False,
+    check_accuracy: bool = True,
 ) -> list[Candidate]:
     """Each measurable candidate's bundle under ``stage``; a baseline that fails to compile says why.
+
+    ``check_accuracy``: compile's own check of int8/fp16 parts (off when the verification measures
+    every candidate's accuracy itself).
 
     ``bands``: the plan's own bundle also gets a plan per bandwidth band (an adaptive bundle, when a
     server is in it); baselines never do. Every candidate is measured on its default plan.
@@ -231,6 +235,8 @@ def compile_candidates(
                 tune=tune,  # TuneOptions: the kernels are tuned once, with the first candidate
                 bands=bands and c.name == PLAN,
                 problem=problem if c.name == PLAN else None,
+                accuracy_budget=problem.accuracy.budget if problem.accuracy is not None else None,
+                check_accuracy=check_accuracy,
             )
         except EdgesplitError as e:
             if c.name == PLAN:

@@ -6,18 +6,28 @@ round, pairing the two by round so that drift of the machine cancels: the highes
 plan / B is the measured noise's upper end, and it must be below 1. Otherwise B is shipped: a
 baseline is simpler (fewer parts) and measured at least as fast within the noise. With too little
 time for the minimum rounds, or nothing to compare with, the plan is kept and the verdict says so.
+
+Accuracy comes first: a candidate with int8 or fp16 parts whose measured accuracy misses the budget
+(:mod:`edgesplit.verify.accuracy`) is never shipped, however fast. When the plan misses it, the
+best measured candidate that meets it is shipped (all-fp32 candidates always do), and the reason
+says so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgesplit.compile.verdict import MeasuredCandidate
+from edgesplit.errors import PlanError
 from edgesplit.optimize.plan import Plan
 from edgesplit.verify.candidates import PLAN, Candidate
 from edgesplit.verify.measure import Measurement
+
+if TYPE_CHECKING:
+    from edgesplit.verify.accuracy import Measured
 
 # What a plan made for an objective is measured on; objectives not named here: latency. Energy is
 # modelled from measured latency where there are no power rails (see edgesplit.compile.verdict).
@@ -41,7 +51,20 @@ def _mj_per_ms(plan: Plan) -> float | None:
     return mj / lat if lat and mj is not None else None
 
 
-def _row(c: Candidate, meas: Measurement, metric: str) -> MeasuredCandidate:
+def _accuracy_fields(found: Measured | None) -> dict:
+    if found is None:
+        return {}
+    a = found.accuracy
+    return {
+        "snr_db": round(a.snr_db, 3),
+        "top1_agreement": a.top1_agreement,
+        "meets_budget": not found.misses,
+        "accuracy_misses": "; ".join(found.misses),
+    }
+
+
+def _row(c: Candidate, meas: Measurement, metric: str, accuracy: Mapping[str, Measured]) -> MeasuredCandidate:
+    twin = c.same_as or c.name
     base = MeasuredCandidate(
         c.name,
         c.summary,
@@ -49,8 +72,8 @@ def _row(c: Candidate, meas: Measurement, metric: str) -> MeasuredCandidate:
         _predicted_ms(c.plan, metric),
         same_as=c.same_as,
         error=c.error,
+        **_accuracy_fields(accuracy.get(twin)),
     )
-    twin = c.same_as or c.name
     if c.error is not None or c.plan is None:
         return base
     if twin in meas.errors:
@@ -78,9 +101,12 @@ def _value(row: MeasuredCandidate, metric: str) -> float:
     return float("inf") if v is None else v
 
 
-def rows(cands: Sequence[Candidate], meas: Measurement, metric: str) -> list[MeasuredCandidate]:
-    """Every candidate's figures, with its ratio to the best measured one."""
-    out = [_row(c, meas, metric) for c in cands]
+def rows(
+    cands: Sequence[Candidate], meas: Measurement, metric: str, accuracy: Mapping[str, Measured] | None = None
+) -> list[MeasuredCandidate]:
+    """Every candidate's figures (accuracy from ``accuracy``, by name), with its ratio to the best
+    measured one."""
+    out = [_row(c, meas, metric, accuracy or {}) for c in cands]
     best = min((_value(r, metric) for r in out), default=float("inf"))
     if not np.isfinite(best) or best <= 0:
         return out
@@ -99,6 +125,27 @@ def _per_round(row: MeasuredCandidate, metric: str) -> np.ndarray:
     return x
 
 
+def _instead_of_inaccurate(
+    table: Sequence[MeasuredCandidate], metric: str
+) -> tuple[str, str, float | None, float | None]:
+    """The plan misses the accuracy budget: the best measured candidate that meets it (or, with no
+    timing, the first that was built).
+
+    Raises:
+        PlanError: when no candidate meets the budget (nothing is shipped).
+    """
+    plan = table[0]
+    ok = [r for r in table[1:] if r.error is None and r.same_as != PLAN and r.meets_budget is not False]
+    timed = [r for r in ok if r.measured]
+    why = f"the plan misses the accuracy budget ({plan.accuracy_misses}, SNR {plan.snr_db:.1f} dB)"
+    if timed:
+        best = min(timed, key=lambda r: _value(r, metric))
+        return best.name, f"{why}; {best.name} is the best measured candidate that meets it", None, None
+    if ok:
+        return ok[0].name, f"{why}; {ok[0].name} meets it (not timed)", None, None
+    raise PlanError(f"{why}, and no other candidate that meets it could be built: nothing to ship")
+
+
 def decide(
     table: Sequence[MeasuredCandidate], metric: str, short: str | None, min_rounds: int = 3
 ) -> tuple[str, str, float | None, float | None]:
@@ -108,9 +155,11 @@ def decide(
     that evidence: the best measured baseline is shipped, which never loses to a baseline."""
     plan = table[0]
     assert plan.name == PLAN
+    if plan.meets_budget is False:
+        return _instead_of_inaccurate(table, metric)
     if short is not None:
         return PLAN, f"{short}: kept the plan unverified", None, None
-    others = [r for r in table[1:] if r.measured]
+    others = [r for r in table[1:] if r.measured and r.meets_budget is not False]
     if not others:
         what = "the plan could not be measured" if not plan.measured else "no baseline could be measured"
         return PLAN, f"{what}: kept the plan unverified", None, None
