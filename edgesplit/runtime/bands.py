@@ -244,8 +244,13 @@ class BandSession:
             self.clock.last_probe = time.monotonic()
             self._paused.clear()
 
+    def _tick_s(self) -> float:
+        """How long the probe thread sleeps: long while the plan in use sends (nothing to probe:
+        on a starved device even an idle thread's wake-ups cost its requests), short otherwise."""
+        return 0.5 if self._remote[self.current] else min(self.clock.interval_s, 0.05)
+
     def _probe_loop(self) -> None:
-        while not self._stop.wait(min(self.clock.interval_s, 0.05)):
+        while not self._stop.wait(self._tick_s()):
             if self._paused.is_set():
                 continue
             last = max((lk.last_transfer for lk in self._links()), default=float("-inf"))
