@@ -238,6 +238,7 @@ def test_switches_to_the_server_then_falls_back_when_it_dies(adaptive):
             assert bs.current == lowest  # nothing measured yet: the plan that sends least
             for _ in range(6):  # loopback is faster than any band: the server-only plan
                 assert same(bs.run(adaptive["feeds"]), adaptive["want"])
+                time.sleep(0.1)  # a gap between requests: the idle link gets probed
             top = bs.bands.plan_at(1000.0)
             assert bs.current == top and bs.stats().switches[0].to_plan == top
             stop_process(proc)  # killed in the middle of the stream
