@@ -195,6 +195,7 @@ class BandSession:
         self._probes = 0
         self.clock = ProbeClock(probe_interval_s or 1.0, max_probe_interval_s, 1.0 + hysteresis)
         self._paused = threading.Event()
+        self._wake = threading.Event()  # set on a switch: the probe thread looks again
         self._stop = threading.Event()
         self._thread = None
         if probe_interval_s is not None and any(self._remote):
@@ -243,16 +244,19 @@ class BandSession:
         else:
             self.clock.last_probe = time.monotonic()
             self._paused.clear()
-
-    def _tick_s(self) -> float:
-        """How long the probe thread sleeps: long while the plan in use sends (nothing to probe:
-        on a starved device even an idle thread's wake-ups cost its requests), short otherwise."""
-        return 0.5 if self._remote[self.current] else min(self.clock.interval_s, 0.05)
+            self._wake.set()
 
     def _probe_loop(self) -> None:
-        while not self._stop.wait(self._tick_s()):
-            if self._paused.is_set():
+        while not self._stop.is_set():
+            self._wake.clear()
+            if self._paused.is_set() or self._remote[self.current]:
+                # Nothing to probe while the plan in use sends (its transfers measure the link):
+                # sleep until a switch, without periodic wake-ups (on a CPU-starved device a waking
+                # thread competes with the requests for the CPU quota and the GIL).
+                self._wake.wait(5.0)
                 continue
+            if self._stop.wait(min(self.clock.interval_s, 0.05)):
+                return
             last = max((lk.last_transfer for lk in self._links()), default=float("-inf"))
             # The probe holds no lock: a request never waits for one (at 0.13 Mbit/s one takes seconds).
             busy = self._busy.locked()
@@ -283,6 +287,7 @@ class BandSession:
             self._switches.append(Switch(self._requests, self.current, new, bw, reason))
             self.current = new
             self.clock.reset()
+            self._wake.set()
         return new
 
     def run(
@@ -328,6 +333,7 @@ class BandSession:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
         for s in self.sessions:
