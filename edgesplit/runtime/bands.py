@@ -18,9 +18,8 @@ device's request), unless no request gap has let one out for twice the interval;
 the plan in use sends (its transfers measure the link, and a probe would queue on the server before
 the next request). The interval (:class:`ProbeClock`) starts at ``probe_interval_s`` and doubles up
 to ``max_probe_interval_s`` while measurements agree with the estimate they follow; it goes back to
-the start after a switch, and whenever a measurement (a probe or a request's transfers) disagrees
-with the estimate before it by more than the hysteresis margin: the link is moving, so look again
-soon. A probe that started before a rate change and ended after it measures a mixture; it
+the start after a switch, and whenever a probe's measure disagrees with the estimate before it by
+more than the hysteresis margin: the link is moving, so look again soon. A probe that started before a rate change and ended after it measures a mixture; it
 disagrees with the old estimate, so the next probe follows at once.
 
 Hysteresis: the plan changes only when the rate is more than a factor ``1 + hysteresis`` inside a
@@ -296,13 +295,10 @@ class BandSession:
         """Run one request on the plan chosen for the link as measured now."""
         with self._busy:
             k = self._choose()
-            before_mbps = self.uplink_mbps()
             self._requests += 1  # a choice made while this request runs is for the next one
             t0 = time.perf_counter()
             out = self.sessions[k].run(inputs, timeout_s=timeout_s)
             self._plan_ms[k] += (time.perf_counter() - t0) * 1e3
-            if self._remote[k] and self.clock.disagree(before_mbps, self.uplink_mbps()):
-                self.clock.reset()  # the link moves: probe again soon should this plan stop sending
             self._plan_requests[k] += 1
             self.last_plan = k
             return out
