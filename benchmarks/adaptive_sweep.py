@@ -16,6 +16,9 @@ Mbit/s) and Wi-Fi/5G-class rates (50, 100, 300). At each step it measures:
   at 0.13 Mbit/s an image takes half a minute to send);
 * the oracle: the band plan the table gives for the rate the lab sets, measured.
 
+The adaptive session's idle-link probes are paused while the fixed plans run (they would share
+the link with them), and start again with its next step, their interval running from then.
+
 Every configuration runs its requests ``GAP_S`` apart (a stream of a few frames a second), so that
 all see the same link and CPU-quota state between requests (an idle TCP connection restarts slow).
 
@@ -57,6 +60,7 @@ WORKER = textwrap.dedent("""
                 if bands is None:
                     bands = load_bands(job["bundle"], executor_options=opts, probe_interval_s=0.2,
                                        max_probe_interval_s=2.0)
+                bands.pause_probes(False)
                 sess, run = bands, bands.run
             else:
                 sess = load(job["bundle"], executor_options=opts, band_plan=job["plan"])
@@ -75,6 +79,7 @@ WORKER = textwrap.dedent("""
                 time.sleep(job.get("gap_s", 0))
             extra = {}
             if job["kind"] == "adaptive":
+                bands.pause_probes()  # leave the link to the fixed plans measured next
                 st = bands.stats()
                 extra = {"uplink_mbps": st.uplink_mbps, "switches": len(st.switches),
                          "decision_us_median": st.decision_us_median, "decision_us_p99": st.decision_us_p99}

@@ -1,18 +1,28 @@
 """Dynamic batching on ``edgesplit serve``: throughput and p50/p99 latency against concurrency.
 
-The server (its own process) serves the second half of a zoo model (default squeezenet, cut in
-the middle, on the CPU here; on a GPU server when ``--gpu`` and ONNX Runtime has CUDA). For each
+The server (its own process) serves the server part of each model in ``--model`` in turn, on the
+CPU here:
+
+* a zoo model (``squeezenet``: its second half, cut in the middle): convolutions, bound by their
+  FLOPs on a CPU, which batching does not reduce;
+* ``mlp``: a weight-bound part built here, an MLP head offloaded to the server (``--mlp-width``
+  wide, ``--mlp-layers`` fully connected layers, fp32; the device keeps the first layer, the server
+  the rest: 2 x 4096 x 4096 weights, 128 MB, by default). One request is a matrix-vector product
+  that reads every weight; a batch of B turns it into a matrix-matrix product that reads them once.
+
+For each
 mode (unbatched: ``--max-batch 1``; batched: ``--max-batch B --max-queue-delay-ms D``) and each
 concurrency C in 1, 8, 32, 64, C asyncio clients in this process, each with its own keep-alive
 connection, send binary OIP requests back to back (each client its own input), R requests each
 after a short warm-up. Every answer is checked against ONNX Runtime run on that request alone
-(within 1e-4 relative: a larger batch may take another kernel path).
+(``np.allclose`` with rtol 1e-4, atol 1e-5: a batch takes another kernel path, GEMM for GEMV, whose
+sums run in another order).
 
 The clients run at nice 10 (``--nice``; the server at 0): on a real network they are other
 machines, here they share the server's cores. Figures on a shared machine are noisy.
 Goal (issue 14): batching raises throughput at 32 clients by at least 1.5x on the CPU part.
 
-Run: .venv/bin/python benchmarks/server_batching.py [--model squeezenet] [--requests 40]
+Run: .venv/bin/python benchmarks/server_batching.py [--model squeezenet,mlp] [--requests 40]
      [--max-batch 32] [--delay-ms 2] [--concurrency 1,8,32,64] [--threads 2] [--nice 10]
 """
 
@@ -38,6 +48,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_load import client  # noqa: E402 - the same checked OIP client
 
 from edgesplit.runtime import oip  # noqa: E402
+
+
+def mlp_model(path: Path, width: int, layers: int, seed: int = 0) -> tuple[Path, str]:
+    """An MLP of ``layers`` ``Gemm`` layers ``width`` wide (ReLU between them), input ``x`` [1, width];
+    returns the path and the cut tensor (after the first layer: the server gets the rest)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        inits += [
+            numpy_helper.from_array(w, f"w{i}"),
+            numpy_helper.from_array(np.zeros(width, np.float32), f"b{i}"),
+        ]
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"fc{i}"], name=f"fc{i}"))
+        x = f"fc{i}"
+        if i < layers - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"relu{i}"], name=f"relu{i}"))
+            x = f"relu{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path, "relu0"
 
 
 async def load(url, requests, expected, clients: int, n: int):
@@ -100,7 +141,11 @@ def run_mode(bundle: Path, d: Path, flags: list[str], args, requests, expected) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="squeezenet")
+    ap.add_argument("--model", default="squeezenet,mlp", help="zoo models and/or mlp, comma-separated")
+    ap.add_argument("--mlp-width", type=int, default=4096)
+    ap.add_argument(
+        "--mlp-layers", type=int, default=3, help="the device runs the first, the server the rest"
+    )
     ap.add_argument("--requests", type=int, default=40, help="per client, per concurrency")
     ap.add_argument("--warmup", type=int, default=3, help="per client before each measured round")
     ap.add_argument("--max-batch", type=int, default=32)
@@ -110,31 +155,41 @@ def main() -> None:
     ap.add_argument("--nice", type=int, default=10, help="niceness of the clients (the server stays at 0)")
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    from edgesplit.model import zoo
+    os.nice(args.nice)
+    for name in args.model.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            if name == "mlp":
+                path, cut = mlp_model(d / "mlp.onnx", args.mlp_width, args.mlp_layers)
+                label = (
+                    f"mlp ({args.mlp_layers - 1} x {args.mlp_width}x{args.mlp_width} fp32 Gemm on the server)"
+                )
+            else:
+                from edgesplit.model import zoo
 
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        path = zoo.save(args.model, d / f"{args.model}.onnx")
-        cuts = single_tensor_cuts(onnx.load(path))
-        cut = cuts[len(cuts) // 2]
-        bundle = make_bundle(path, d / "bundle", [cut], [False, True])
-        requests, expected, nbytes = make_requests(bundle, path, cut, max(args.concurrency))
-        os.nice(args.nice)
-        modes = {
-            "unbatched": ["--max-batch", "1"],
-            "batched": ["--max-batch", str(args.max_batch), "--max-queue-delay-ms", f"{args.delay_ms:g}"],
-        }
-        results = {
-            name: run_mode(bundle, d, flags, args, requests, expected) for name, flags in modes.items()
-        }
-    report(args, cut, nbytes, results)
+                path = zoo.save(name, d / f"{name}.onnx")
+                cuts = single_tensor_cuts(onnx.load(path))
+                cut, label = cuts[len(cuts) // 2], f"{name} second half"
+            bundle = make_bundle(path, d / "bundle", [cut], [False, True])
+            requests, expected, nbytes = make_requests(bundle, path, cut, max(args.concurrency))
+            modes = {
+                "unbatched": ["--max-batch", "1"],
+                "batched": ["--max-batch", str(args.max_batch), "--max-queue-delay-ms", f"{args.delay_ms:g}"],
+            }
+            results = {m: run_mode(bundle, d, flags, args, requests, expected) for m, flags in modes.items()}
+        report(args, f"{label} (cut at {cut}, {nbytes:,} B per request)", results)
 
 
-def report(args, cut: str, nbytes: int, results: dict[str, dict[int, tuple]]) -> None:
+def report(args, what: str, results: dict[str, dict[int, tuple]]) -> None:
+    print()
     print(
-        f"{args.model} second half (cut at {cut}, {nbytes:,} B per request), CPU, {args.threads} compute "
+        f"{what}, CPU, {args.threads} compute "
         f"threads; batched: --max-batch {args.max_batch} --max-queue-delay-ms {args.delay_ms:g}; "
         f"{args.requests} requests per client; clients at nice {args.nice} on the server's {os.cpu_count()} cores"
+    )
+    print(
+        "every answer checked against ONNX Runtime run on that request alone (np.allclose, rtol 1e-4, "
+        "atol 1e-5); errors count wrong outputs too"
     )
     print(f"{'clients':>7} | {'mode':>9} | {'req/s':>8} | {'p50 ms':>8} | {'p99 ms':>8} | errors")
     for c in args.concurrency:

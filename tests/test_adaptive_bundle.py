@@ -27,7 +27,7 @@ from edgesplit.errors import BundleError
 from edgesplit.model import zoo
 from edgesplit.runtime.adaptive import LinkEstimator
 from edgesplit.runtime.api import random_feeds
-from edgesplit.runtime.bands import BandSelector, load_bands
+from edgesplit.runtime.bands import BandSelector, ProbeClock, load_bands
 from edgesplit.runtime.session import load
 
 # A slow board (predicted: nothing is measured) and a fast server, so that the best plan runs from
@@ -174,6 +174,51 @@ def test_uplink_estimate_weighs_the_downlink():
     assert link.uplink_mbps(down_ratio=2.0) == pytest.approx(8.0)
 
 
+def test_probe_clock_backs_off_while_measures_agree_and_resets_when_they_do_not():
+    clock = ProbeClock(0.2, 2.0, margin=1.15)
+    for want in (0.4, 0.8, 1.6, 2.0, 2.0):  # the same rate again and again: back off, capped
+        assert not clock.observed(10.0, 11.0)
+        assert clock.interval_s == pytest.approx(want)
+    # a probe that began at CAT1 and ended after the link rose measures a mixture: look again now
+    assert clock.observed(0.13, 0.5) and clock.interval_s == pytest.approx(0.2)
+    assert clock.observed(None, 5.0)  # a first estimate counts as news
+    assert not clock.disagree(5.0, None)
+
+
+def test_probe_clock_probes_in_request_gaps_and_never_while_the_plan_sends():
+    clock = ProbeClock(0.2, 2.0, margin=1.15)
+    clock.interval_s = 1.0
+    assert not clock.due(now=10.5, last_transfer=10.0, busy=False, plan_sends=False)  # quiet 0.5 s
+    assert clock.due(now=11.0, last_transfer=10.0, busy=False, plan_sends=False)  # a gap: probe
+    assert not clock.due(now=11.5, last_transfer=10.0, busy=True, plan_sends=False)  # a request runs
+    assert clock.due(now=12.0, last_transfer=10.0, busy=True, plan_sends=False)  # no gap for 2 intervals
+    assert not clock.due(now=99.0, last_transfer=10.0, busy=False, plan_sends=True)  # transfers measure
+    clock.last_probe = 98.5
+    assert not clock.due(now=99.0, last_transfer=10.0, busy=False, plan_sends=False)  # a probe is news
+
+
+def test_a_step_up_in_the_measured_rate_switches_within_one_observation(adaptive):
+    """The rate rises from CAT1 to 200 Mbit/s: the next estimate (one probe-sized transfer) picks
+    the table's plan for the new rate; a drop back is seen from the next transfer too."""
+    bands = adaptive["manifest"].bands
+    sel, link = BandSelector(bands, hysteresis=0.15), LinkEstimator()
+    link.add_ping(10.0)
+    nbytes = 100_000
+
+    def send(mbps: float) -> int:
+        link.add_transfer(nbytes, 10.0 + nbytes * 8 / (mbps * 1e3), 0.0, up_nbytes=nbytes)
+        return sel.choose(current, link.uplink_mbps())
+
+    current = sel.lowest()
+    for _ in range(5):
+        current = send(0.13)
+    assert current == bands.plan_at(0.13)
+    current = send(200.0)
+    assert current == bands.plan_at(200.0) != bands.plan_at(0.13)
+    current = send(0.13)
+    assert current == bands.plan_at(0.13)
+
+
 def check_one_plan_per_request(bs) -> None:
     """Each plan's session ran every one of its parts once per request it got: no mixing."""
     for k, sess in enumerate(bs.sessions):
@@ -193,6 +238,7 @@ def test_switches_to_the_server_then_falls_back_when_it_dies(adaptive):
             assert bs.current == lowest  # nothing measured yet: the plan that sends least
             for _ in range(6):  # loopback is faster than any band: the server-only plan
                 assert same(bs.run(adaptive["feeds"]), adaptive["want"])
+                time.sleep(0.1)  # a gap between requests: the idle link gets probed
             top = bs.bands.plan_at(1000.0)
             assert bs.current == top and bs.stats().switches[0].to_plan == top
             stop_process(proc)  # killed in the middle of the stream
@@ -202,6 +248,38 @@ def test_switches_to_the_server_then_falls_back_when_it_dies(adaptive):
             assert st.current == lowest and st.switches[-1].reason == "server unavailable"
             assert st.plan_requests[top] >= 1 and sum(st.plan_requests) == 10
             check_one_plan_per_request(bs)
+    finally:
+        stop_process(proc)
+
+
+@pytest.mark.slow
+def test_no_probes_while_the_plan_in_use_sends(adaptive):
+    """On the server-only plan every request's transfers measure the link: the idle-link probe
+    (which would queue a whole model's work on the server before the next request) stays quiet,
+    however long the gaps between requests."""
+    port = free_port()
+    proc = subprocess.Popen(serve_command(adaptive["bundle"], "127.0.0.1", port), stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        opts = {"remote": {"url": url, "timeout_s": 5.0}}
+        with load_bands(adaptive["bundle"], executor_options=opts, probe_interval_s=0.02) as bs:
+            top = bs.bands.plan_at(1000.0)
+            for _ in range(100):  # the device-only plan sends nothing: a probe finds the fast link
+                bs.run(adaptive["feeds"])
+                if bs.current == top:
+                    break
+                time.sleep(0.05)
+            assert bs.current == top
+            bs.run(adaptive["feeds"])
+            probes = bs.stats().probes
+            for _ in range(4):
+                time.sleep(0.2)  # ten probe intervals of quiet between requests
+                assert same(bs.run(adaptive["feeds"]), adaptive["want"])
+            assert bs.stats().probes == probes and bs.current == top
+            bs.pause_probes()
+            assert bs._paused.is_set()
+            bs.pause_probes(False)
     finally:
         stop_process(proc)
 

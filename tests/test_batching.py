@@ -101,6 +101,51 @@ def test_free_batch_rewrites_static_reshape_and_refuses_parts_that_mix_rows(bund
     assert not found.ok and "mixes the requests" in found.reason
 
 
+def mlp_model(path: Path, width: int = 256, layers: int = 3) -> Path:
+    """x [1, width] -> ``layers`` fully connected layers (Gemm, ReLU between): a weight-bound head."""
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        inits += [
+            numpy_helper.from_array(w, f"w{i}"),
+            numpy_helper.from_array(np.ones(width, np.float32), f"b{i}"),
+        ]
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"fc{i}"], name=f"fc{i}"))
+        x = f"fc{i}"
+        if i < layers - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"relu{i}"], name=f"relu{i}"))
+            x = f"relu{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])],
+        inits,
+    )
+    return _save(graph, path)
+
+
+def test_a_fully_connected_server_part_batches_and_equals_one_request_at_a_time(tmp_path):
+    """The weight-bound part of benchmarks/server_batching.py (Gemm layers, matrix-vector per
+    request): its batch-free form is accepted, and a batch of 32 answers each request as it would
+    alone (within float tolerance: a batch runs GEMM where one request runs GEMV)."""
+    bundle = make_bundle(mlp_model(tmp_path / "mlp.onnx"), tmp_path / "b", ["relu0"], [False, True])
+    verified, part = _part(bundle, "p1")
+    found = free_batch(verified.read(part.onnx_file), part.inputs, part.outputs)
+    assert found.ok and found.rows == 1, found.reason
+    served = ServedModel(part, verified, 1, max_batch=32)
+    assert served.max_batch == 32
+    alone = ort.InferenceSession(str(bundle / "parts" / "p1.onnx"))
+    rng = np.random.default_rng(1)
+    feeds = [{"relu0": rng.standard_normal((1, 256)).astype(np.float32)} for _ in range(32)]
+    out = part.outputs[0].name
+    batched = served.run_batch(feeds, [[out]] * 32)
+    for f, (got, _ms) in zip(feeds, batched):
+        assert got[out].shape == (1, 256)
+        np.testing.assert_allclose(got[out], alone.run([out], f)[0], rtol=1e-4, atol=1e-5)
+
+
 def test_unbatchable_part_is_served_unbatched_with_a_note(bundles):
     with ServerThread(bundles["mixing"], ServeOptions(port=0, max_batch=8)) as s:
         assert s.server.models["p0"].max_batch == 1

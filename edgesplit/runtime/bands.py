@@ -9,12 +9,18 @@ request mixes two plans.
 The rate comes from the link estimator every remote part of every plan feeds with its own
 transfers (:class:`~edgesplit.runtime.adaptive.LinkEstimator`: pings give the RTT; each exchange's
 bytes over its time with the RTT and the server's time taken out give the rate, the downlink
-weighed by the band table's down/up ratio). When the plan in use sends nothing (a device-only
-band), the link goes unmeasured, so a background thread probes it while the link is idle (no
-request running, or one whose plan sends nothing): one remote part of the next faster band's
-plan sent with zero inputs, every ``probe_interval_s``
-(doubling up to ``max_probe_interval_s`` while the choice stays, back to the start after a
-switch).
+weighed by the band table's down/up ratio). Every real transfer is a measurement, so while the plan
+in use sends, the choice before the next request already sees a change. When the plan in use sends
+nothing (a device-only band), the link goes unmeasured, so a background thread probes it: one
+remote part of the next faster band's plan sent with zero inputs, when the link has been quiet for
+the probe interval. Probes go out only between requests (a probe's own work would slow a starved
+device's request), unless no request gap has let one out for twice the interval; never while
+the plan in use sends (its transfers measure the link, and a probe would queue on the server before
+the next request). The interval (:class:`ProbeClock`) starts at ``probe_interval_s`` and doubles up
+to ``max_probe_interval_s`` while measurements agree with the estimate they follow; it goes back to
+the start after a switch, and whenever a probe's measure disagrees with the estimate before it by
+more than the hysteresis margin: the link is moving, so look again soon. A probe that started before a rate change and ended after it measures a mixture; it
+disagrees with the old estimate, so the next probe follows at once.
 
 Hysteresis: the plan changes only when the rate is more than a factor ``1 + hysteresis`` inside a
 band of another plan (beyond every band of the current one). While a server is in its cool-down
@@ -73,6 +79,48 @@ class BandStats:
     uplink_mbps: float | None
     rtt_ms: float | None
     probes: int
+
+
+class ProbeClock:
+    """When to probe an idle link (pure: no I/O). See the module doc.
+
+    ``interval_s`` starts at ``base_s``; :meth:`observed` doubles it (up to ``max_s``) when a new
+    estimate agrees with the one before within a factor ``margin``, and resets it to ``base_s``
+    when it does not (or :meth:`reset`, after a switch).
+    """
+
+    def __init__(self, base_s: float, max_s: float, margin: float):
+        self.base_s, self.max_s, self.margin = base_s, max(max_s, base_s), margin
+        self.interval_s = base_s
+        self.last_probe = float("-inf")  # time.monotonic() of the last probe sent
+
+    def reset(self) -> None:
+        self.interval_s = self.base_s
+
+    def disagree(self, before_mbps: float | None, after_mbps: float | None) -> bool:
+        """True when the two estimates differ by more than the margin (a first estimate counts)."""
+        if after_mbps is None:
+            return False
+        if before_mbps is None:
+            return True
+        return max(after_mbps / before_mbps, before_mbps / after_mbps) > self.margin
+
+    def observed(self, before_mbps: float | None, after_mbps: float | None) -> bool:
+        """A new estimate after a probe; returns whether it disagreed (the interval reset)."""
+        if self.disagree(before_mbps, after_mbps):
+            self.reset()
+            return True
+        self.interval_s = min(self.interval_s * 2, self.max_s)
+        return False
+
+    def due(self, now: float, last_transfer: float, busy: bool, plan_sends: bool) -> bool:
+        """Whether to probe now: the plan in use sends nothing, the link has been quiet (no transfer,
+        no probe) for the interval, and no request runs, or none has let a probe out for twice the
+        interval (a stream with no gaps)."""
+        quiet_s = now - max(self.last_probe, last_transfer)
+        if plan_sends or quiet_s < self.interval_s:
+            return False
+        return not busy or quiet_s >= 2 * self.interval_s
 
 
 class BandSelector:
@@ -144,8 +192,9 @@ class BandSession:
         self._choice_lock = threading.Lock()
         self._busy = threading.Lock()  # held while a request runs
         self._probes = 0
-        self._probe_s = probe_interval_s
-        self._probe_base, self._probe_max = probe_interval_s, max_probe_interval_s
+        self.clock = ProbeClock(probe_interval_s or 1.0, max_probe_interval_s, 1.0 + hysteresis)
+        self._paused = threading.Event()
+        self._wake = threading.Event()  # set on a switch: the probe thread looks again
         self._stop = threading.Event()
         self._thread = None
         if probe_interval_s is not None and any(self._remote):
@@ -185,22 +234,39 @@ class BandSession:
         self._probes += 1
         return ex.probe()
 
+    def pause_probes(self, paused: bool = True) -> None:
+        """Stop (or restart) the idle-link probes, e.g. while the app is in the background and
+        should leave the link to others. On restart the interval runs from now, as if a probe had
+        just been sent."""
+        if paused:
+            self._paused.set()
+        else:
+            self.clock.last_probe = time.monotonic()
+            self._paused.clear()
+            self._wake.set()
+
     def _probe_loop(self) -> None:
-        while not self._stop.wait(min(self._probe_s or 1.0, 0.25)):
+        while not self._stop.is_set():
+            self._wake.clear()
+            if self._paused.is_set() or self._remote[self.current]:
+                # Nothing to probe while the plan in use sends (its transfers measure the link):
+                # sleep until a switch, without periodic wake-ups (on a CPU-starved device a waking
+                # thread competes with the requests for the CPU quota and the GIL).
+                self._wake.wait(5.0)
+                continue
+            if self._stop.wait(min(self.clock.interval_s, 0.05)):
+                return
             last = max((lk.last_transfer for lk in self._links()), default=float("-inf"))
-            if time.monotonic() - last < (self._probe_s or 1.0):
+            # The probe holds no lock: a request never waits for one (at 0.13 Mbit/s one takes seconds).
+            busy = self._busy.locked()
+            if not self.clock.due(time.monotonic(), last, busy, bool(self._remote[self.current])):
                 continue
-            # The link is idle while nothing runs, or while the plan running sends nothing. The
-            # probe holds no lock: a request never waits for one (at 0.13 Mbit/s one takes seconds).
-            idle = self._busy.acquire(blocking=False)
-            if idle:
-                self._busy.release()
-            elif self._remote[self.current]:
+            before_mbps = self.uplink_mbps()
+            self.clock.last_probe = time.monotonic()
+            if not self.probe():
                 continue
-            before = self.current
-            self.probe()
-            if self._choose() == before:
-                self._probe_s = min((self._probe_s or 1.0) * 2, self._probe_max)
+            self.clock.observed(before_mbps, self.uplink_mbps())
+            self._choose()  # a switch resets the clock
 
     # ---- choosing and running
 
@@ -219,7 +285,8 @@ class BandSession:
         if new != self.current:
             self._switches.append(Switch(self._requests, self.current, new, bw, reason))
             self.current = new
-            self._probe_s = self._probe_base
+            self.clock.reset()
+            self._wake.set()
         return new
 
     def run(
@@ -262,6 +329,7 @@ class BandSession:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
         for s in self.sessions:
