@@ -310,3 +310,41 @@ def test_a_trivial_bundle_costs_the_session_and_its_wake_ups(tmp_path):
     kernel = prof.entry("core0", "ort").nodes["neg"].latency_ms
     assert kernel < 0.5 * predicted
     assert 0.25 <= got / predicted <= 4.0, (got, predicted)  # without those terms: 20x and more
+
+
+def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(chain_model, chain_profile):
+    """A second backend 1% faster on one node: a plan that switched backends for it would pay two
+    part boundaries for a few microseconds. The plan keeps one backend per processor instead, and
+    predicts no worse than the plan without that backend (squeezenet on host-biglittle: five parts
+    on big at 11.06 ms predicted against 9.30 for ORT alone, before)."""
+    from edgesplit.optimize.api import solve_plan
+    from edgesplit.pipeline import Choices, resolve
+
+    # the chain's profile on host-biglittle, whose processors have ORT and TVM (core0 as big ...)
+    names = {"core0": "big", "core1": "little"}
+
+    def moved(e):
+        terms = e.terms and replace(e.terms, contention={names[k]: v for k, v in e.terms.contention.items()})
+        return replace(e, processor=names[e.processor], terms=terms)
+
+    ort_only = replace(
+        chain_profile, device="host-biglittle", entries=tuple(map(moved, chain_profile.entries))
+    )
+    big = ort_only.entry("big", "ort")
+    faster = {
+        n: replace(c, latency_ms=c.latency_ms * (0.99 if n == "conv3" else 1.5)) for n, c in big.nodes.items()
+    }
+    both = replace(
+        ort_only, entries=(*ort_only.entries, replace(big, backend="tvm", nodes=faster, whole_model_ms=None))
+    )
+
+    def plan_for(profile):
+        return solve_plan(
+            resolve(chain_model, "host-biglittle", Choices(objective="latency", profile=profile))
+        )
+
+    plain, mixed = plan_for(ort_only), plan_for(both)
+    figure = "latency_ms"
+    assert mixed.predicted[figure] <= plain.predicted[figure] * (1 + 1e-9), (mixed.predicted, plain.predicted)
+    assert len(mixed.parts) == len(plain.parts)
+    assert {p.backend for p in mixed.parts} == {"ort"}

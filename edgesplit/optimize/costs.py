@@ -212,6 +212,7 @@ def _node_costs(
     profile: Profile,
     procs: tuple[Processor, ...],
     forced: Mapping[str, Mapping[str, str]] | None = None,
+    uniform: Mapping[str, str] | None = None,
 ):
     n_nodes, n_procs = len(graph.nodes), len(procs)
     ms = np.full((n_nodes, n_procs), np.inf)
@@ -220,6 +221,8 @@ def _node_costs(
     index = graph.index
     for p, proc in enumerate(procs):
         keys = {b.key: b for b in proc.backends}
+        only = (uniform or {}).get(proc.name)
+        kept = profile.entry(proc.name, only) if only is not None else None
         for entry in profile.for_processor(proc.name):
             be = keys.get(entry.backend)
             if be is None:
@@ -228,7 +231,7 @@ def _node_costs(
             scale = whole_model_scale(entry, covers)
             for name, cost in entry.nodes.items():
                 n = index.get(name)
-                if n is None:
+                if n is None or (kept is not None and entry is not kept and name in kept.nodes):
                     continue
                 node = graph.nodes[n]
                 want = (forced or {}).get(name)
@@ -396,6 +399,7 @@ def build_costs(
     link: NetworkLink | None = None,
     pins: Mapping[str, str] | None = None,
     assignment: Mapping[str, Mapping[str, str]] | None = None,
+    uniform: Mapping[str, str] | None = None,
 ) -> CostModel:
     """Price ``graph`` on ``device`` (plus ``server``) from ``profile``.
 
@@ -407,6 +411,9 @@ def build_costs(
         pins: ``node name -> processor name`` to force.
         assignment: A plan's ``node -> {processor, backend}``: on its processor, each node uses
             the plan's backend (to price a plan as it was compiled, whatever backend is fastest now).
+        uniform: ``processor name -> backend``: on that processor every node the backend's entry
+            has uses it, whether or not another backend is faster for the node (one backend, so
+            no part boundary between backends; see :func:`edgesplit.optimize.api.solve_plan`).
 
     Raises:
         PlanError: for a profile of another model, unknown pins, a server without a link, and ops
@@ -420,7 +427,7 @@ def build_costs(
     if server is not None and not any(p.is_remote for p in device.processors):
         device = device.with_server(server)
     procs = device.processors
-    ms, mj, backend = _node_costs(graph, profile, procs, assignment)
+    ms, mj, backend = _node_costs(graph, profile, procs, assignment, uniform)
     _check_supported(graph, device, np.isfinite(ms))
     allowed, pin_idx = _allowed(graph, procs, np.isfinite(ms), pins or {})
     lat, per_byte, radio, channel = _links(device, server, link)

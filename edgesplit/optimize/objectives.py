@@ -91,6 +91,7 @@ class Objective(ABC):
     name: str = ""
     baseline_metric: str = "latency"
     unit: str = "ms"
+    one_figure: bool = True  # judged by :meth:`value` alone (not a trade-off between two figures)
 
     def score(self, cm: CostModel) -> Score:
         """The figure a local search minimises for this objective (default: the makespan)."""
@@ -243,6 +244,7 @@ class Pareto(Objective):
     """The front itself is :func:`edgesplit.optimize.front.pareto_front`."""
 
     name = "pareto"
+    one_figure = False
 
     @property
     def sweep_objective(self) -> str:
