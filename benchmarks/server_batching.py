@@ -42,6 +42,7 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from model_builders import mlp_graph  # noqa: E402
 from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, stop_process, wait_ready  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -53,29 +54,9 @@ from edgesplit.runtime import oip  # noqa: E402
 def mlp_model(path: Path, width: int, layers: int, seed: int = 0) -> tuple[Path, str]:
     """An MLP of ``layers`` ``Gemm`` layers ``width`` wide (ReLU between them), input ``x`` [1, width];
     returns the path and the cut tensor (after the first layer: the server gets the rest)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(seed)
-    nodes, inits, x = [], [], "x"
-    for i in range(layers):
-        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-        inits += [
-            numpy_helper.from_array(w, f"w{i}"),
-            numpy_helper.from_array(np.zeros(width, np.float32), f"b{i}"),
-        ]
-        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"fc{i}"], name=f"fc{i}"))
-        x = f"fc{i}"
-        if i < layers - 1:
-            nodes.append(helper.make_node("Relu", [x], [f"relu{i}"], name=f"relu{i}"))
-            x = f"relu{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])],
-        inits,
+    model = onnx.helper.make_model(
+        mlp_graph(width, layers, seed=seed), opset_imports=[onnx.helper.make_opsetid("", 17)]
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, path)
     return path, "relu0"

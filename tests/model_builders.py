@@ -184,3 +184,22 @@ def old_cnn(*, ort_runs_it: bool = False) -> onnx.ModelProto:
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 6)], producer_name="old-exporter")
     m.ir_version = 3
     return m
+
+
+def mlp_graph(width: int, layers: int, *, seed: int = 0, bias: float = 0.0) -> onnx.GraphProto:
+    """x [1, width] -> ``layers`` fully connected layers (Gemm, ReLU between; the first ReLU's
+    output is ``relu0``): a weight-bound head, as a server part that batching helps."""
+    rng = np.random.default_rng(seed)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        inits += [
+            numpy_helper.from_array(w, f"w{i}"),
+            numpy_helper.from_array(np.full(width, bias, np.float32), f"b{i}"),
+        ]
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"fc{i}"], name=f"fc{i}"))
+        x = f"fc{i}"
+        if i < layers - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"relu{i}"], name=f"relu{i}"))
+            x = f"relu{i}"
+    return helper.make_graph(nodes, "mlp", [_vi("x", [1, width])], [_vi(x, [1, width])], inits)

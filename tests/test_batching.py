@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from model_builders import mlp_graph
 from netlab import make_bundle, single_tensor_cuts
 from onnx import TensorProto, helper, numpy_helper
 
@@ -102,28 +103,7 @@ def test_free_batch_rewrites_static_reshape_and_refuses_parts_that_mix_rows(bund
 
 
 def mlp_model(path: Path, width: int = 256, layers: int = 3) -> Path:
-    """x [1, width] -> ``layers`` fully connected layers (Gemm, ReLU between): a weight-bound head."""
-    rng = np.random.default_rng(0)
-    nodes, inits, x = [], [], "x"
-    for i in range(layers):
-        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-        inits += [
-            numpy_helper.from_array(w, f"w{i}"),
-            numpy_helper.from_array(np.ones(width, np.float32), f"b{i}"),
-        ]
-        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [f"fc{i}"], name=f"fc{i}"))
-        x = f"fc{i}"
-        if i < layers - 1:
-            nodes.append(helper.make_node("Relu", [x], [f"relu{i}"], name=f"relu{i}"))
-            x = f"relu{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])],
-        inits,
-    )
-    return _save(graph, path)
+    return _save(mlp_graph(width, layers, bias=1.0), path)
 
 
 def test_a_fully_connected_server_part_batches_and_equals_one_request_at_a_time(tmp_path):

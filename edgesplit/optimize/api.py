@@ -77,13 +77,15 @@ def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int =
     if load is None or problem.server is None:
         plan = _fewest_backends(problem, run)
     else:
-        plan = _loaded(problem, _costs(problem), run)
+        plan = _loaded(problem, costs_of(problem), run)
     plan = with_precisions(plan, problem.full_device)
     again = partial(solve_plan, time_limit_s=time_limit_s, max_evals=max_evals)
     return fit_budget(problem, plan, again)
 
 
-def _costs(problem: Problem, uniform: dict[str, str] | None = None) -> CostModel:
+def costs_of(problem: Problem, uniform: dict[str, str] | None = None) -> CostModel:
+    """The cost model of ``problem`` (with ``uniform``: one backend per processor, see
+    :func:`uniform_backends`)."""
     return build_costs(
         problem.graph,
         problem.profile,
@@ -115,11 +117,11 @@ def _fewest_backends(problem: Problem, run) -> Plan:
     node saves (squeezenet on ``host-biglittle``: five parts on ``big`` predicted 11.06 ms, ORT alone
     9.30 ms). Objectives judged by one figure are solved both ways and the better plan kept.
     """
-    cm = _costs(problem)
+    cm = costs_of(problem)
     out = run(cm)
     obj = objective(problem.objective)
     uniform = uniform_backends(problem)
-    flat = _costs(problem, uniform) if uniform and obj.one_figure else cm
+    flat = costs_of(problem, uniform) if uniform and obj.one_figure else cm
     same_backends = flat.backend == cm.backend  # no processor had a node on another backend
     if same_backends:
         return make_plan(problem, cm, out)

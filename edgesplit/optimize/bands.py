@@ -39,8 +39,8 @@ import numpy as np
 
 from edgesplit.device import NetworkLink
 from edgesplit.errors import PlanError
-from edgesplit.optimize.api import make_plan
-from edgesplit.optimize.costs import CostModel, build_costs
+from edgesplit.optimize.api import costs_of, make_plan
+from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.evaluate import sequential_cost
 from edgesplit.optimize.objectives import objective
 from edgesplit.optimize.pipeline import period_ms
@@ -336,14 +336,7 @@ def problem_costs(problem: Problem) -> CostModel:
         PlanError: for a problem without a server and link.
     """
     needs_network(problem.server is not None and problem.link is not None)
-    return build_costs(
-        problem.graph,
-        problem.profile,
-        problem.full_device,
-        server=problem.server,
-        link=problem.link,
-        pins=problem.pins,
-    )
+    return costs_of(problem)
 
 
 def problem_band_table(
