@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,7 +152,8 @@ def run_offload(names: list[str], args, run_group, model_file) -> list:
 
 
 def calibrate(args, rows: list) -> bool:
-    """``edgesplit calibrate`` on the plan bundles of the plain pass, into ``WORK/profiles-calibrated``;
+    """``edgesplit calibrate`` on the bundles of the plain pass (per device and model, all together),
+    into ``WORK/profiles-calibrated``;
     False (and why) when this edgesplit has no ``calibrate``."""
     cmd = [sys.executable, "-m", "edgesplit", "calibrate", "--help"]
     if subprocess.run(cmd, capture_output=True).returncode != 0:
@@ -166,8 +166,7 @@ def calibrate(args, rows: list) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     pairs = sorted({(r.device, r.model) for r in rows if not r.device.startswith("lab@")})
     for device, model in pairs:
-        bundles = [r.bundle for r in rows if (r.device, r.model) == (device, model) and r.kind == "plan"]
-        _calibrate_pair(args, device, model, [b for b in bundles if b], out)
+        _calibrate_pair(args, device, model, _bundles_of(rows, device, model), out)
     if any(r.device.startswith("lab@") for r in rows):
         print(
             "the offload lab is not calibrated (its bundles need their servers): its plain profile is reused"
@@ -175,28 +174,41 @@ def calibrate(args, rows: list) -> bool:
     return True
 
 
+def _bundles_of(rows: list, device: str, model: str) -> list[str]:
+    """The bundles one calibration fits on together: every plan built for (device, model), and each
+    baseline once (the throughput group's baselines are the latency group's again)."""
+    out, baselines = [], set()
+    for r in rows:
+        if (r.device, r.model) != (device, model) or not r.bundle or r.same_as:
+            continue
+        if r.kind == "baseline":
+            if r.name in baselines:
+                continue
+            baselines.add(r.name)
+        out.append(r.bundle)
+    return out
+
+
 def _calibrate_pair(args, device: str, model: str, bundles: list[str], out: Path) -> None:
-    """Each plan bundle in turn refits the profile the one before it wrote (the plain one first)."""
+    """One ``edgesplit calibrate`` on every bundle of (device, model) together, from the plain profile."""
     suffix = "." + "+".join(args.backends.split(",")) if args.backends else ""
     profile = Path(args.profile_dir) / f"{model}.{device}{suffix}.profile.json"
     dest = out / profile.name
-    for bundle in bundles:
-        cmd = [
-            sys.executable,
-            "-m",
-            "edgesplit",
-            "calibrate",
-            bundle,
-            "-o",
-            str(dest),
-            "--profile",
-            str(profile),
-        ]
-        cmd += ["--rounds", str(args.calibrate_rounds)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            print(f"calibrate {device} {model} {bundle}: failed: {r.stderr.strip()[-300:]}", flush=True)
-            continue
-        last = [ln for ln in r.stdout.splitlines() if ln.strip()][-3:]
-        print(f"calibrated {device} {model} on {os.path.relpath(bundle, args.work)}: {' | '.join(last)}")
-        profile = dest
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgesplit",
+        "calibrate",
+        *bundles,
+        "-o",
+        str(dest),
+        "--profile",
+        str(profile),
+    ]
+    cmd += ["--rounds", str(args.calibrate_rounds)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        print(f"calibrate {device} {model}: failed: {r.stderr.strip()[-300:]}", flush=True)
+        return
+    last = [ln for ln in r.stdout.splitlines() if ln.strip()][-2:]
+    print(f"calibrated {device} {model} on {len(bundles)} bundles: {' | '.join(last)}", flush=True)

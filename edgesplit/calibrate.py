@@ -1,12 +1,14 @@
-"""``calibrate``: run a bundle, refit its profile's cost terms from the measured part runs, repeat.
+"""``calibrate``: run bundles, refit their profile's cost terms from the measured part runs, repeat.
 
-The loop closes the truth cycle (DESIGN.md): the bundle's plan names the profile it was made from
-(or ``profile`` is given); each round runs the bundle through the real :class:`Session`, reduces
-its timing records (:func:`measure`), and fits the terms (:func:`edgesplit.optimize.calibrate.
-fit_profile`) on every round's runs so far, always starting from the profile as measured. A round
-first predicts its fresh runs with the terms fitted before it: the loop has converged when that
-prediction is within ``tolerance`` of the measurement. ``edgesplit calibrate`` writes the result;
-``partition --profile`` then plans with it.
+The loop closes the truth cycle (DESIGN.md): the first bundle's plan names the profile it was made
+from (or ``profile`` is given); every bundle must be of the same model on the same device (for
+example the plan and the baselines ``deploy`` verified it against). Each round runs every bundle
+through the real :class:`Session`, in an order rotated each round so that drift of the machine
+spreads over all of them, reduces their timing records (:func:`measure`), and fits the terms
+(:func:`edgesplit.optimize.calibrate.fit_profile`) on every bundle's runs so far together, always
+starting from the profile as measured. A round first predicts its fresh runs with the terms fitted
+before it: the loop has converged when every bundle's prediction is within ``tolerance`` of its
+measurement. ``edgesplit calibrate`` writes the result; ``partition --profile`` then plans with it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from edgesplit.compile.bundle import open_bundle
 from edgesplit.device import NetworkLink, load_device
 from edgesplit.errors import InputError, PlanError
 from edgesplit.optimize.api import complete_profile
-from edgesplit.optimize.calibrate import Measured, PairFit, fit_profile, uncalibrated
+from edgesplit.optimize.calibrate import Measured, Observed, PairFit, fit_profile, uncalibrated
 from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.plan import Plan
 from edgesplit.optimize.schedule import schedule
@@ -37,17 +39,28 @@ Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class Round:
-    """One round: the plan's latency predicted with the terms fitted before it, and measured.
+class Case:
+    """One bundle in one round: its latency predicted with the terms fitted before the round, and
+    measured (``error`` is ``measured / predicted - 1``)."""
 
-    ``error`` is ``measured / predicted - 1``.
-    """
-
-    number: int
+    bundle: str
     predicted_ms: float
     measured_ms: float
     error: float
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round: every bundle's case, and the terms fitted after it."""
+
+    number: int
+    cases: tuple[Case, ...]
     fits: tuple[PairFit, ...] = ()
+
+    @property
+    def worst(self) -> Case:
+        """The case predicted worst."""
+        return max(self.cases, key=lambda c: abs(c.error))
 
 
 @dataclass(frozen=True)
@@ -56,14 +69,14 @@ class Calibration:
 
     Attributes:
         converged_after: Fitting rounds until a round's fresh runs were predicted within the
-            tolerance (None: not within ``max_rounds``).
-        predicted_ms: The plan's latency predicted with the final profile.
+            tolerance for every bundle (None: not within ``max_rounds``).
+        predicted_ms: Each bundle's latency predicted with the final profile.
     """
 
     profile: Profile
     rounds: tuple[Round, ...]
     converged_after: int | None
-    predicted_ms: float
+    predicted_ms: dict[str, float]
     tolerance: float
 
 
@@ -182,8 +195,31 @@ def base_profile(
     return plan, uncalibrated(prof)
 
 
+def _plans(bundles: Sequence[str | os.PathLike], profile, trust_key) -> tuple[dict[str, Plan], Profile]:
+    """Each bundle's plan (by its path as given) and the profile to calibrate.
+
+    Raises:
+        InputError: no bundle, the same bundle twice, or bundles of different models or devices.
+    """
+    if not bundles:
+        raise InputError("calibrate: no bundle given")
+    first, base = base_profile(bundles[0], profile, trust_key)
+    plans = {str(bundles[0]): first}
+    for b in bundles[1:]:
+        if str(b) in plans:
+            raise InputError(f"{b}: given twice")
+        plan = open_bundle(b, trust_key=trust_key).plan
+        if (plan.model_sha256, plan.device) != (first.model_sha256, first.device):
+            raise InputError(
+                f"{b}: its plan is for model {plan.model_sha256[:12]} on {plan.device}, the first "
+                f"bundle's ({bundles[0]}) for {first.model_sha256[:12]} on {first.device}"
+            )
+        plans[str(b)] = plan
+    return plans, base
+
+
 def calibrate(
-    bundle: str | os.PathLike,
+    bundles: str | os.PathLike | Sequence[str | os.PathLike],
     *,
     profile: Profile | str | os.PathLike | None = None,
     runs: int = 30,
@@ -193,43 +229,62 @@ def calibrate(
     progress: Progress | None = None,
     trust_key: str | os.PathLike | None = None,
 ) -> Calibration:
-    """Calibrate the profile of ``bundle``'s plan against its measured runs (see the module doc).
+    """Calibrate the profile of the bundles' plans against their measured runs (see the module doc).
 
     Raises:
-        InputError: no profile to calibrate, or one of another model.
+        InputError: no profile to calibrate, one of another model, or bundles that differ in model
+            or device.
         PlanError, BundleError: for a bundle or plan that cannot be loaded or priced.
     """
-    plan, base = base_profile(bundle, profile, trust_key)
-    start = plan_costs(plan, base)
-    priced = start
-    current = base
-    label = f"{Path(bundle).name}: {plan.model_name} on {plan.device}"
-    measured: Measured | None = None
+    paths = [bundles] if isinstance(bundles, (str, os.PathLike)) else list(bundles)
+    plans, base = _plans(paths, profile, trust_key)
+    start = {b: plan_costs(plan, base) for b, plan in plans.items()}
+    priced = dict(start)
+    first = next(iter(plans.values()))
+    label = f"{', '.join(Path(b).name for b in plans)}: {first.model_name} on {first.device}"
+    measured: dict[str, Measured] = {}
     rounds: list[Round] = []
     converged = None
+    current = base
     for number in range(1, max_rounds + 1):
-        fresh = measure(bundle, runs, warmup, trust_key=trust_key)
-        predicted = priced.latency_ms()
-        error = fresh.latency_ms / predicted - 1 if predicted > 0 else float("inf")
-        measured = fresh if measured is None else measured.merged(fresh)
-        if number > 1 and abs(error) <= tolerance and converged is None:
+        order = list(plans)[(number - 1) % len(plans) :] + list(plans)[: (number - 1) % len(plans)]
+        cases = []
+        for b in order:
+            fresh = measure(b, runs, warmup, trust_key=trust_key)
+            predicted = priced[b].latency_ms()
+            error = fresh.latency_ms / predicted - 1 if predicted > 0 else float("inf")
+            cases.append(Case(b, predicted, fresh.latency_ms, error))
+            measured[b] = fresh if b not in measured else measured[b].merged(fresh)
+        cases.sort(key=lambda c: list(plans).index(c.bundle))
+        if number > 1 and all(abs(c.error) <= tolerance for c in cases) and converged is None:
             converged = number - 1
-        current, fits = fit_profile(start.cm, start.assign, start.names, base, measured, label, start.parts)
-        rounds.append(Round(number, predicted, fresh.latency_ms, error, tuple(fits)))
+        observed = [
+            Observed(start[b].cm, start[b].assign, start[b].names, measured[b], start[b].parts) for b in plans
+        ]
+        current, fits = fit_profile(observed, base, label)
+        rounds.append(Round(number, tuple(cases), tuple(fits)))
         if progress is not None:
-            progress(
-                f"round {number}: predicted {predicted:.3f} ms, measured {fresh.latency_ms:.3f} ms ({error:+.1%})"
-            )
-        priced = plan_costs(plan, current)
+            for c in cases:
+                progress(
+                    f"round {number}: {c.bundle}: predicted {c.predicted_ms:.3f} ms, "
+                    f"measured {c.measured_ms:.3f} ms ({c.error:+.1%})"
+                )
+        priced = {b: plan_costs(plan, current) for b, plan in plans.items()}
         if converged is not None:
             break
     record = {
-        "bundle": os.path.abspath(bundle),
+        "bundles": [os.path.abspath(b) for b in plans],
         "rounds": [
             {
-                "predicted_ms": round(r.predicted_ms, 6),
-                "measured_ms": round(r.measured_ms, 6),
-                "error": round(r.error, 6),
+                "cases": [
+                    {
+                        "bundle": os.path.abspath(c.bundle),
+                        "predicted_ms": round(c.predicted_ms, 6),
+                        "measured_ms": round(c.measured_ms, 6),
+                        "error": round(c.error, 6),
+                    }
+                    for c in r.cases
+                ]
             }
             for r in rounds
         ],
@@ -238,4 +293,6 @@ def calibrate(
         "runs_per_round": runs,
     }
     current = dataclasses.replace(current, calibration=record)
-    return Calibration(current, tuple(rounds), converged, priced.latency_ms(), tolerance)
+    return Calibration(
+        current, tuple(rounds), converged, {b: p.latency_ms() for b, p in priced.items()}, tolerance
+    )

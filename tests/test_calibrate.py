@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -17,7 +18,14 @@ from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device import load_device
 from edgesplit.model.load import load_model
-from edgesplit.optimize.calibrate import Measured, fit_handoffs, fit_pairs, fit_profile, uncalibrated
+from edgesplit.optimize.calibrate import (
+    Measured,
+    Observed,
+    fit_handoffs,
+    fit_pairs,
+    fit_profile,
+    uncalibrated,
+)
 from edgesplit.optimize.overheads import PairCost
 from edgesplit.optimize.schedule import layout, schedule
 from edgesplit.pipeline import partition
@@ -41,7 +49,7 @@ def test_fit_recovers_a_scale_and_a_fixed_cost():
         nodes = lay.nodes_ms[k]
         truth[names[k]] = 1.7 * nodes + 0.3 if lay.proc[k] == 1 else nodes + 0.1
     measured = Measured(truth, (), 30.0, 29.0, 30)
-    fits = {f.processor: f for f in fit_pairs(cm, x, names, measured)}
+    fits = {f.processor: f for f in fit_pairs([Observed(cm, x, tuple(names), measured)])}
     # every part here reads one tensor from another part: the fixed and the per-crossing cost
     # cannot be told apart, only their sum; the prior (the profile's terms) holds it back a little
     little, big = fits["little"], fits["big"]
@@ -59,9 +67,43 @@ def test_fit_keeps_the_measured_terms_where_parts_cannot_tell_them_apart():
     """One part per pair: the fixed cost stays near the profile's and the scale takes the rest."""
     cm = hand_model(["big"], [[4.0], [4.0]], [(0, 1)])
     cm = with_terms(cm, pair={(0, "ort"): PairCost(0.2)})
-    fits = fit_pairs(cm, np.zeros(2, dtype=np.int64), ["p0"], Measured({"p0": 12.2}, (), 12.5, 12.4, 30))
+    fits = fit_pairs(
+        [Observed(cm, np.zeros(2, dtype=np.int64), ("p0",), Measured({"p0": 12.2}, (), 12.5, 12.4, 30))]
+    )
     assert fits[0].part_fixed_ms == pytest.approx(0.2, abs=0.1)
     assert fits[0].node_scale == pytest.approx(1.5, rel=0.03)
+
+
+def test_a_whole_model_bundle_beside_a_plan_pins_the_node_scale():
+    """little really runs its nodes 1.5x slower than profiled plus 0.4 ms per part. A plan with one
+    small part on little cannot tell the scale from the fixed cost (one row): alone it blames the
+    scale. The whole model on little, calibrated together with it, tells them apart, and the joint
+    terms predict both bundles."""
+    ms = [[1.0, 1.0], [2.0, 4.0], [3.0, 5.0], [0.3, 0.5]]
+    cm = hand_model(["big", "little"], ms, [(0, 1), (1, 2), (2, 3)])
+    cm = with_terms(cm, pair={(0, "ort"): PairCost(0.1), (1, "ort"): PairCost(0.1)})
+
+    def truth(x: np.ndarray) -> Observed:
+        lay = layout(cm, x)
+        names = tuple(f"p{k}" for k in range(len(lay.parts)))
+        runs = {
+            n: (1.5 * lay.nodes_ms[k] + 0.4 if lay.proc[k] == 1 else lay.nodes_ms[k] + 0.1)
+            for k, n in enumerate(names)
+        }
+        return Observed(cm, x, names, Measured(runs, (), 20.0, 19.5, 30))
+
+    plan, whole = truth(np.array([0, 0, 0, 1])), truth(np.array([1, 1, 1, 1]))
+    alone = {f.processor: f for f in fit_pairs([plan])}["little"]
+    joint = {f.processor: f for f in fit_pairs([plan, whole])}["little"]
+    assert abs(alone.node_scale - 1.5) > 0.1, alone  # confounded: the scale took the fixed cost
+    assert joint.node_scale == pytest.approx(1.5, rel=0.03), joint
+    for ob in (plan, whole):
+        lay = layout(cm, ob.assign)
+        for k, name in enumerate(ob.names):
+            if lay.proc[k] == 1:
+                entering = 1 if k > 0 else 0
+                got = joint.part_fixed_ms + joint.crossing_ms * entering + joint.node_scale * lay.nodes_ms[k]
+                assert got == pytest.approx(ob.measured.part_ms[name], rel=0.03), (name, got)
 
 
 def test_hand_off_curve_takes_the_measured_medians_where_there_are_enough():
@@ -79,7 +121,7 @@ def test_uncalibrated_restores_the_measured_terms():
     prof = Profile("a" * 64, "m", "dev", {}, (entry,))
     cm = hand_model(["cpu"], [[1.0]], [])
     measured = Measured({"p0": 2.0}, (("cpu", 5.0, 0.9),) * 3, 3.0, 2.5, 30)
-    fitted, _ = fit_profile(cm, np.zeros(1, dtype=np.int64), ["p0"], prof, measured, "test")
+    fitted, _ = fit_profile([Observed(cm, np.zeros(1, dtype=np.int64), ("p0",), measured)], prof, "test")
     t = fitted.entries[0].terms
     assert t.calibrated == "test" and t.handoff_ms == (0.05, 0.9) and t.node_scale != 1.0
     back = Profile.from_json(json.loads(json.dumps(fitted.to_json())))
@@ -140,7 +182,7 @@ def test_calibration_lowers_the_error_of_a_mis_scaled_profile(conv_chain, tmp_pa
     assert [p.processor for p in plan.parts] == ["core0", "core1"]
     compile_bundle(conv_chain, plan, tmp_path / "b")
     result = calibrate(tmp_path / "b", runs=15, warmup=3, max_rounds=2)
-    assert result.profile.calibration["bundle"].endswith("b")
+    assert result.profile.calibration["bundles"][0].endswith("b")
     fresh = measure(tmp_path / "b", runs=15, warmup=3)
     measured = fresh.part_ms["p1"] / fresh.part_ms["p0"]
 
@@ -191,6 +233,20 @@ def test_calibrate_command(conv_chain, tmp_path):
         "1",
     )
     assert r.returncode == 0, r.stderr
+    # both bundles (one model, one device) fitted together: the first one's plan names the profile
+    r = run_cli(
+        "calibrate",
+        str(tmp_path / "b"),
+        str(tmp_path / "m"),
+        "-o",
+        str(tmp_path / "both.json"),
+        "--runs",
+        "3",
+    )
+    assert r.returncode == 0, r.stderr
+    both = load_profile(tmp_path / "both.json").calibration
+    assert [Path(b).name for b in both["bundles"]] == ["b", "m"]
+    assert all(len(rnd["cases"]) == 2 for rnd in both["rounds"])
     # the bundle must be signed by --trust-key, as for run; a tolerance must be a finite number
     from edgesplit.compile.signing import generate_key
 

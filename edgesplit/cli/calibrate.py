@@ -1,4 +1,4 @@
-"""``edgesplit calibrate``: run a bundle, refit its profile's cost terms, write the profile."""
+"""``edgesplit calibrate``: run bundles, refit their profile's cost terms, write the profile."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from edgesplit.cli.common import FiniteFloat, console, trust_key_option
 
 
 @click.command("calibrate")
-@click.argument("bundle", type=click.Path(file_okay=False))
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option(
     "-o",
     "--output",
@@ -20,7 +20,7 @@ from edgesplit.cli.common import FiniteFloat, console, trust_key_option
     "--profile",
     "profile_path",
     type=click.Path(dir_okay=False),
-    help="The profile to calibrate (default: the one the bundle's plan was made from).",
+    help="The profile to calibrate (default: the one the first bundle's plan was made from).",
 )
 @click.option("--runs", default=30, show_default=True, type=click.IntRange(3), help="Timed runs per round.")
 @click.option("--warmup", default=5, show_default=True, type=click.IntRange(0), help="Untimed runs first.")
@@ -35,16 +35,19 @@ from edgesplit.cli.common import FiniteFloat, console, trust_key_option
     help="Converged when a round's runs are predicted within this relative error.",
 )
 @trust_key_option
-def command(bundle, output, profile_path, runs, warmup, rounds, tolerance, trust_key):
-    """Run BUNDLE, fit the cost terms of its profile to the measured part runs, and write them.
+def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, trust_key):
+    """Run BUNDLES, fit the cost terms of their profile to the measured part runs, and write them.
 
-    Each round runs the bundle, predicts its latency with the terms fitted so far, then fits the
-    terms again on every round's runs. Plan with the result: ``partition --profile OUTPUT``.
+    BUNDLES are of one model on one device: a plan and its baselines (the whole model on each
+    processor) together pin more terms than one plan alone. Each round runs every bundle (in an
+    order rotated each round), predicts each one's latency with the terms fitted so far, then fits
+    the terms again on every round's runs of every bundle. Plan with the result:
+    ``partition --profile OUTPUT``.
     """
     from edgesplit.calibrate import calibrate
 
     result = calibrate(
-        bundle,
+        list(bundles),
         profile=profile_path,
         runs=runs,
         warmup=warmup,
@@ -62,10 +65,13 @@ def print_result(result) -> None:
     from rich.table import Table
 
     table = Table(title="rounds (predicted with the terms fitted before the round)")
-    for col in ("round", "predicted ms", "measured ms", "error"):
+    for col in ("round", "bundle", "predicted ms", "measured ms", "error"):
         table.add_column(col, justify="right")
     for r in result.rounds:
-        table.add_row(str(r.number), f"{r.predicted_ms:.3f}", f"{r.measured_ms:.3f}", f"{r.error:+.1%}")
+        for c in r.cases:
+            table.add_row(
+                str(r.number), c.bundle, f"{c.predicted_ms:.3f}", f"{c.measured_ms:.3f}", f"{c.error:+.1%}"
+            )
     console.print(table)
     fits = Table(title="fitted terms (last round)")
     for col in ("processor/backend", "parts", "node scale", "fixed ms per part", "ms per crossing"):
@@ -85,4 +91,5 @@ def print_result(result) -> None:
         )
     else:
         console.print(f"not within {result.tolerance:.0%} after {len(result.rounds)} round(s)")
-    console.print(f"the plan's latency predicted now: {result.predicted_ms:.3f} ms")
+    now = ", ".join(f"{b} {ms:.3f} ms" for b, ms in result.predicted_ms.items())
+    console.print(f"latency predicted now: {now}")

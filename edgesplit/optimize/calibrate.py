@@ -1,8 +1,11 @@
 """Refit a profile's cost terms from a bundle's measured part runs: the pure half of ``calibrate``.
 
-The runtime half (:mod:`edgesplit.calibrate`) runs the bundle and reduces its timing records to a
-:class:`Measured`; :func:`fit_profile` then fits a few terms, not the parts themselves, so that
-other plans of the same model and device gain too:
+The runtime half (:mod:`edgesplit.calibrate`) runs one or more bundles of the same model and
+device and reduces each one's timing records to a :class:`Measured`; :func:`fit_profile` then fits
+a few terms on all of them together (an :class:`Observed` per bundle), not the parts themselves, so
+that other plans of the same model and device gain too. One bundle alone can leave terms
+confounded (a few parts of similar sizes cannot tell a node scale from a fixed cost); a whole model
+on one processor beside a plan of many parts pins both:
 
 * per (processor, backend) pair that ran parts: a scale on node costs (``node_scale``), the fixed
   cost of a part run (``part_fixed_ms``) and a cost per tensor entering a part (``crossing_ms``),
@@ -137,46 +140,68 @@ def _spread(measured: Measured, name: str) -> float:
     return max(p90 - med, SPREAD_FLOOR * med, SPREAD_MIN_MS)
 
 
-def fit_pairs(
-    cm: CostModel,
-    assign: np.ndarray,
-    part_names: Sequence[str],
-    measured: Measured,
-    parts: Sequence[Sequence[int]] | None = None,
-) -> list[PairFit]:
-    """Per pair that ran parts: node scale, fixed cost and crossing cost (see the module doc).
+@dataclass(frozen=True, eq=False)
+class Observed:
+    """One bundle's plan priced under the profile being calibrated, and its measured runs.
 
-    ``parts`` are the plan's parts (node indices; default: the optimiser's for ``assign``) and
-    ``part_names`` their names, in the same order.
+    Attributes:
+        cm: The plan's problem under the profile (each node on the plan's processor and backend).
+        assign: Each node's processor. ``parts``: the plan's parts (node indices, the bundle's
+            order; None: the optimiser's for ``assign``), named ``names`` in the same order.
     """
-    lay = layout(cm, assign, parts)
-    sched = schedule(cm, assign, parts)
+
+    cm: CostModel
+    assign: np.ndarray
+    names: tuple[str, ...]
+    measured: Measured
+    parts: tuple[tuple[int, ...], ...] | None = None
+
+
+def _pair_rows(ob: Observed) -> dict[tuple[str, str], list[tuple[list[float], float, float]]]:
+    """Per (processor, backend) of ``ob``'s parts: each measured part's row of the fit
+    (``[1, node ms, tensors entering]``), its measured run net of the terms kept, and its spread."""
+    cm, measured = ob.cm, ob.measured
+    lay = layout(cm, ob.assign, ob.parts)
+    sched = schedule(cm, ob.assign, ob.parts)
     entering = _entering(cm, lay.parts)
-    ov = cm.ov
-    groups: dict[tuple[int, str], list[int]] = {}
+    out: dict[tuple[str, str], list] = {}
     for k, part in enumerate(lay.parts):
-        if part_names[k] in measured.part_ms:
-            groups.setdefault((int(lay.proc[k]), cm.backend[part[0]][lay.proc[k]] or ""), []).append(k)
+        name = ob.names[k]
+        if name not in measured.part_ms:
+            continue
+        p = int(lay.proc[k])
+        backend = cm.backend[part[0]][p] or ""
+        pc = cm.ov.cost(p, backend)
+        kept = float(sched.part_ms[k]) - lay.nodes_ms[k] - pc.part_ms - pc.crossing_ms * entering[k]
+        row = [1.0, float(lay.nodes_ms[k]), float(entering[k])]
+        out.setdefault((cm.processors[p], backend), []).append(
+            (row, measured.part_ms[name] - kept, _spread(measured, name))
+        )
+    return out
+
+
+def fit_pairs(observed: Sequence[Observed]) -> list[PairFit]:
+    """Per pair that ran parts in any of ``observed``: node scale, fixed cost and crossing cost,
+    fitted on every bundle's parts together (see the module doc). Bundles of one model and device
+    pin different terms: a whole model on one processor its node scale, a plan of many small
+    parts its fixed and crossing costs."""
+    rows: dict[tuple[str, str], list] = {}
+    for ob in observed:
+        for key, got in _pair_rows(ob).items():
+            rows.setdefault(key, []).extend(got)
+    cm = observed[0].cm if observed else None
     fits = []
-    for (p, backend), ks in groups.items():
-        pc = ov.cost(p, backend)
-        rows, y = [], []
-        for k in ks:
-            kept = float(sched.part_ms[k]) - lay.nodes_ms[k] - pc.part_ms - pc.crossing_ms * entering[k]
-            rows.append([1.0, lay.nodes_ms[k], entering[k]])
-            y.append(measured.part_ms[part_names[k]] - kept)
+    for (proc, backend), got in rows.items():
+        pc = cm.ov.cost(cm.proc_index(proc), backend)
+        a = np.array([r for r, _, _ in got])
+        y = np.array([v for _, v, _ in got])
+        sigma = np.array([s for _, _, s in got])
         prior = np.array([pc.part_ms, 1.0, pc.crossing_ms])
         spread = np.array([max(PRIOR_FIXED_MS, pc.part_ms), PRIOR_SCALE, PRIOR_CROSSING_MS])
-        sigma = np.array([_spread(measured, part_names[k]) for k in ks])
-        b = _ridge(np.array(rows) / sigma[:, None], np.array(y) / sigma, prior, spread)
+        b = _ridge(a / sigma[:, None], y / sigma, prior, spread)
         fits.append(
             PairFit(
-                cm.processors[p],
-                backend,
-                float(max(b[1], 0.05)),
-                float(max(b[0], 0.0)),
-                float(max(b[2], 0.0)),
-                len(ks),
+                proc, backend, float(max(b[1], 0.05)), float(max(b[0], 0.0)), float(max(b[2], 0.0)), len(got)
             )
         )
     return fits
@@ -211,24 +236,24 @@ def _with_terms(e: ProcessorProfile, **changes) -> ProcessorProfile:
     return dataclasses.replace(e, terms=dataclasses.replace(t, **changes))
 
 
-def fit_profile(
-    cm: CostModel,
-    assign: np.ndarray,
-    part_names: Sequence[str],
-    profile: Profile,
-    measured: Measured,
-    label: str,
-    parts: Sequence[Sequence[int]] | None = None,
-) -> tuple[Profile, list[PairFit]]:
-    """``profile`` (the one ``cm`` was built from, uncalibrated) with terms fitted to ``measured``
-    (``parts`` and ``part_names`` as for :func:`fit_pairs`)."""
-    fits = {(f.processor, f.backend): f for f in fit_pairs(cm, assign, part_names, measured, parts)}
+def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> tuple[Profile, list[PairFit]]:
+    """``profile`` (the one each observation's ``cm`` was built from, uncalibrated) with terms fitted
+    to every observed bundle together."""
+    fits = {(f.processor, f.backend): f for f in fit_pairs(observed)}
     by_proc: dict[str, list[tuple[float, float]]] = {}
-    for proc, gap, h in measured.handoffs:
-        by_proc.setdefault(proc, []).append((gap, h))
+    for ob in observed:
+        for proc, gap, h in ob.measured.handoffs:
+            by_proc.setdefault(proc, []).append((gap, h))
+    cm = observed[0].cm
     home = cm.processors[cm.home]
-    wake = cm.ov.wake(measured.span_ms)
-    session = max(measured.latency_ms - measured.span_ms - wake, 0.0)
+    session = float(
+        np.median(
+            [
+                max(ob.measured.latency_ms - ob.measured.span_ms - cm.ov.wake(ob.measured.span_ms), 0.0)
+                for ob in observed
+            ]
+        )
+    )
     entries = []
     for e in profile.entries:
         changes: dict = {}

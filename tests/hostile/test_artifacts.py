@@ -42,6 +42,7 @@ from onnx import helper
 
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.bundle import open_verified
+from edgesplit.compile.manual import contiguous_plan
 from edgesplit.errors import BundleError, DeviceSpecError, EdgesplitError, PlanError
 
 pytestmark = pytest.mark.timeout(120)
@@ -439,3 +440,15 @@ def test_defect12_compile_uses_the_plans_device_file_and_link_needs_a_server(w, 
 
 
 # ---- device specs
+
+
+def test_calibrate_refuses_bundles_of_another_device_or_the_same_bundle_twice(w, bundle, tmp_path):
+    """``calibrate`` fits one profile on several bundles: they must be of one model on one device."""
+    other = tmp_path / "other"
+    compile_bundle(w["graph"], contiguous_plan(w["graph"], "host-2core", [("core0", "ort")]), other)
+    out = tmp_path / "cal.json"
+    with nothing_written(tmp_path / "b"):
+        line = refused(cli("calibrate", bundle, other, "-o", out, "--profile", w["profile"]), file=other)
+        assert "host-2core" in line and str(bundle) in line, line
+        refused(cli("calibrate", bundle, bundle, "-o", out, "--profile", w["profile"]), "given twice")
+    assert not out.exists()
