@@ -26,8 +26,9 @@ from edgesplit.compile.bundle import open_bundle
 from edgesplit.device import NetworkLink, load_device
 from edgesplit.errors import InputError, PlanError
 from edgesplit.optimize.api import complete_profile
-from edgesplit.optimize.calibrate import Measured, Observed, PairFit, fit_profile, uncalibrated
+from edgesplit.optimize.calibrate import Measured, Observed, PairFit, Streamed, fit_profile, uncalibrated
 from edgesplit.optimize.costs import CostModel, build_costs
+from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.plan import Plan
 from edgesplit.optimize.schedule import schedule
 from edgesplit.pipeline import load_graph, plan_device
@@ -40,13 +41,15 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Case:
-    """One bundle in one round: its latency predicted with the terms fitted before the round, and
-    measured (``error`` is ``measured / predicted - 1``)."""
+    """One bundle in one round: its latency (``metric`` "latency") or its stream's period
+    ("period"), predicted with the terms fitted before the round, and measured (``error`` is
+    ``measured / predicted - 1``)."""
 
     bundle: str
     predicted_ms: float
     measured_ms: float
     error: float
+    metric: str = "latency"
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,34 @@ def measure(
     return reduce_trace(trace, wall)
 
 
+def measure_stream(
+    bundle: str | os.PathLike, requests: int = 30, *, trust_key: str | os.PathLike | None = None
+) -> Streamed | None:
+    """Run ``bundle`` as a pipelined stream of ``requests`` after it filled (and a stream to warm
+    up): its period and each part's run in it. None for a plan on fewer than two local processors
+    (nothing overlaps)."""
+    from edgesplit.runtime.api import random_feeds
+
+    with load(bundle, trust_key=trust_key) as sess:
+        parts = sess.manifest.parts
+        if len({p.processor for p in parts if not p.remote}) < 2:
+            return None
+        fill = len(parts) + 1
+        feeds = random_feeds(sess)
+        for _ in sess.run_stream(feeds for _ in range(2 * fill)):
+            pass
+        sess.reset_stats()
+        stamps = [time.perf_counter() for _ in sess.run_stream(feeds for _ in range(fill + requests))]
+        trace = sess.trace_records()
+    first = min(r.request for r in trace.parts) + fill  # the stream's steady state
+    spans: dict[str, list[float]] = {}
+    for r in trace.parts:
+        if r.request >= first:
+            spans.setdefault(r.part, []).append(r.span_ns / 1e6)
+    period = (stamps[-1] - stamps[fill - 1]) * 1e3 / requests
+    return Streamed(period, {k: float(np.median(v)) for k, v in spans.items()}, requests)
+
+
 def reduce_trace(trace: Trace, wall_ms: list[float]) -> Measured:
     """Medians per part (start to done on its worker), every hand-off with the idle gap before it,
     and the requests' latency as timed by the caller and as the records cover it."""
@@ -138,6 +169,10 @@ class PlanCosts:
 
     def latency_ms(self) -> float:
         return schedule(self.cm, self.assign, self.parts).makespan_ms
+
+    def period_ms(self) -> float:
+        """A pipelined stream's period (the optimiser's model: its own parts for the assignment)."""
+        return period_ms(self.cm, self.assign)
 
 
 def plan_costs(plan: Plan, profile: Profile) -> PlanCosts:
@@ -218,6 +253,17 @@ def _plans(bundles: Sequence[str | os.PathLike], profile, trust_key) -> tuple[di
     return plans, base
 
 
+def _cases(bundle: str, priced: PlanCosts, fresh: Measured) -> list[Case]:
+    """The bundle's latency case, and its period case when it was streamed."""
+    pairs = [("latency", priced.latency_ms(), fresh.latency_ms)]
+    if fresh.stream is not None:
+        pairs.append(("period", priced.period_ms(), fresh.stream.period_ms))
+    return [
+        Case(bundle, pred, got, got / pred - 1 if pred > 0 else float("inf"), metric)
+        for metric, pred, got in pairs
+    ]
+
+
 def calibrate(
     bundles: str | os.PathLike | Sequence[str | os.PathLike],
     *,
@@ -251,11 +297,10 @@ def calibrate(
         cases = []
         for b in order:
             fresh = measure(b, runs, warmup, trust_key=trust_key)
-            predicted = priced[b].latency_ms()
-            error = fresh.latency_ms / predicted - 1 if predicted > 0 else float("inf")
-            cases.append(Case(b, predicted, fresh.latency_ms, error))
+            fresh = dataclasses.replace(fresh, stream=measure_stream(b, runs, trust_key=trust_key))
+            cases += _cases(b, priced[b], fresh)
             measured[b] = fresh if b not in measured else measured[b].merged(fresh)
-        cases.sort(key=lambda c: list(plans).index(c.bundle))
+        cases.sort(key=lambda c: (list(plans).index(c.bundle), c.metric))
         if number > 1 and all(abs(c.error) <= tolerance for c in cases) and converged is None:
             converged = number - 1
         observed = [
@@ -266,7 +311,7 @@ def calibrate(
         if progress is not None:
             for c in cases:
                 progress(
-                    f"round {number}: {c.bundle}: predicted {c.predicted_ms:.3f} ms, "
+                    f"round {number}: {c.bundle} {c.metric}: predicted {c.predicted_ms:.3f} ms, "
                     f"measured {c.measured_ms:.3f} ms ({c.error:+.1%})"
                 )
         priced = {b: plan_costs(plan, current) for b, plan in plans.items()}
@@ -279,6 +324,7 @@ def calibrate(
                 "cases": [
                     {
                         "bundle": os.path.abspath(c.bundle),
+                        "metric": c.metric,
                         "predicted_ms": round(c.predicted_ms, 6),
                         "measured_ms": round(c.measured_ms, 6),
                         "error": round(c.error, 6),

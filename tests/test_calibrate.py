@@ -106,6 +106,46 @@ def test_a_whole_model_bundle_beside_a_plan_pins_the_node_scale():
                 assert got == pytest.approx(ob.measured.part_ms[name], rel=0.03), (name, got)
 
 
+def test_contention_is_fitted_from_a_stream_and_restored_by_uncalibrated():
+    """A two-stage pipeline: big's stage runs 1.3x slower while little is busy, little's 1.1x while
+    big is (the runs of a stream, solved for its period). The profile says 1.0 for both; the fit
+    finds both factors, they go into the profile (and out again with ``uncalibrated``), and the
+    modelled period moves to the measured one."""
+    from edgesplit.optimize.calibrate import Streamed, fit_contention
+    from edgesplit.optimize.pipeline import period_ms
+    from edgesplit.profile.store import ProcessorProfile
+
+    cm = hand_model(["big", "little"], [[4.0, 9.0], [9.0, 3.0]], [(0, 1)])
+    x = np.array([0, 1])
+    little = 3.0 * 1.1  # big is the bottleneck: busy the whole period
+    big = (4.0 + np.sqrt(16.0 + 4 * 4.0 * 0.3 * little)) / 2  # big = 4 (1 + 0.3 little / big)
+    stream = Streamed(big, {"p0": big, "p1": little}, 30)
+    ob = Observed(cm, x, ("p0", "p1"), Measured({"p0": 4.0, "p1": 3.0}, (), 7.2, 7.1, 30, stream=stream))
+    fitted = fit_contention([ob])
+    assert fitted[("big", "little")] == pytest.approx(1.3, abs=0.02)
+    assert fitted[("little", "big")] == pytest.approx(1.1, abs=0.02)
+
+    terms = RunTerms(part_fixed_ms=0.0, contention={"little": 1.0})
+    entries = tuple(
+        ProcessorProfile(
+            proc, "ort", "measured", {"n": NodeCost(1.0, 1.1)}, terms=replace(terms, contention=c)
+        )
+        for proc, c in (("big", {"little": 1.0}), ("little", {"big": 1.0}))
+    )
+    prof = Profile("a" * 64, "m", "dev", {}, entries)
+    got, _ = fit_profile([ob], prof, "test")
+    assert got.entries[0].terms.contention["little"] == fitted[("big", "little")]
+    assert uncalibrated(got) == prof
+    before = period_ms(cm, x)
+    with_fit = with_terms(
+        cm,
+        pair=cm.ov.pair,
+        contention=np.array([[1.0, fitted[("big", "little")]], [fitted[("little", "big")], 1.0]]),
+    )
+    after = period_ms(with_fit, x)
+    assert abs(after - big) < 0.3 * abs(before - big), (before, after, big)
+
+
 def test_hand_off_curve_takes_the_measured_medians_where_there_are_enough():
     curve = fit_handoffs(
         (0.0, 5.0, 20.0), (0.05, 0.2, 0.3), [(4.0, 0.5), (6.0, 0.7), (5.5, 0.6), (19.0, 1.0)]
@@ -246,7 +286,10 @@ def test_calibrate_command(conv_chain, tmp_path):
     assert r.returncode == 0, r.stderr
     both = load_profile(tmp_path / "both.json").calibration
     assert [Path(b).name for b in both["bundles"]] == ["b", "m"]
-    assert all(len(rnd["cases"]) == 2 for rnd in both["rounds"])
+    for rnd in both["rounds"]:
+        cases = {(Path(c["bundle"]).name, c["metric"]) for c in rnd["cases"]}
+        # each bundle's latency; m (core0 then core1) streamed too, its period predicted
+        assert {("b", "latency"), ("m", "latency"), ("m", "period")} <= cases, cases
     # the bundle must be signed by --trust-key, as for run; a tolerance must be a finite number
     from edgesplit.compile.signing import generate_key
 

@@ -65,15 +65,20 @@ def print_result(result) -> None:
     from rich.table import Table
 
     table = Table(title="rounds (predicted with the terms fitted before the round)")
-    for col in ("round", "bundle", "predicted ms", "measured ms", "error"):
+    for col in ("round", "bundle", "figure", "predicted ms", "measured ms", "error"):
         table.add_column(col, justify="right")
     for r in result.rounds:
         for c in r.cases:
             table.add_row(
-                str(r.number), c.bundle, f"{c.predicted_ms:.3f}", f"{c.measured_ms:.3f}", f"{c.error:+.1%}"
+                str(r.number),
+                c.bundle,
+                c.metric,
+                f"{c.predicted_ms:.3f}",
+                f"{c.measured_ms:.3f}",
+                f"{c.error:+.1%}",
             )
     console.print(table)
-    fits = Table(title="fitted terms (last round)")
+    fits = Table(title="fitted terms (last round; contention from the streams goes into the profile too)")
     for col in ("processor/backend", "parts", "node scale", "fixed ms per part", "ms per crossing"):
         fits.add_column(col, justify="right")
     for f in result.rounds[-1].fits:
@@ -85,6 +90,19 @@ def print_result(result) -> None:
             f"{f.crossing_ms:.3f}",
         )
     console.print(fits)
+    seen = set()
+    for e in result.profile.entries:
+        t = e.terms
+        if t is None or not t.calibrated or e.processor in seen:
+            continue
+        seen.add(e.processor)
+        was = t.calibrated_from.get("contention", {})
+        for other, factor in t.contention.items():
+            if factor != was.get(other):
+                console.print(
+                    f"contention fitted from the streams: {e.processor} runs {factor:.3f}x slower while "
+                    f"{other} is busy (profiled {was.get(other, 1.0):.3f}x)"
+                )
     if result.converged_after is not None:
         console.print(
             f"converged after {result.converged_after} round(s) of fitting: within {result.tolerance:.0%}"

@@ -42,6 +42,10 @@ PRIOR_SCALE = 0.5
 PRIOR_CROSSING_MS = 0.1
 SPREAD_FLOOR = 0.02
 SPREAD_MIN_MS = 0.01
+# Contention from streams: the prior's spread on a slowdown (factor - 1), and the noise of a
+# processor's stream/single ratio of part-run medians.
+PRIOR_CONTENTION = 0.5
+SPREAD_CONTENTION = 0.05
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Measured:
     span_ms: float
     requests: int
     part_p90_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    stream: Streamed | None = None
 
     def merged(self, other: Measured) -> Measured:
         """Both runs' figures together (medians weighted by their requests)."""
@@ -77,7 +82,32 @@ class Measured:
             mix(self.span_ms, other.span_ms),
             n + m,
             {k: mix(v, other.part_p90_ms.get(k, v)) for k, v in self.part_p90_ms.items()},
+            _merged_streams(self.stream, other.stream),
         )
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A pipelined stream of the bundle's requests, measured after it filled: the period (ms per
+    request) and each part's run on its worker (start to done, median), while the other
+    processors' workers run other requests' parts."""
+
+    period_ms: float
+    part_ms: Mapping[str, float]
+    requests: int
+
+    def merged(self, other: Streamed) -> Streamed:
+        w = self.requests / (self.requests + other.requests)
+        mix = lambda a, b: w * a + (1 - w) * b  # noqa: E731
+        return Streamed(
+            mix(self.period_ms, other.period_ms),
+            {k: mix(v, other.part_ms.get(k, v)) for k, v in self.part_ms.items()},
+            self.requests + other.requests,
+        )
+
+
+def _merged_streams(a: Streamed | None, b: Streamed | None) -> Streamed | None:
+    return a.merged(b) if a is not None and b is not None else (a or b)
 
 
 @dataclass(frozen=True)
@@ -106,6 +136,7 @@ def uncalibrated(profile: Profile) -> Profile:
                 part_fixed_ms=measured.get("part_fixed_ms", t.part_fixed_ms),
                 session_ms=measured.get("session_ms", t.session_ms),
                 handoff_ms=tuple(measured.get("handoff_ms", t.handoff_ms)),
+                contention=dict(measured.get("contention", t.contention)),
                 calibrated="",
                 calibrated_from={},
             )
@@ -207,6 +238,56 @@ def fit_pairs(observed: Sequence[Observed]) -> list[PairFit]:
     return fits
 
 
+def _stream_rows(ob: Observed) -> list[tuple[int, dict[int, float], float]]:
+    """Per local processor with parts in ``ob``'s stream: how much longer its parts ran in the
+    stream than alone (``sum stream / sum single - 1``) and how busy each other one was
+    (its parts' stream time over the period, at most 1)."""
+    cm, st = ob.cm, ob.measured.stream
+    if st is None or st.period_ms <= 0:
+        return []
+    lay = layout(cm, ob.assign, ob.parts)
+    single: dict[int, float] = {}
+    streamed: dict[int, float] = {}
+    for k, name in enumerate(ob.names):
+        p = int(lay.proc[k])
+        if cm.remote[p] or name not in st.part_ms or name not in ob.measured.part_ms:
+            continue
+        single[p] = single.get(p, 0.0) + ob.measured.part_ms[name]
+        streamed[p] = streamed.get(p, 0.0) + st.part_ms[name]
+    busy = {q: min(1.0, t / st.period_ms) for q, t in streamed.items()}
+    return [
+        (p, {q: u for q, u in busy.items() if q != p}, streamed[p] / single[p] - 1.0)
+        for p in single
+        if single[p] > 0 and len(busy) > 1
+    ]
+
+
+def fit_contention(observed: Sequence[Observed]) -> dict[tuple[str, str], float]:
+    """Pairwise slowdowns ``(p, q) -> factor`` from the bundles' streams: in a stream, p's parts run
+    while q's worker runs other requests' parts for the share of the period it is busy, so
+    ``stream / single - 1 = sum over q of (factor[p, q] - 1) * busy[q]``; fitted per p over every
+    stream (ridge towards the profiled factors), at least 1. Only pairs some stream overlapped."""
+    rows: dict[int, list[tuple[dict[int, float], float]]] = {}
+    for ob in observed:
+        for p, busy, y in _stream_rows(ob):
+            rows.setdefault(p, []).append((busy, y))
+    if not observed:
+        return {}
+    cm = observed[0].cm
+    out = {}
+    for p, got in rows.items():
+        others = sorted({q for busy, _ in got for q in busy})
+        a = np.array([[busy.get(q, 0.0) for q in others] for busy, _ in got])
+        y = np.array([v for _, v in got])
+        prior = np.array([cm.ov.slowdown(p, q) - 1.0 for q in others])
+        b = _ridge(
+            a / SPREAD_CONTENTION, y / SPREAD_CONTENTION, prior, np.full(len(others), PRIOR_CONTENTION)
+        )
+        for q, x in zip(others, b):
+            out[cm.processors[p], cm.processors[q]] = round(1.0 + max(float(x), 0.0), 4)
+    return out
+
+
 def fit_handoffs(
     gaps_ms: Sequence[float], curve_ms: Sequence[float], samples: Sequence[tuple[float, float]]
 ) -> tuple[float, ...]:
@@ -231,6 +312,7 @@ def _with_terms(e: ProcessorProfile, **changes) -> ProcessorProfile:
             "part_fixed_ms": t.part_fixed_ms,
             "session_ms": t.session_ms,
             "handoff_ms": list(t.handoff_ms),
+            "contention": dict(t.contention),
         }
         changes.setdefault("calibrated_from", keep)
     return dataclasses.replace(e, terms=dataclasses.replace(t, **changes))
@@ -240,6 +322,7 @@ def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> t
     """``profile`` (the one each observation's ``cm`` was built from, uncalibrated) with terms fitted
     to every observed bundle together."""
     fits = {(f.processor, f.backend): f for f in fit_pairs(observed)}
+    contention = fit_contention(observed)
     by_proc: dict[str, list[tuple[float, float]]] = {}
     for ob in observed:
         for proc, gap, h in ob.measured.handoffs:
@@ -268,6 +351,9 @@ def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> t
             )
         if e.processor == home and e.terms is not None:
             changes["session_ms"] = round(session, 6)
+        slower = {q: f for (p, q), f in contention.items() if p == e.processor}
+        if slower and e.terms is not None:
+            changes["contention"] = {**e.terms.contention, **slower}
         if changes:
             changes["calibrated"] = label
             e = _with_terms(e, **changes)
