@@ -210,5 +210,5 @@ def _calibrate_pair(args, device: str, model: str, bundles: list[str], out: Path
     if r.returncode:
         print(f"calibrate {device} {model}: failed: {r.stderr.strip()[-300:]}", flush=True)
         return
-    last = [ln for ln in r.stdout.splitlines() if ln.strip()][-2:]
-    print(f"calibrated {device} {model} on {len(bundles)} bundles: {' | '.join(last)}", flush=True)
+    said = [ln.strip() for ln in r.stdout.splitlines() if "within" in ln or "contention fitted" in ln]
+    print(f"calibrated {device} {model} on {len(bundles)} bundles: {' | '.join(said)}", flush=True)
