@@ -208,12 +208,34 @@ def print_row(r: Row) -> None:
     )
 
 
+def shipped(plan: Row, rows: list[Row]) -> tuple[str, float] | None:
+    """What ``deploy`` ships instead of ``plan`` on these measurements (its rule,
+    :mod:`edgesplit.verify.decide`: the plan only when faster than the best measured baseline in
+    every round, paired by round) and its median over that baseline's; None if unmeasured."""
+    base = [
+        r
+        for r in rows
+        if (r.device, r.model, r.metric, r.kind) == (plan.device, plan.model, plan.metric, "baseline")
+        and r.measured_ms is not None
+    ]
+    if plan.measured_ms is None or not base:
+        return None
+    best = min(base, key=lambda r: r.measured_ms)
+    n = min(len(plan.rounds_ms), len(best.rounds_ms))
+    q = np.asarray(plan.rounds_ms[:n]) / np.asarray(best.rounds_ms[:n])
+    if plan.same_as == best.name or (n and float(q.max()) < 1.0):
+        return plan.name, plan.measured_ms / best.measured_ms
+    return best.name, 1.0
+
+
 def summary(rows: list[Row]) -> dict:
     """Share within +-10 % and +-5 %, the worst plan against its best baseline, plans that beat it."""
     errs = [abs(r.error_pct) for r in rows if r.error_pct is not None]
     plans = [r for r in rows if r.kind == "plan" and r.ratio_to_best_baseline is not None]
     worst = max(plans, key=lambda r: r.ratio_to_best_baseline, default=None)
     beats = [r for r in plans if r.ratio_to_best_baseline <= 0.95]
+    ships = [(r, shipped(r, rows)) for r in plans]
+    ships = [(r, x) for r, x in ships if x is not None]
     s = {
         "cases": len(errs),
         "within_10pct": sum(e <= 10 for e in errs),
@@ -223,6 +245,9 @@ def summary(rows: list[Row]) -> dict:
         "worst_plan": f"{worst.device} {worst.model} {worst.name} ({worst.metric})" if worst else None,
         "plans_beating_best_baseline_by_5pct": [f"{r.device} {r.model} {r.name}" for r in beats],
         "unmeasured": [f"{r.device} {r.model} {r.name}: {r.note}" for r in rows if r.measured_ms is None],
+        "deploy_ships_the_plan": sum(x[0] == r.name for r, x in ships),
+        "deploy_worst_shipped_ratio": max((x[1] for _, x in ships), default=None),
+        "deploy_shipped_beating_best_baseline_by_5pct": sum(x[1] <= 0.95 for _, x in ships),
     }
     n = max(1, s["cases"])
     print(
@@ -230,6 +255,12 @@ def summary(rows: list[Row]) -> dict:
         f"({s['within_10pct'] / n:.0%}), within +-5% {s['within_5pct']} ({s['within_5pct'] / n:.0%}); "
         f"worst plan / best measured baseline {fmt(s['worst_plan_ratio'], '.3f')} ({s['worst_plan']}); "
         f"plans >= 5% faster than the best baseline: {len(beats)}/{len(plans)}"
+    )
+    print(
+        f"  deploy's rule on these rounds: ships the plan in {s['deploy_ships_the_plan']}/{len(ships)} cases, "
+        f"else the best baseline; shipped / best measured baseline at worst "
+        f"{fmt(s['deploy_worst_shipped_ratio'], '.3f')}; shipped >= 5% faster than it: "
+        f"{s['deploy_shipped_beating_best_baseline_by_5pct']}/{len(ships)}"
     )
     for u in s["unmeasured"]:
         print(f"  not measured: {u}")
