@@ -424,3 +424,52 @@ def test_fp16_part_on_cuda(split_net):
     x = calibration_set(graph).held_out[0]
     ref = _tensor(graph, "y", x)
     assert compare([{"y": ref}], [{"y": sess.run(None, dict(x))[0]}]).snr_db > 40
+
+
+def _noisy_tail_chain(path) -> str:
+    """Conv-Relu x6, then an Add of +1000 at one pixel and one of -1000 back (int8 with a range of
+    +-1000 rounds every other value of the tensor away: noise, not signal), then Conv-Relu: 16
+    nodes, all on the NPU's list, the noise all in the second half."""
+    nodes, weights, prev = [], [], "x"
+    spike = np.zeros((1, 8, 16, 16), np.float32)
+    spike[0, 0, 0, 0] = 1000.0
+    for k in range(7):
+        if k == 6:
+            nodes += [
+                helper.make_node("Add", [prev, "spike"], ["up"], name="add_big"),
+                helper.make_node("Add", ["up", "unspike"], ["down"], name="add_back"),
+            ]
+            weights += [("spike", spike), ("unspike", -spike)]
+            prev = "down"
+        cin = 3 if k == 0 else 8
+        nodes += [
+            helper.make_node("Conv", [prev, f"w{k}"], [f"c{k}"], pads=[1, 1, 1, 1], name=f"conv{k}"),
+            helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}"),
+        ]
+        weights.append((f"w{k}", rand(8, cin, 3, 3, seed=20 + k)))
+        prev = f"r{k}"
+    onnx.save(make_model(nodes, [("x", [1, 3, 16, 16])], [(prev, [1, 8, 16, 16])], weights), path)
+    return str(path)
+
+
+def test_a_budget_drops_the_noisy_half_of_a_long_int8_part_not_all_of_it(tmp_path):
+    """One int8 part of 16 nodes whose noise is all in its second half: a budget between the SNR of
+    the whole part in int8 and that of its first half alone drops only the second half."""
+    from edgesplit.optimize.accuracy import _alone, units
+
+    (tmp_path / "npu.yaml").write_text(NPU_SPEC)
+    graph = edgesplit.load_model(_noisy_tail_chain(tmp_path / "chain.onnx"))
+    device = edgesplit.load_device(tmp_path / "npu.yaml")
+    problem = resolve(graph, device, Choices(profile=_profile(graph, device)))
+    first = _solve(problem, AccuracyBudget(min_snr_db=-SNR_CAP_DB))
+    int8 = [p for p in first.parts if p.precision == "int8"]
+    assert len(int8) == 1 and len(int8[0].nodes) == 16
+    halves = units(graph, int8[0])
+    assert [len(u.nodes) for u in halves] == [8, 8] and {"add_big", "add_back"} <= set(halves[1].nodes)
+    measure = PlanMeasurer(graph)
+    whole, clean = measure(first.parts), measure(_alone(first, halves[0], graph))
+    assert clean.snr_db > whole.snr_db + 10, (clean.summary(), whole.summary())
+    plan = _solve(problem, AccuracyBudget(min_snr_db=(clean.snr_db + whole.snr_db) / 2))
+    kept = _int8_nodes(plan)
+    assert set(halves[0].nodes) <= kept and not kept & set(halves[1].nodes), plan.accuracy["dropped"]
+    assert plan.accuracy["meets"] and [d["part"] for d in plan.accuracy["dropped"]] == [halves[1].name]

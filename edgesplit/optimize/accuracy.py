@@ -4,11 +4,13 @@ Pure: the measuring is handed in (:class:`AccuracyCheck`, built by :mod:`edgespl
 :class:`edgesplit.precision.measure.PlanMeasurer`); nothing here runs a model.
 
 :func:`fit_budget` starts from the plan the objective chose and measures it whole. While it
-misses the budget, it measures each reduced-precision (int8, fp16) part alone (the others in fp32)
-and drops the least valuable one: the one that saves the fewest predicted ms per unit of noise it
-adds (noise power over signal power, plus changed top-1 classes). Dropping it means re-solving
-with reduced precision allowed only on the nodes of the plan's other reduced parts, so the next
-plan's reduced nodes are a strict subset of this one's. The sequence of plans does not depend on
+misses the budget, it measures each *unit* alone (the rest in fp32) and drops the least valuable
+one: the one that saves the fewest predicted ms per unit of noise it adds (noise power over signal
+power, plus changed top-1 classes). A unit is a reduced-precision (int8, fp16) part, or for a part
+of at least ``2 * MIN_UNIT_NODES`` nodes, a run of its consecutive nodes (up to ``MAX_UNITS`` runs
+of near-equal length): a whole model in one int8 part then loses its noisiest quarter, not all of
+its int8. Dropping a unit means re-solving with reduced precision allowed only on the plan's
+other reduced nodes, so the next plan's reduced nodes are a strict subset of this one's. The sequence of plans does not depend on
 the budget, and a budget stops it at the first plan that meets it: a tighter budget stops later,
 so it never has more reduced-precision nodes. An all-fp32 plan meets every budget.
 """
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgesplit.device import DeviceSpec
 from edgesplit.errors import PlanError
+from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.plan import Part, Plan
 from edgesplit.precision.metrics import DEFAULT_BUDGET, EXACT, Accuracy, AccuracyBudget
 from edgesplit.profile.store import Profile
@@ -105,17 +108,59 @@ def _saving_ms(problem: Problem, part: Part) -> float:
     return total
 
 
-def _alone(plan: Plan, part: Part) -> list[Part]:
-    """The plan's parts with every reduced part but ``part`` in fp32."""
-    return [
-        p if p.name == part.name or p.precision == "fp32" else replace(p, precision="fp32")
-        for p in plan.parts
-    ]
+MIN_UNIT_NODES = 8
+MAX_UNITS = 4
 
 
-def _figures(check: AccuracyCheck, plan: Plan, acc: Accuracy, steps: list) -> dict[str, Any]:
+def _io(graph: ModelGraph, nodes: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The tensors a run of ``nodes`` reads from outside it (weights left out), and those it writes
+    that are read outside it or are graph outputs, in node order."""
+    inside = set(nodes)
+    own = [graph.nodes[graph.index[n]] for n in nodes]
+    made = {t for n in own for t in n.outputs}
+    reads = (t for n in own for t in n.inputs)
+    inputs = dict.fromkeys(t for t in reads if t not in made and (t in graph.producer or t in graph.inputs))
+    outs = set(graph.outputs)
+    outputs = dict.fromkeys(
+        t
+        for n in own
+        for t in n.outputs
+        if t in outs or any(graph.nodes[c].name not in inside for c in graph.consumers.get(t, ()))
+    )
+    return tuple(inputs), tuple(outputs)
+
+
+def units(graph: ModelGraph, part: Part) -> list[Part]:
+    """``part`` as the units the budget drops (see the module doc), each a part of its own."""
+    n = len(part.nodes)
+    pieces = min(MAX_UNITS, n // MIN_UNIT_NODES)
+    if pieces < 2:
+        return [part]
+    out = []
+    for k in range(pieces):
+        nodes = part.nodes[k * n // pieces : (k + 1) * n // pieces]
+        inputs, outputs = _io(graph, nodes)
+        out.append(replace(part, name=f"{part.name}.{k}", nodes=nodes, inputs=inputs, outputs=outputs))
+    return out
+
+
+def _alone(plan: Plan, unit: Part, graph: ModelGraph) -> list[Part]:
+    """The plan's parts with every reduced node but ``unit``'s in fp32 (its part cut into units)."""
+    out = []
+    for p in plan.parts:
+        if unit.nodes[0] not in p.nodes:
+            out.append(p if p.precision == "fp32" else replace(p, precision="fp32"))
+            continue
+        for u in units(graph, p) if unit.name != p.name else [p]:
+            out.append(u if u.name == unit.name else replace(u, precision="fp32"))
+    return out
+
+
+def _figures(
+    check: AccuracyCheck, plan: Plan, acc: Accuracy, steps: list, graph: ModelGraph
+) -> dict[str, Any]:
     assert check.measure is not None
-    per_part = {p.name: check.measure(_alone(plan, p)).to_json() for p in reduced(plan)}
+    per_part = {p.name: check.measure(_alone(plan, p, graph)).to_json() for p in reduced(plan)}
     return {
         "budget": check.budget.to_json(),
         "meets": check.budget.meets(acc),
@@ -139,12 +184,11 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
         acc = check.measure(plan.parts)
         if check.budget.meets(acc):
             kept = baselines if not steps else plan.baselines  # after a drop: as above
-            return replace(plan, baselines=kept, accuracy=_figures(check, plan, acc, steps))
-        alone = {p.name: check.measure(_alone(plan, p)) for p in reduced(plan)}
-        value = {
-            p.name: max(_saving_ms(problem, p), 0.0) / max(alone[p.name].noise, 1e-12) for p in reduced(plan)
-        }
-        worst = min(reduced(plan), key=lambda p: (value[p.name], p.name))
+            return replace(plan, baselines=kept, accuracy=_figures(check, plan, acc, steps, problem.graph))
+        cands = [u for p in reduced(plan) for u in units(problem.graph, p)]
+        alone = {u.name: check.measure(_alone(plan, u, problem.graph)) for u in cands}
+        value = {u.name: max(_saving_ms(problem, u), 0.0) / max(alone[u.name].noise, 1e-12) for u in cands}
+        worst = min(cands, key=lambda u: (value[u.name], u.name))
         steps.append(
             {
                 "part": worst.name,
@@ -156,11 +200,11 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
                 "why": "; ".join(check.budget.misses(acc)),
             }
         )
-        allowed = frozenset(n for p in reduced(plan) if p.name != worst.name for n in p.nodes)
+        allowed = frozenset(n for p in reduced(plan) for n in p.nodes) - set(worst.nodes)
         profile = restrict(problem.profile, problem.full_device, allowed, n_nodes)
         plan = solve(replace(problem, profile=profile, accuracy=None))
     if steps:  # every reduced part dropped: the fp32 plan, with what was tried. Its baselines are
         # those of the restricted problem: one that runs the dropped nodes in reduced precision
         # (all on an int8 NPU, say) would miss the budget the plan was held to.
-        return replace(plan, accuracy=_figures(check, plan, EXACT, steps))
+        return replace(plan, accuracy=_figures(check, plan, EXACT, steps, problem.graph))
     return plan
