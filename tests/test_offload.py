@@ -222,3 +222,22 @@ def test_link_estimator_and_policy_are_measured_and_hysteretic():
     assert policy.choose(est, now=3.4) == "remote"
     policy.observed_remote(50.0, 5.0, now=3.4)  # the link is back
     assert policy.choose(est, now=3.5) == "remote" and policy.switches == 2
+
+
+def test_a_probe_that_finds_the_link_moving_looks_again_soon():
+    """Local, probing a slow link: probes that confirm it double the interval; one whose round trip
+    moved by more than the margin, though still too slow to switch, sets it back to the base."""
+    est = LinkEstimator().estimate()
+    policy = OffloadPolicy(125_000, local_ms=100.0, probe_interval_s=1.0)
+    policy.observed_remote(1000.0, 5.0, now=0.0)
+    assert policy.choose(est, now=0.1) == "local"
+    assert policy.choose(est, now=1.2) == "remote"  # probe 1 after 1 s
+    policy.observed_remote(1000.0, 5.0, now=1.2)  # confirmed: next in 2 s
+    assert policy.choose(est, now=2.5) == "local" and policy.choose(est, now=3.3) == "remote"
+    policy.observed_remote(1000.0, 5.0, now=3.3)  # confirmed again: next in 4 s
+    assert policy.choose(est, now=6.0) == "local" and policy.choose(est, now=7.4) == "remote"
+    policy.observed_remote(300.0, 5.0, now=7.4)  # 3.3x faster, still > 110 ms: stay, but look soon
+    assert policy.choose(est, now=8.0) == "local"
+    assert policy.choose(est, now=8.5) == "remote"  # 1.1 s later, not 8 s
+    policy.observed_remote(105.0, 5.0, now=8.5)  # within the hysteresis of local: stays local
+    assert policy.choose(est, now=9.0) == "local" and policy.switches == 1  # the first, at 0.1 s

@@ -13,7 +13,9 @@ Shapes are static, so a part's payload ``nbytes`` is fixed and the choice reduce
 these two numbers, with a 10 % hysteresis so that noise does not flap it. While the part runs
 locally the server's side goes stale, so it is probed with a real request now and then; each
 probe that confirms the local choice doubles the interval (1 s up to 30 s), so a bad link costs
-little. Every estimate here is measured; nothing is taken from the plan except where no
+little, and one whose round trip moved by more than ``PROBE_MARGIN`` from the probe before (the
+link is changing, though not yet enough to switch) sets it back to 1 s, so that the change is
+followed. Every estimate here is measured; nothing is taken from the plan except where no
 measurement exists yet.
 """
 
@@ -23,6 +25,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+
+PROBE_MARGIN = 1.5  # a probe's round trip this many times the one before (or 1/x): the link moved
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,13 @@ class OffloadPolicy:
             self._last_remote = time.monotonic() if now is None else now
             a = 0.3
             if self._remote_ms is None or self.mode == "local":
+                before = self._remote_ms
+                if (
+                    before
+                    and self.mode == "local"
+                    and max(total_ms / before, before / total_ms) > PROBE_MARGIN
+                ):
+                    self.probe_s = self.base_probe_s  # the link is moving: look again soon
                 self._remote_ms = total_ms  # a probe: fresh news about a stale estimate, not one more sample
             else:
                 self._remote_ms = (1 - a) * self._remote_ms + a * total_ms
