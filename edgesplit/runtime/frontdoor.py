@@ -257,12 +257,12 @@ class FrontDoor:
         self._forget(conn)
         with self._lock:
             self._in_transit += 1
+        self.handed_off += 1  # before the loop can answer the client: a count it reads then is whole
         try:
             self._loop.call_soon_threadsafe(self._adopt, conn)
         except RuntimeError:  # the loop is closed
+            self.handed_off -= 1
             conn.close()
-            return
-        self.handed_off += 1
 
     # ---- on the event loop
 
