@@ -235,6 +235,73 @@ def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):
     assert measured.snr_db == pytest.approx(plan.accuracy["measured"]["snr_db"], abs=0.5)
 
 
+def _ranges(path) -> dict[str, tuple[float, float]]:
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    return {
+        k: tuple(float(np.min(x)) for x in v.range_value) for k, v in load_tensors_data(path).data.items()
+    }
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy"])
+def test_a_calibration_method_is_cached_apart_recorded_and_compiled_with(problem, tmp_path, method):
+    """``--calibration-method``: ORT's calibrator of that name. Its ranges are cached apart from
+    MinMax's and differ from them (percentile's lie inside MinMax's extremes); the plan records the
+    method, compile quantizes with it (its bundle measures as the plan did, not as the MinMax plan
+    did; ORT refuses a cache of another method)."""
+    from edgesplit.precision import recorded_calibration
+
+    graph, device = problem.graph, problem.device
+    data = calibration_set(graph)
+    minmax, other = calibrate(graph, data, "minmax"), calibrate(graph, data, method)
+    assert other != minmax and other.stem.split("-")[2] == method and calibrate(graph, data, method) == other
+    wide, mine = _ranges(minmax), _ranges(other)
+    assert wide.keys() == mine.keys() and wide != mine
+    if method == "percentile":
+        assert all(wide[k][0] <= lo and hi <= wide[k][1] + 1e-6 for k, (lo, hi) in mine.items())
+    any_int8 = AccuracyBudget(min_snr_db=-SNR_CAP_DB)
+    base = _solve(problem, any_int8)
+    chosen = resolve(graph, device, Choices(profile=problem.profile, calibration_method=method))
+    plan = _solve(chosen, any_int8)
+    assert _int8_nodes(plan) == _int8_nodes(base)
+    assert (
+        base.accuracy["calibration"]["method"] == "minmax"
+        and recorded_calibration(plan.accuracy)[1] == method
+    )
+    manifest = edgesplit.compile_bundle(graph, plan, tmp_path / "b", device=device)
+    int8 = [p for p in manifest.parts if p.precision == "int8"]
+    assert int8 and all(p.note.endswith(f"with {method}") for p in int8)
+
+    def scales(ranges) -> dict[str, np.ndarray]:  # every int8 part's quantization scales
+        out = {}
+        for p in int8:
+            m = edgesplit.precision.measure.part_model(
+                graph, [t.name for t in p.inputs], [t.name for t in p.outputs], "int8", ranges
+            )
+            out.update(_scales(m))
+        return out
+
+    shipped = {}
+    for p in int8:
+        shipped.update(_scales(onnx.load(tmp_path / "b" / p.file)))
+    assert shipped.keys() == scales(other).keys()
+    assert all(np.array_equal(shipped[k], v) for k, v in scales(other).items())
+    assert any(not np.array_equal(shipped[k], v) for k, v in scales(minmax).items())
+
+
+def _scales(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {
+        i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer if i.name.endswith("_scale")
+    }
+
+
+def test_a_plan_recorded_before_calibration_methods_is_minmax():
+    from edgesplit.precision import DEFAULT_CALIBRATION_METHOD, recorded_calibration
+
+    assert recorded_calibration({"calibration": {"source": "photos", "path": "a.npz"}}) == ("a.npz", "minmax")
+    assert recorded_calibration(None) == (None, DEFAULT_CALIBRATION_METHOD)
+
+
 def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(problem, tmp_path, monkeypatch):
     """An int8 part is checked by the plan's accuracy measure, not the fp32 tolerance: compile runs
     the artifacts that ship on the held-out samples and reports the SNR against the budget. With

@@ -69,7 +69,7 @@ class _Reader:
 CALIBRATORS: dict[str, tuple[str, dict[str, object]]] = {
     "minmax": ("MinMax", {}),
     "percentile": ("Percentile", {"percentile": 99.999, "symmetric": False}),
-    "entropy": ("Entropy", {}),
+    "entropy": ("Entropy", {"num_bins": 2048, "num_quantized_bins": 128}),
 }
 """ORT's calibrator and its options per ``--calibration-method``. MinMax takes each activation's
 extreme values; Percentile clips each range at the 99.999th percentile of the values' magnitudes
