@@ -367,6 +367,45 @@ def test_verification_never_ships_a_plan_that_misses_the_accuracy_budget(problem
     assert v.candidate("plan").meets_budget is True and v.candidate("plan").accuracy_misses == ""
 
 
+def test_verification_never_ships_an_int8_baseline_that_misses_the_budget(split_net, tmp_path):
+    """On an NPU that runs every op, ``only:npu`` (the whole model in int8) is one of deploy's
+    baselines, priced 4x faster than the CPU. Under a budget no int8 part meets, the plan is all
+    fp32; the baseline's accuracy is measured like the plan's, and it is never shipped, however
+    fast it measures. The rule alone says the same on given figures."""
+    from edgesplit.compile.verdict import MeasuredCandidate
+    from edgesplit.verify import VerifyOptions, verify_plan
+    from edgesplit.verify.decide import decide
+
+    graph, _ = split_net
+    (tmp_path / "all.yaml").write_text(
+        NPU_SPEC.replace("    ops: {only: [Conv, Relu, GlobalAveragePool, Flatten, Gemm, Add]}\n", "")
+    )
+    device = edgesplit.load_device(tmp_path / "all.yaml")
+    cpu = {n.name: NodeCost(1.0, 1.0, MEASURED, 3.0, 5) for n in graph.nodes}
+    npu = {n.name: NodeCost(0.25, 0.25, MEASURED, 0.75, 5) for n in graph.nodes}
+    entries = (
+        ProcessorProfile("cpu", "ort", MEASURED, cpu, dispatch_ms=0.05),
+        ProcessorProfile("npu", "ort-int8", MEASURED, npu, dispatch_ms=0.05),
+    )
+    prof = Profile(graph.sha256, graph.name, device.name, graph.input_shapes(), entries)
+    budget = AccuracyBudget(min_snr_db=80.0)
+    problem = resolve(graph, device, Choices(profile=prof, accuracy=budget))
+    plan = solve_plan(problem)
+    assert not _int8_nodes(plan)
+    v = verify_plan(problem, plan, tmp_path / "out", options=VerifyOptions(budget_s=3.0)).verification
+    row = v.candidate("only:npu")
+    assert row.error is None and row.meets_budget is False and row.snr_db < 80.0, row
+    assert v.shipped != "only:npu" and v.accuracy_budget == budget.summary()
+
+    def timed(name, ms, **kw):
+        return MeasuredCandidate(name, "", 1, None, ms, rounds_ms=(ms, ms, ms), **kw)
+
+    npu_row = timed("only:npu", 1.0, snr_db=20.0, meets_budget=False, accuracy_misses="SNR 20 < 80")
+    assert decide([timed("plan", 4.0), timed("only:cpu", 5.0), npu_row], "latency", None)[0] == "plan"
+    missing = timed("plan", 2.0, snr_db=20.0, meets_budget=False, accuracy_misses="SNR 20 < 80")
+    assert decide([missing, timed("only:cpu", 5.0), npu_row], "latency", None)[0] == "only:cpu"
+
+
 def test_an_int8_only_processor_never_gets_an_fp32_part(tmp_path, split_net):
     (tmp_path / "bad.yaml").write_text(NPU_SPEC.replace("runtime: ort-int8", "runtime: ort"))
     with pytest.raises(DeviceSpecError, match=r"processors.npu.backends.0.runtime: 'ort' runs fp32"):
