@@ -17,9 +17,9 @@ candidates timed in turn so that they share the machine's load), and its
 accuracy against fp32 is measured by running the bundle on the held-out calibration samples
 (``skimage.data`` photographs). A candidate is on the frontier when no other is both faster and
 more accurate; the frontier is judged twice: among fp32, int8-max and the raw plans (``raw``), and
-among fp32, int8-max and the shipped bundles (``shipped``), which is what a user gets. Also printed: the profiled int8-against-fp32 speedup per op type (sums of the
-nodes' measured costs on ``npu`` and on ``cpu``). Run alone on the machine: timings taken while
-others run are noisy.
+among fp32, int8-max and the shipped bundles (``shipped``), which is what a user gets. Also
+printed: the profiled int8-against-fp32 speedup per op type (sums of the nodes' measured costs on
+``npu`` and on ``cpu``). Run alone on the machine: timings taken while others run are noisy.
 
     python benchmarks/precision.py [--runs 30] [--det-size 640] [--models resnet18,mobilenetv2,ppocrv4-det]
         [--calibration-method minmax] [--verify-budget-s 20]

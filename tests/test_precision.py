@@ -579,3 +579,55 @@ def test_a_budget_drops_the_noisy_half_of_a_long_int8_part_not_all_of_it(tmp_pat
     kept = _int8_nodes(plan)
     assert set(halves[0].nodes) <= kept and not kept & set(halves[1].nodes), plan.accuracy["dropped"]
     assert plan.accuracy["meets"] and [d["part"] for d in plan.accuracy["dropped"]] == [halves[1].name]
+
+
+def test_int8_part_edges_cost_what_the_profiler_measured(tmp_path):
+    """An int8 part between fp32 parts pays, at its way in, a quantization and a layout transpose,
+    and at its way out a transpose and a dequantization: ORT's integer convolution is channels-last.
+    The profiler measures its per-MB edge costs on a micro-part with exactly those kernels (the
+    transposes were missing: measured alone, QuantizeLinear and DequantizeLinear priced det's part
+    edges at about half of what they cost); a real int8 part compiled from a conv chain has the same
+    kernels at its edges, and the profile predicts their time there within a generous factor."""
+    from edgesplit.cpu import ort_session_options
+    from edgesplit.precision.measure import part_model
+
+    nodes, weights, prev = [], [], "x"
+    for i in range(3):
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], name=f"conv{i}"))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
+        weights.append((f"w{i}", rand(64, 64 if i else 3, 1, 1, seed=i)))
+        prev = f"r{i}"
+    onnx.save(
+        make_model(nodes, [("x", [1, 3, 96, 96])], [(prev, [1, 64, 96, 96])], weights), tmp_path / "c.onnx"
+    )
+    graph = edgesplit.load_model(tmp_path / "c.onnx")
+    (tmp_path / "npu.yaml").write_text(NPU_SPEC)
+    device = edgesplit.load_device(tmp_path / "npu.yaml")
+    npu = edgesplit.profile_model(graph, device, edgesplit.ProfileOptions(["ort-int8"], runs=5, warmup=2))
+    entry = npu.entry("npu", "ort-int8")
+    assert (
+        "in (QuantizeLinear, Transpose)" in entry.note and "out (Transpose, DequantizeLinear)" in entry.note
+    )
+    part = part_model(graph, ["r0"], ["r1"], "int8", calibrate(graph, calibration_set(graph)))
+    so = ort_session_options(1, None, enable_profiling=True, profile_file_prefix=str(tmp_path / "p"))
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    sess = ort.InferenceSession(part.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = {"r0": np.abs(rand(1, 64, 96, 96, seed=5))}
+    for _ in range(12):
+        sess.run(None, x)
+    opt = onnx.load(tmp_path / "opt.onnx").graph
+    made = {t: n for n in opt.node for t in n.output}
+    q_in = next(n for n in opt.node if "r0" in n.input)
+    into = [q_in] + [n for n in opt.node if q_in.output[0] in n.input and n.op_type == "Transpose"]
+    dq_out = made["r1"]
+    out_of = [made[dq_out.input[0]], dq_out] if made[dq_out.input[0]].op_type == "Transpose" else [dq_out]
+    assert [n.op_type for n in into] == ["QuantizeLinear", "Transpose"]
+    assert [n.op_type for n in out_of] == ["Transpose", "DequantizeLinear"]
+    from edgesplit.profile.ort import _kernel_times
+
+    kernels = _kernel_times(sess.end_profiling())
+    measured = sum(float(np.median(kernels[n.name][4:])) for n in into + out_of)
+    mb = 4 * 64 * 96 * 96 / 1e6
+    predicted = (entry.edge_in_ms_per_mb + entry.edge_out_ms_per_mb) * mb
+    print(f"edges: measured {measured:.3f} ms, predicted {predicted:.3f} ms")
+    assert 1 / 3 <= measured / predicted <= 3, (measured, predicted)
