@@ -224,7 +224,7 @@ PLANS = {
     ),
     "calibration_method_unknown": (
         lambda p: p.update(accuracy={"calibration": {"method": "vibes"}}),
-        "accuracy.calibration.method: expected one of minmax, percentile, entropy, got 'vibes'",
+        "accuracy.calibration.method: expected one of minmax, percentile, entropy, got vibes",
     ),
     "calibration_method_not_a_string": (
         lambda p: p.update(accuracy={"calibration": {"method": ["minmax"]}}),
