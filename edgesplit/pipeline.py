@@ -35,6 +35,7 @@ from edgesplit.optimize.load import ServerLoad
 from edgesplit.optimize.objectives import objective as objective_named
 from edgesplit.optimize.plan import Plan, load_plan
 from edgesplit.optimize.problem import Problem, combined
+from edgesplit.precision import CALIBRATION_METHODS, recorded_calibration
 from edgesplit.precision.metrics import DEFAULT_BUDGET, AccuracyBudget
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import Profile, load_profile
@@ -90,6 +91,9 @@ class Choices:
             calibration samples (default :data:`~edgesplit.precision.metrics.DEFAULT_BUDGET`).
         calibration_data: An ``.npz`` or a folder of ``.npy`` samples to calibrate and measure
             with (default: photographs for a vision model, else synthetic inputs).
+        calibration_method: How int8 activation ranges are found, one of
+            :data:`edgesplit.precision.CALIBRATION_METHODS` (default
+            :data:`~edgesplit.precision.DEFAULT_CALIBRATION_METHOD`).
     """
 
     objective: str = "latency"
@@ -107,16 +111,20 @@ class Choices:
     server_slots: int = 1
     accuracy: AccuracyBudget | None = None
     calibration_data: str | os.PathLike | None = None
+    calibration_method: str | None = None
 
 
 def accuracy_check(
-    graph: ModelGraph, budget: AccuracyBudget | None, calibration_data: str | os.PathLike | None
+    graph: ModelGraph,
+    budget: AccuracyBudget | None,
+    calibration_data: str | os.PathLike | None,
+    calibration_method: str | None = None,
 ) -> AccuracyCheck:
     """The planner's accuracy check for ``graph``: the budget, and a measurer of plans that loads
     the calibration data only when a plan first has a reduced-precision part."""
     from edgesplit.precision.measure import PlanMeasurer
 
-    measurer = PlanMeasurer(graph, calibration_data)
+    measurer = PlanMeasurer(graph, calibration_data, calibration_method)
     return AccuracyCheck(budget or DEFAULT_BUDGET, measurer, measurer.describe)
 
 
@@ -227,6 +235,11 @@ def check_choices(choices: Choices) -> dict[str, str]:
         if not c.slo_ms > 0:
             raise PlanError(f"--slo-ms must be positive, got {c.slo_ms:g}")
     pins = parse_pins(c.pins)
+    if c.calibration_method is not None and c.calibration_method not in CALIBRATION_METHODS:
+        raise PlanError(
+            f"unknown calibration method {short(c.calibration_method, 40)} "
+            f"(methods: {', '.join(CALIBRATION_METHODS)})"
+        )
     if c.server is None:
         resolve_link(None, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
     if c.server_load is not None:
@@ -264,7 +277,7 @@ def resolve(
     link = resolve_link(srv, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
     prof, path = _profile(graph, combined(dev, srv), c.profile, c.profiling, progress)
     load = ServerLoad(c.server_load, c.server_slots) if c.server_load is not None else None
-    check = accuracy_check(graph, c.accuracy, c.calibration_data)
+    check = accuracy_check(graph, c.accuracy, c.calibration_data, c.calibration_method)
     return Problem(
         graph, dev, prof, srv, link, c.objective, c.slo_ms, pins, path, server_load=load, accuracy=check
     )
@@ -287,8 +300,8 @@ def partition(
         choices: The fields of :class:`Choices`: ``objective``, ``slo_ms``, ``profile``,
             ``server``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
             ``input_values``, ``profiling``, ``server_load``, ``server_slots``, ``accuracy``,
-            ``calibration_data``. Without a profile, the local processors are measured and the
-            rest predicted, as ``edgesplit partition`` does.
+            ``calibration_data``, ``calibration_method``. Without a profile, the local processors
+            are measured and the rest predicted, as ``edgesplit partition`` does.
 
     Returns:
         The plan, with the baselines predicted by the same cost model.
@@ -352,6 +365,7 @@ def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
             f"{graph.sha256[:12]} (re-run edgesplit partition)"
         )
     acc = plan.accuracy or {}
+    data, method = recorded_calibration(acc)
     choices = Choices(
         objective=plan.objective,
         slo_ms=plan.slo_ms,
@@ -361,6 +375,7 @@ def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
         pins=plan.pins,
         **_plan_load(plan),
         accuracy=AccuracyBudget.from_json(acc["budget"]) if "budget" in acc else None,
-        calibration_data=acc.get("calibration", {}).get("path"),
+        calibration_data=data,
+        calibration_method=method,
     )
     return resolve(graph, _recorded_spec(plan.device_path, plan.device), choices)

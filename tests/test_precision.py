@@ -235,6 +235,73 @@ def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):
     assert measured.snr_db == pytest.approx(plan.accuracy["measured"]["snr_db"], abs=0.5)
 
 
+def _ranges(path) -> dict[str, tuple[float, float]]:
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    return {
+        k: tuple(float(np.min(x)) for x in v.range_value) for k, v in load_tensors_data(path).data.items()
+    }
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy"])
+def test_a_calibration_method_is_cached_apart_recorded_and_compiled_with(problem, tmp_path, method):
+    """``--calibration-method``: ORT's calibrator of that name. Its ranges are cached apart from
+    MinMax's and differ from them (percentile's lie inside MinMax's extremes); the plan records the
+    method, compile quantizes with it (its bundle measures as the plan did, not as the MinMax plan
+    did; ORT refuses a cache of another method)."""
+    from edgesplit.precision import recorded_calibration
+
+    graph, device = problem.graph, problem.device
+    data = calibration_set(graph)
+    minmax, other = calibrate(graph, data, "minmax"), calibrate(graph, data, method)
+    assert other != minmax and other.stem.split("-")[2] == method and calibrate(graph, data, method) == other
+    wide, mine = _ranges(minmax), _ranges(other)
+    assert wide.keys() == mine.keys() and wide != mine
+    if method == "percentile":
+        assert all(wide[k][0] <= lo and hi <= wide[k][1] + 1e-6 for k, (lo, hi) in mine.items())
+    any_int8 = AccuracyBudget(min_snr_db=-SNR_CAP_DB)
+    base = _solve(problem, any_int8)
+    chosen = resolve(graph, device, Choices(profile=problem.profile, calibration_method=method))
+    plan = _solve(chosen, any_int8)
+    assert _int8_nodes(plan) == _int8_nodes(base)
+    assert (
+        base.accuracy["calibration"]["method"] == "minmax"
+        and recorded_calibration(plan.accuracy)[1] == method
+    )
+    manifest = edgesplit.compile_bundle(graph, plan, tmp_path / "b", device=device)
+    int8 = [p for p in manifest.parts if p.precision == "int8"]
+    assert int8 and all(p.note.endswith(f"with {method}") for p in int8)
+
+    def scales(ranges) -> dict[str, np.ndarray]:  # every int8 part's quantization scales
+        out = {}
+        for p in int8:
+            m = edgesplit.precision.measure.part_model(
+                graph, [t.name for t in p.inputs], [t.name for t in p.outputs], "int8", ranges
+            )
+            out.update(_scales(m))
+        return out
+
+    shipped = {}
+    for p in int8:
+        shipped.update(_scales(onnx.load(tmp_path / "b" / p.file)))
+    assert shipped.keys() == scales(other).keys()
+    assert all(np.array_equal(shipped[k], v) for k, v in scales(other).items())
+    assert any(not np.array_equal(shipped[k], v) for k, v in scales(minmax).items())
+
+
+def _scales(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {
+        i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer if i.name.endswith("_scale")
+    }
+
+
+def test_a_plan_recorded_before_calibration_methods_is_minmax():
+    from edgesplit.precision import DEFAULT_CALIBRATION_METHOD, recorded_calibration
+
+    assert recorded_calibration({"calibration": {"source": "photos", "path": "a.npz"}}) == ("a.npz", "minmax")
+    assert recorded_calibration(None) == (None, DEFAULT_CALIBRATION_METHOD)
+
+
 def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(problem, tmp_path, monkeypatch):
     """An int8 part is checked by the plan's accuracy measure, not the fp32 tolerance: compile runs
     the artifacts that ship on the held-out samples and reports the SNR against the budget. With
@@ -298,6 +365,45 @@ def test_verification_never_ships_a_plan_that_misses_the_accuracy_budget(problem
     )
     v = verify_plan(held_to(loose), plan, tmp_path / "loose", options=options).verification
     assert v.candidate("plan").meets_budget is True and v.candidate("plan").accuracy_misses == ""
+
+
+def test_verification_never_ships_an_int8_baseline_that_misses_the_budget(split_net, tmp_path):
+    """On an NPU that runs every op, ``only:npu`` (the whole model in int8) is one of deploy's
+    baselines, priced 4x faster than the CPU. Under a budget no int8 part meets, the plan is all
+    fp32; the baseline's accuracy is measured like the plan's, and it is never shipped, however
+    fast it measures. The rule alone says the same on given figures."""
+    from edgesplit.compile.verdict import MeasuredCandidate
+    from edgesplit.verify import VerifyOptions, verify_plan
+    from edgesplit.verify.decide import decide
+
+    graph, _ = split_net
+    (tmp_path / "all.yaml").write_text(
+        NPU_SPEC.replace("    ops: {only: [Conv, Relu, GlobalAveragePool, Flatten, Gemm, Add]}\n", "")
+    )
+    device = edgesplit.load_device(tmp_path / "all.yaml")
+    cpu = {n.name: NodeCost(1.0, 1.0, MEASURED, 3.0, 5) for n in graph.nodes}
+    npu = {n.name: NodeCost(0.25, 0.25, MEASURED, 0.75, 5) for n in graph.nodes}
+    entries = (
+        ProcessorProfile("cpu", "ort", MEASURED, cpu, dispatch_ms=0.05),
+        ProcessorProfile("npu", "ort-int8", MEASURED, npu, dispatch_ms=0.05),
+    )
+    prof = Profile(graph.sha256, graph.name, device.name, graph.input_shapes(), entries)
+    budget = AccuracyBudget(min_snr_db=80.0)
+    problem = resolve(graph, device, Choices(profile=prof, accuracy=budget))
+    plan = solve_plan(problem)
+    assert not _int8_nodes(plan)
+    v = verify_plan(problem, plan, tmp_path / "out", options=VerifyOptions(budget_s=3.0)).verification
+    row = v.candidate("only:npu")
+    assert row.error is None and row.meets_budget is False and row.snr_db < 80.0, row
+    assert v.shipped != "only:npu" and v.accuracy_budget == budget.summary()
+
+    def timed(name, ms, **kw):
+        return MeasuredCandidate(name, "", 1, None, ms, rounds_ms=(ms, ms, ms), **kw)
+
+    npu_row = timed("only:npu", 1.0, snr_db=20.0, meets_budget=False, accuracy_misses="SNR 20 < 80")
+    assert decide([timed("plan", 4.0), timed("only:cpu", 5.0), npu_row], "latency", None)[0] == "plan"
+    missing = timed("plan", 2.0, snr_db=20.0, meets_budget=False, accuracy_misses="SNR 20 < 80")
+    assert decide([missing, timed("only:cpu", 5.0), npu_row], "latency", None)[0] == "only:cpu"
 
 
 def test_an_int8_only_processor_never_gets_an_fp32_part(tmp_path, split_net):
@@ -473,3 +579,55 @@ def test_a_budget_drops_the_noisy_half_of_a_long_int8_part_not_all_of_it(tmp_pat
     kept = _int8_nodes(plan)
     assert set(halves[0].nodes) <= kept and not kept & set(halves[1].nodes), plan.accuracy["dropped"]
     assert plan.accuracy["meets"] and [d["part"] for d in plan.accuracy["dropped"]] == [halves[1].name]
+
+
+def test_int8_part_edges_cost_what_the_profiler_measured(tmp_path):
+    """An int8 part between fp32 parts pays, at its way in, a quantization and a layout transpose,
+    and at its way out a transpose and a dequantization: ORT's integer convolution is channels-last.
+    The profiler measures its per-MB edge costs on a micro-part with exactly those kernels (the
+    transposes were missing: measured alone, QuantizeLinear and DequantizeLinear priced det's part
+    edges at about half of what they cost); a real int8 part compiled from a conv chain has the same
+    kernels at its edges, and the profile predicts their time there within a generous factor."""
+    from edgesplit.cpu import ort_session_options
+    from edgesplit.precision.measure import part_model
+
+    nodes, weights, prev = [], [], "x"
+    for i in range(3):
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], name=f"conv{i}"))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
+        weights.append((f"w{i}", rand(48, 48 if i else 3, 1, 1, seed=i)))
+        prev = f"r{i}"
+    onnx.save(
+        make_model(nodes, [("x", [1, 3, 160, 160])], [(prev, [1, 48, 160, 160])], weights),
+        tmp_path / "c.onnx",
+    )
+    graph = edgesplit.load_model(tmp_path / "c.onnx")
+    (tmp_path / "npu.yaml").write_text(NPU_SPEC)
+    device = edgesplit.load_device(tmp_path / "npu.yaml")
+    npu = edgesplit.profile_model(graph, device, edgesplit.ProfileOptions(["ort-int8"], runs=5, warmup=2))
+    entry = npu.entry("npu", "ort-int8")
+    assert (
+        "in (QuantizeLinear, Transpose)" in entry.note and "out (Transpose, DequantizeLinear)" in entry.note
+    )
+    part = part_model(graph, ["r0"], ["r1"], "int8", calibrate(graph, calibration_set(graph)))
+    so = ort_session_options(1, None, enable_profiling=True, profile_file_prefix=str(tmp_path / "p"))
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    sess = ort.InferenceSession(part.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = {"r0": np.abs(rand(1, 48, 160, 160, seed=5))}
+    for _ in range(12):
+        sess.run(None, x)
+    opt = onnx.load(tmp_path / "opt.onnx").graph
+    made = {t: n for n in opt.node for t in n.output}
+    q_in = next(n for n in opt.node if "r0" in n.input)
+    into = [q_in] + [n for n in opt.node if q_in.output[0] in n.input and n.op_type == "Transpose"]
+    dq_out = made["r1"]
+    out_of = [made[dq_out.input[0]], dq_out] if made[dq_out.input[0]].op_type == "Transpose" else [dq_out]
+    assert [n.op_type for n in into] == ["QuantizeLinear", "Transpose"]
+    assert [n.op_type for n in out_of] == ["Transpose", "DequantizeLinear"]
+    from edgesplit.profile.ort import _kernel_times
+
+    kernels = _kernel_times(sess.end_profiling())
+    measured = sum(float(np.median(kernels[n.name][4:])) for n in into + out_of)
+    mb = 4 * 48 * 160 * 160 / 1e6
+    predicted = (entry.edge_in_ms_per_mb + entry.edge_out_ms_per_mb) * mb
+    assert 1 / 3 <= measured / predicted <= 3, (measured, predicted)

@@ -277,8 +277,17 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
 
 
 def accuracy_options(f):
-    """``--min-snr-db``, ``--min-top1-agreement``, ``--max-accuracy-drop`` and ``--calibration-data``
-    (partition and deploy): the budget int8 and fp16 parts must meet, and the data to measure on."""
+    """``--min-snr-db``, ``--min-top1-agreement``, ``--max-accuracy-drop``, ``--calibration-data``
+    and ``--calibration-method`` (partition and deploy): the budget int8 and fp16 parts must meet,
+    the data to calibrate and measure on, and how int8 ranges are found."""
+    from edgesplit.precision import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
+
+    f = click.option(
+        "--calibration-method",
+        type=click.Choice(CALIBRATION_METHODS),
+        help="How int8 activation ranges are found from the calibration data: minmax (extremes), "
+        f"percentile (99.999th), entropy (KL divergence); default {DEFAULT_CALIBRATION_METHOD}.",
+    )(f)
     f = click.option(
         "--calibration-data",
         type=click.Path(),
@@ -307,11 +316,16 @@ def accuracy_choices(
     min_top1_agreement: float | None,
     max_accuracy_drop: float | None,
     calibration_data: str | None,
+    calibration_method: str | None = None,
 ) -> dict:
-    """The ``accuracy`` and ``calibration_data`` fields of :class:`edgesplit.pipeline.Choices`
-    (no flag: the default budget)."""
+    """The ``accuracy``, ``calibration_data`` and ``calibration_method`` fields of
+    :class:`edgesplit.pipeline.Choices` (no flag: the default budget)."""
     from edgesplit.precision.metrics import AccuracyBudget
 
     given = (min_snr_db, min_top1_agreement, max_accuracy_drop)
     budget = AccuracyBudget(*given) if any(v is not None for v in given) else None
-    return {"accuracy": budget, "calibration_data": calibration_data}
+    return {
+        "accuracy": budget,
+        "calibration_data": calibration_data,
+        "calibration_method": calibration_method,
+    }

@@ -83,6 +83,7 @@ def command(
     min_top1_agreement,
     max_accuracy_drop,
     calibration_data,
+    calibration_method,
     input_shapes,
     input_values,
     runs,
@@ -111,7 +112,9 @@ def command(
         pins=pins,
         profiling=ProfileOptions(runs=runs),
         **model_inputs(input_shapes, input_values),
-        **accuracy_choices(min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data),
+        **accuracy_choices(
+            min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data, calibration_method
+        ),
     )
     check_choices(Choices(**choices))  # bad flags fail before the model is read
     check_output(output, force, [model])  # and so does an output that may not be replaced

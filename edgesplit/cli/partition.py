@@ -78,6 +78,7 @@ def command(
     min_top1_agreement,
     max_accuracy_drop,
     calibration_data,
+    calibration_method,
     plot_path,
     output,
     onnx_out,
@@ -115,7 +116,9 @@ def command(
         server_load=server_load,
         server_slots=server_slots,
         **model_inputs(input_shapes, input_values),
-        **accuracy_choices(min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data),
+        **accuracy_choices(
+            min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data, calibration_method
+        ),
     )
     check_choices(choices)  # bad flags fail before the model is read
     graph = load_graph(model, choices.input_shapes, choices.input_values)  # prints its notes

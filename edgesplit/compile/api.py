@@ -38,6 +38,7 @@ from edgesplit.optimize.accuracy import backend_precision
 from edgesplit.optimize.plan import Part, Plan, check_plan, check_plan_types
 from edgesplit.optimize.problem import Problem
 from edgesplit.pipeline import as_plan, load_graph, plan_device
+from edgesplit.precision import recorded_calibration
 from edgesplit.util import atomic_dir, refuse_to_replace, sha256_file, short
 
 if TYPE_CHECKING:
@@ -229,7 +230,7 @@ def _compile_plan_parts(
             f"parts/{p.name}.onnx",
             errors[p.name],
             **tuning,
-            calibration_data=_calibration(plan),
+            **_calibration(plan),
         )
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(job, p, spec.processor(p.processor), local_cpu, producer)
@@ -254,9 +255,7 @@ def _compile_bands(
 
     def one(part: Part, pm: PartModel, error: float, producer: dict[str, str]) -> PartArtifact:
         name = pm.name
-        job = CompileJob(
-            pm, graph, tmp, f"parts/{name}.onnx", error, **tuning, calibration_data=_calibration(plan)
-        )
+        job = CompileJob(pm, graph, tmp, f"parts/{name}.onnx", error, **tuning, **_calibration(plan))
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(
             job, replace(part, name=name), spec.processor(part.processor), local_cpu, producer
@@ -295,15 +294,18 @@ def _check_precision(
     notes = []
     for label, each, arts in plans:
         budget, source = plan_budget(each, given)
-        check = check_precision(graph, each.parts, arts, tmp, budget, source, _calibration(each))
+        data = _calibration(each)["calibration_data"]
+        check = check_precision(graph, each.parts, arts, tmp, budget, source, data)
         require(check, label)
         notes.extend([check.note(label)] if check else [])
     return notes
 
 
-def _calibration(plan: Plan) -> str | None:
-    """The calibration data the plan's accuracy was measured on (None: the default data)."""
-    return ((plan.accuracy or {}).get("calibration") or {}).get("path")
+def _calibration(plan: Plan) -> dict[str, str | None]:
+    """The calibration data (None: the default data) and method the plan's accuracy was measured
+    with, as keyword arguments."""
+    data, method = recorded_calibration(plan.accuracy)
+    return {"calibration_data": data, "calibration_method": method}
 
 
 def _compile_part(

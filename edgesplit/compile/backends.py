@@ -23,6 +23,7 @@ from edgesplit.cpu import ort_session_options
 from edgesplit.device import Backend, Processor
 from edgesplit.errors import CompileError
 from edgesplit.model.graph import ModelGraph
+from edgesplit.precision import DEFAULT_CALIBRATION_METHOD
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class CompileJob:
         max_error: The part's largest relative error against the whole model (ORT, checked).
         calibration_data: What reduced-precision parts are calibrated on (the plan's
             ``--calibration-data``; None: photographs or synthetic, see ``calibration_data``).
+        calibration_method: How their activation ranges are found (the plan's
+            ``--calibration-method``).
         tune_trials, tune: Tuning asked for (a total budget, or per-kernel options); TVM parts
             are tuned on their processor (its thread count and cores) before they are built.
     """
@@ -46,6 +49,7 @@ class CompileJob:
     max_error: float
     tune_trials: int = 0
     calibration_data: str | None = None
+    calibration_method: str = DEFAULT_CALIBRATION_METHOD
     tune: TuneOptions | None = None
     progress: Progress | None = None
 

@@ -23,7 +23,8 @@ class ReducedPrecisionCompiler:
 
     def compile(self, job: CompileJob, processor: Processor, backend: Backend) -> Compiled:
         data = calibration_set(job.graph, job.calibration_data)
-        ranges = calibrate(job.graph, data) if backend.precision == "int8" else None
+        int8 = backend.precision == "int8"
+        ranges = calibrate(job.graph, data, job.calibration_method) if int8 else None
         model = convert(job.part.model, backend.precision, ranges)
         file_rel = f"parts/{job.part.name}.{backend.precision}.onnx"
         onnx.save(model, job.bundle_dir / file_rel)
@@ -32,5 +33,6 @@ class ReducedPrecisionCompiler:
             file_rel,
             backend.provider,
             dict(backend.options),
-            note=f"{backend.precision}, calibrated on {data.source} data ({data.sha256[:12]})",
+            note=f"{backend.precision}, calibrated on {data.source} data ({data.sha256[:12]})"
+            + (f" with {job.calibration_method}" if int8 else ""),
         )

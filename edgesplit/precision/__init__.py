@@ -14,9 +14,35 @@ quantizes the model it measures):
 Calibration inputs come from :mod:`edgesplit.model.calibration_data`.
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 from edgesplit.device_schema import PRECISIONS
 
 REDUCED = ("fp16", "int8")
 """The precisions that change a part's numbers (and so are checked against the budget)."""
 
-__all__ = ["PRECISIONS", "REDUCED"]
+CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
+"""``--calibration-method``: how int8 activation ranges are found (see
+:data:`edgesplit.precision.convert.CALIBRATORS`)."""
+DEFAULT_CALIBRATION_METHOD = "minmax"
+RECORDED_BEFORE_METHODS = "minmax"
+"""The method of a plan whose calibration record names none (made before the method was recorded)."""
+
+__all__ = [
+    "CALIBRATION_METHODS",
+    "DEFAULT_CALIBRATION_METHOD",
+    "PRECISIONS",
+    "RECORDED_BEFORE_METHODS",
+    "REDUCED",
+    "recorded_calibration",
+]
+
+
+def recorded_calibration(accuracy: Mapping[str, Any] | None) -> tuple[str | None, str]:
+    """(data path or None, method) that a plan's ``accuracy`` record says it was calibrated with
+    (with no record: the default data and method)."""
+    cal = (accuracy or {}).get("calibration") or {}
+    if not cal:
+        return None, DEFAULT_CALIBRATION_METHOD
+    return cal.get("path"), cal.get("method") or RECORDED_BEFORE_METHODS

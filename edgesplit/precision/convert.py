@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import logging
 import os
 import tempfile
@@ -27,6 +28,7 @@ import onnx
 from edgesplit.errors import CompileError
 from edgesplit.model.calibration_data import CalibrationSet
 from edgesplit.model.graph import ModelGraph
+from edgesplit.precision import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 
 Converter = Callable[[onnx.ModelProto, Path | None, Sequence[str]], onnx.ModelProto]
 
@@ -42,12 +44,14 @@ def model_sha256(model: onnx.ModelProto) -> str:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """onnxruntime.quantization logs advice on the root logger for every call."""
+    """onnxruntime.quantization logs advice on the root logger for every call, and its histogram
+    calibrators print their progress (which would land in a command's output)."""
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        yield
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
     finally:
         root.setLevel(level)
 
@@ -62,29 +66,71 @@ class _Reader:
         return next(self._it, None)
 
 
-def calibrate(graph: ModelGraph, data: CalibrationSet) -> Path:
-    """The cached MinMax calibration of ``graph.model`` on ``data.calibration`` (computed if absent).
+CALIBRATORS: dict[str, tuple[str, dict[str, object]]] = {
+    "minmax": ("MinMax", {}),
+    "percentile": ("Percentile", {"percentile": 99.999, "symmetric": False}),
+    "entropy": ("Entropy", {"num_bins": 2048, "num_quantized_bins": 128}),
+}
+"""ORT's calibrator and its options per ``--calibration-method``. MinMax takes each activation's
+extreme values; Percentile clips each range at the 99.999th percentile of the values' magnitudes
+(asymmetric: activations are uint8); Entropy picks the range that keeps the quantized histogram
+closest (KL divergence) to the fp32 one."""
+
+
+def check_calibration_method(method: str) -> str:
+    """``method`` when it is one of :data:`~edgesplit.precision.CALIBRATION_METHODS`.
+
+    Raises:
+        CompileError: naming the methods there are.
+    """
+    if method not in CALIBRATION_METHODS:
+        raise CompileError(
+            f"unknown calibration method '{method}' (methods: {', '.join(CALIBRATION_METHODS)})"
+        )
+    return method
+
+
+def calibrate(graph: ModelGraph, data: CalibrationSet, method: str = DEFAULT_CALIBRATION_METHOD) -> Path:
+    """The cached calibration of ``graph.model`` on ``data.calibration`` with ``method`` (one of
+    :data:`~edgesplit.precision.CALIBRATION_METHODS`), computed if absent.
 
     Returns:
-        The cache file (ORT's ``save_tensors_data`` JSON), keyed by model and data sha256.
+        The cache file (ORT's ``save_tensors_data`` JSON, which names the method), keyed by model
+        and data sha256 and the method.
     """
-    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
 
-    memo = (graph.sha256, tuple(sorted(graph.input_shapes().items())), data.sha256, str(cache_dir()))
+    ort_name, options = CALIBRATORS[check_calibration_method(method)]
+    memo = (graph.sha256, tuple(sorted(graph.input_shapes().items())), data.sha256, method, str(cache_dir()))
     if memo in _CALIBRATED and _CALIBRATED[memo].is_file():
         return _CALIBRATED[memo]
-    path = cache_dir() / f"{model_sha256(graph.model)[:24]}-{data.sha256[:24]}-minmax.json"
+    tag = method + "".join(f"-{k}-{v}" for k, v in sorted(options.items()))  # options change ranges
+    path = cache_dir() / f"{model_sha256(graph.model)[:24]}-{data.sha256[:24]}-{tag}.json"
     if path.is_file():
         _CALIBRATED[memo] = path
         return path
     with tempfile.TemporaryDirectory(prefix="edgesplit-calib-") as tmp, _quiet():
         model_path = Path(tmp) / "model.onnx"
         onnx.save(graph.model, model_path)
-        calibrator = create_calibrator(model_path, None, augmented_model_path=str(Path(tmp) / "aug.onnx"))
+        calibrator = create_calibrator(
+            model_path,
+            None,
+            augmented_model_path=str(Path(tmp) / "aug.onnx"),
+            calibrate_method=CalibrationMethod[ort_name],
+            extra_options=options,
+        )
         calibrator.collect_data(_Reader(list(data.calibration)))
         save_tensors_data(calibrator.compute_data(), path)  # temp file and rename
     _CALIBRATED[memo] = path
     return path
+
+
+def calibration_method_of(ranges: Path) -> str:
+    """The method a cached calibration was made with (its file says)."""
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    name = load_tensors_data(ranges).calibration_method.name
+    return next((m for m, (ort_name, _) in CALIBRATORS.items() if ort_name == name), name)
 
 
 _CALIBRATED: dict[tuple, Path] = {}  # this process's calibrations (hashing a big model costs)
@@ -97,10 +143,13 @@ def quantize_int8(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[s
     Raises:
         CompileError: without a calibration, or when ORT cannot quantize the model.
     """
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     if ranges is None:
         raise CompileError("int8 needs a calibration (precision.convert.calibrate)")
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    method = load_tensors_data(ranges).calibration_method  # ORT refuses a cache of another method
     model = opset_for_per_channel(model)
     with tempfile.TemporaryDirectory(prefix="edgesplit-quant-") as tmp, _quiet():
         out = Path(tmp) / "q.onnx"
@@ -115,7 +164,7 @@ def quantize_int8(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[s
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 nodes_to_quantize=list(nodes),
-                calibrate_method=CalibrationMethod.MinMax,
+                calibrate_method=method,
                 calibration_cache_path=ranges,
             )
         except Exception as e:  # noqa: BLE001 - ORT raises plain exceptions of many kinds

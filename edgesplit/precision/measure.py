@@ -22,7 +22,12 @@ from edgesplit.cpu import ort_session_options
 from edgesplit.model.calibration_data import CalibrationSet, calibration_set
 from edgesplit.model.extract import PartExtractor
 from edgesplit.model.graph import ModelGraph
-from edgesplit.precision.convert import calibrate, convert
+from edgesplit.precision.convert import (
+    DEFAULT_CALIBRATION_METHOD,
+    calibrate,
+    check_calibration_method,
+    convert,
+)
 from edgesplit.precision.metrics import EXACT, Accuracy, compare
 
 
@@ -64,11 +69,19 @@ class PlanMeasurer:
     Args:
         calibration_data: ``--calibration-data`` (an ``.npz`` or a folder of ``.npy``); None: the
             photographs for a vision model, else synthetic inputs (see ``calibration_data``).
+        calibration_method: ``--calibration-method``, one of
+            :data:`~edgesplit.precision.convert.CALIBRATION_METHODS` (None: the default).
     """
 
-    def __init__(self, graph: ModelGraph, calibration_data: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        graph: ModelGraph,
+        calibration_data: str | os.PathLike | None = None,
+        calibration_method: str | None = None,
+    ):
         self.graph = graph
         self.calibration_data = None if calibration_data is None else str(calibration_data)
+        self.calibration_method = check_calibration_method(calibration_method or DEFAULT_CALIBRATION_METHOD)
         self._extractor = PartExtractor(graph)
         self._sessions: dict[tuple, object] = {}
         self._results: dict[tuple, Accuracy] = {}
@@ -79,12 +92,14 @@ class PlanMeasurer:
 
     @cached_property
     def ranges(self) -> Path:
-        return calibrate(self.graph, self.data)
+        return calibrate(self.graph, self.data, self.calibration_method)
 
     def describe(self) -> dict[str, object]:
-        """The calibration data, for the plan (loads it)."""
-        return self.data.describe() | (
-            {"path": os.path.abspath(self.calibration_data)} if self.calibration_data else {}
+        """The calibration data and method, for the plan (loads the data)."""
+        return (
+            self.data.describe()
+            | ({"path": os.path.abspath(self.calibration_data)} if self.calibration_data else {})
+            | {"method": self.calibration_method}
         )
 
     def _session(self, inputs: tuple[str, ...], outputs: tuple[str, ...], precision: str):

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from edgesplit.precision import CALIBRATION_METHODS
+
 SNR_CAP_DB = 200.0
 
 
@@ -157,6 +159,11 @@ def check_record(record: Any, source: str, error: type[Exception]) -> None:
             raise error(f"{source}.{key}: expected {'a list' if key == 'dropped' else 'an object'}")
         if key == "calibration" and not isinstance(value.get("path", ""), str):
             raise error(f"{source}.calibration.path: expected a string, got {short(value['path'], 40)}")
+        if key == "calibration" and value.get("method", CALIBRATION_METHODS[0]) not in CALIBRATION_METHODS:
+            raise error(
+                f"{source}.calibration.method: expected one of {', '.join(CALIBRATION_METHODS)}, "
+                f"got {short(value['method'], 40)}"
+            )
 
 
 DEFAULT_BUDGET = AccuracyBudget(max_accuracy_drop=0.01)

@@ -11,6 +11,7 @@ import os
 
 from edgesplit.compile.bundle import Manifest, open_bundle
 from edgesplit.model.graph import ModelGraph
+from edgesplit.precision import recorded_calibration
 from edgesplit.precision.measure import PlanMeasurer
 from edgesplit.precision.metrics import Accuracy, AccuracyBudget, compare
 from edgesplit.runtime.session import load
@@ -35,9 +36,10 @@ def bundle_accuracy(
     with load(bundle, **load_options) as session:
         manifest: Manifest = session.manifest
         plan = manifest.plan
-        recorded = ((plan.accuracy or {}).get("calibration") or {}).get("path")
+        recorded, method = recorded_calibration(plan.accuracy)
         graph = load_graph(model if model is not None else plan.model_path, plan.input_shapes or None)
-        measurer = PlanMeasurer(graph, calibration_data if calibration_data is not None else recorded)
+        data = calibration_data if calibration_data is not None else recorded
+        measurer = PlanMeasurer(graph, data, method)
         got = [session.run(dict(s)) for s in measurer.data.held_out]
     outputs = [{k: g[k] for k in graph.outputs} for g in got]
     return compare(measurer.reference, outputs)

@@ -25,6 +25,7 @@ import numpy as np
 from edgesplit.compile.api import compile_bundle
 from edgesplit.device import Processor
 from edgesplit.errors import EdgesplitError
+from edgesplit.optimize.accuracy import with_precisions
 from edgesplit.optimize.api import make_plan
 from edgesplit.optimize.baselines import baseline_candidates
 from edgesplit.optimize.costs import CostModel, build_costs
@@ -77,7 +78,9 @@ def plan_for(
     summary: str,
     baselines: Sequence[Baseline],
 ) -> Plan:
-    """The plan of one baseline assignment, made as the optimiser makes its own (no pins)."""
+    """The plan of one baseline assignment, made as the optimiser makes its own (no pins), each part
+    in its backend's precision (an int8-only NPU's part is int8; its accuracy is measured with the
+    other candidates', :mod:`edgesplit.verify.accuracy`)."""
     out = Outcome(
         assign=assign,
         schedule=schedule(cm, assign),
@@ -87,7 +90,7 @@ def plan_for(
         baselines=tuple(baselines),
         baseline_assign={},
     )
-    return make_plan(replace(problem, pins={}), cm, out)
+    return with_precisions(make_plan(replace(problem, pins={}), cm, out), problem.full_device)
 
 
 def _costs(problem: Problem, profile=None) -> CostModel:

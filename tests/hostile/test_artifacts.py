@@ -452,3 +452,16 @@ def test_calibrate_refuses_bundles_of_another_device_or_the_same_bundle_twice(w,
         assert "host-2core" in line and str(bundle) in line, line
         refused(cli("calibrate", bundle, bundle, "-o", out, "--profile", w["profile"]), "given twice")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["vibes", "MINMAX", ""])
+def test_an_unknown_calibration_method_is_a_usage_error(w, tmp_path, value):
+    """``--calibration-method`` takes minmax, percentile or entropy; anything else is refused before
+    anything is loaded or measured (CLI and API alike), and no plan is written."""
+    from edgesplit.pipeline import partition as api_partition
+
+    refused(partition(w, tmp_path, "--calibration-method", value), "--calibration-method")
+    assert not (tmp_path / "plan.json").exists()
+    for bad in (value, 3, ["minmax"]):
+        with pytest.raises(PlanError, match=r"unknown calibration method .*minmax, percentile, entropy"):
+            api_partition(w["graph"], w["spec"], profile=w["profile"], calibration_method=bad)

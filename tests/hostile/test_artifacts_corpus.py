@@ -222,6 +222,14 @@ PLANS = {
         lambda p: p.update(accuracy={"calibration": {"path": 7}}),
         "accuracy.calibration.path: expected a string",
     ),
+    "calibration_method_unknown": (
+        lambda p: p.update(accuracy={"calibration": {"method": "vibes"}}),
+        "accuracy.calibration.method: expected one of minmax, percentile, entropy, got vibes",
+    ),
+    "calibration_method_not_a_string": (
+        lambda p: p.update(accuracy={"calibration": {"method": ["minmax"]}}),
+        "accuracy.calibration.method: expected one of",
+    ),
 }
 
 
