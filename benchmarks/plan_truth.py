@@ -228,6 +228,29 @@ def shipped(plan: Row, rows: list[Row]) -> tuple[str, float] | None:
     return best.name, 1.0
 
 
+def relative_errors(rows: list[Row]) -> list[float]:
+    """Per plan, its measured ratio to the best measured baseline over the predicted ratio of the
+    same two, minus 1: the cost model's error on what a plan gains, with the machine's drift since
+    profiling (which moves both alike) cancelled. Plans that are that baseline are left out."""
+    out = []
+    for r in rows:
+        if r.kind != "plan" or r.ratio_to_best_baseline is None or not r.predicted_ms:
+            continue
+        best = next(
+            (
+                b
+                for b in rows
+                if (b.device, b.model, b.metric, b.kind, b.name)
+                == (r.device, r.model, r.metric, "baseline", r.best_baseline)
+            ),
+            None,
+        )
+        if best is None or not best.predicted_ms or best.same_as == r.name:
+            continue
+        out.append(r.ratio_to_best_baseline / (r.predicted_ms / best.predicted_ms) - 1)
+    return out
+
+
 def summary(rows: list[Row]) -> dict:
     """Share within +-10 % and +-5 %, the worst plan against its best baseline, plans that beat it."""
     errs = [abs(r.error_pct) for r in rows if r.error_pct is not None]
@@ -245,6 +268,7 @@ def summary(rows: list[Row]) -> dict:
         "worst_plan": f"{worst.device} {worst.model} {worst.name} ({worst.metric})" if worst else None,
         "plans_beating_best_baseline_by_5pct": [f"{r.device} {r.model} {r.name}" for r in beats],
         "unmeasured": [f"{r.device} {r.model} {r.name}: {r.note}" for r in rows if r.measured_ms is None],
+        "relative_errors_pct": [round(e * 100, 2) for e in relative_errors(rows)],
         "deploy_ships_the_plan": sum(x[0] == r.name for r, x in ships),
         "deploy_worst_shipped_ratio": max((x[1] for _, x in ships), default=None),
         "deploy_shipped_beating_best_baseline_by_5pct": sum(x[1] <= 0.95 for _, x in ships),
@@ -262,6 +286,13 @@ def summary(rows: list[Row]) -> dict:
         f"{fmt(s['deploy_worst_shipped_ratio'], '.3f')}; shipped >= 5% faster than it: "
         f"{s['deploy_shipped_beating_best_baseline_by_5pct']}/{len(ships)}"
     )
+    rel = [abs(e) for e in s["relative_errors_pct"]]
+    if rel:
+        print(
+            f"  plans against their best baseline (measured ratio / predicted ratio - 1, drift cancelled): "
+            f"{len(rel)} plans, within +-10% {sum(e <= 10 for e in rel)}, within +-5% {sum(e <= 5 for e in rel)}, "
+            f"worst {max(rel):.1f}%"
+        )
     for u in s["unmeasured"]:
         print(f"  not measured: {u}")
     return s
