@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import signal
@@ -28,7 +29,7 @@ class Cli:
         exe = Path(sys.executable).with_name("edgesplit")
         env = {**os.environ, "TTY_COMPATIBLE": "1", "NO_COLOR": "1", "TERM": "xterm", "COLUMNS": "200"}
         self.proc = subprocess.Popen(
-            [str(exe), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+            [str(exe), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
         )
         self._text = ""
         self._changed = threading.Condition()
@@ -36,9 +37,13 @@ class Cli:
         self._reader.start()
 
     def _read(self) -> None:
-        while chunk := self.proc.stderr.read(1):
+        # whatever the pipe holds at once, not a character at a time: the live bar redraws itself
+        # many times a second, and a reader that falls behind it sees progress after the run ended
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        fd = self.proc.stderr.fileno()
+        while chunk := os.read(fd, 65536):
             with self._changed:
-                self._text += chunk
+                self._text += decode(chunk)
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
