@@ -28,8 +28,15 @@ class Cli:
     def __init__(self, *args: str):
         exe = Path(sys.executable).with_name("edgesplit")
         env = {**os.environ, "TTY_COMPATIBLE": "1", "NO_COLOR": "1", "TERM": "xterm", "COLUMNS": "200"}
+        # SIGINT as a terminal delivers it, even when this process ignores it (a runner started in
+        # the background by a shell without job control, or a test before this one, may have set
+        # SIG_IGN, which the CLI would inherit and then never see Ctrl-C)
         self.proc = subprocess.Popen(
-            [str(exe), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+            [str(exe), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self._text = ""
         self._changed = threading.Condition()
