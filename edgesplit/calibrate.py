@@ -60,11 +60,6 @@ class Round:
     cases: tuple[Case, ...]
     fits: tuple[PairFit, ...] = ()
 
-    @property
-    def worst(self) -> Case:
-        """The case predicted worst."""
-        return max(self.cases, key=lambda c: abs(c.error))
-
 
 @dataclass(frozen=True)
 class Calibration:

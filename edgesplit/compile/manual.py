@@ -12,31 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edgesplit.model.graph import ModelGraph
+from edgesplit.model.graph import ModelGraph, part_boundaries  # noqa: F401 - re-exported
 from edgesplit.optimize.plan import MANUAL, Part, Plan
-
-
-def part_boundaries(graph: ModelGraph, groups: Sequence[Sequence[int]]) -> list[tuple[list[str], list[str]]]:
-    """For groups of node indices: (tensors read from outside, tensors used outside) of each."""
-    owner = {i: k for k, g in enumerate(groups) for i in g}
-    out = []
-    for k, g in enumerate(groups):
-        ins: dict[str, None] = {}
-        outs: dict[str, None] = {}
-        for i in g:
-            node = graph.nodes[i]
-            for t in node.inputs:
-                if graph.tensors[t].is_weight:
-                    continue
-                src = graph.producer.get(t)
-                if src is None or owner[src] != k:
-                    ins[t] = None
-            for t in node.outputs:
-                users = graph.consumers.get(t, ())
-                if t in graph.outputs or any(owner[u] != k for u in users):
-                    outs[t] = None
-        out.append((list(ins), list(outs)))
-    return out
 
 
 def contiguous_plan(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -130,3 +130,27 @@ class ModelGraph:
     def is_chain(self) -> bool:
         """True when every node feeds only the next one (Neurosurgeon's setting)."""
         return all(d == s + 1 for s, d, _ in self.edges)
+
+
+def part_boundaries(graph: ModelGraph, groups: Sequence[Sequence[int]]) -> list[tuple[list[str], list[str]]]:
+    """For groups of node indices: (tensors read from outside, tensors used outside) of each. Nodes
+    in no group count as outside every group."""
+    owner = {i: k for k, g in enumerate(groups) for i in g}
+    out = []
+    for k, g in enumerate(groups):
+        ins: dict[str, None] = {}
+        outs: dict[str, None] = {}
+        for i in g:
+            node = graph.nodes[i]
+            for t in node.inputs:
+                if graph.tensors[t].is_weight:
+                    continue
+                src = graph.producer.get(t)
+                if src is None or owner.get(src) != k:
+                    ins[t] = None
+            for t in node.outputs:
+                users = graph.consumers.get(t, ())
+                if t in graph.outputs or any(owner.get(u) != k for u in users):
+                    outs[t] = None
+        out.append((list(ins), list(outs)))
+    return out

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgesplit.device import DeviceSpec
 from edgesplit.errors import PlanError
-from edgesplit.model.graph import ModelGraph
+from edgesplit.model.graph import ModelGraph, part_boundaries
 from edgesplit.optimize.plan import Part, Plan
 from edgesplit.precision.metrics import DEFAULT_BUDGET, EXACT, Accuracy, AccuracyBudget
 from edgesplit.profile.store import Profile
@@ -112,24 +112,6 @@ MIN_UNIT_NODES = 8
 MAX_UNITS = 4
 
 
-def _io(graph: ModelGraph, nodes: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The tensors a run of ``nodes`` reads from outside it (weights left out), and those it writes
-    that are read outside it or are graph outputs, in node order."""
-    inside = set(nodes)
-    own = [graph.nodes[graph.index[n]] for n in nodes]
-    made = {t for n in own for t in n.outputs}
-    reads = (t for n in own for t in n.inputs)
-    inputs = dict.fromkeys(t for t in reads if t not in made and (t in graph.producer or t in graph.inputs))
-    outs = set(graph.outputs)
-    outputs = dict.fromkeys(
-        t
-        for n in own
-        for t in n.outputs
-        if t in outs or any(graph.nodes[c].name not in inside for c in graph.consumers.get(t, ()))
-    )
-    return tuple(inputs), tuple(outputs)
-
-
 def units(graph: ModelGraph, part: Part) -> list[Part]:
     """``part`` as the units the budget drops (see the module doc), each a part of its own."""
     n = len(part.nodes)
@@ -139,8 +121,10 @@ def units(graph: ModelGraph, part: Part) -> list[Part]:
     out = []
     for k in range(pieces):
         nodes = part.nodes[k * n // pieces : (k + 1) * n // pieces]
-        inputs, outputs = _io(graph, nodes)
-        out.append(replace(part, name=f"{part.name}.{k}", nodes=nodes, inputs=inputs, outputs=outputs))
+        [(inputs, outputs)] = part_boundaries(graph, [[graph.index[x] for x in nodes]])
+        out.append(
+            replace(part, name=f"{part.name}.{k}", nodes=nodes, inputs=tuple(inputs), outputs=tuple(outputs))
+        )
     return out
 
 
