@@ -5,6 +5,7 @@ written in code so that the plan's shape (three int8 parts) does not depend on a
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 import numpy as np
 import onnx
@@ -217,6 +218,33 @@ def test_a_tight_budget_drops_int8_parts_least_valuable_first(problem):
     dropped = exact.accuracy["dropped"]
     assert len(dropped) >= 1 and all("SNR" in d["why"] for d in dropped)
     assert exact.accuracy["measured"]["snr_db"] == SNR_CAP_DB  # fp32 parts reproduce the model
+
+
+def test_a_second_partition_of_the_same_model_converts_no_part_again(split_net, tmp_path, monkeypatch):
+    """Measurers share what they found by content: partitioning the same model again (a loaded
+    copy, a fresh measurer, as a sweep over bandwidths does) converts and runs no part again, and
+    gives the same figures; other calibration data is measured afresh."""
+    graph, device = split_net
+    made = []
+    monkeypatch.setattr(edgesplit.precision.measure, "_MEMOS", OrderedDict())  # what earlier tests left
+    real = edgesplit.precision.measure.part_model
+    monkeypatch.setattr(
+        edgesplit.precision.measure, "part_model", lambda *a, **k: made.append(a[3]) or real(*a, **k)
+    )
+
+    def plan(g, data=None):
+        p = resolve(g, device, Choices(profile=_profile(g, device), calibration_data=data))
+        return _solve(p, AccuracyBudget(min_snr_db=30.0))
+
+    first = plan(graph)
+    assert "int8" in made and first.accuracy is not None
+    n = len(made)
+    again = plan(edgesplit.load_model(graph.path))
+    assert len(made) == n and again.accuracy["measured"] == first.accuracy["measured"]
+    xs = np.random.default_rng(1).standard_normal((6, 1, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "cal.npz", x=xs)
+    plan(graph, tmp_path / "cal.npz")
+    assert len(made) > n  # new ranges: new int8 parts
 
 
 def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):

@@ -3,14 +3,19 @@
 :class:`PlanMeasurer` extracts each part between its boundary tensors, converts it to its precision
 exactly as ``compile`` does (:func:`part_model`: the same calibration, the same converter), runs
 the parts in order on the held-out calibration samples, and compares the model's outputs with the
-fp32 model's (:func:`~edgesplit.precision.metrics.compare`). Part models, sessions and results are
-memoised, so the planner can measure many combinations of the same parts.
+fp32 model's (:func:`~edgesplit.precision.metrics.compare`). Part sessions, the fp32 reference and
+results are memoised by content (model, input shapes, calibration data, method), not per measurer,
+so the planner can measure many combinations of the same parts, and a sweep that partitions one
+model again and again (a plan per bandwidth, say) converts and runs each part once.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Protocol
@@ -63,6 +68,32 @@ def _key(parts: Sequence[PartLike]) -> tuple:
     return tuple((p.inputs, p.outputs, p.precision) for p in parts)
 
 
+@dataclass
+class _Memo:
+    """What measuring one model on one calibration set has found: part sessions, results, the
+    fp32 reference outputs."""
+
+    sessions: dict[tuple, object] = field(default_factory=dict)
+    results: dict[tuple, Accuracy] = field(default_factory=dict)
+    reference: list[dict[str, np.ndarray]] | None = None
+
+
+MEMO_MODELS = 2  # models whose memo is kept: a caller alternating two models keeps both
+_MEMOS: OrderedDict[tuple, _Memo] = OrderedDict()
+_MEMOS_LOCK = threading.Lock()
+
+
+def _memo(key: tuple) -> _Memo:
+    """The memo for ``key``, the most recently used; the least recent beyond :data:`MEMO_MODELS`
+    are dropped (their sessions hold the int8 part models)."""
+    with _MEMOS_LOCK:
+        memo = _MEMOS.pop(key, None) or _Memo()
+        _MEMOS[key] = memo
+        while len(_MEMOS) > MEMO_MODELS:
+            _MEMOS.popitem(last=False)
+        return memo
+
+
 class PlanMeasurer:
     """Measures plans of one model against its fp32 outputs on held-out calibration samples.
 
@@ -83,8 +114,6 @@ class PlanMeasurer:
         self.calibration_data = None if calibration_data is None else str(calibration_data)
         self.calibration_method = check_calibration_method(calibration_method or DEFAULT_CALIBRATION_METHOD)
         self._extractor = PartExtractor(graph)
-        self._sessions: dict[tuple, object] = {}
-        self._results: dict[tuple, Accuracy] = {}
 
     @cached_property
     def data(self) -> CalibrationSet:
@@ -93,6 +122,12 @@ class PlanMeasurer:
     @cached_property
     def ranges(self) -> Path:
         return calibrate(self.graph, self.data, self.calibration_method)
+
+    @cached_property
+    def _memo(self) -> _Memo:
+        g = self.graph
+        shapes = tuple(sorted(g.input_shapes().items()))
+        return _memo((g.sha256, shapes, g.outputs, self.data.sha256, self.calibration_method))
 
     def describe(self) -> dict[str, object]:
         """The calibration data and method, for the plan (loads the data)."""
@@ -106,14 +141,15 @@ class PlanMeasurer:
         import onnxruntime as ort
 
         key = (inputs, outputs, precision)
-        if key not in self._sessions:
+        sessions = self._memo.sessions
+        if key not in sessions:
             ranges = self.ranges if precision == "int8" else None
             model = part_model(self.graph, inputs, outputs, precision, ranges, self._extractor)
             so = ort_session_options(None, None)
-            self._sessions[key] = ort.InferenceSession(
+            sessions[key] = ort.InferenceSession(
                 model.SerializeToString(), so, providers=["CPUExecutionProvider"]
             )
-        return self._sessions[key]
+        return sessions[key]
 
     def run(self, parts: Sequence[PartLike], sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs from running ``parts`` (in a topological order) on one sample."""
@@ -124,21 +160,24 @@ class PlanMeasurer:
             values.update(zip(p.outputs, got))
         return {t: values[t] for t in self.graph.outputs}
 
-    @cached_property
+    @property
     def reference(self) -> list[dict[str, np.ndarray]]:
         """The fp32 model's outputs on the held-out samples."""
-        whole = _Whole(self.graph)
-        return [self.run([whole], s) for s in self.data.held_out]
+        memo = self._memo
+        if memo.reference is None:
+            whole = _Whole(self.graph)
+            memo.reference = [self.run([whole], s) for s in self.data.held_out]
+        return memo.reference
 
     def __call__(self, parts: Sequence[PartLike]) -> Accuracy:
         """The accuracy of ``parts`` against fp32; exact (no run) when every part is fp32."""
         if all(p.precision == "fp32" for p in parts):
             return EXACT
-        key = _key(parts)
-        if key not in self._results:
+        key, results = _key(parts), self._memo.results
+        if key not in results:
             got = [self.run(parts, s) for s in self.data.held_out]
-            self._results[key] = compare(self.reference, got)
-        return self._results[key]
+            results[key] = compare(self.reference, got)
+        return results[key]
 
 
 class _Whole:
