@@ -271,7 +271,10 @@ def _ranges(path) -> dict[str, tuple[float, float]]:
     }
 
 
-@pytest.mark.parametrize("method", ["percentile", "entropy"])
+ENTROPY = pytest.param("entropy", marks=pytest.mark.slow)  # ORT's entropy calibrator takes 10 s here
+
+
+@pytest.mark.parametrize("method", ["percentile", ENTROPY])
 def test_a_calibration_method_is_cached_apart_recorded_and_compiled_with(problem, tmp_path, method):
     """``--calibration-method``: ORT's calibrator of that name. Its ranges are cached apart from
     MinMax's and differ from them (percentile's lie inside MinMax's extremes); the plan records the
