@@ -10,11 +10,12 @@ is shared among the nodes it covers in proportion to their roofline cost.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -280,6 +281,25 @@ class OrtProfiler:
             progress=progress,
             session_attrs=self.session_attrs,
         )
+
+    @contextlib.contextmanager
+    def whole_model_timer(
+        self, graph: ModelGraph, processor: Processor, backend: Backend
+    ) -> Iterator[Callable[[], float]]:
+        """A timer of one whole-model run (ms) on the processor's worker, timed from this thread
+        through a hand-off as :func:`profile_ort` times it (for :func:`~edgesplit.profile.level.level`)."""
+        feeds = random_inputs(graph)
+        with ThreadPoolExecutor(
+            1, initializer=lambda: configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
+        ) as worker:
+            sess = worker.submit(make_session, graph.model, processor, backend, **self.session_attrs).result()
+
+            def timed() -> float:
+                t0 = time.perf_counter()
+                worker.submit(busy_call, sess.run, None, feeds).result()
+                return (time.perf_counter() - t0) * 1e3
+
+            yield timed
 
     def contention(
         self,

@@ -180,10 +180,16 @@ def profile_model(
         options: Which pairs, how many runs (default :class:`ProfileOptions`).
         progress: Called as ``progress(label, done, total)``.
         previous: Entries of an earlier profile of the same model to keep (``--resume``).
+
+    The processors' whole-model times are then leveled against one another
+    (:func:`~edgesplit.profile.level.level`).
     """
+    from edgesplit.profile.level import level
+
     opts = options or ProfileOptions()
     entries: list[ProcessorProfile] = []
     for proc, backend in selected(device, opts):
         kept = previous.entry(proc.name, backend.key) if previous is not None else None
         entries.append(kept or profile_pair(graph, device, proc, backend, opts, progress))
-    return dataclasses.replace(empty_profile(graph, device), entries=tuple(entries))
+    leveled = level(graph, device, entries, opts.runs, progress)
+    return dataclasses.replace(empty_profile(graph, device), entries=leveled)

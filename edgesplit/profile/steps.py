@@ -23,6 +23,7 @@ from pathlib import Path
 from edgesplit.device import Backend, DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.detect import emulation
+from edgesplit.profile.level import level
 from edgesplit.profile.power import PowerSampler, Rails, find_rails
 from edgesplit.profile.run import ProfileOptions, empty_profile, profile_pair, selected
 from edgesplit.profile.store import MEASURED, MODELLED, ProcessorProfile, Profile, load_profile
@@ -65,7 +66,8 @@ def profile_steps(
     Args:
         options: Which pairs and how many runs (as for :func:`profile_model`).
         done: Entries measured earlier (a resumed run); their pairs are not measured again.
-        on_entry: Called with each newly finished entry, in order.
+        on_entry: Called with each newly finished entry, in order (before the processors'
+            whole-model times are leveled, :func:`~edgesplit.profile.level.level`).
         rails: The power rails to sample (default: those found under ``sysfs_root``).
     """
     opts = options or ProfileOptions()
@@ -84,7 +86,7 @@ def profile_steps(
     measured = any(e.energy == MEASURED for e in entries)
     return dataclasses.replace(
         empty_profile(graph, device),
-        entries=tuple(entries),
+        entries=level(graph, device, entries, opts.runs, progress),
         energy=MEASURED if measured else MODELLED,
         emulated=emulation(),
     )
