@@ -10,12 +10,11 @@ is shared among the nodes it covers in proportion to their roofline cost.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from edgesplit.device import Backend, Processor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.ort_graph import blocked_layout, map_regions
-from edgesplit.profile.ort_run import make_session, micro_runner, ort_contention
+from edgesplit.profile.ort_run import make_session, micro_runner, ort_contention, whole_model_timer
 from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
 from edgesplit.profile.terms import build_terms
@@ -282,24 +281,10 @@ class OrtProfiler:
             session_attrs=self.session_attrs,
         )
 
-    @contextlib.contextmanager
-    def whole_model_timer(
-        self, graph: ModelGraph, processor: Processor, backend: Backend
-    ) -> Iterator[Callable[[], float]]:
-        """A timer of one whole-model run (ms) on the processor's worker, timed from this thread
-        through a hand-off as :func:`profile_ort` times it (for :func:`~edgesplit.profile.level.level`)."""
-        feeds = random_inputs(graph)
-        with ThreadPoolExecutor(
-            1, initializer=lambda: configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
-        ) as worker:
-            sess = worker.submit(make_session, graph.model, processor, backend, **self.session_attrs).result()
-
-            def timed() -> float:
-                t0 = time.perf_counter()
-                worker.submit(busy_call, sess.run, None, feeds).result()
-                return (time.perf_counter() - t0) * 1e3
-
-            yield timed
+    def whole_model_timer(self, graph: ModelGraph, processor: Processor, backend: Backend):
+        """A context manager giving a timer of one whole-model run (ms), as :func:`profile_ort`
+        times it (for :func:`~edgesplit.profile.level.level`)."""
+        return whole_model_timer(graph, processor, backend, self.session_attrs)
 
     def contention(
         self,

@@ -4,11 +4,12 @@ from ORT's own profiler, and contention between processors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -112,6 +113,31 @@ def micro_runner(
     return run
 
 
+@contextlib.contextmanager
+def whole_model_timer(
+    graph: ModelGraph,
+    processor: Processor,
+    backend: Backend,
+    session_attrs: Mapping[str, object] | None = None,
+) -> Iterator[Callable[[], float]]:
+    """A timer of one whole-model run (ms) on the processor's own worker (pinned and throttled as
+    the runtime's), timed from this thread through a hand-off, as a bundle's part is."""
+    feeds = random_inputs(graph)
+    with ThreadPoolExecutor(
+        1, initializer=lambda: configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
+    ) as worker:
+        sess = worker.submit(
+            make_session, graph.model, processor, backend, **dict(session_attrs or {})
+        ).result()
+
+        def timed() -> float:
+            t0 = time.perf_counter()
+            worker.submit(busy_call, sess.run, None, feeds).result()
+            return (time.perf_counter() - t0) * 1e3
+
+        yield timed
+
+
 def ort_contention(
     graph: ModelGraph,
     processor: Processor,
@@ -124,16 +150,7 @@ def ort_contention(
     attrs = dict(session_attrs or {})
     feeds = random_inputs(graph)
     out: dict[str, float] = {}
-    with ThreadPoolExecutor(
-        1, initializer=lambda: configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
-    ) as worker:
-        sess = worker.submit(make_session, graph.model, processor, backend, **attrs).result()
-
-        def timed() -> float:
-            t0 = time.perf_counter()
-            worker.submit(busy_call, sess.run, None, feeds).result()
-            return (time.perf_counter() - t0) * 1e3
-
+    with whole_model_timer(graph, processor, backend, attrs) as timed:
         for _ in range(2):
             timed()
         for other, other_backend in others:
