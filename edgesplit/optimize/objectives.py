@@ -11,7 +11,11 @@ here and one line in the table (the CLI's ``--objective`` choices are read from 
   the sequential optimum is the makespan optimum.
 * ``latency_sequential``: the sum of all node and crossing times (exact).
 * ``energy``: device energy with nothing overlapping (exact), optionally with the sequential latency
-  under ``slo_ms`` (a safe bound: the concurrent schedule only finishes sooner).
+  under ``slo_ms`` (a safe bound: the concurrent schedule only finishes sooner). The exact optimum
+  and every feasible baseline then seed a local search on the energy of the part-level schedule,
+  which also pays what each part, hand-off and request costs: the figure the plan shows. The
+  sequential model cannot see parts, so its optimum may cost more there than a single processor
+  (squeezenet on ``host-2core``: 2 parts at 56.17 mJ against 55.48 for core1 alone).
 * ``throughput``: the pipelined period (:mod:`edgesplit.optimize.pipeline`), balanced stages then
   the local search; the gap is to a period lower bound.
 * ``pareto``: latency against energy: the two extremes and exact minima of ``energy + w *
@@ -20,7 +24,7 @@ here and one line in the table (the CLI's ``--objective`` choices are read from 
   is the point that meets ``slo_ms`` with the least energy or, without an SLO, the point nearest the
   utopia point after normalising both axes.
 
-Both ``latency`` and ``throughput`` then keep, of every assignment they scored within the measured
+``latency``, ``energy`` and ``throughput`` then keep, of every assignment they scored within the measured
 noise of the best (``CostModel.ov.noise_rel``), the one with the fewest parts
 (:func:`~edgesplit.optimize.search.fewest_parts`).
 """
@@ -187,14 +191,10 @@ class Energy(Objective):
     def score(self, cm: CostModel) -> Score:
         return lambda a: schedule(cm, a).energy_mj
 
-    def value(self, cm: CostModel) -> Score:
-        return lambda a: sequential_cost(cm, a, "energy")
-
     def choose(self, search: Search) -> Choice:
+        cm = search.cm
         try:
-            sol = solve_sequential(
-                search.cm, "energy", slo_ms=search.slo_ms, time_limit_s=search.time_limit_s
-            )
+            sol = solve_sequential(cm, "energy", slo_ms=search.slo_ms, time_limit_s=search.time_limit_s)
         except Infeasible:
             if search.slo_ms is None:
                 raise
@@ -204,9 +204,45 @@ class Energy(Objective):
             return Choice(
                 got.assign, SolverInfo(got.info.name, got.info.time_s, False, 1.0, "makespan", detail)
             )
-        return Choice(
-            sol.assign, SolverInfo(sol.solver, search.elapsed_s(), sol.optimal, sol.gap, "sequential")
+        visited: list[tuple[float, np.ndarray]] = []
+        _, best, evals = local_search(
+            cm,
+            [sol.assign, *search.starts],
+            self._under_slo(cm, search.slo_ms),
+            max_evals=search.max_evals,
+            visited=visited,
         )
+        assign, value, parts = fewest_parts(cm, visited, cm.ov.noise_rel)
+        kept = "the sequential optimum" if np.array_equal(assign, sol.assign) else "a cheaper schedule"
+        detail = (
+            f"sequential optimum {sol.value:.4f} mJ, then {evals} schedules' energy evaluated "
+            f"(with each part's, hand-off's and request's costs); {kept} kept"
+            + _noise_note(value, best, parts, cm.ov.noise_rel)
+        )
+        same = kept == "the sequential optimum"  # else the sequential bounds say nothing of it
+        return Choice(
+            assign,
+            SolverInfo(
+                sol.solver + "+local-search",
+                search.elapsed_s(),
+                sol.optimal and same,
+                sol.gap if same else None,
+                "sequential",
+                detail,
+            ),
+        )
+
+    def _under_slo(self, cm: CostModel, slo_ms: float | None) -> Score:
+        """The schedule's energy, or infinity where its latency misses ``slo_ms``."""
+        energy = self.score(cm)
+        if slo_ms is None:
+            return energy
+
+        def score(a: np.ndarray) -> float:
+            s = schedule(cm, a)
+            return s.energy_mj if s.makespan_ms <= slo_ms * (1 + 1e-9) else float("inf")
+
+        return score
 
 
 class Throughput(Objective):
