@@ -175,13 +175,17 @@ def test_fewer_parts_within_the_noise():
     assert fewest_parts(cm, visited, 0.01)[0] is split
 
 
+# core1 slightly cheaper after the first node: the sequential models split after it
+_SPLIT_MS = [[1.0, 1.2], [2.0, 1.8], [2.0, 1.8], [2.0, 1.8]]
+_CHAIN3 = [(0, 1), (1, 2), (2, 3)]
+
+
 def test_an_energy_plan_pays_its_parts_and_never_costs_more_than_one_processor():
     """The sequential energy model cannot see parts: its optimum here is a 2-part split (core1
     slightly cheaper after the first node), which the part's fixed cost makes dearer than core1
     alone. The plan is priced, and chosen, on the schedule's energy (squeezenet on host-2core
     shipped such a split, measured 1.26x slower than one core)."""
-    ms = [[1.0, 1.2], [2.0, 1.8], [2.0, 1.8], [2.0, 1.8]]
-    cm = hand_model(["core0", "core1"], ms, [(0, 1), (1, 2), (2, 3)])
+    cm = hand_model(["core0", "core1"], _SPLIT_MS, _CHAIN3)
     cm = with_terms(
         replace(cm, idle_w=np.array([0.1, 0.1])),
         pair={(0, "ort"): PairCost(0.5), (1, "ort"): PairCost(0.5)},
@@ -206,6 +210,32 @@ def test_the_energy_plan_is_never_dearer_than_a_baseline_with_part_costs(n, p, s
     for b in out.baselines:
         if b.feasible:
             assert out.schedule.energy_mj <= b.energy_mj + 1e-6, b.name  # baselines are rounded to 1e-6
+
+
+def test_no_pareto_point_is_beaten_by_one_processor_alone():
+    """The same split as above is also faster than core0 alone, so the sequential model put it on
+    the front; priced with its part, core1 alone is both faster and leaner, and the front is
+    that one point."""
+    cm = with_terms(
+        replace(hand_model(["core0", "core1"], _SPLIT_MS, _CHAIN3), idle_w=np.array([0.1, 0.1])),
+        pair={(0, "ort"): PairCost(0.5), (1, "ort"): PairCost(0.5)},
+        active_w=np.array([1.0, 1.0]),
+    )
+    out = solve(cm, "pareto")
+    assert out.assign.tolist() == [1, 1, 1, 1]
+    assert [p["processors"] for p in out.pareto] == [["core1"]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 9), st.integers(2, 3), st.integers(0, 2**31 - 1), st.floats(0.0, 2.0))
+def test_pareto_points_are_never_dominated_by_a_baseline(n, p, seed, part_ms):
+    cm = random_costs(n, p, seed, n_remote=0, unsupported=0.0)
+    cm = with_terms(cm, pair={(q, "ort"): PairCost(part_ms) for q in range(p)}, active_w=np.ones(p))
+    out = solve(cm, "pareto")
+    for point in out.pareto:
+        for b in out.baselines:
+            strictly = b.latency_ms < point["latency_ms"] - 1e-6 and b.energy_mj < point["energy_mj"] - 1e-6
+            assert not (b.feasible and strictly), (b.name, point)
 
 
 # ---- measured terms against the real runtime

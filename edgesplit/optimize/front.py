@@ -49,12 +49,22 @@ def _candidates(
 
 
 def pareto_front(
-    cm: CostModel, slo_ms: float | None, points: int, time_limit_s: float
+    cm: CostModel,
+    slo_ms: float | None,
+    points: int,
+    time_limit_s: float,
+    extra: tuple[np.ndarray, ...] = (),
 ) -> tuple[list[Point], bool]:
     """The non-dominated points, by latency: ``latency_ms``, ``energy_mj``,
-    ``sequential_latency_ms``, ``processors`` and the assignment under ``_assign``; and whether
-    every point was solved exactly."""
+    ``sequential_latency_ms``, ``processors``, the assignment under ``_assign`` and its number of
+    parts under ``_parts``; and whether
+    every point was solved exactly. Points are priced on the part-level schedule; ``extra``
+    (feasible assignments: the baselines, plans refined on the schedule) join the candidates, since
+    the sequential model cannot see what parts cost and may put a split where one processor
+    alone is both faster and leaner. A point within the measured noise of one with fewer parts, on
+    both figures, gives way to it."""
     assigns, exact = _candidates(cm, slo_ms, points, time_limit_s)
+    assigns += [np.asarray(a, dtype=np.int64) for a in extra]
     seen: dict[bytes, Point] = {}
     for a in assigns:
         if a.tobytes() in seen:
@@ -66,9 +76,11 @@ def pareto_front(
             "sequential_latency_ms": round(sequential_cost(cm, a, "latency"), 6),
             "processors": sorted({cm.processors[p] for p in a}),
             "_assign": a,
+            "_parts": len(s.parts),
         }
     unique = {(p["latency_ms"], p["energy_mj"]): p for p in seen.values()}
     pts = sorted(unique.values(), key=lambda p: (p["latency_ms"], p["energy_mj"]))
+    pts = [p for p in pts if not any(_simpler_within(q, p, cm.ov.noise_rel) for q in pts)]
     front = [
         p
         for p in pts
@@ -79,6 +91,18 @@ def pareto_front(
         )
     ]
     return front, exact
+
+
+def _simpler_within(q: Point, p: Point, noise_rel: float) -> bool:
+    """``q`` has fewer parts than ``p`` and is within the measured noise of it on both figures:
+    measurement cannot tell them apart, and the simpler plan is kept (as for one-figure
+    objectives, :func:`~edgesplit.optimize.search.fewest_parts`)."""
+    near = 1.0 + noise_rel
+    return (
+        q["_parts"] < p["_parts"]
+        and q["latency_ms"] <= p["latency_ms"] * near + 1e-9
+        and q["energy_mj"] <= p["energy_mj"] * near + 1e-9
+    )
 
 
 def pick(front: list[Point], slo_ms: float | None) -> Point | None:

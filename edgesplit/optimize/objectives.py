@@ -22,7 +22,9 @@ here and one line in the table (the CLI's ``--objective`` choices are read from 
   latency`` for weights around their slope (the supported points of the front; points in its
   non-convex dents are not found), plus, with ``slo_ms``, the exact least energy under it. The plan
   is the point that meets ``slo_ms`` with the least energy or, without an SLO, the point nearest the
-  utopia point after normalising both axes.
+  utopia point after normalising both axes. The baselines and the ``latency`` and ``energy`` plans
+  (refined on the schedule) join the candidates, and every point is priced on the schedule, so no
+  point kept is dominated by one processor alone.
 
 ``latency``, ``energy`` and ``throughput`` then keep, of every assignment they scored within the measured
 noise of the best (``CostModel.ov.noise_rel``), the one with the fewest parts
@@ -31,6 +33,7 @@ noise of the best (``CostModel.ov.noise_rel``), the one with the fewest parts
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -287,13 +290,22 @@ class Pareto(Objective):
         return "latency"  # one point per bandwidth: re-solving the whole front each time is not needed
 
     def choose(self, search: Search) -> Choice:
-        points, exact = pareto_front(search.cm, search.slo_ms, search.pareto_points, search.time_limit_s)
+        refined = [fastest(search).assign]
+        with contextlib.suppress(Infeasible):
+            refined.append(OBJECTIVES["energy"].choose(search).assign)
+        points, exact = pareto_front(
+            search.cm,
+            search.slo_ms,
+            search.pareto_points,
+            search.time_limit_s,
+            extra=(*search.starts, *refined),
+        )
         chosen = pick(points, search.slo_ms)
         if chosen is None:
             assert search.slo_ms is not None
             raise PlanError(no_slo_message(search.slo_ms, min(p["latency_ms"] for p in points)))
         front = tuple(
-            {**{k: v for k, v in p.items() if k != "_assign"}, "chosen": p is chosen} for p in points
+            {**{k: v for k, v in p.items() if not k.startswith("_")}, "chosen": p is chosen} for p in points
         )
         info = SolverInfo(
             "weighted-sum-exact",
