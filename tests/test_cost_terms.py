@@ -201,7 +201,7 @@ def test_an_energy_plan_pays_its_parts_and_never_costs_more_than_one_processor()
     assert all(out.schedule.energy_mj <= b.energy_mj + 1e-6 for b in out.baselines if b.feasible)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(st.integers(2, 9), st.integers(2, 3), st.integers(0, 2**31 - 1), st.floats(0.0, 2.0))
 def test_the_energy_plan_is_never_dearer_than_a_baseline_with_part_costs(n, p, seed, part_ms):
     cm = random_costs(n, p, seed, n_remote=0, unsupported=0.0)
@@ -226,7 +226,7 @@ def test_no_pareto_point_is_beaten_by_one_processor_alone():
     assert [p["processors"] for p in out.pareto] == [["core1"]]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(st.integers(2, 9), st.integers(2, 3), st.integers(0, 2**31 - 1), st.floats(0.0, 2.0))
 def test_pareto_points_are_never_dominated_by_a_baseline(n, p, seed, part_ms):
     cm = random_costs(n, p, seed, n_remote=0, unsupported=0.0)
