@@ -423,3 +423,21 @@ def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
         )
     assert len(mixed.parts) == len(plain.parts)
     assert {p.backend for p in mixed.parts} == {"ort"}
+    # the baselines too: only:big is ORT alone, not ORT parts around a TVM conv3
+    ort_alone = {b.name: b.latency_ms for b in plain.baselines if b.feasible}
+    for b in mixed.baselines:
+        if b.name in ort_alone:
+            assert b.latency_ms <= ort_alone[b.name] * (1 + 1e-9), (b, ort_alone[b.name])
+
+
+def test_a_plan_s_baselines_are_each_the_cheaper_of_their_two_pricings():
+    """A plan kept on each node's fastest backend shows the baselines as a user would run them:
+    where one backend per processor prices a baseline cheaper, that figure."""
+    from edgesplit.optimize.api import _cheaper_baselines
+
+    out = solve(hand_model(["core0", "core1"], _SPLIT_MS, _CHAIN3), "latency")
+    dear = replace(out, baselines=tuple(replace(b, latency_ms=2 * b.latency_ms) for b in out.baselines))
+    got = _cheaper_baselines(dear, out, "latency")
+    assert got.assign is dear.assign
+    assert [b.latency_ms for b in got.baselines] == [b.latency_ms for b in out.baselines]
+    assert _cheaper_baselines(out, dear, "latency").baselines == out.baselines
