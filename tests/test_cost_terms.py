@@ -175,22 +175,34 @@ def test_fewer_parts_within_the_noise():
     assert fewest_parts(cm, visited, 0.01)[0] is split
 
 
-# core1 slightly cheaper after the first node: the sequential models split after it
-_SPLIT_MS = [[1.0, 1.2], [2.0, 1.8], [2.0, 1.8], [2.0, 1.8]]
-_CHAIN3 = [(0, 1), (1, 2), (2, 3)]
-
-
-def test_an_energy_plan_pays_its_parts_and_never_costs_more_than_one_processor():
-    """The sequential energy model cannot see parts: its optimum here is a 2-part split (core1
-    slightly cheaper after the first node), which the part's fixed cost makes dearer than core1
-    alone. The plan is priced, and chosen, on the schedule's energy (squeezenet on host-2core
-    shipped such a split, measured 1.26x slower than one core)."""
-    cm = hand_model(["core0", "core1"], _SPLIT_MS, _CHAIN3)
-    cm = with_terms(
+def split_chain():
+    """A 4-node chain on two cores, core1 slightly cheaper after the first node, and a fixed cost
+    of 0.5 ms per part: the sequential models split it after node 0."""
+    cm = hand_model(
+        ["core0", "core1"], [[1.0, 1.2], [2.0, 1.8], [2.0, 1.8], [2.0, 1.8]], [(0, 1), (1, 2), (2, 3)]
+    )
+    return with_terms(
         replace(cm, idle_w=np.array([0.1, 0.1])),
         pair={(0, "ort"): PairCost(0.5), (1, "ort"): PairCost(0.5)},
         active_w=np.array([1.0, 1.0]),
     )
+
+
+@st.composite
+def part_cost_models(draw) -> CostModel:
+    """Random DAGs on 2-3 local processors with a fixed cost per part (0-2 ms)."""
+    n, p = draw(st.integers(2, 9)), draw(st.integers(2, 3))
+    cm = random_costs(n, p, draw(st.integers(0, 2**31 - 1)), n_remote=0, unsupported=0.0)
+    part_ms = draw(st.floats(0.0, 2.0))
+    return with_terms(cm, pair={(q, "ort"): PairCost(part_ms) for q in range(p)}, active_w=np.ones(p))
+
+
+def test_an_energy_plan_pays_its_parts_and_never_costs_more_than_one_processor():
+    """The sequential energy model cannot see parts: its optimum here is a 2-part split, which the
+    part's fixed cost makes dearer than core1 alone. The plan is priced, and chosen, on the
+    schedule's energy (squeezenet on host-2core shipped such a split, measured 1.26x slower than
+    one core)."""
+    cm = split_chain()
     split = solve_sequential(cm, "energy").assign
     assert split.tolist() == [0, 1, 1, 1]  # what the sequential model alone would ship
     out = solve(cm, "energy")
@@ -202,10 +214,8 @@ def test_an_energy_plan_pays_its_parts_and_never_costs_more_than_one_processor()
 
 
 @settings(deadline=None)
-@given(st.integers(2, 9), st.integers(2, 3), st.integers(0, 2**31 - 1), st.floats(0.0, 2.0))
-def test_the_energy_plan_is_never_dearer_than_a_baseline_with_part_costs(n, p, seed, part_ms):
-    cm = random_costs(n, p, seed, n_remote=0, unsupported=0.0)
-    cm = with_terms(cm, pair={(q, "ort"): PairCost(part_ms) for q in range(p)}, active_w=np.ones(p))
+@given(part_cost_models())
+def test_the_energy_plan_is_never_dearer_than_a_baseline_with_part_costs(cm):
     out = solve(cm, "energy")
     for b in out.baselines:
         if b.feasible:
@@ -213,24 +223,17 @@ def test_the_energy_plan_is_never_dearer_than_a_baseline_with_part_costs(n, p, s
 
 
 def test_no_pareto_point_is_beaten_by_one_processor_alone():
-    """The same split as above is also faster than core0 alone, so the sequential model put it on
-    the front; priced with its part, core1 alone is both faster and leaner, and the front is
-    that one point."""
-    cm = with_terms(
-        replace(hand_model(["core0", "core1"], _SPLIT_MS, _CHAIN3), idle_w=np.array([0.1, 0.1])),
-        pair={(0, "ort"): PairCost(0.5), (1, "ort"): PairCost(0.5)},
-        active_w=np.array([1.0, 1.0]),
-    )
-    out = solve(cm, "pareto")
+    """The same split is also faster than core0 alone, so the sequential model put it on the
+    front; priced with its part, core1 alone is both faster and leaner, and the front is that one
+    point."""
+    out = solve(split_chain(), "pareto")
     assert out.assign.tolist() == [1, 1, 1, 1]
     assert [p["processors"] for p in out.pareto] == [["core1"]]
 
 
 @settings(deadline=None)
-@given(st.integers(2, 9), st.integers(2, 3), st.integers(0, 2**31 - 1), st.floats(0.0, 2.0))
-def test_pareto_points_are_never_dominated_by_a_baseline(n, p, seed, part_ms):
-    cm = random_costs(n, p, seed, n_remote=0, unsupported=0.0)
-    cm = with_terms(cm, pair={(q, "ort"): PairCost(part_ms) for q in range(p)}, active_w=np.ones(p))
+@given(part_cost_models())
+def test_pareto_points_are_never_dominated_by_a_baseline(cm):
     out = solve(cm, "pareto")
     for point in out.pareto:
         for b in out.baselines:
@@ -435,7 +438,7 @@ def test_a_plan_s_baselines_are_each_the_cheaper_of_their_two_pricings():
     where one backend per processor prices a baseline cheaper, that figure."""
     from edgesplit.optimize.api import _cheaper_baselines
 
-    out = solve(hand_model(["core0", "core1"], _SPLIT_MS, _CHAIN3), "latency")
+    out = solve(split_chain(), "latency")
     dear = replace(out, baselines=tuple(replace(b, latency_ms=2 * b.latency_ms) for b in out.baselines))
     got = _cheaper_baselines(dear, out, "latency")
     assert got.assign is dear.assign

@@ -134,11 +134,7 @@ def fastest(search: Search) -> Choice:
             seq.assign, SolverInfo(seq.solver, search.elapsed_s(), seq.optimal, seq.gap, "makespan", detail)
         )
     score = OBJECTIVES["latency"].score(cm)
-    visited: list[tuple[float, np.ndarray]] = []
-    _, best, evals = local_search(
-        cm, [seq.assign, *search.starts], score, max_evals=search.max_evals, visited=visited
-    )
-    assign, value, parts = fewest_parts(cm, visited, cm.ov.noise_rel)
+    assign, value, noise, evals = _refined(cm, [seq.assign, *search.starts], score, search)
     bound = makespan_lower_bound(cm)
     gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
     info = SolverInfo(
@@ -147,10 +143,21 @@ def fastest(search: Search) -> Choice:
         gap <= 1e-9,
         round(gap, 6),
         "makespan",
-        f"{evals} schedules evaluated; lower bound {bound:.4f} ms (critical path / work)"
-        + _noise_note(value, best, parts, cm.ov.noise_rel),
+        f"{evals} schedules evaluated; lower bound {bound:.4f} ms (critical path / work)" + noise,
     )
     return Choice(assign, info)
+
+
+def _refined(
+    cm: CostModel, seeds: list[np.ndarray], score: Score, search: Search
+) -> tuple[np.ndarray, float, str, int]:
+    """The local search on ``score`` from ``seeds``, then of every assignment it scored within the
+    measured noise of the best, the one with the fewest parts: that assignment, its score, the
+    note saying so (empty when it is the best) and the number of schedules evaluated."""
+    visited: list[tuple[float, np.ndarray]] = []
+    _, best, evals = local_search(cm, seeds, score, max_evals=search.max_evals, visited=visited)
+    assign, value, parts = fewest_parts(cm, visited, cm.ov.noise_rel)
+    return assign, value, _noise_note(value, best, parts, cm.ov.noise_rel), evals
 
 
 def _noise_note(value: float, best: float, parts: int, noise_rel: float) -> str:
@@ -207,22 +214,16 @@ class Energy(Objective):
             return Choice(
                 got.assign, SolverInfo(got.info.name, got.info.time_s, False, 1.0, "makespan", detail)
             )
-        visited: list[tuple[float, np.ndarray]] = []
-        _, best, evals = local_search(
-            cm,
-            [sol.assign, *search.starts],
-            self._under_slo(cm, search.slo_ms),
-            max_evals=search.max_evals,
-            visited=visited,
-        )
-        assign, value, parts = fewest_parts(cm, visited, cm.ov.noise_rel)
-        kept = "the sequential optimum" if np.array_equal(assign, sol.assign) else "a cheaper schedule"
+        score = self._under_slo(cm, search.slo_ms)
+        assign, _, noise, evals = _refined(cm, [sol.assign, *search.starts], score, search)
+        same = bool(np.array_equal(assign, sol.assign))  # else the sequential bounds say nothing of it
         detail = (
             f"sequential optimum {sol.value:.4f} mJ, then {evals} schedules' energy evaluated "
-            f"(with each part's, hand-off's and request's costs); {kept} kept"
-            + _noise_note(value, best, parts, cm.ov.noise_rel)
+            "(with each part's, hand-off's and request's costs); "
+            + ("the sequential optimum" if same else "another assignment")
+            + " kept"
+            + noise
         )
-        same = kept == "the sequential optimum"  # else the sequential bounds say nothing of it
         return Choice(
             assign,
             SolverInfo(
@@ -259,11 +260,7 @@ class Throughput(Objective):
         staged = balance_stages(cm)
         seeds = [staged] if staged is not None and feasible(cm, staged) else []
         seeds.append(solve_sequential(cm, "latency", time_limit_s=search.time_limit_s).assign)
-        visited: list[tuple[float, np.ndarray]] = []
-        _, best, evals = local_search(
-            cm, [*seeds, *search.starts], self.score(cm), max_evals=search.max_evals, visited=visited
-        )
-        assign, value, parts = fewest_parts(cm, visited, cm.ov.noise_rel)
+        assign, value, noise, evals = _refined(cm, [*seeds, *search.starts], self.score(cm), search)
         fastest_ms = np.where(cm.allowed, cm.node_ms, np.inf).min(axis=1)
         bound = max(float(fastest_ms.max()), float(fastest_ms.sum()) / cm.n_procs) if cm.n_nodes else 0.0
         gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
@@ -273,8 +270,7 @@ class Throughput(Objective):
             gap <= 1e-9,
             round(gap, 6),
             "period",
-            f"{evals} assignments evaluated; lower bound {bound:.4f} ms per input"
-            + _noise_note(value, best, parts, cm.ov.noise_rel),
+            f"{evals} assignments evaluated; lower bound {bound:.4f} ms per input" + noise,
         )
         return Choice(assign, info)
 
