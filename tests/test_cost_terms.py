@@ -175,6 +175,18 @@ def test_fewer_parts_within_the_noise():
     assert fewest_parts(cm, visited, 0.01)[0] is split
 
 
+def test_two_unconnected_nodes_are_not_a_chain_whose_makespan_is_its_sequential_latency():
+    """n1 reads nothing, so it runs while the graph input travels to n0: on p2 both end at 0.53 ms,
+    against 0.55 on p1, which the sequential model prefers (it adds the input's trip). The shortcut
+    for chains took the sequential optimum for the makespan's (a hypothesis example found it)."""
+    cm = hand_model(["p0", "p1", "p2"], [[0.66, 0.24, 0.17], [0.88, 0.31, 0.36]], [])
+    cm = replace(cm, link_ms=np.array([[0, 0.06, 0.16], [0.04, 0, 0.19], [0.03, 0.2, 0]]))
+    assert solve_sequential(cm, "latency").assign.tolist() == [1, 1]
+    alone = min(schedule(cm, np.full(2, p)).makespan_ms for p in range(3))
+    assert alone == pytest.approx(0.53)  # p2: n1 for 0.36 ms, then n0 for 0.17
+    assert solve(cm, "latency").schedule.makespan_ms <= alone + 1e-9
+
+
 def split_chain():
     """A 4-node chain on two cores, core1 slightly cheaper after the first node, and a fixed cost
     of 0.5 ms per part: the sequential models split it after node 0."""

@@ -119,9 +119,17 @@ class Objective(ABC):
 
 
 def _plain_chain(cm: CostModel) -> bool:
-    """A chain where no crossing can overlap any work and nothing is paid per part, hand-off or
-    request: the makespan equals the sequential latency."""
-    return is_chain(cm) and not any(f.to_home and f.dsts for f in cm.flows) and cm.ov.is_zero()
+    """A connected chain where no crossing can overlap any work and nothing is paid per part,
+    hand-off or request: the makespan equals the sequential latency. Each node after the first
+    reads the one before it (two unconnected nodes on two processors run at once), the graph input
+    goes to the first node only, and only the last node's tensors go home."""
+    if not is_chain(cm) or not cm.ov.is_zero():
+        return False
+    fed = {d for f in cm.flows if f.src >= 0 for d in f.dsts}
+    last = cm.n_nodes - 1
+    return all(n in fed for n in range(1, cm.n_nodes)) and not any(
+        f.to_home and (f.dsts or f.src != last) for f in cm.flows
+    )
 
 
 def fastest(search: Search) -> Choice:
