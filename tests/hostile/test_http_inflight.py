@@ -244,9 +244,8 @@ def test_defect6_json_is_decoded_off_the_event_loop(tiny, monkeypatch):
         big, probe = Raw(port, timeout_s=30), Raw(port, timeout_s=30)
         big.send(request("POST", INFER, text))
         assert entered.wait(20), "the request was never decoded"
-        probe.send(
-            request("GET", "/v2")
-        )  # the loop's to answer (the front door takes only new health probes)
+        # /v2 is the loop's to answer (the front door answers only health probes on new connections)
+        probe.send(request("GET", "/v2"))
         meta = probe.answer()
         while_held = not finished.is_set()
         release.set()
