@@ -3,8 +3,10 @@
 ``host-biglittle``'s little processor is core 1 given 40% of its time. This runs the same ORT
 models (a conv stack sized to take about 0.1, 0.5, 2 and 8 ms at full speed) on a worker thread
 pinned to core 1, at full speed and under each emulation, in alternating blocks, and prints per
-size: the median, the p10-p90 spread, the coefficient of variation, and the median slowdown
-against full speed (ideal: 100 / quota = 2.5x).
+size: the median, the p10-p90 spread, the coefficient of variation, the median slowdown against
+full speed (ideal: 100 / quota = 2.5x), and the served thread's own CPU time per run against full
+speed's (ideal 1.0x: an emulation that only takes time away leaves the work's CPU time alone; where
+it is above 1, the work itself runs slower between the emulation's interruptions).
 
     .venv/bin/python benchmarks/little_core.py [--quota-pct 40] [--runs 200] [--rounds 3]
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -61,7 +64,8 @@ def worker(method: str | None, quota_pct: float) -> ThreadPoolExecutor:
     return pool
 
 
-def measure(pool: ThreadPoolExecutor, model: bytes, runs: int) -> list[float]:
+def measure(pool: ThreadPoolExecutor, model: bytes, runs: int) -> tuple[list[float], list[float]]:
+    """Wall ms per run (through the hand-off to the worker) and the worker thread's CPU ms per run."""
     import onnxruntime as ort
 
     def build():
@@ -71,7 +75,15 @@ def measure(pool: ThreadPoolExecutor, model: bytes, runs: int) -> list[float]:
 
     sess = pool.submit(build).result()
     x = {"x": np.random.default_rng(1).standard_normal(sess.get_inputs()[0].shape).astype(np.float32)}
-    return time_runs(lambda: pool.submit(busy_call, sess.run, None, x).result(), runs, 10)
+    cpu_ms: list[float] = []
+
+    def run() -> None:
+        t0 = time.thread_time()
+        busy_call(sess.run, None, x)
+        cpu_ms.append((time.thread_time() - t0) * 1e3)
+
+    wall = time_runs(lambda: pool.submit(run).result(), runs, 10)
+    return wall, cpu_ms[-runs:]
 
 
 def main() -> None:
@@ -84,20 +96,28 @@ def main() -> None:
     pools = {name: worker(m, args.quota_pct) for name, m in methods.items()}
     models = {k: conv_stack(*v) for k, v in SIZES.items()}
     times: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.rounds):  # alternate blocks to cancel drift
         for size, model in models.items():
             for name, pool in pools.items():
-                times.setdefault((size, name), []).extend(measure(pool, model, args.runs // args.rounds))
+                wall, cpu_ms = measure(pool, model, args.runs // args.rounds)
+                times.setdefault((size, name), []).extend(wall)
+                cpu.setdefault((size, name), []).extend(cpu_ms)
     print(f"little core = core {CORE} at {args.quota_pct:g}%; ideal slowdown {100 / args.quota_pct:.2f}x")
-    print(f"{'work':<9} {'emulation':<13} {'median ms':>10} {'p10-p90 ms':>16} {'cv %':>6} {'slowdown':>9}")
+    print(
+        f"{'work':<9} {'emulation':<13} {'median ms':>10} {'p10-p90 ms':>16} {'cv %':>6} {'slowdown':>9}"
+        f" {'cpu/run':>8}"
+    )
     for size in models:
         full = float(np.median(times[(size, "full speed")]))
+        full_cpu = float(np.median(cpu[(size, "full speed")]))
         for name in methods:
             t = np.asarray(times[(size, name)])
             med = float(np.median(t))
             print(
                 f"{size:<9} {name:<13} {med:>10.3f} {np.percentile(t, 10):>7.3f}-{np.percentile(t, 90):<8.3f}"
                 f" {100 * t.std() / t.mean():>6.1f} {med / full:>8.2f}x"
+                f" {float(np.median(cpu[(size, name)])) / full_cpu:>7.2f}x"
             )
     for pool in pools.values():
         pool.shutdown()
