@@ -26,7 +26,7 @@ from edgesplit.errors import DeviceSpecError
 from edgesplit.optimize.plan import Baseline, Part, Plan, SolverInfo, Transfer
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.steps import load_partial, save_partial
-from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile
+from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile, RunTerms
 
 SETTINGS = settings(
     max_examples=max_examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -48,6 +48,16 @@ def via_json(d):
 node_costs = st.builds(
     NodeCost, floats, floats, st.sampled_from(["measured", "predicted"]), maybe, st.integers(0, 1000)
 )
+run_terms = st.builds(
+    RunTerms,
+    part_fixed_ms=floats,
+    reorder_ms_per_mb=maybe,
+    reorder_in_ms=st.dictionaries(names, floats, max_size=3),
+    reorder_out_ms=st.dictionaries(names, floats, max_size=3),
+    blocked_tensors=st.lists(names, max_size=3).map(tuple),
+    handoff_idle_ms=st.lists(floats, max_size=3).map(tuple),
+    contention=st.dictionaries(names, pos, max_size=2),
+)
 entries = st.builds(
     ProcessorProfile,
     processor=names,
@@ -61,6 +71,7 @@ entries = st.builds(
     elapsed_s=floats,
     dispatch_ms=maybe,
     energy=st.sampled_from(["measured", "modelled"]),
+    terms=st.one_of(st.none(), run_terms),
 )
 shapes = st.dictionaries(names, st.tuples(*[st.integers(1, 64)] * 3).map(tuple), max_size=2)
 profiles = st.builds(

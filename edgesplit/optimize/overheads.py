@@ -7,7 +7,8 @@ store.RunTerms`); this module turns them into arrays indexed like the :class:`Co
 
 * **per part run** on (processor, backend): ``part_ms``;
 * **per tensor leaving a part** (read by another part): ``out_ms_per_byte`` x bytes, plus a layout
-  reorder (``reorder_ms_per_byte`` x bytes) where the backend holds that tensor blocked there;
+  reorder where the backend holds that tensor blocked there: the profiler's figure for that very
+  tensor (``PairCost.reorder_out_ms``), else ``reorder_ms_per_byte`` x bytes;
 * **per tensor entering a part**: ``in_ms_per_byte`` x bytes and ``crossing_ms``, plus a reorder
   where a node of the part reads it in the blocked layout;
 * **per hand-off**: a part submitted to an idle worker waits for the thread to wake, which takes
@@ -38,13 +39,23 @@ MIN_SCALE = 0.25  # the least whole-model calibration of node costs (see whole_m
 
 @dataclass(frozen=True)
 class PairCost:
-    """The per-part terms of one (processor, backend) pair, in ms and ms per byte."""
+    """The per-part terms of one (processor, backend) pair, in ms and ms per byte;
+    ``reorder_in_ms``/``reorder_out_ms``: tensor -> one reorder of it into / out of the blocked
+    layout, where the profiler measured that tensor's shape."""
 
     part_ms: float = 0.0
     in_ms_per_byte: float = 0.0
     out_ms_per_byte: float = 0.0
     reorder_ms_per_byte: float = 0.0
     crossing_ms: float = 0.0
+    reorder_in_ms: Mapping[str, float] = field(default_factory=dict)
+    reorder_out_ms: Mapping[str, float] = field(default_factory=dict)
+
+    def reorder_ms(self, tensor: str, nbytes: int, leaving: bool) -> float:
+        """One reorder of ``tensor`` out of the blocked layout (``leaving`` its producer's part)
+        or into it (entering a blocked reader's part)."""
+        got = (self.reorder_out_ms if leaving else self.reorder_in_ms).get(tensor)
+        return nbytes * self.reorder_ms_per_byte if got is None else got
 
 
 ZERO = PairCost()
@@ -152,6 +163,8 @@ def _pair_cost(entry: ProcessorProfile) -> PairCost:
         out_ms_per_byte=t.output_ms_per_mb / MB,
         reorder_ms_per_byte=(t.reorder_ms_per_mb or 0.0) / MB,
         crossing_ms=t.crossing_ms,
+        reorder_in_ms=dict(t.reorder_in_ms),
+        reorder_out_ms=dict(t.reorder_out_ms),
     )
 
 

@@ -100,10 +100,14 @@ def boundary_ms(cm: CostModel, x: np.ndarray, parts, part_of: np.ndarray, backen
         if not readers:
             continue
         src = costs[sk]
-        out[sk] += f.nbytes * (src.out_ms_per_byte + ov.blocked_out[i, site[sk][0]] * src.reorder_ms_per_byte)
+        out[sk] += f.nbytes * src.out_ms_per_byte
+        if ov.blocked_out[i, site[sk][0]]:
+            out[sk] += src.reorder_ms(f.tensor, f.nbytes, leaving=True)
         for k, blocked in readers.items():
             c = costs[k]
-            out[k] += c.crossing_ms + f.nbytes * (c.in_ms_per_byte + blocked * c.reorder_ms_per_byte)
+            out[k] += c.crossing_ms + f.nbytes * c.in_ms_per_byte
+            if blocked:
+                out[k] += c.reorder_ms(f.tensor, f.nbytes, leaving=False)
     return out
 
 

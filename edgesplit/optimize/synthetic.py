@@ -197,6 +197,13 @@ def random_overheads(cm: CostModel, seed: int = 0) -> CostModel:
         )
         for p in local
     }
+    # per-tensor reorder figures for half the flows (their own generator: the draws above stay as
+    # they were for a given seed)
+    tables = np.random.default_rng(seed + 7919)
+    for key, c in pair.items():
+        into = {f.tensor: float(tables.uniform(0.0, 0.2)) for f in cm.flows if tables.random() < 0.5}
+        out = {f.tensor: float(tables.uniform(0.0, 0.2)) for f in cm.flows if tables.random() < 0.5}
+        pair[key] = replace(c, reorder_in_ms=into, reorder_out_ms=out)
     gaps = np.array([0.0, 1.0, 5.0, 20.0])
     handoff = np.zeros((cm.n_procs, len(gaps)))
     for p in local:

@@ -157,8 +157,10 @@ def profile_ort(
         optimized = onnx.load(opt_path, load_external_data=False).graph
         run = micro_runner(worker, processor, backend, attrs, tmp, runs=max(5, runs // 2 + 3))
         trivial_call = lambda: busy_call(trivial.run, None, one)  # noqa: E731
+        blocked = blocked_layout(graph, optimized)
+        shapes = {t: graph.tensors[t].shape for t in blocked[0] if graph.tensors[t].dtype == "float32"}
         terms = build_terms(
-            run, worker, trivial_call, blocked=blocked_layout(graph, optimized), repeats=max(5, runs // 2 + 2)
+            run, worker, trivial_call, blocked=blocked, blocked_shapes=shapes, repeats=max(5, runs // 2 + 2)
         )
     nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
     med, p90 = _percentiles(whole)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -35,31 +36,59 @@ def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, bac
     return ort.InferenceSession(data, so, providers=providers)
 
 
-def _run_kernels(trace_path: str) -> list[tuple[float, float, int]]:
-    """Per ``model_run`` of ORT's profile: ``(kernels ms without reorders, reorder ms, reorder bytes)``."""
+class _RunKernels(NamedTuple):
+    """One ``model_run`` of ORT's profile: kernels without reorders, the reorders, and the reorders
+    by direction and NCHW shape (``("in", (1, 64, 28, 28)) -> ms``: into the blocked layout)."""
+
+    kernels_ms: float
+    reorder_ms: float
+    reorder_nbytes: int
+    by_shape: dict[tuple[str, tuple[int, ...]], float]
+
+
+def _reorder_key(args: Mapping) -> tuple[str, tuple[int, ...]] | None:
+    """``ReorderInput`` reads an NCHW tensor, ``ReorderOutput`` writes one: that shape names it."""
+    into = args.get("op_name") == "ReorderInput"
+    shapes = args.get("input_type_shape" if into else "output_type_shape") or [{}]
+    dims = next(iter(shapes[0].values()), None) if isinstance(shapes[0], dict) else None
+    if not isinstance(dims, list):
+        return None
+    return ("in" if into else "out", tuple(int(d) for d in dims))
+
+
+def _run_kernels(trace_path: str) -> list[_RunKernels]:
+    """Per ``model_run`` of ORT's profile, its kernels (see :class:`_RunKernels`)."""
     events = json.loads(Path(trace_path).read_text())
     runs = sorted(
         (e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"
     )
     nodes = sorted(
-        (e["ts"], e["dur"], (e.get("args") or {}))
-        for e in events
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
+        (
+            (e["ts"], e["dur"], (e.get("args") or {}))
+            for e in events
+            if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
+        ),
+        key=lambda n: n[0],
     )
     out, k = [], 0
     for ts, dur in runs:
         kern = reo = 0.0
         nbytes = 0
+        by_shape: dict[tuple[str, tuple[int, ...]], float] = {}
         while k < len(nodes) and nodes[k][0] < ts + dur:
-            if nodes[k][0] >= ts:
-                args = nodes[k][2]
-                if str(args.get("op_name", "")).startswith("Reorder"):
-                    reo += nodes[k][1] / 1e3
-                    nbytes += int(args.get("output_size", 0))
-                else:
-                    kern += nodes[k][1] / 1e3
+            start, ms, args = nodes[k][0], nodes[k][1] / 1e3, nodes[k][2]
             k += 1
-        out.append((kern, reo, nbytes))
+            if start < ts:
+                continue
+            if not str(args.get("op_name", "")).startswith("Reorder"):
+                kern += ms
+                continue
+            reo += ms
+            nbytes += int(args.get("output_size", 0))
+            key = _reorder_key(args)
+            if key is not None:
+                by_shape[key] = by_shape.get(key, 0.0) + ms
+        out.append(_RunKernels(kern, reo, nbytes, by_shape))
     return out
 
 
@@ -102,12 +131,14 @@ def micro_runner(
 
     def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> MicroRun:
         times, trace = worker.submit(on_worker, model, feeds).result()
-        per_run = _run_kernels(trace)[warmup:] or [(0.0, 0.0, 0)]
+        per_run = _run_kernels(trace)[warmup:] or [_RunKernels(0.0, 0.0, 0, {})]
+        keys = {key for r in per_run for key in r.by_shape}
         return MicroRun(
             float(np.median(times)),
-            float(np.median([r[0] for r in per_run])),
-            float(np.median([r[1] for r in per_run])),
-            int(np.median([r[2] for r in per_run])),
+            float(np.median([r.kernels_ms for r in per_run])),
+            float(np.median([r.reorder_ms for r in per_run])),
+            int(np.median([r.reorder_nbytes for r in per_run])),
+            {key: float(np.median([r.by_shape.get(key, 0.0) for r in per_run])) for key in keys},
         )
 
     return run

@@ -59,6 +59,10 @@ class RunTerms:
         reorder_ms_per_mb: A layout reorder (ORT's NCHWc ``ReorderInput``/``ReorderOutput``) per MB,
             from a Conv micro-model whose input and output cross a part boundary; None when the
             backend adds none.
+        reorder_in_ms, reorder_out_ms: Per blocked tensor, one reorder of it into the blocked layout
+            (where a blocked reader's part starts) and out of it (where its producer's part ends),
+            measured on a micro-model of the model's own blocked shapes; a tensor absent here is
+            priced by ``reorder_ms_per_mb``.
         blocked_tensors: Tensors the backend holds in a blocked layout inside the whole model: one
             leaving a part is reordered there.
         blocked_readers: Nodes that read their inputs in that layout: a tensor entering their part
@@ -80,6 +84,8 @@ class RunTerms:
     input_ms_per_mb: float = 0.0
     output_ms_per_mb: float = 0.0
     reorder_ms_per_mb: float | None = None
+    reorder_in_ms: Mapping[str, float] = field(default_factory=dict)
+    reorder_out_ms: Mapping[str, float] = field(default_factory=dict)
     blocked_tensors: tuple[str, ...] = ()
     blocked_readers: tuple[str, ...] = ()
     handoff_idle_ms: tuple[float, ...] = ()
@@ -101,7 +107,9 @@ class RunTerms:
         for key in ("blocked_tensors", "blocked_readers", "handoff_idle_ms", "handoff_ms", "return_ms"):
             if key in kw:
                 kw[key] = tuple(kw[key])
-        kw["contention"] = {str(k): float(v) for k, v in d.get("contention", {}).items()}
+        for key in ("contention", "reorder_in_ms", "reorder_out_ms"):
+            value = d.get(key, {})  # anything but an object is left for check_fields to name
+            kw[key] = {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else value
         kw["calibrated_from"] = dict(d.get("calibrated_from", {}))
         return RunTerms(**kw)
 

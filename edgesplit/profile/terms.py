@@ -6,8 +6,11 @@ worker thread (a :class:`MicroRunner`), so that the terms are measured as the ru
 * the fixed cost of a part run and the per-MB cost of its inputs and outputs: micro-models of one
   node (``Neg`` on one float and on a large tensor, ``ReduceSum`` of a large tensor to one float),
   the run minus the kernels the backend reports;
-* the layout reorders at a part boundary: a ``Conv`` micro-model whose input and output cross the
-  boundary, at two sizes; the backend reports the reorder kernels it added (ORT's NCHWc);
+* the layout reorders at a part boundary: ``Conv`` micro-models whose inputs and outputs cross the
+  boundary; the backend reports the reorder kernels it added (ORT's NCHWc). One micro-model has a
+  branch per shape of the model's own blocked tensors, so each of them gets its own figure (a
+  reorder's cost per byte varies 3-4x with the channel count at equal bytes); a per-MB rate from
+  two sizes covers the rest;
 * the hand-off to the worker after realistic idle gaps, and the caller's wake-up when a request
   ends after it waited as long (a thread wake-up after a long idle gap is several times slower
   than back-to-back: measured 0.05 ms against 0.2-0.35 ms here);
@@ -20,20 +23,22 @@ Nothing here imports a backend: the runners are the profilers' (``ort.py``, ``tv
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from edgesplit.profile.store import RunTerms
 
 MB = 1e6
+MAX_REORDER_SHAPES = 32  # branches of the reorder micro-model (squeezenet has 16 blocked shapes)
 IDLE_GAPS_MS = (0.0, 1.0, 2.0, 5.0, 20.0)
 BIG_FLOATS = 1 << 20  # 4 MB of float32: large enough that per-byte costs dominate the fixed ones
 _clock = time.perf_counter_ns
@@ -49,12 +54,15 @@ class MicroRun:
         kernels_ms: The kernels the backend reports inside it, reorders excluded.
         reorder_ms: The layout reorder kernels among them (0 where the backend adds none).
         reorder_nbytes: Bytes those reorders moved (0 where none).
+        reorders_by_shape: The reorders by direction and NCHW shape: ``("in", (1, 64, 28, 28))``
+            into the blocked layout, ``"out"`` out of it -> ms (empty where the backend adds none).
     """
 
     path_ms: float
     kernels_ms: float
     reorder_ms: float = 0.0
     reorder_nbytes: int = 0
+    reorders_by_shape: Mapping[tuple[str, tuple[int, ...]], float] = field(default_factory=dict)
 
 
 # A backend's micro-runner: runs an ONNX model (with these inputs) ``runs`` times on the worker.
@@ -122,6 +130,45 @@ def io_terms(run: MicroRunner) -> tuple[float, float, float]:
     per_in = max(red.path_ms - red.kernels_ms - fixed, 0.0) / mb
     per_out = max(neg.path_ms - neg.kernels_ms - fixed - per_in * mb, 0.0) / mb
     return fixed, per_in, per_out
+
+
+def branches_model(shapes: Sequence[tuple[int, ...]]) -> onnx.ModelProto:
+    """A 1x1 ``Conv`` per NCHW shape, side by side: every branch's input and output cross a part
+    boundary, so ORT's NCHWc layout brackets each with a reorder in and one out, of that shape."""
+    rng = np.random.default_rng(0)
+    nodes, inputs, outputs, weights = [], [], [], []
+    for i, shape in enumerate(shapes):
+        c = shape[1]
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, list(shape)))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, list(shape)))
+        w = (rng.standard_normal((c, c, 1, 1)) * 0.05).astype(np.float32)
+        weights.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("Conv", [f"x{i}", f"w{i}"], [f"y{i}"]))
+    return _model(nodes, inputs, outputs, weights)
+
+
+def reorder_table(
+    run: MicroRunner, shapes: Mapping[str, tuple[int, ...]]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """``(into, out of)`` the blocked layout: per tensor, one reorder's ms, measured on
+    :func:`branches_model` of the tensors' shapes (4-D ones, the most common shapes first, at most
+    :data:`MAX_REORDER_SHAPES`; the others are left to the per-MB rate). Empty where the backend
+    adds no reorders."""
+    count: dict[tuple[int, ...], int] = {}
+    for shape in shapes.values():
+        if len(shape) == 4 and shape[0] == 1 and min(shape) > 0:
+            count[shape] = count.get(shape, 0) + 1
+    chosen = sorted(count, key=lambda sh: (-count[sh], -math.prod(sh)))[:MAX_REORDER_SHAPES]
+    if not chosen:
+        return {}, {}
+    m = branches_model(chosen)
+    by_shape = run(m, _feeds(m)).reorders_by_shape
+    into, out = {}, {}
+    for tensor, shape in shapes.items():
+        if ("in", shape) in by_shape and ("out", shape) in by_shape:  # one branch per shape
+            into[tensor] = round(by_shape["in", shape], 6)
+            out[tensor] = round(by_shape["out", shape], 6)
+    return into, out
 
 
 def reorder_ms_per_mb(run: MicroRunner, channels: int = 64, sides: Sequence[int] = (28, 56)) -> float | None:
@@ -279,18 +326,23 @@ def build_terms(
     trivial_call: Callable[[], object],
     *,
     blocked: tuple[tuple[str, ...], tuple[str, ...]] = ((), ()),
+    blocked_shapes: Mapping[str, tuple[int, ...]] | None = None,
     reorders: bool = True,
     repeats: int = 12,
 ) -> RunTerms:
     """Every term of one pair that needs no other processor (contention is added later);
-    ``repeats`` wake-ups are timed after each idle gap."""
+    ``repeats`` wake-ups are timed after each idle gap; ``blocked_shapes``: the blocked tensors'
+    shapes, for their own reorder figures."""
     fixed, per_in, per_out = io_terms(run)
     gaps, handoff, back = wakeups(worker, repeats)
+    into, out = reorder_table(run, blocked_shapes or {}) if reorders else ({}, {})
     return RunTerms(
         part_fixed_ms=round(fixed, 6),
         input_ms_per_mb=round(per_in, 6),
         output_ms_per_mb=round(per_out, 6),
         reorder_ms_per_mb=_round(reorder_ms_per_mb(run)) if reorders else None,
+        reorder_in_ms=into,
+        reorder_out_ms=out,
         blocked_tensors=blocked[0],
         blocked_readers=blocked[1],
         handoff_idle_ms=gaps,

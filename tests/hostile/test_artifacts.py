@@ -165,6 +165,17 @@ def test_negative_or_non_numeric_run_terms_are_refused(w, tmp_path):
     prof["entries"][0]["terms"] = {"handoff_ms": ["slow"]}
     path = write_json(tmp_path / "str.json", prof)
     refused(partition(w, tmp_path, profile=path), "terms: handoff_ms[0]", file=path)
+    for i, (terms, says) in enumerate(
+        [
+            ({"reorder_in_ms": {"conv0": -0.1}}, ("terms: reorder_in_ms.conv0", "negative")),
+            ({"reorder_out_ms": {"conv0": "fast"}}, ("terms: reorder_out_ms.conv0", "a number")),
+            ({"reorder_out_ms": [0.1]}, ("terms: reorder_out_ms", "expected an object")),
+            ({"contention": 1.5}, ("terms: contention", "expected an object")),
+        ]
+    ):
+        prof["entries"][0]["terms"] = terms
+        path = write_json(tmp_path / f"table{i}.json", prof)
+        refused(partition(w, tmp_path, profile=path), *says, file=path)
     assert not (tmp_path / "plan.json").exists()
 
 
