@@ -403,7 +403,7 @@ def test_reorders_at_a_cut_cost_what_the_profiler_measured_for_that_tensor(tmp_p
     """A chain of 1x1 convolutions on 512 channels at 13x13, cut in the middle: the reorders the
     runtime's own trace shows at the cut (the 2-part bundle's reorders over the whole model's) are
     what the profiler measured for that tensor, within a generous factor. (The per-MB rate, measured
-    on 64 channels, priced them 2.0-6.0x too low here in three runs, and 3.6-10x on squeezenet's
+    on 64 channels, priced them 2.0-6.0x too low here in three runs, and 2.8-10x on squeezenet's
     cuts: this model is the kind of boundary it missed.)"""
     nodes, weights, prev = [], [], "x"
     for i in range(4):
