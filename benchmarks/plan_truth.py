@@ -251,8 +251,22 @@ def relative_errors(rows: list[Row]) -> list[float]:
     return out
 
 
+def by_device(rows: list[Row]) -> dict[str, dict[str, int]]:
+    """Per device, the cases and how many are within +-10 % and +-5 % (an emulated processor's drift,
+    ``host-biglittle``'s little core, shows as one device's share)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        if r.error_pct is not None:
+            d = out.setdefault(r.device, {"cases": 0, "within_10pct": 0, "within_5pct": 0})
+            d["cases"] += 1
+            d["within_10pct"] += abs(r.error_pct) <= 10
+            d["within_5pct"] += abs(r.error_pct) <= 5
+    return out
+
+
 def summary(rows: list[Row]) -> dict:
-    """Share within +-10 % and +-5 %, the worst plan against its best baseline, plans that beat it."""
+    """Share within +-10 % and +-5 % (in all, and per device), the worst plan against its best
+    baseline, plans that beat it."""
     errs = [abs(r.error_pct) for r in rows if r.error_pct is not None]
     plans = [r for r in rows if r.kind == "plan" and r.ratio_to_best_baseline is not None]
     worst = max(plans, key=lambda r: r.ratio_to_best_baseline, default=None)
@@ -272,6 +286,7 @@ def summary(rows: list[Row]) -> dict:
         "deploy_ships_the_plan": sum(x[0] == r.name for r, x in ships),
         "deploy_worst_shipped_ratio": max((x[1] for _, x in ships), default=None),
         "deploy_shipped_beating_best_baseline_by_5pct": sum(x[1] <= 0.95 for _, x in ships),
+        "by_device": by_device(rows),
     }
     n = max(1, s["cases"])
     print(
@@ -285,6 +300,13 @@ def summary(rows: list[Row]) -> dict:
         f"else the best baseline; shipped / best measured baseline at worst "
         f"{fmt(s['deploy_worst_shipped_ratio'], '.3f')}; shipped >= 5% faster than it: "
         f"{s['deploy_shipped_beating_best_baseline_by_5pct']}/{len(ships)}"
+    )
+    print(
+        "  by device: "
+        + "; ".join(
+            f"{dev} {d['within_10pct']}/{d['cases']} within +-10%, {d['within_5pct']} within +-5%"
+            for dev, d in s["by_device"].items()
+        )
     )
     rel = [abs(e) for e in s["relative_errors_pct"]]
     if rel:
