@@ -23,12 +23,13 @@ from edgesplit.device import load_device
 from edgesplit.model.load import load_model
 from edgesplit.optimize.costs import CostModel, Flow, build_costs
 from edgesplit.optimize.exact import solve_sequential
-from edgesplit.optimize.overheads import Overheads, PairCost, none
+from edgesplit.optimize.overheads import Overheads, PairCost, noise_rel, none
 from edgesplit.optimize.schedule import boundary_ms, layout, schedule
 from edgesplit.optimize.search import fewest_parts
 from edgesplit.optimize.solve import solve
 from edgesplit.optimize.synthetic import random_costs
 from edgesplit.profile.run import ProfileOptions, profile_model
+from edgesplit.profile.store import ProcessorProfile, Profile
 from edgesplit.profile.terms import IDLE_GAPS_MS
 from edgesplit.runtime.api import benchmark, random_feeds
 from edgesplit.runtime.session import load
@@ -192,6 +193,21 @@ def test_fewer_parts_within_the_noise():
     visited = [(10.0, split), (10.3, whole)]
     assert fewest_parts(cm, visited, 0.05)[0] is whole
     assert fewest_parts(cm, visited, 0.01)[0] is split
+
+
+def test_the_noise_is_the_noisiest_measured_pair_s_capped():
+    """Plans are equal within the noisiest measured pair's spread (p90 / median - 1 of its whole
+    model), not the median pair's: a quiet short block must not hide a processor's drift."""
+
+    def entry(proc, backend, p90_ms, source="measured"):
+        return ProcessorProfile(proc, backend, source, {}, whole_model_ms=10.0, whole_model_p90_ms=p90_ms)
+
+    quiet_tvm = [entry("big", "tvm", 10.1), entry("little", "tvm", 10.2)]
+    prof = Profile("0" * 64, "m", "host-biglittle", {}, (*quiet_tvm, entry("big", "ort", 10.8)))
+    assert noise_rel(prof) == pytest.approx(0.08)  # the median of the three is 0.02
+    wild = (*quiet_tvm, entry("little", "ort", 14.0), entry("big", "ort", 50.0, source="predicted"))
+    assert noise_rel(replace(prof, entries=wild)) == pytest.approx(0.10)  # capped; predictions left out
+    assert noise_rel(replace(prof, entries=(entry("big", "ort", 50.0, source="predicted"),))) == 0.0
 
 
 def test_two_unconnected_nodes_are_not_a_chain_whose_makespan_is_its_sequential_latency():
