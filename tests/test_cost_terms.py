@@ -418,9 +418,13 @@ def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp
 def test_reorders_at_a_cut_cost_what_the_profiler_measured_for_that_tensor(tmp_path):
     """A chain of 1x1 convolutions on 512 channels at 13x13, cut in the middle: the reorders the
     runtime's own trace shows at the cut (the 2-part bundle's reorders over the whole model's) are
-    what the profiler measured for that tensor, within a generous factor. (The per-MB rate, measured
-    on 64 channels, priced them 2.0-6.0x too low here in three runs, and 2.8-10x on squeezenet's
-    cuts: this model is the kind of boundary it missed.)"""
+    what the profiler measured for that tensor, within a generous factor. Both are taken as a share
+    of the convolutions' own time measured beside them, so that the machine's speed cancels (a CI
+    run saw the cut's reorders at 0.394 ms against 0.118-0.317 ms in three quiet runs). The factor
+    is wide because the profiler's figure is the noisy side: as a share of the convolutions it was
+    0.017-0.073 over six profiles, the runtime's 0.039-0.064; measured over profiled 0.56-2.78.
+    (The per-MB rate, measured on 64 channels, priced them 2.0-6.0x too low here, and 2.8-10x on
+    squeezenet's cuts: this model is the kind of boundary it missed.)"""
     nodes, weights, prev = [], [], "x"
     for i in range(4):
         nodes += [
@@ -436,19 +440,24 @@ def test_reorders_at_a_cut_cost_what_the_profiler_measured_for_that_tensor(tmp_p
     prof = profile_model(
         graph, load_device("host-2core"), ProfileOptions(["ort"], processors=["core0"], runs=10, warmup=3)
     )
-    t = prof.entry("core0", "ort").terms
-    reordered = {}
-    for n in (1, 2):
-        plan = contiguous_plan(graph, "host-2core", [("core0", "ort")] * n)
+    entry = prof.entry("core0", "ort")
+    t = entry.terms
+    plans = {n: contiguous_plan(graph, "host-2core", [("core0", "ort")] * n) for n in (1, 2)}
+    cut = plans[2].parts[0].outputs[0]
+    for n, plan in plans.items():
         compile_bundle(graph, plan, tmp_path / f"b{n}")
-        cut = plan.parts[0].outputs[0] if n == 2 else None
-        with load(tmp_path / f"b{n}", detailed=True) as sess:
-            rep = benchmark(sess, random_feeds(sess), repeat=20, warmup=3)
-        reordered[n] = sum(p.reorder_ms or 0.0 for p in rep.breakdown.parts)
-    measured = reordered[2] - reordered[1]
-    table = t.reorder_out_ms[cut] + t.reorder_in_ms[cut]
-    per_mb = 2 * graph.tensors[cut].nbytes / 1e6 * t.reorder_ms_per_mb
-    assert 0.4 <= measured / table <= 2.5, (measured, table, per_mb)
+    reorders: dict[int, list[float]] = {1: [], 2: []}
+    convs: list[float] = []
+    for _ in range(4):  # alternating blocks: the machine's drift falls on both bundles
+        for n in plans:
+            with load(tmp_path / f"b{n}", detailed=True) as sess:  # ORT's profiler: one benchmark
+                parts = benchmark(sess, random_feeds(sess), repeat=8, warmup=2).breakdown.parts
+            reorders[n].append(sum(p.reorder_ms or 0.0 for p in parts))
+            convs.append(sum((p.kernels_ms or 0.0) - (p.reorder_ms or 0.0) for p in parts))
+    measured = (np.median(reorders[2]) - np.median(reorders[1])) / np.median(convs)
+    table = (t.reorder_out_ms[cut] + t.reorder_in_ms[cut]) / entry.sum_ms
+    per_mb = 2 * graph.tensors[cut].nbytes / 1e6 * t.reorder_ms_per_mb / entry.sum_ms
+    assert 0.2 <= measured / table <= 5.0, (measured, table, per_mb)
 
 
 def test_a_trivial_bundle_costs_the_session_and_its_wake_ups(tmp_path):
