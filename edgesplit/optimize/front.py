@@ -57,8 +57,9 @@ def pareto_front(
 ) -> tuple[list[Point], bool]:
     """The non-dominated points, by latency: ``latency_ms``, ``energy_mj``,
     ``sequential_latency_ms``, ``processors``, the assignment under ``_assign`` and its number of
-    parts under ``_parts``; and whether every point was solved exactly. Points are priced on the part-level schedule; ``extra``
-    (feasible assignments: the baselines, plans refined on the schedule) join the candidates, since
+    parts under ``_parts``; and whether every point was solved exactly. Points are priced on the
+    part-level schedule; ``extra`` (feasible assignments: the baselines, plans refined on the
+    schedule) join the candidates, since
     the sequential model cannot see what parts cost and may put a split where one processor
     alone is both faster and leaner. A point within the measured noise of one with fewer parts, on
     both figures, gives way to it."""

@@ -93,19 +93,6 @@ def reduce_model(n: int) -> onnx.ModelProto:
     return _model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)], [x], [y], [axes])
 
 
-def conv_model(channels: int, side: int) -> onnx.ModelProto:
-    """A 1x1 ``Conv`` (``channels`` in and out) on ``side x side``: a part whose input and output
-    both cross a boundary, which ORT's NCHWc layout brackets with reorders."""
-    shape = [1, channels, side, side]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
-    rng = np.random.default_rng(0)
-    w = helper.make_tensor(
-        "w", TensorProto.FLOAT, [channels, channels, 1, 1], rng.standard_normal(channels * channels).tolist()
-    )
-    return _model([helper.make_node("Conv", ["x", "w"], ["y"])], [x], [y], [w])
-
-
 def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     out = {}
@@ -176,7 +163,7 @@ def reorder_ms_per_mb(run: MicroRunner, channels: int = 64, sides: Sequence[int]
     inserts no reorders there)."""
     total_ms, total_nbytes = 0.0, 0
     for side in sides:
-        m = conv_model(channels, side)
+        m = branches_model([(1, channels, side, side)])
         got = run(m, _feeds(m))
         total_ms += got.reorder_ms
         total_nbytes += got.reorder_nbytes
