@@ -365,16 +365,58 @@ def main() -> None:
     for label, profile_dir in passes(args):
         args.label, args.profile_dir = label, profile_dir
         print_header()
+        t0 = time.time()
         rows = run_local(names, devices, args)
         if args.offload:
             rows += truth_lab.run_offload(names, args, run_group, model_file)
         results["passes"].append(
-            {"profile": label, "summary": summary(rows), "rows": [asdict(r) for r in rows]}
-        )
+            {
+                "profile": label, "started": t0, "ended": time.time(), "summary": summary(rows),
+                "rows": [asdict(r) for r in rows],
+            }
+        )  # fmt: skip
         if args.calibrate and label == "plain" and not truth_lab.calibrate(args, rows):
             break
+    if len(results["passes"]) > 1:
+        results["repeatability"] = repeatability(results["passes"][0], results["passes"][-1])
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+
+
+def repeatability(first: dict, last: dict) -> dict:
+    """The machine against itself: the baselines (the same whole-model bundles: plans change with a
+    calibrated profile, baselines do not) measured in both passes, the second median over the first.
+
+    A prediction is made before it is measured, so drift since then is part of its error. The first
+    pass's measurement is such a prediction for the second pass. An oracle that knew each bundle's
+    mean speed would do better by about sqrt(2) if the two passes' errors were independent (the
+    difference of two has sqrt(2) times the spread of one): so the share within +-10 % (+-5 %) of the
+    changes shrunk by sqrt(2) is about the best any cost model can reach here, in a run like this.
+    """
+    key = lambda r: (r["device"], r["model"], r["metric"], r["name"])  # noqa: E731
+    before = {key(r): r["measured_ms"] for r in first["rows"] if r["kind"] == "baseline" and r["measured_ms"]}
+    after = {key(r): r["measured_ms"] for r in last["rows"] if r["kind"] == "baseline" and r["measured_ms"]}
+    change = sorted((after[k] / before[k] - 1) * 100 for k in before.keys() & after.keys())
+    gap_min = (last["started"] - first["started"]) / 60
+    s = {
+        "cases": len(change),
+        "within_10pct": sum(abs(c) <= 10 for c in change),
+        "within_5pct": sum(abs(c) <= 5 for c in change),
+        "oracle_within_10pct": sum(abs(c) <= 10 * 2**0.5 for c in change),
+        "oracle_within_5pct": sum(abs(c) <= 5 * 2**0.5 for c in change),
+        "change_pct": [round(c, 1) for c in change],
+        "passes_apart_min": round(gap_min, 1),
+    }
+    n = max(1, s["cases"])
+    print(
+        f"\n[the machine against itself] {s['cases']} baselines measured in both passes, {gap_min:.0f} min "
+        f"apart: within +-10% {s['within_10pct']} ({s['within_10pct'] / n:.0%}), within +-5% "
+        f"{s['within_5pct']} ({s['within_5pct'] / n:.0%}); second / first - 1 from "
+        f"{change[0] if change else 0:+.1f}% to {change[-1] if change else 0:+.1f}%; an oracle of each "
+        f"bundle's mean speed (changes / sqrt 2): within +-10% {s['oracle_within_10pct'] / n:.0%}, "
+        f"within +-5% {s['oracle_within_5pct'] / n:.0%}"
+    )
+    return s
 
 
 def passes(args):
