@@ -409,9 +409,9 @@ def repeatability(first: dict, last: dict) -> dict:
     }
     n = max(1, s["cases"])
     print(
-        f"\n[the machine against itself] {s['cases']} baselines measured in both passes, {gap_min:.0f} min "
-        f"apart: within +-10% {s['within_10pct']} ({s['within_10pct'] / n:.0%}), within +-5% "
-        f"{s['within_5pct']} ({s['within_5pct'] / n:.0%}); second / first - 1 from "
+        f"\n[the machine against itself] {s['cases']} baselines measured in both passes (which began "
+        f"{gap_min:.0f} min apart): within +-10% {s['within_10pct']} ({s['within_10pct'] / n:.0%}), "
+        f"within +-5% {s['within_5pct']} ({s['within_5pct'] / n:.0%}); second / first - 1 from "
         f"{change[0] if change else 0:+.1f}% to {change[-1] if change else 0:+.1f}%; an oracle of each "
         f"bundle's mean speed (changes / sqrt 2): within +-10% {s['oracle_within_10pct'] / n:.0%}, "
         f"within +-5% {s['oracle_within_5pct'] / n:.0%}"
