@@ -43,6 +43,7 @@ def _brute(cm: CostModel, form: str) -> tuple[np.ndarray, np.ndarray]:
     return grid[ok], values[form][ok]
 
 
+@pytest.mark.slow  # 161 brute-force solves per example: 6 s with the quick profile's 20 examples
 @SETTINGS
 @given(networked(), st.sampled_from(["latency_sequential", "energy"]))
 def test_band_table_is_optimal_on_a_fine_grid(cm: CostModel, name: str) -> None:

@@ -86,3 +86,17 @@ def test_a_refused_ssh_connection_exits_2(cli, tmp_path):
         "profile", str(model), "--remote", target, "--known-hosts", str(tmp_path / "kh"), "-q", "-o", str(tmp_path / "p.json")
     )  # fmt: skip
     assert code == 2 and err.strip() == f"edgesplit: error: {target}: connection refused on port {port}", err
+
+
+@pytest.mark.parametrize("command", ["profile", "partition", "deploy"])
+def test_a_bad_device_spec_is_reported_before_the_model_is_read(cli, command, tmp_path):
+    """Reading a model can take seconds (onnxslim alone imports sympy): a spec that cannot be used
+    is reported first. The model here does not exist, so the old order named the model."""
+    spec = tmp_path / "broken.yaml"
+    spec.write_text("name: broken\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: -1}\n")
+    code, _, err = cli(
+        command, str(tmp_path / "no-such.onnx"), "--device", str(spec), "-o", str(tmp_path / "o")
+    )
+    line = err.strip()
+    assert code == 2 and len(line.splitlines()) == 1, err
+    assert str(spec) in line and "processors.cpu" in line and "no-such.onnx" not in line, line

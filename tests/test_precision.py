@@ -589,6 +589,7 @@ def _noisy_tail_chain(path) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # three int8 conversions and measurements of a 16-node part: about 5 s
 def test_a_budget_drops_the_noisy_half_of_a_long_int8_part_not_all_of_it(tmp_path):
     """One int8 part of 16 nodes whose noise is all in its second half: a budget between the SNR of
     the whole part in int8 and that of its first half alone drops only the second half."""

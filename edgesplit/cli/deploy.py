@@ -98,7 +98,7 @@ def command(
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
     from edgesplit.compile.api import check_output
     from edgesplit.deployment import deploy
-    from edgesplit.pipeline import Choices, check_choices
+    from edgesplit.pipeline import Choices, check_choices, load_spec
     from edgesplit.profile.run import ProfileOptions
 
     choices = dict(
@@ -118,6 +118,7 @@ def command(
     )
     check_choices(Choices(**choices))  # bad flags fail before the model is read
     check_output(output, force, [model])  # and so does an output that may not be replaced
+    load_spec(device)  # and a bad device spec (reading a model can take seconds)
     graph = load_graph(model, choices["input_shapes"], choices["input_values"])  # prints its notes
     with progress_bar() as update:
         manifest = deploy(

@@ -96,7 +96,7 @@ def command(
     from edgesplit.errors import PlanError
     from edgesplit.optimize.annotate import write_annotated
     from edgesplit.optimize.api import solve_plan
-    from edgesplit.pipeline import Choices, check_choices, resolve
+    from edgesplit.pipeline import Choices, check_choices, load_spec, resolve
 
     out = Path(output)
     onnx_path = Path(onnx_out) if onnx_out else out.with_suffix(".onnx")
@@ -121,6 +121,7 @@ def command(
         ),
     )
     check_choices(choices)  # bad flags fail before the model is read
+    load_spec(device)  # and so does a bad device spec (reading a model can take seconds)
     graph = load_graph(model, choices.input_shapes, choices.input_values)  # prints its notes
     problem = resolve(graph, device, choices)
     measured = problem.profile_path is None  # measured here: kept beside the plan, for explain and compile

@@ -90,11 +90,14 @@ def command(
     With --remote, MODEL is profiled on that host over SSH (the device spec, by default the
     host as detected there, describes it); with --hosts, on every host of a fleet file.
     """
+    from edgesplit.device import load_device
     from edgesplit.errors import InputError
     from edgesplit.profile.run import ProfileOptions
 
     if remote and fleet_file:
         raise InputError("--remote and --hosts exclude each other")
+    # a bad device spec fails before the model is read (that can take seconds)
+    spec = None if remote or fleet_file else load_device(device)
     # validate locally first: a bad model never travels
     graph = load_graph(model, **model_inputs(input_shapes, input_values))
     options = ProfileOptions(backends, processors, runs, warmup)
@@ -105,7 +108,7 @@ def command(
     if remote:
         prof, out, skipped = _remote(model, graph, remote, device, ssh, output, options, resume, quiet)
     else:
-        prof, out, skipped = _local(graph, device, output, options, resume, quiet)
+        prof, out, skipped = _local(graph, spec, output, options, resume, quiet)
     if not quiet:
         print_summary(graph, prof, top)
         for why in skipped:
@@ -141,12 +144,10 @@ def _remote(model, graph, remote, device, ssh, output, options, resume, quiet):
     return prof, out, plan.get("skipped", [])
 
 
-def _local(graph, device, output, options, resume, quiet):
-    from edgesplit.device import load_device
+def _local(graph, spec, output, options, resume, quiet):
     from edgesplit.profile.power import find_rails
     from edgesplit.profile.steps import load_partial, partial_path, profile_steps, save_partial
 
-    spec = load_device(device)
     out = Path(output or f"{graph.name}.{spec.name}.profile.json")
     part = partial_path(out)
     done = load_partial(part, graph.sha256, spec.name) if resume else []
