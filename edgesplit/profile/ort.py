@@ -29,7 +29,7 @@ from edgesplit.profile.ort_graph import blocked_layout, map_regions
 from edgesplit.profile.ort_run import make_session, micro_runner, ort_contention, whole_model_timer
 from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
-from edgesplit.profile.terms import build_terms
+from edgesplit.profile.terms import CONTENTION_S_PER_RUN, build_terms
 from edgesplit.throttle import busy_call
 
 __all__ = ["OrtProfiler", "make_session", "map_regions", "profile_ort", "time_runs"]
@@ -298,4 +298,5 @@ class OrtProfiler:
     ) -> dict[str, float]:
         """This pair's slowdown while each of ``others`` runs the whole model (:func:`ort_contention`)."""
         rounds = max(2, min(4, options.runs // 5))
-        return ort_contention(graph, processor, backend, others, self.session_attrs, rounds)
+        min_s = CONTENTION_S_PER_RUN * options.runs
+        return ort_contention(graph, processor, backend, others, self.session_attrs, rounds, min_s)

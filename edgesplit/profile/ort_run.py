@@ -176,8 +176,10 @@ def ort_contention(
     others: list[tuple[Processor, Backend]],
     session_attrs: Mapping[str, object] | None = None,
     rounds: int = 3,
+    min_s: float = 2.0,
 ) -> dict[str, float]:
-    """This pair's slowdown while each other processor runs the whole model in a loop on ORT."""
+    """This pair's slowdown while each other processor runs the whole model in a loop on ORT
+    (:func:`~edgesplit.profile.terms.contention_factor`: ``rounds`` rounds at least, ``min_s`` long)."""
     attrs = dict(session_attrs or {})
     feeds = random_inputs(graph)
     out: dict[str, float] = {}
@@ -192,5 +194,5 @@ def ort_contention(
                 return lambda: busy_call(s.run, None, feeds)
 
             with BackgroundLoad(setup) as load:
-                out[other.name] = contention_factor(timed, load, rounds)
+                out[other.name] = contention_factor(timed, load, rounds, min_s)
     return out
