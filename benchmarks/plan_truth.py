@@ -264,6 +264,24 @@ def by_device(rows: list[Row]) -> dict[str, dict[str, int]]:
     return out
 
 
+def pipeline_bias(rows: list[Row]) -> dict[str, dict[str, float | int | None]]:
+    """Per device, the median error of the pipelines (throughput plans of two or more parts) beside
+    that of the single processors' stream baselines in the same pass: a pipeline's period is its
+    slowest stage, so it is where the processors drifting apart, and stream-only effects, show."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for dev in sorted({r.device for r in rows}):
+        mine = [r for r in rows if r.device == dev and r.metric == "throughput" and r.error_pct is not None]
+        pipes = [r.error_pct for r in mine if r.kind == "plan" and r.parts > 1 and not r.same_as]
+        single = [r.error_pct for r in mine if r.kind == "baseline" and r.parts == 1 and not r.same_as]
+        out[dev] = {
+            "pipelines": len(pipes),
+            "pipeline_median_error_pct": round(float(np.median(pipes)), 2) if pipes else None,
+            "singles": len(single),
+            "single_median_error_pct": round(float(np.median(single)), 2) if single else None,
+        }
+    return out
+
+
 def summary(rows: list[Row]) -> dict:
     """Share within +-10 % and +-5 % (in all, and per device), the worst plan against its best
     baseline, plans that beat it."""
@@ -287,6 +305,7 @@ def summary(rows: list[Row]) -> dict:
         "deploy_worst_shipped_ratio": max((x[1] for _, x in ships), default=None),
         "deploy_shipped_beating_best_baseline_by_5pct": sum(x[1] <= 0.95 for _, x in ships),
         "by_device": by_device(rows),
+        "pipeline_bias": pipeline_bias(rows),
     }
     n = max(1, s["cases"])
     print(
@@ -315,6 +334,14 @@ def summary(rows: list[Row]) -> dict:
             f"{len(rel)} plans, within +-10% {sum(e <= 10 for e in rel)}, within +-5% {sum(e <= 5 for e in rel)}, "
             f"worst {max(rel):.1f}%"
         )
+    print(
+        "  pipelines (2+ parts, stream) against single processors (stream), median error: "
+        + "; ".join(
+            f"{dev} {fmt(b['pipeline_median_error_pct'], '+.1f')}% ({b['pipelines']}) against "
+            f"{fmt(b['single_median_error_pct'], '+.1f')}% ({b['singles']})"
+            for dev, b in s["pipeline_bias"].items()
+        )
+    )
     for u in s["unmeasured"]:
         print(f"  not measured: {u}")
     return s
