@@ -15,12 +15,13 @@ from edgesplit.compile.bundle import Manifest
 if TYPE_CHECKING:
     from edgesplit.compile.tune import TuneOptions
     from edgesplit.model.graph import ModelGraph
+    from edgesplit.pipeline import SpecLike
     from edgesplit.verify import VerifyOptions
 
 
 def deploy(
     model: ModelGraph | str | os.PathLike,
-    device: str | os.PathLike = "host",
+    device: SpecLike = "host",
     out: str | os.PathLike = "bundle",
     *,
     tune_trials: int = 0,

@@ -118,7 +118,7 @@ def command(
     )
     check_choices(Choices(**choices))  # bad flags fail before the model is read
     check_output(output, force, [model])  # and so does an output that may not be replaced
-    load_spec(device)  # and a bad device spec (reading a model can take seconds)
+    device = load_spec(device)  # and a bad device spec (reading a model can take seconds)
     graph = load_graph(model, choices["input_shapes"], choices["input_values"])  # prints its notes
     with progress_bar() as update:
         manifest = deploy(

@@ -121,7 +121,7 @@ def command(
         ),
     )
     check_choices(choices)  # bad flags fail before the model is read
-    load_spec(device)  # and so does a bad device spec (reading a model can take seconds)
+    device = load_spec(device)  # and so does a bad device spec (reading a model can take seconds)
     graph = load_graph(model, choices.input_shapes, choices.input_values)  # prints its notes
     problem = resolve(graph, device, choices)
     measured = problem.profile_path is None  # measured here: kept beside the plan, for explain and compile

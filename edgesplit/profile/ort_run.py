@@ -21,7 +21,13 @@ from edgesplit.cpu import configure_thread, ort_session_options
 from edgesplit.device import Backend, Processor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
-from edgesplit.profile.terms import BackgroundLoad, MicroRun, MicroRunner, contention_factor
+from edgesplit.profile.terms import (
+    CONTENTION_MIN_S,
+    BackgroundLoad,
+    MicroRun,
+    MicroRunner,
+    contention_factor,
+)
 from edgesplit.throttle import busy, busy_call
 
 
@@ -176,7 +182,7 @@ def ort_contention(
     others: list[tuple[Processor, Backend]],
     session_attrs: Mapping[str, object] | None = None,
     rounds: int = 3,
-    min_s: float = 2.0,
+    min_s: float = CONTENTION_MIN_S,
 ) -> dict[str, float]:
     """This pair's slowdown while each other processor runs the whole model in a loop on ORT
     (:func:`~edgesplit.profile.terms.contention_factor`: ``rounds`` rounds at least, ``min_s`` long)."""

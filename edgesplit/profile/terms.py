@@ -239,11 +239,12 @@ def session_ms(
 
 
 CONTENTION_S_PER_RUN = 0.1  # alternate 0.1 s per timed run asked for (2 s at the default 20 runs)
+CONTENTION_MIN_S = 2.0  # CONTENTION_S_PER_RUN at ProfileOptions' default of 20 runs
 CONTENTION_MAX_ROUNDS = 40
 
 
 def contention_factor(
-    timed: Callable[[], float], load: BackgroundLoad, rounds: int = 3, min_s: float = 2.0
+    timed: Callable[[], float], load: BackgroundLoad, rounds: int = 3, min_s: float = CONTENTION_MIN_S
 ) -> float:
     """The median over rounds of one round's ratio: ``timed()``'s median while ``load`` runs over
     its median alone just before. At least ``rounds`` rounds, and more until ``min_s`` has passed.
