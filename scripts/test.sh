@@ -10,4 +10,7 @@ unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .
+# With no arguments, the whole suite on two workers (pytest-xdist): the tests marked `measures` run
+# alone (tests/conftest.py holds a lock), the others side by side. Pass -p no:xdist to run serially.
+[ $# -gt 0 ] || set -- -n 2
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

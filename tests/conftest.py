@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +113,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if unmarked:
         raise pytest.UsageError("tests that use tests/sshd.py need @pytest.mark.ssh: " + ", ".join(unmarked))
+
+
+# ---- tests that time real runs run alone, also under pytest-xdist
+#
+# A test marked ``measures`` compares real run times with a prediction or with each other. On a
+# 2-core machine a second worker is load on one of the cores it measures (seen: a core slowed 2.8x
+# against the other, and a calibration test that then failed). So under xdist every test holds a
+# shared lock for its whole run (setup, call, teardown), and a ``measures`` test an exclusive one:
+# it waits for the other workers' current tests to end, and they wait for it. A turnstile taken
+# before either lock keeps a stream of shared holders from starving the exclusive one. Serial runs
+# take no locks. flock locks die with their process, so a killed worker leaves none held.
+
+
+@contextmanager
+def _flock(path: Path, mode: int) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextmanager
+def running_alone(alone: bool, folder: Path) -> Iterator[None]:
+    """Hold the lock of the test run whose lock files are in ``folder``: exclusive when ``alone``,
+    else shared (see above)."""
+    with _flock(folder / "turnstile.lock", fcntl.LOCK_EX):
+        fd = os.open(folder / "run.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    folder = Path(tempfile.gettempdir()) / f"edgesplit-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'x')}"
+    folder.mkdir(exist_ok=True)
+    with running_alone(item.get_closest_marker("measures") is not None, folder):
+        yield
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -205,6 +205,7 @@ def _mis_scaled(profile: Profile, processor: str, factor: float) -> Profile:
     return replace(profile, entries=tuple(entries))
 
 
+@pytest.mark.measures
 def test_calibration_lowers_the_error_of_a_mis_scaled_profile(conv_chain, tmp_path):
     """core1's node costs made eight times too high in the profile: the plan (half the chain on
     each core) is mispredicted; after calibrating, its parts are predicted closer to a fresh

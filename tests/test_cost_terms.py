@@ -345,6 +345,7 @@ def chain_profile(chain_model):
     return profile_model(chain_model, load_device("host-2core"), ProfileOptions(["ort"], runs=10, warmup=3))
 
 
+@pytest.mark.measures
 def test_the_profiler_measures_every_term(chain_profile):
     for e in chain_profile.entries:
         t = e.terms
@@ -419,6 +420,7 @@ def _median_latency(
     return {k: float(np.quantile(v, q)) for k, v in times.items()}
 
 
+@pytest.mark.measures
 def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp_path):
     """One processor, the same chain as 1 and as 3 parts: the extra two parts (fixed costs, bytes
     out and in, reorders) are predicted within a generous factor of what the runtime pays, as a
@@ -447,6 +449,7 @@ def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="ORT's NCHWc layout is x86's")
+@pytest.mark.measures
 def test_reorders_at_a_cut_cost_what_the_profiler_measured_for_that_tensor(tmp_path):
     """A chain of 1x1 convolutions on 512 channels at 13x13, cut in the middle: the reorders the
     runtime's own trace shows at the cut (the 2-part bundle's reorders over the whole model's) are
@@ -492,6 +495,7 @@ def test_reorders_at_a_cut_cost_what_the_profiler_measured_for_that_tensor(tmp_p
     assert 0.2 <= measured / table <= 5.0, (measured, table, per_mb)
 
 
+@pytest.mark.measures
 def test_a_trivial_bundle_costs_the_session_and_its_wake_ups(tmp_path):
     """A one-node model as a 1-part bundle through the real Session: nearly all of its latency is
     the per-request terms (hand-off, the part's fixed cost, the caller's wake-up, the Session's

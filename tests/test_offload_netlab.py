@@ -29,7 +29,7 @@ from netlab import (
 
 from edgesplit.runtime.session import load
 
-pytestmark = pytest.mark.netlab
+pytestmark = [pytest.mark.netlab, pytest.mark.measures]
 
 # A tiny request/response server: 16-byte header (bytes up, bytes down), then the bytes up; answers
 # the bytes down. One connection carries many exchanges.

@@ -14,7 +14,8 @@ import pytest
 from edgesplit import throttle
 from edgesplit.cpu import configure_thread
 
-pytestmark = pytest.mark.netlab  # root: real-time scheduling and cgroup quotas, like tests/netlab.py
+# netlab: root, for real-time scheduling and cgroup quotas, like tests/netlab.py
+pytestmark = [pytest.mark.netlab, pytest.mark.measures]
 
 needs_rt = pytest.mark.skipif(
     not hasattr(os, "sched_setscheduler") or os.geteuid() != 0 or (os.cpu_count() or 1) < 2,

@@ -118,6 +118,7 @@ def _deploy(setup, out: Path, on: str | None, **kw) -> Manifest:
 
 
 @pytest.mark.slow  # measures candidates for seconds (the verification budget)
+@pytest.mark.measures
 def test_a_plan_much_worse_than_a_baseline_is_replaced_by_it(setup, tmp_path):
     """Every node pinned to the little core (5x slower): the whole model on big is shipped."""
     out = tmp_path / "bundle"
@@ -278,6 +279,7 @@ def test_the_verdict_round_trips_and_older_manifests_read():
 
 
 @pytest.mark.slow  # measures candidates for seconds (the verification budget)
+@pytest.mark.measures
 def test_compile_verify_measures_a_saved_plan(setup, tmp_path, capsys):
     """``compile --verify`` loads the plan's problem again (model, spec, profile) and verifies it."""
     model, spec, prof, nodes = setup

@@ -1,0 +1,76 @@
+"""The lock that runs ``measures`` tests alone under pytest-xdist (tests/conftest.py), with threads
+standing in for workers: flock locks are per open file, so two threads conflict as two processes do."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from conftest import running_alone
+
+WAIT_S = 10.0  # for what must happen; what must not happen is checked after a short wait
+SHORT_S = 0.3
+
+
+class Holder(threading.Thread):
+    """Takes the lock (exclusive or shared), says so, and holds it until released."""
+
+    def __init__(self, folder: Path, alone: bool):
+        super().__init__(daemon=True)
+        self.folder, self.alone = folder, alone
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        with running_alone(self.alone, self.folder):
+            self.entered.set()
+            self.release.wait(WAIT_S)
+
+
+def _holding(folder: Path, alone: bool) -> Holder:
+    h = Holder(folder, alone)
+    h.start()
+    return h
+
+
+def test_shared_holders_run_together(tmp_path):
+    a, b = _holding(tmp_path, False), _holding(tmp_path, False)
+    assert a.entered.wait(WAIT_S) and b.entered.wait(WAIT_S)
+    a.release.set(), b.release.set()
+
+
+def test_a_measuring_test_waits_for_the_others_and_they_wait_for_it(tmp_path):
+    other = _holding(tmp_path, False)
+    assert other.entered.wait(WAIT_S)
+    measuring = _holding(tmp_path, True)
+    assert not measuring.entered.wait(SHORT_S)  # the other worker's test is still running
+    other.release.set()
+    assert measuring.entered.wait(WAIT_S)
+    later = _holding(tmp_path, False)
+    assert not later.entered.wait(SHORT_S)  # the next test waits until the measuring one ends
+    measuring.release.set()
+    assert later.entered.wait(WAIT_S)
+    later.release.set()
+
+
+def test_a_waiting_measuring_test_is_not_starved_by_new_shared_holders(tmp_path):
+    """The turnstile: once a measuring test waits, a test started after it waits behind it, even
+    while another shared holder still runs."""
+    first = _holding(tmp_path, False)
+    assert first.entered.wait(WAIT_S)
+    measuring = _holding(tmp_path, True)
+    assert not measuring.entered.wait(SHORT_S)
+    second = _holding(tmp_path, False)
+    assert not second.entered.wait(SHORT_S)  # without the turnstile it would join ``first``
+    first.release.set()
+    assert measuring.entered.wait(WAIT_S) and not second.entered.is_set()
+    measuring.release.set()
+    assert second.entered.wait(WAIT_S)
+    second.release.set()
+
+
+def test_other_test_runs_do_not_share_the_lock(tmp_path):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    a = _holding(tmp_path / "a", True)
+    b = _holding(tmp_path / "b", True)
+    assert a.entered.wait(WAIT_S) and b.entered.wait(WAIT_S)
+    a.release.set(), b.release.set()
