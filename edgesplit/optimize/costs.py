@@ -129,6 +129,11 @@ class CostModel:
         return none(self.n_nodes, self.n_procs, len(self.flows))
 
     @cached_property
+    def node_edges(self) -> list[tuple[int, int]]:
+        """The data edges ``(src, dst)`` between nodes, unique and sorted."""
+        return sorted({(f.src, d) for f in self.flows if f.src >= 0 for d in f.dsts})
+
+    @cached_property
     def seq_link(self) -> tuple[np.ndarray, np.ndarray]:
         """``(latency, ms per byte)`` of a crossing in the sequential forms: the link plus, onto
         another local processor, the fixed cost of the part it starts there (see module doc)."""

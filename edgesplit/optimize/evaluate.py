@@ -37,7 +37,7 @@ def crossings(
     Its latency is the link's; with ``sequential``, that of the sequential forms
     (:attr:`CostModel.seq_link`, which also charges the part a crossing starts).
     """
-    x = np.asarray(assign)
+    x = np.asarray(assign).tolist()  # plain ints: indexing a list in the loop is cheaper
     link_ms, per_byte = cm.seq_link if sequential else (cm.link_ms, cm.link_ms_per_byte)
     out = []
     for i, f in enumerate(cm.flows):

@@ -18,10 +18,12 @@ from edgesplit.optimize.costs import CostModel
 
 
 def _edges(cm: CostModel) -> list[tuple[int, int]]:
-    return sorted({(f.src, d) for f in cm.flows if f.src >= 0 for d in f.dsts})
+    return cm.node_edges
 
 
-def _components(n: int, edges: list[tuple[int, int]], key: Sequence) -> np.ndarray:
+def _components(n: int, edges: list[tuple[int, int]], key: Sequence) -> list[int]:
+    """Connected components of the edges whose ends have equal ``key``, numbered in the order of
+    their first node."""
     parent = list(range(n))
 
     def find(a: int) -> int:
@@ -35,17 +37,24 @@ def _components(n: int, edges: list[tuple[int, int]], key: Sequence) -> np.ndarr
             ra, rb = find(a), find(b)
             if ra != rb:
                 parent[max(ra, rb)] = min(ra, rb)
-    roots = [find(i) for i in range(n)]
     ids: dict[int, int] = {}
-    return np.array([ids.setdefault(r, len(ids)) for r in roots], dtype=np.int64)
+    return [ids.setdefault(find(i), len(ids)) for i in range(n)]
 
 
-def _part_graph(label: np.ndarray, edges: list[tuple[int, int]]) -> dict[int, set[int]]:
-    succ: dict[int, set[int]] = {int(i): set() for i in np.unique(label)}
+def _part_graph(label: Sequence[int], edges: list[tuple[int, int]]) -> dict[int, set[int]]:
+    succ: dict[int, set[int]] = {lab: set() for lab in label}
     for a, b in edges:
-        if label[a] != label[b]:
-            succ[int(label[a])].add(int(label[b]))
+        la, lb = label[a], label[b]
+        if la != lb:
+            succ[la].add(lb)
     return succ
+
+
+def _first_nodes(label: Sequence[int]) -> dict[int, int]:
+    first: dict[int, int] = {}
+    for i, lab in enumerate(label):
+        first.setdefault(lab, i)
+    return first
 
 
 def _topo(succ: dict[int, set[int]], first_node: dict[int, int]) -> list[int] | None:
@@ -88,28 +97,29 @@ def part_labels(cm: CostModel, assign: np.ndarray, backends: Sequence[str | None
     n = cm.n_nodes
     if n == 0:
         return []
-    site = [(int(assign[i]), backends[i]) for i in range(n)]
+    site = list(zip(np.asarray(assign).tolist(), backends))
     edges = _edges(cm)
     label = _components(n, edges, site)
     succ = _part_graph(label, edges)
-    first = {int(lab): int(np.flatnonzero(label == lab)[0]) for lab in succ}
-    if _topo(succ, first) is None:
+    if _topo(succ, _first_nodes(label)) is None:
         preds: list[list[int]] = [[] for _ in range(n)]
         for a, b in edges:
             preds[b].append(a)
-        phase = np.zeros(n, dtype=np.int64)
+        phase = [0] * n
         for i in range(n):  # nodes are in topological order
             phase[i] = max((phase[m] + (site[m] != site[i]) for m in preds[i]), default=0)
-        label = _components(n, edges, [(*site[i], int(phase[i])) for i in range(n)])
+        label = _components(n, edges, [(*site[i], phase[i]) for i in range(n)])
         label = _merge(label, edges, site)
-    succ = _part_graph(label, edges)
-    first = {int(lab): int(np.flatnonzero(label == lab)[0]) for lab in succ}
-    order = _topo(succ, first)
+        succ = _part_graph(label, edges)
+    order = _topo(succ, _first_nodes(label))
     assert order is not None, "parts must form an acyclic graph"
-    return [np.flatnonzero(label == lab).tolist() for lab in order]
+    members: dict[int, list[int]] = {lab: [] for lab in order}
+    for i, lab in enumerate(label):
+        members[lab].append(i)
+    return [members[lab] for lab in order]
 
 
-def _merge(label: np.ndarray, edges: list[tuple[int, int]], site: list) -> np.ndarray:
+def _merge(label: list[int], edges: list[tuple[int, int]], site: list) -> list[int]:
     """Merge parts on one site along an edge ``u -> v`` wherever ``v`` is not reachable from ``u``
     any other way, smallest ``u`` and ``v`` first, until none is left. The part graph is updated in
     place at each merge (the same graph a recomputation would give)."""
@@ -118,7 +128,7 @@ def _merge(label: np.ndarray, edges: list[tuple[int, int]], site: list) -> np.nd
     for u, vs in succ.items():
         for v in vs:
             pred[v].add(u)
-    site_of = {int(label[i]): site[i] for i in range(len(label))}
+    site_of = {label[i]: site[i] for i in range(len(label))}
     into: dict[int, int] = {}
     changed = True
     while changed:
@@ -133,12 +143,12 @@ def _merge(label: np.ndarray, edges: list[tuple[int, int]], site: list) -> np.nd
             if changed:
                 break
     final = {}
-    for lab in np.unique(label):
-        r = int(lab)
+    for lab in set(label):
+        r = lab
         while r in into:
             r = into[r]
-        final[int(lab)] = r
-    return np.array([final[int(v)] for v in label], dtype=label.dtype)
+        final[lab] = r
+    return [final[v] for v in label]
 
 
 def _absorb(succ: dict[int, set[int]], pred: dict[int, set[int]], u: int, v: int) -> None:

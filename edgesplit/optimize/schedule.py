@@ -88,13 +88,14 @@ def boundary_ms(cm: CostModel, x: np.ndarray, parts, part_of: np.ndarray, backen
     costs = [ov.cost(*s) for s in site]
     for k, c in enumerate(costs):
         out[k] += c.part_ms
+    of = np.asarray(part_of).tolist()
     for i, f in enumerate(cm.flows):
         if f.src < 0:
             continue
-        sk = int(part_of[f.src])
+        sk = of[f.src]
         readers: dict[int, bool] = {}
         for d in f.dsts:
-            k = int(part_of[d])
+            k = of[d]
             if k != sk:
                 readers[k] = readers.get(k, False) or bool(ov.blocked_in[d, site[k][0]])
         if not readers:
@@ -114,14 +115,18 @@ def boundary_ms(cm: CostModel, x: np.ndarray, parts, part_of: np.ndarray, backen
 def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None = None) -> Layout:
     """The parts of assignment ``x`` (``parts``, in a topological order, when a plan fixes them;
     else :func:`part_labels`), what each waits for, and their runs without contention."""
-    backends = [cm.backend[n][x[n]] for n in range(cm.n_nodes)]
+    xl = np.asarray(x).tolist()  # plain ints: the loops below index them one by one
+    backends = [cm.backend[n][xl[n]] for n in range(cm.n_nodes)]
     if parts is None:
         parts = part_labels(cm, x, backends)
     parts = tuple(tuple(int(n) for n in p) for p in parts)
-    part_of = np.zeros(cm.n_nodes, dtype=np.int64)
+    of = [0] * cm.n_nodes
     for k, p in enumerate(parts):
-        part_of[list(p)] = k
-    proc = np.array([int(x[p[0]]) for p in parts], dtype=np.int64)
+        for n in p:
+            of[n] = k
+    part_of = np.array(of, dtype=np.int64)
+    proc_l = [xl[p[0]] for p in parts]
+    proc = np.array(proc_l, dtype=np.int64)
     xs = tuple(crossings(cm, x))
     n_parts = len(parts)
     arrive = {(c.flow, c.dst): n_parts + j for j, c in enumerate(xs)}
@@ -129,14 +134,14 @@ def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None =
     for j, c in enumerate(xs):
         src = cm.flows[c.flow].src
         if src >= 0:
-            deps[n_parts + j].add(int(part_of[src]))
+            deps[n_parts + j].add(of[src])
     for i, f in enumerate(cm.flows):
         for d in f.dsts:
-            k = int(part_of[d])
-            src_k = int(part_of[f.src]) if f.src >= 0 else -1
+            k = of[d]
+            src_k = of[f.src] if f.src >= 0 else -1
             if src_k == k:
                 continue
-            q = int(proc[k])
+            q = proc_l[k]
             if (i, q) in arrive:
                 deps[k].add(arrive[i, q])
             elif src_k >= 0:
