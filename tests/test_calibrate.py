@@ -13,7 +13,7 @@ from conftest import make_model, rand, run_cli
 from onnx import helper
 from test_cost_terms import hand_model, with_terms
 
-from edgesplit.calibrate import calibrate, measure, plan_costs
+from edgesplit.calibrate import TURNS, calibrate, measure, measure_alternating, plan_costs
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device import load_device
@@ -240,6 +240,35 @@ def test_calibration_lowers_the_error_of_a_mis_scaled_profile(conv_chain, tmp_pa
 
 
 @pytest.mark.slow  # profiles, then runs the bundle in two rounds in two CLI processes
+def test_a_round_measures_its_bundles_in_alternating_turns(conv_chain, tmp_path, monkeypatch):
+    """Each bundle's runs come in turns that rotate between the bundles, so that a slow phase of
+    the machine falls on every bundle alike, not on one bundle's block (which calibration would
+    then fit into the profile as that processor's speed)."""
+    from edgesplit.runtime.session import Session
+
+    bundles = []
+    for n in (1, 2):
+        plan = contiguous_plan(conv_chain, "host-2core", [("core0", "ort"), ("core1", "ort")][:n])
+        compile_bundle(conv_chain, plan, tmp_path / f"b{n}")
+        bundles.append(str(tmp_path / f"b{n}"))
+    calls: list[int] = []  # which bundle ran, by its number of parts
+    real = Session.run
+
+    def run(self, feeds):
+        calls.append(len(self.manifest.parts))
+        return real(self, feeds)
+
+    monkeypatch.setattr(Session, "run", run)
+    assert TURNS >= 2
+    runs, warmup = 9, 2
+    got = measure_alternating(bundles, runs, warmup)
+    assert {b: m.requests for b, m in got.items()} == dict.fromkeys(bundles, runs)
+    assert all(set(m.part_ms) == {f"p{i}" for i in range(n)} for n, m in zip((1, 2), got.values()))
+    assert calls.count(1) == calls.count(2) == warmup + TURNS + runs  # one untimed run per turn
+    blocks = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]
+    assert len(blocks) >= 2 * TURNS, blocks  # one block each would be [1, 2] after the warm-ups
+
+
 def test_calibrate_command(conv_chain, tmp_path):
     device = load_device("host-2core")
     prof = profile_model(conv_chain, device, ProfileOptions(["ort"], runs=5, warmup=2))
