@@ -129,9 +129,9 @@ class CostModel:
         return none(self.n_nodes, self.n_procs, len(self.flows))
 
     @cached_property
-    def node_edges(self) -> list[tuple[int, int]]:
+    def node_edges(self) -> tuple[tuple[int, int], ...]:
         """The data edges ``(src, dst)`` between nodes, unique and sorted."""
-        return sorted({(f.src, d) for f in self.flows if f.src >= 0 for d in f.dsts})
+        return tuple(sorted({(f.src, d) for f in self.flows if f.src >= 0 for d in f.dsts}))
 
     @cached_property
     def seq_link(self) -> tuple[np.ndarray, np.ndarray]:

@@ -17,11 +17,7 @@ import numpy as np
 from edgesplit.optimize.costs import CostModel
 
 
-def _edges(cm: CostModel) -> list[tuple[int, int]]:
-    return cm.node_edges
-
-
-def _components(n: int, edges: list[tuple[int, int]], key: Sequence) -> list[int]:
+def _components(n: int, edges: Sequence[tuple[int, int]], key: Sequence) -> list[int]:
     """Connected components of the edges whose ends have equal ``key``, numbered in the order of
     their first node."""
     parent = list(range(n))
@@ -41,7 +37,7 @@ def _components(n: int, edges: list[tuple[int, int]], key: Sequence) -> list[int
     return [ids.setdefault(find(i), len(ids)) for i in range(n)]
 
 
-def _part_graph(label: Sequence[int], edges: list[tuple[int, int]]) -> dict[int, set[int]]:
+def _part_graph(label: Sequence[int], edges: Sequence[tuple[int, int]]) -> dict[int, set[int]]:
     succ: dict[int, set[int]] = {lab: set() for lab in label}
     for a, b in edges:
         la, lb = label[a], label[b]
@@ -98,7 +94,7 @@ def part_labels(cm: CostModel, assign: np.ndarray, backends: Sequence[str | None
     if n == 0:
         return []
     site = list(zip(np.asarray(assign).tolist(), backends))
-    edges = _edges(cm)
+    edges = cm.node_edges
     label = _components(n, edges, site)
     succ = _part_graph(label, edges)
     if _topo(succ, _first_nodes(label)) is None:
@@ -119,7 +115,7 @@ def part_labels(cm: CostModel, assign: np.ndarray, backends: Sequence[str | None
     return [members[lab] for lab in order]
 
 
-def _merge(label: list[int], edges: list[tuple[int, int]], site: list) -> list[int]:
+def _merge(label: list[int], edges: Sequence[tuple[int, int]], site: list) -> list[int]:
     """Merge parts on one site along an edge ``u -> v`` wherever ``v`` is not reachable from ``u``
     any other way, smallest ``u`` and ``v`` first, until none is left. The part graph is updated in
     place at each merge (the same graph a recomputation would give)."""
