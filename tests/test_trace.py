@@ -232,3 +232,28 @@ def test_reset_stats_forgets_the_records(bundle):
         assert {p.run_index for p in trace.parts} == {2}  # run counts survive the reset
         with pytest.raises(Exception, match="detailed=True"):
             sess.end_detailed_trace()
+
+
+def test_a_stream_keeps_every_worker_s_queue_full(bundle):
+    """A stream submits ``STREAM_WINDOW_PER_PART`` requests per part, plus as many, before it waits
+    for the first result: with one request per part in flight, parts that alternate between two
+    processors left a worker idle (a 4-part resnet18 pipeline on two cores measured 26.6 ms per
+    request, against 22.0 ms with 20 in flight and 22.6 predicted)."""
+    from edgesplit.runtime.session import STREAM_WINDOW_PER_PART
+
+    with load(bundle) as sess:
+        feeds = random_feeds(sess)
+        pulled = 0
+
+        def inputs():
+            nonlocal pulled
+            for _ in range(200):
+                pulled += 1
+                yield feeds
+
+        stream = sess.run_stream(inputs())
+        next(stream)
+        in_flight = pulled
+        assert sum(1 for _ in stream) == 199
+    assert STREAM_WINDOW_PER_PART >= 2
+    assert in_flight == STREAM_WINDOW_PER_PART * (len(sess.manifest.parts) + 1)
