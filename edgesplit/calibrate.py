@@ -153,25 +153,24 @@ def measure_stream(
     """Run ``bundle`` as a pipelined stream of ``requests`` after it filled (and a stream to warm
     up): its period and each part's run in it. None for a plan on fewer than two local processors
     (nothing overlaps)."""
-    from edgesplit.runtime.api import random_feeds
+    from edgesplit.runtime.api import random_feeds, stream_period_ms
 
     with load(bundle, trust_key=trust_key) as sess:
         parts = sess.manifest.parts
         if len({p.processor for p in parts if not p.remote}) < 2:
             return None
-        fill = len(parts) + 1
+        fill = sess.stream_window
         feeds = random_feeds(sess)
         for _ in sess.run_stream(feeds for _ in range(2 * fill)):
             pass
         sess.reset_stats()
-        stamps = [time.perf_counter() for _ in sess.run_stream(feeds for _ in range(fill + requests))]
+        period = stream_period_ms(sess, feeds, requests)
         trace = sess.trace_records()
-    first = min(r.request for r in trace.parts) + fill  # the stream's steady state
+    first = min(r.request for r in trace.parts) + fill  # the timed requests: filled, not draining
     spans: dict[str, list[float]] = {}
     for r in trace.parts:
-        if r.request >= first:
+        if first <= r.request < first + requests:
             spans.setdefault(r.part, []).append(r.span_ns / 1e6)
-    period = (stamps[-1] - stamps[fill - 1]) * 1e3 / requests
     return Streamed(period, {k: float(np.median(v)) for k, v in spans.items()}, requests)
 
 

@@ -270,6 +270,11 @@ class Session:
         """Run one request; returns the model's outputs by name."""
         return self._submit(self._check_inputs(inputs)).result(timeout=timeout_s)
 
+    @property
+    def stream_window(self) -> int:
+        """Requests :meth:`run_stream` keeps in flight by default."""
+        return STREAM_WINDOW_PER_PART * (len(self.manifest.parts) + 1)
+
     def run_stream(
         self, inputs: Iterable[Mapping[str, np.ndarray]], *, window: int | None = None
     ) -> Iterator[dict[str, np.ndarray]]:
@@ -281,7 +286,7 @@ class Session:
         on two cores (core0, core1, core0, core1; 23.9 ms of parts per core) measured a period of
         26.6 ms with 5 requests in flight, 23.6 with 10 and 22.0 with 20 (predicted 22.6); a 2-part
         mobilenetv2 on big and little 9.96, 9.00 and 8.53 ms with 3, 6 and 12 (predicted 7.1)."""
-        window = window or STREAM_WINDOW_PER_PART * (len(self.manifest.parts) + 1)
+        window = window or self.stream_window
         pending: deque[Future] = deque()
         for item in inputs:
             pending.append(self._submit(self._check_inputs(item)))

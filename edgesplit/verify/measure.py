@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.api import random_feeds, stream_period_ms, stream_requests
 from edgesplit.runtime.session import Session, load
 
 MIN_ROUNDS = 3
@@ -82,14 +82,13 @@ class _Bench:
         return float(np.median(times))
 
     def _stream(self, feeds: dict[str, Any], k: int) -> float:
-        fill = len(self.session.manifest.parts) + 1  # the pipeline's depth: results before steady state
-        stamps = [time.perf_counter() for _ in self.session.run_stream(feeds for _ in range(fill + k))]
-        return (stamps[-1] - stamps[fill - 1]) * 1e3 / k
+        return stream_period_ms(self.session, feeds, k)
 
     def turn_cost_ms(self, k: int) -> float:
         """What one turn should take, from the warm-up."""
-        fill = len(self.session.manifest.parts) + 1
-        return self.warm_ms * ((fill + k) if self.metric == "throughput" else (k + 1))
+        if self.metric == "throughput":
+            return self.warm_ms * stream_requests(self.session, k)
+        return self.warm_ms * (k + 1)
 
 
 def _load(
