@@ -89,21 +89,9 @@ def measure(
     bundle: str | os.PathLike, runs: int = 30, warmup: int = 5, *, trust_key: str | os.PathLike | None = None
 ) -> Measured:
     """Run ``bundle`` ``runs`` times (after ``warmup``) and reduce its records for the fit
-    (``trust_key``: the bundle must be signed by it, as for :func:`~edgesplit.runtime.session.load`)."""
-    from edgesplit.runtime.api import random_feeds
-
-    with load(bundle, trust_key=trust_key) as sess:
-        feeds = random_feeds(sess)
-        for _ in range(warmup):
-            sess.run(feeds)
-        sess.reset_stats()
-        wall = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            sess.run(feeds)
-            wall.append((time.perf_counter() - t0) * 1e3)
-        trace = sess.trace_records()
-    return reduce_trace(trace, wall)
+    (``trust_key``: the bundle must be signed by it, as for :func:`~edgesplit.runtime.session.load`):
+    :func:`measure_alternating` with one bundle in one turn."""
+    return measure_alternating([bundle], runs, warmup, turns=1, trust_key=trust_key)[str(bundle)]
 
 
 def measure_alternating(

@@ -39,7 +39,7 @@ def stream_period_ms(sess: Session, feeds: dict[str, np.ndarray], k: int) -> flo
     larger than the stream times a batch instead: every request queued at once, each worker then
     running one part after another without the others' parts between them."""
     w = sess.stream_window
-    stamps = [time.perf_counter() for _ in sess.run_stream(feeds for _ in range(2 * w + k))]
+    stamps = [time.perf_counter() for _ in sess.run_stream(feeds for _ in range(stream_requests(sess, k)))]
     return (stamps[w + k - 1] - stamps[w - 1]) * 1e3 / k
 
 
