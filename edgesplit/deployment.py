@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgesplit.compile.bundle import Manifest
@@ -67,7 +69,14 @@ def deploy(
     options = (verify_options or verify_options_for(verify_budget_s, server_url, token)) if verify else None
     check_output(out, force, [getattr(model, "path", None) or os.fspath(model)])  # before the slow steps
     problem = resolve(model, device, Choices(**choices), progress=progress)
+    # No profile file (measured here, or given as an object): the one planned with is kept beside the
+    # bundle, as partition keeps it beside the plan
+    measured = problem.profile_path is None
+    if measured:
+        problem = replace(problem, profile_path=str(profile_beside(out)))
     plan = solve_plan(problem)
+    if measured:  # written once there is a plan to go with it; kept should compiling or verifying fail
+        problem.profile.save(problem.profile_path)
     if options is not None:
         from edgesplit.verify import verify_plan
 
@@ -98,6 +107,13 @@ def deploy(
     if key is not None:
         sign_bundle(out, key)
     return manifest
+
+
+def profile_beside(out: str | os.PathLike) -> Path:
+    """Where ``deploy`` keeps the profile it measured for the bundle at ``out``: ``OUT.profile.json``
+    (``bundle/`` -> ``bundle.profile.json``, ``rec.bundle`` -> ``rec.profile.json``). The bundle's
+    plan names it, so ``edgesplit calibrate BUNDLE`` refits it without profiling again."""
+    return Path(os.path.abspath(out)).with_suffix(".profile.json")
 
 
 def verify_options_for(budget_s: float, server_url: str | None, token: str | None) -> VerifyOptions:

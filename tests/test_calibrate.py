@@ -329,3 +329,31 @@ def test_calibrate_command(conv_chain, tmp_path):
     r = run_cli("calibrate", str(tmp_path / "m"), "-o", str(tmp_path / "y.json"), "--tolerance", "nan")
     assert r.returncode == 2 and "not a finite number" in r.stderr
     assert not (tmp_path / "y.json").exists()
+
+
+def test_a_deployed_bundle_calibrates_without_profiling_again(conv_chain, tmp_path):
+    """``deploy`` without --profile keeps the profile it measured beside the bundle, and the
+    bundle's plan names it: ``calibrate BUNDLE`` then refits it (it used to ask for --profile,
+    that is, for profiling the model again)."""
+    out = tmp_path / "dep.bundle"
+    r = run_cli(
+        "deploy", conv_chain.path, "--device", "host-2core", "-o", str(out), "--runs", "5", "--no-verify"
+    )
+    assert r.returncode == 0, r.stderr
+    beside = tmp_path / "dep.profile.json"
+    assert f"and its profile {beside}" in " ".join(r.stdout.split())
+    kept = load_profile(beside)
+    assert kept.model_sha256 == conv_chain.sha256
+    assert {e.processor for e in kept.entries} == {"core0", "core1"}
+    plan = json.loads((out / "manifest.json").read_text())["plan"]
+    assert plan["profile_path"] == str(beside)
+    r = run_cli("calibrate", str(out), "-o", str(tmp_path / "cal.json"), "--runs", "3", "--rounds", "1")
+    assert r.returncode == 0, r.stderr
+    assert load_profile(tmp_path / "cal.json").calibration["rounds"]
+    # a profile given as a file stays where it is: nothing is written beside the bundle
+    r = run_cli(
+        "deploy", conv_chain.path, "--device", "host-2core", "-o", str(tmp_path / "again"),
+        "--profile", str(beside), "--no-verify",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "again.profile.json").exists() and "its profile" not in r.stdout

@@ -97,7 +97,7 @@ def command(
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
     from edgesplit.compile.api import check_output
-    from edgesplit.deployment import deploy
+    from edgesplit.deployment import deploy, profile_beside
     from edgesplit.pipeline import Choices, check_choices, load_spec
     from edgesplit.profile.run import ProfileOptions
 
@@ -138,7 +138,8 @@ def command(
             **choices,
         )
     _report(manifest, no_verify)
-    console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))
+    kept = f" and its profile {profile_beside(output)}" if profile_path is None else ""
+    console.print(f"wrote {output}" + (" (signed)" if sign_key else "") + kept)
 
 
 def _report(manifest, no_verify: bool) -> None:
