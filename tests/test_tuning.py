@@ -256,3 +256,21 @@ def test_the_shipped_databases_are_found_for_their_own_target_only():
         assert folder not in find_databases(target, tuning["num-cores"] + 1).paths
         workloads = len((folder / WORKLOADS).read_text().splitlines())
         assert set(records_per_workload(folder)) <= set(range(workloads)), folder
+
+
+def test_a_database_is_parsed_once_until_tuning_writes_to_it(tmp_path):
+    """Profiling builds one module per fused group, each applying the databases: they are opened
+    once per process, and again only once a folder's files change (a tuning run added records)."""
+    from edgesplit.profile.tvmdb import open_database, shipped_root
+
+    shipped = next(p for p in shipped_root().iterdir() if (p / TARGET_FILE).is_file())
+    folder = tmp_path / "db"
+    shutil.copytree(shipped, folder)
+    first = open_database([folder])
+    assert open_database([folder]) is first
+    assert open_database([folder, shipped]) is not first  # another set of folders: its own union
+    records = (folder / RECORDS).read_text().splitlines(keepends=True)
+    (folder / RECORDS).write_text("".join(records + records[:1]))  # a tuning run appended a record
+    again = open_database([folder])
+    assert again is not first and open_database([folder]) is again
+    assert len(again.get_all_tuning_records()) == len(first.get_all_tuning_records()) + 1
