@@ -107,6 +107,13 @@ def print_result(result) -> None:
         console.print(
             f"converged after {result.converged_after} round(s) of fitting: within {result.tolerance:.0%}"
         )
+    elif len(result.rounds) == 1:  # the fitted terms predict no round yet: say how the profile did
+        worst = max(result.rounds[0].cases, key=lambda c: abs(c.error))
+        within = "within" if abs(worst.error) <= result.tolerance else "not within"
+        console.print(
+            f"the profile as measured was {within} {result.tolerance:.0%} on round 1 (worst {worst.error:+.1%}, "
+            f"{worst.bundle} {worst.metric}); one round cannot check the fitted terms (--rounds 2 does)"
+        )
     else:
         console.print(f"not within {result.tolerance:.0%} after {len(result.rounds)} round(s)")
     now = ", ".join(f"{b} {ms:.3f} ms" for b, ms in result.predicted_ms.items())
