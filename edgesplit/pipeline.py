@@ -222,7 +222,7 @@ def _profile(
 
 def check_choices(choices: Choices) -> dict[str, str]:
     """The checks of :func:`resolve` that need nothing loaded (objective, SLO, pins' form, a link
-    without a server); returns the pins parsed. Commands that load the model before
+    without a server, backends to measure beside a profile); returns the pins parsed. Commands that load the model before
     :func:`resolve` (to print what loading changed) call it first.
 
     Raises:
@@ -242,6 +242,8 @@ def check_choices(choices: Choices) -> dict[str, str]:
         )
     if c.server is None:
         resolve_link(None, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
+    if c.profile is not None and c.profiling is not None and c.profiling.backends:
+        raise PlanError("--backend chooses what to measure, but --profile is given: nothing is measured")
     if c.server_load is not None:
         if c.server is None:
             raise PlanError("--server-load needs --server (a server to share)")

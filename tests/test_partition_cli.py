@@ -242,3 +242,34 @@ def test_annotated_copy_never_overwrites_the_model(tmp_path, capsys, tiny_dag):
     assert code == 0, err
     assert tiny_dag.read_bytes() == before
     assert tiny_dag.with_suffix(".annotated.onnx").is_file()
+
+
+def test_backend_chooses_what_partition_and_deploy_measure(tmp_path, capsys, tiny_dag):
+    """``--backend ort`` measures only ORT on ``host-biglittle`` (whose processors also offer TVM,
+    minutes of compiling per model): the kept profile has ORT entries alone, and TVM, measured
+    nowhere, is no candidate. With ``--profile`` nothing is measured: refused, one line, exit 2."""
+    code, _, err = run(
+        capsys, "partition", str(tiny_dag), "--device", "host-biglittle", "--backend", "ort",
+        "-o", str(tmp_path / "p.json"), "-q",
+    )  # fmt: skip
+    assert code == 0, err
+    prof = json.loads((tmp_path / "p.profile.json").read_text())
+    assert {(e["processor"], e["backend"]) for e in prof["entries"]} == {("big", "ort"), ("little", "ort")}
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert {a["backend"] for a in plan["assignment"].values()} == {"ort"}
+    code, out, err = run(
+        capsys, "deploy", str(tiny_dag), "--device", "host-biglittle", "--backend", "ort", "--runs", "3",
+        "--no-verify", "-o", str(tmp_path / "b"),
+    )  # fmt: skip
+    assert code == 0, err
+    kept = json.loads((tmp_path / "b.profile.json").read_text())
+    assert {e["backend"] for e in kept["entries"]} == {"ort"}
+    for command in ("partition", "deploy"):
+        code, _, err = run(
+            capsys, command, str(tiny_dag), "--device", "host-biglittle", "--backend", "ort",
+            "--profile", str(tmp_path / "p.profile.json"), "-o", str(tmp_path / f"x-{command}"),
+        )  # fmt: skip
+        assert code == 2 and len(err.strip().splitlines()) == 1, (command, err)
+        assert "--backend chooses what to measure, but --profile is given" in err
+        code, _, err = run(capsys, command, str(tiny_dag), "--backend", "nosuch", "-o", str(tmp_path / "y"))
+        assert code == 2 and "nosuch" in err and "Traceback" not in err, (command, err)

@@ -102,6 +102,21 @@ objective_option = click.option(
     type=TableChoice(objective_names),
     help="What to minimise (see edgesplit.optimize.objectives).",
 )
+
+
+def backend_names() -> Iterable[str]:
+    from edgesplit.device import BACKENDS
+
+    return BACKENDS
+
+
+backend_option = click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=TableChoice(backend_names),
+    help="Profile only these backends (repeatable); default all the device offers.",
+)
 slo_option = click.option(
     "--slo-ms", type=FiniteFloat(minimum=0, open_min=True), help="Latency limit in ms (energy, pareto)."
 )

@@ -7,6 +7,7 @@ import click
 from edgesplit.cli.common import (
     accuracy_choices,
     accuracy_options,
+    backend_option,
     console,
     device_option,
     force_option,
@@ -52,6 +53,7 @@ from edgesplit.cli.compile import tune_options, tune_per_task_option, verify_opt
 @click.option(
     "--runs", default=20, show_default=True, type=click.IntRange(1), help="Timed runs per measurement."
 )
+@backend_option
 @click.option(
     "--no-bands",
     is_flag=True,
@@ -87,6 +89,7 @@ def command(
     input_shapes,
     input_values,
     runs,
+    backends,
     tune_trials,
     no_bands,
     no_verify,
@@ -110,7 +113,7 @@ def command(
         bandwidth_mbps=bandwidth_mbps,
         rtt_ms=rtt_ms,
         pins=pins,
-        profiling=ProfileOptions(runs=runs),
+        profiling=ProfileOptions(backends, runs=runs),
         **model_inputs(input_shapes, input_values),
         **accuracy_choices(
             min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data, calibration_method

@@ -9,6 +9,7 @@ import click
 from edgesplit.cli.common import (
     accuracy_choices,
     accuracy_options,
+    backend_option,
     console,
     device_option,
     input_shape_option,
@@ -31,6 +32,7 @@ from edgesplit.cli.common import (
     type=click.Path(dir_okay=False),
     help="A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest).",
 )
+@backend_option
 @input_shape_option
 @input_values_option
 @objective_option
@@ -65,6 +67,7 @@ def command(
     model,
     device,
     profile_path,
+    backends,
     input_shapes,
     input_values,
     objective,
@@ -97,6 +100,7 @@ def command(
     from edgesplit.optimize.annotate import write_annotated
     from edgesplit.optimize.api import solve_plan
     from edgesplit.pipeline import Choices, check_choices, load_spec, resolve
+    from edgesplit.profile.run import ProfileOptions
 
     out = Path(output)
     onnx_path = Path(onnx_out) if onnx_out else out.with_suffix(".onnx")
@@ -115,6 +119,7 @@ def command(
         pins=pins,
         server_load=server_load,
         server_slots=server_slots,
+        profiling=ProfileOptions(backends) if backends else None,
         **model_inputs(input_shapes, input_values),
         **accuracy_choices(
             min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data, calibration_method

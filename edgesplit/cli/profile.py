@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from edgesplit.cli.common import (
-    TableChoice,
+    backend_option,
     console,
     device_option,
     input_shape_option,
@@ -19,24 +19,12 @@ from edgesplit.cli.common import (
 )
 
 
-def _backend_names():
-    from edgesplit.device import BACKENDS
-
-    return BACKENDS
-
-
 @click.command("profile")
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
 @input_shape_option
 @input_values_option
-@click.option(
-    "--backend",
-    "backends",
-    multiple=True,
-    type=TableChoice(_backend_names),
-    help="Only these backends (repeatable); default all the device offers.",
-)
+@backend_option
 @click.option("--processor", "processors", multiple=True, help="Only these processors (repeatable).")
 @click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs.")
 @click.option(
