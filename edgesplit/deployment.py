@@ -62,21 +62,11 @@ def deploy(
     from edgesplit.compile.api import check_output, compile_bundle
     from edgesplit.compile.bundle import sign_bundle
     from edgesplit.compile.signing import load_private_key
-    from edgesplit.optimize.api import solve_plan
-    from edgesplit.pipeline import Choices, resolve
 
     key = load_private_key(sign_key) if sign_key is not None else None
     options = (verify_options or verify_options_for(verify_budget_s, server_url, token)) if verify else None
     check_output(out, force, [getattr(model, "path", None) or os.fspath(model)])  # before the slow steps
-    problem = resolve(model, device, Choices(**choices), progress=progress)
-    # No profile file (measured here, or given as an object): the one planned with is kept beside the
-    # bundle, as partition keeps it beside the plan
-    measured = problem.profile_path is None
-    if measured:
-        problem = replace(problem, profile_path=str(profile_beside(out)))
-    plan = solve_plan(problem)
-    if measured:  # written once there is a plan to go with it; kept should compiling or verifying fail
-        problem.profile.save(problem.profile_path)
+    problem, plan = _planned(model, device, choices, out, progress)
     if options is not None:
         from edgesplit.verify import verify_plan
 
@@ -107,6 +97,23 @@ def deploy(
     if key is not None:
         sign_bundle(out, key)
     return manifest
+
+
+def _planned(model, device, choices: dict, out, progress):
+    """The problem and its plan. With no profile file (measured here, or given as an object), the
+    profile planned with is kept beside the bundle (:func:`profile_beside`), as ``partition`` keeps
+    it beside the plan: written once there is a plan, and kept should compiling or verifying fail."""
+    from edgesplit.optimize.api import solve_plan
+    from edgesplit.pipeline import Choices, resolve
+
+    problem = resolve(model, device, Choices(**choices), progress=progress)
+    keep = problem.profile_path is None
+    if keep:
+        problem = replace(problem, profile_path=str(profile_beside(out)))
+    plan = solve_plan(problem)
+    if keep:
+        problem.profile.save(problem.profile_path)
+    return problem, plan
 
 
 def profile_beside(out: str | os.PathLike) -> Path:

@@ -96,18 +96,13 @@ def command(
     """
     from dataclasses import replace
 
-    from edgesplit.errors import PlanError
     from edgesplit.optimize.annotate import write_annotated
     from edgesplit.optimize.api import solve_plan
     from edgesplit.pipeline import Choices, check_choices, load_spec, resolve
     from edgesplit.profile.run import ProfileOptions
 
     out = Path(output)
-    onnx_path = Path(onnx_out) if onnx_out else out.with_suffix(".onnx")
-    if onnx_path.resolve() == Path(model).resolve():
-        if onnx_out:
-            raise PlanError(f"--onnx-out {onnx_out} would overwrite the model")
-        onnx_path = out.with_suffix(".annotated.onnx")  # never overwrite the input model
+    onnx_path = _annotated_path(out, onnx_out, model)
     choices = Choices(
         objective=objective,
         slo_ms=slo_ms,
@@ -294,3 +289,19 @@ def accuracy_lines(plan) -> list[str]:
             f"{step['why']}"
         )
     return lines
+
+
+def _annotated_path(out: Path, onnx_out: str | None, model: str) -> Path:
+    """Where the annotated model goes: ``--onnx-out``, else beside the plan; never over the model.
+
+    Raises:
+        PlanError: when ``--onnx-out`` names the model itself.
+    """
+    from edgesplit.errors import PlanError
+
+    onnx_path = Path(onnx_out) if onnx_out else out.with_suffix(".onnx")
+    if onnx_path.resolve() == Path(model).resolve():
+        if onnx_out:
+            raise PlanError(f"--onnx-out {onnx_out} would overwrite the model")
+        onnx_path = out.with_suffix(".annotated.onnx")  # never overwrite the input model
+    return onnx_path
