@@ -17,6 +17,8 @@ from edgesplit.compile.bundle import Manifest
 if TYPE_CHECKING:
     from edgesplit.compile.tune import TuneOptions
     from edgesplit.model.graph import ModelGraph
+    from edgesplit.optimize.plan import Plan
+    from edgesplit.optimize.problem import Problem
     from edgesplit.pipeline import SpecLike
     from edgesplit.verify import VerifyOptions
 
@@ -99,7 +101,13 @@ def deploy(
     return manifest
 
 
-def _planned(model, device, choices: dict, out, progress):
+def _planned(
+    model: ModelGraph | str | os.PathLike,
+    device: SpecLike,
+    choices: dict,
+    out: str | os.PathLike,
+    progress: Callable[[str, int, int], None] | None,
+) -> tuple[Problem, Plan]:
     """The problem and its plan. With no profile file (measured here, or given as an object), the
     profile planned with is kept beside the bundle (:func:`profile_beside`), as ``partition`` keeps
     it beside the plan: written once there is a plan, and kept should compiling or verifying fail."""

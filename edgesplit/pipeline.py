@@ -222,8 +222,8 @@ def _profile(
 
 def check_choices(choices: Choices) -> dict[str, str]:
     """The checks of :func:`resolve` that need nothing loaded (objective, SLO, pins' form, a link
-    without a server, backends to measure beside a profile); returns the pins parsed. Commands that load the model before
-    :func:`resolve` (to print what loading changed) call it first.
+    without a server, backends to measure beside a profile); returns the pins parsed. Commands
+    that load the model before :func:`resolve` (to print what loading changed) call it first.
 
     Raises:
         PlanError: as :func:`resolve` does for these.

@@ -111,8 +111,9 @@ def print_result(result) -> None:
         worst = max(result.rounds[0].cases, key=lambda c: abs(c.error))
         within = "within" if abs(worst.error) <= result.tolerance else "not within"
         console.print(
-            f"the profile as measured was {within} {result.tolerance:.0%} on round 1 (worst {worst.error:+.1%}, "
-            f"{worst.bundle} {worst.metric}); one round cannot check the fitted terms (--rounds 2 does)"
+            f"the profile as measured was {within} {result.tolerance:.0%} on round 1 "
+            f"(worst {worst.error:+.1%}, {worst.bundle} {worst.metric}); "
+            "one round cannot check the fitted terms (--rounds 2 does)"
         )
     else:
         console.print(f"not within {result.tolerance:.0%} after {len(result.rounds)} round(s)")
