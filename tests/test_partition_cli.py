@@ -273,3 +273,11 @@ def test_backend_chooses_what_partition_and_deploy_measure(tmp_path, capsys, tin
         assert "--backend chooses what to measure, but --profile is given" in err
         code, _, err = run(capsys, command, str(tiny_dag), "--backend", "nosuch", "-o", str(tmp_path / "y"))
         assert code == 2 and "nosuch" in err and "Traceback" not in err, (command, err)
+    # a backend the device offers nowhere: refused, not a plan made of predictions alone
+    for command in ("partition", "deploy", "profile"):
+        code, _, err = run(
+            capsys, command, str(tiny_dag), "--device", "host-2core", "--backend", "tvm",
+            "-o", str(tmp_path / f"z-{command}"),
+        )  # fmt: skip
+        assert code == 2 and "host-2core: no processor offers backend 'tvm' (its backends: ort)" in err, err
+        assert not (tmp_path / f"z-{command}").exists()

@@ -81,16 +81,19 @@ def selected(device: DeviceSpec, options: ProfileOptions) -> list[tuple[Processo
 
     Raises:
         DeviceSpecError: for a processor the device does not have.
+        InputError: for a backend none of the chosen processors offers (nothing would be measured
+            for it, and the plan would rest on predictions without saying so).
     """
     for name in options.processors or ():
         device.processor(name)  # raises on unknown names
-    return [
-        (p, b)
-        for p in device.processors
-        if not options.processors or p.name in options.processors
-        for b in p.backends
-        if not options.backends or b.key in options.backends
-    ]
+    procs = [p for p in device.processors if not options.processors or p.name in options.processors]
+    offered = list(dict.fromkeys(b.key for p in procs for b in p.backends))
+    missing = [b for b in options.backends or () if b not in offered]
+    if missing:
+        raise InputError(
+            f"{device.name}: no processor offers backend '{missing[0]}' (its backends: {', '.join(offered)})"
+        )
+    return [(p, b) for p in procs for b in p.backends if not options.backends or b.key in options.backends]
 
 
 def unavailable(device: DeviceSpec, processor: Processor, backend: Backend) -> str | None:
