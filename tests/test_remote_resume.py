@@ -77,18 +77,19 @@ class Cli:
 
 
 @pytest.fixture(scope="module")
-def squeezenet(tmp_path_factory) -> Path:
-    # ORT takes ~0.3 s on it and TVM several seconds: time enough to break the connection in between
-    return zoo.save("squeezenet", tmp_path_factory.mktemp("models") / "squeezenet.onnx")
+def tiny(tmp_path_factory) -> Path:
+    # ORT takes well under a second on it and TVM seconds (a module built per fused kernel): time
+    # enough to break the connection in between
+    return zoo.save("tiny_dag", tmp_path_factory.mktemp("models") / "tiny_dag.onnx")
 
 
 @pytest.mark.ssh
-def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_tmp, squeezenet, tmp_path):  # noqa: F811
+def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     out = tmp_path / "sq.json"
     part = Path(f"{out}.partial")
     args = [
         "profile",
-        str(squeezenet),
+        str(tiny),
         *sshd.cli_args(remote_tmp),
         "--runs",
         "3",
@@ -120,9 +121,9 @@ def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_t
 
 
 @pytest.mark.ssh
-def test_ctrl_c_removes_the_remote_folder(sshd, remote_tmp, squeezenet, tmp_path):  # noqa: F811
+def test_ctrl_c_removes_the_remote_folder(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     out = tmp_path / "sq.json"
-    p = Cli("profile", str(squeezenet), *sshd.cli_args(remote_tmp), "--backend", "tvm", "-o", str(out))
+    p = Cli("profile", str(tiny), *sshd.cli_args(remote_tmp), "--backend", "tvm", "-o", str(out))
     p.wait_progress("cpu/tvm")  # the agent is measuring: the remote folder exists and is in use
     assert any(remote_tmp.iterdir())
     p.proc.send_signal(signal.SIGINT)

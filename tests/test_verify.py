@@ -62,6 +62,8 @@ processors:
       - runtime: ort
 """
 BUDGET_S = 15.0
+# For tests of what is measured and reported, not of which candidate wins: a few rounds are enough.
+QUICK_BUDGET_S = 4.0
 
 
 def _chain(path: Path, n_convs: int = 6, ch: int = 32, hw: int = 48) -> Path:
@@ -239,13 +241,15 @@ def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_on
 
 @pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_the_objective_decides_the_metric(setup, tmp_path):
-    v = _deploy(setup, tmp_path / "t", "big", objective="throughput").verification
+    v = _deploy(setup, tmp_path / "t", "big", objective="throughput", verify_budget_s=QUICK_BUDGET_S)
+    v = v.verification
     assert v.metric == "throughput"
     assert v.candidate("plan").predicted_ms == pytest.approx(
         open_bundle(tmp_path / "t").plan.predicted["period_ms"], rel=1e-6
     )
     assert v.candidate("only:little").measured
-    v = _deploy(setup, tmp_path / "e", "big", objective="energy").verification
+    v = _deploy(setup, tmp_path / "e", "big", objective="energy", verify_budget_s=QUICK_BUDGET_S)
+    v = v.verification
     assert v.metric == "energy" and any("energy is modelled" in n for n in v.notes)
     assert all(c.energy_mj is not None for c in v.candidates if c.measured)
 
