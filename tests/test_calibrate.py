@@ -74,6 +74,17 @@ def test_fit_keeps_the_measured_terms_where_parts_cannot_tell_them_apart():
     assert fits[0].node_scale == pytest.approx(1.5, rel=0.03)
 
 
+def _check_parts_on(proc: int, fit, ob: Observed, rel: float) -> None:
+    """Each of ``ob``'s parts on ``proc`` is predicted by ``fit``'s terms as measured (within
+    ``rel``); every part but the first reads one tensor from another part (a chain)."""
+    lay = layout(ob.cm, ob.assign)
+    for k, name in enumerate(ob.names):
+        if lay.proc[k] == proc:
+            entering = 1 if k > 0 else 0
+            got = fit.part_fixed_ms + fit.crossing_ms * entering + fit.node_scale * lay.nodes_ms[k]
+            assert got == pytest.approx(ob.measured.part_ms[name], rel=rel), (name, got)
+
+
 def test_a_whole_model_bundle_beside_a_plan_pins_the_node_scale():
     """little really runs its nodes 1.5x slower than profiled plus 0.4 ms per part. A plan with one
     small part on little cannot tell the scale from the fixed cost (one row): alone it blames the
@@ -98,12 +109,7 @@ def test_a_whole_model_bundle_beside_a_plan_pins_the_node_scale():
     assert abs(alone.node_scale - 1.5) > 0.1, alone  # confounded: the scale took the fixed cost
     assert joint.node_scale == pytest.approx(1.5, rel=0.03), joint
     for ob in (plan, whole):
-        lay = layout(cm, ob.assign)
-        for k, name in enumerate(ob.names):
-            if lay.proc[k] == 1:
-                entering = 1 if k > 0 else 0
-                got = joint.part_fixed_ms + joint.crossing_ms * entering + joint.node_scale * lay.nodes_ms[k]
-                assert got == pytest.approx(ob.measured.part_ms[name], rel=0.03), (name, got)
+        _check_parts_on(1, joint, ob, rel=0.03)
 
 
 def test_the_whole_model_on_a_processor_is_predicted_as_it_was_measured():
@@ -128,12 +134,7 @@ def test_the_whole_model_on_a_processor_is_predicted_as_it_was_measured():
     whole_ms = little.part_fixed_ms + little.node_scale * 20.0
     assert whole_ms == pytest.approx(whole.measured.part_ms["p0"], rel=0.01), little
     # the plan's parts (6, 4 and 2 ms of nodes) are predicted within what one fixed cost can carry
-    lay = layout(cm, plan.assign)
-    for k, name in enumerate(plan.names):
-        if lay.proc[k] == 1:
-            entering = 1 if k > 0 else 0
-            got = little.part_fixed_ms + little.crossing_ms * entering + little.node_scale * lay.nodes_ms[k]
-            assert got == pytest.approx(plan.measured.part_ms[name], rel=0.25), (name, got)
+    _check_parts_on(1, little, plan, rel=0.25)
 
 
 def test_contention_is_fitted_from_a_stream_and_restored_by_uncalibrated():

@@ -11,7 +11,9 @@ on one processor beside a plan of many parts pins both:
   cost of a part run (``part_fixed_ms``) and a cost per tensor entering a part (``crossing_ms``),
   by least squares of the measured part runs (start to done, on the worker) against the modelled
   ones, net of the terms kept (bytes, reorders, contention), with a prior that holds each term to
-  its measured value where the parts cannot tell them apart (few parts, similar sizes);
+  its measured value where the parts cannot tell them apart (few parts, similar sizes). Where a
+  whole model ran on the processor, its runs alone set the node scale, and the other parts the
+  fixed and crossing costs (:func:`_anchored`);
 * per processor: the hand-off curve, where the runs gave at least :data:`MIN_SAMPLES` hand-offs
   near a gap of the curve;
 * per request: the Session's own work, from the wall-clock latency of ``Session.run`` against the
