@@ -255,7 +255,6 @@ def _anchored(
     model: in 7 plan_truth runs of 2026-12-03/04 the fitted profile predicted the very whole-model
     bundles it was fitted on up to 33% high (median +0.9%, 12 of 84 over +4%)."""
     fixed, crossing = float(prior[0]), float(prior[2])
-    scale = float(prior[1])
     rest = ~whole
     weight = 1.0 / sigma[whole] ** 2
     for _ in range(4):  # alternate: the whole rows hardly depend on the fixed cost, so this settles
