@@ -41,9 +41,11 @@ from edgesplit.runtime.trace import Trace
 
 Progress = Callable[[str], None]
 # A round's runs of each bundle come in this many turns, alternating between the bundles. One block
-# per bundle let a transient fit into the profile: on 2026-12-04 a calibrated host-2core profile put
-# mobilenetv2 on core1 at 12.9 ms, measured at 9.4 ms in the pass after it (9.9 before calibrating).
+# per bundle lets a transient of one block fit into the profile as that processor's speed. (The case
+# that prompted this, mobilenetv2 on host-2core's core1 calibrated to 12.9 ms against 9.4 measured,
+# turned out to be the fit: see optimize.calibrate._anchored.)
 TURNS = 3
+MIN_GAPS = 5  # queued part runs a worker's stream gap is taken from (fewer: left as profiled)
 
 
 @dataclass(frozen=True)
@@ -155,11 +157,30 @@ def measure_stream(
         period = stream_period_ms(sess, feeds, requests)
         trace = sess.trace_records()
     first = min(r.request for r in trace.parts) + fill  # the timed requests: filled, not draining
+    timed = [r for r in trace.parts if first <= r.request < first + requests]
     spans: dict[str, list[float]] = {}
-    for r in trace.parts:
-        if first <= r.request < first + requests:
-            spans.setdefault(r.part, []).append(r.span_ns / 1e6)
-    return Streamed(period, {k: float(np.median(v)) for k, v in spans.items()}, requests)
+    for r in timed:
+        spans.setdefault(r.part, []).append(r.span_ns / 1e6)
+    medians = {k: float(np.median(v)) for k, v in spans.items()}
+    return Streamed(period, medians, requests, queued_gaps_ms(timed))
+
+
+def queued_gaps_ms(runs) -> dict[str, float]:
+    """Per local processor: the median time from a part run's outputs collected to the start of the
+    next run on the same worker, over the runs that were queued before the one ahead ended."""
+    by_lane: dict[str, list] = {}
+    for r in runs:
+        if not r.lane.startswith("remote:"):
+            by_lane.setdefault(r.lane, []).append(r)
+    out = {}
+    for rs in by_lane.values():
+        rs.sort(key=lambda r: r.start_ns)
+        gaps = [
+            (b.start_ns - a.collected_ns) / 1e6 for a, b in zip(rs, rs[1:]) if b.submit_ns <= a.collected_ns
+        ]
+        if len(gaps) >= MIN_GAPS:
+            out[rs[0].processor] = float(np.median(gaps))
+    return out
 
 
 def reduce_trace(trace: Trace, wall_ms: list[float]) -> Measured:

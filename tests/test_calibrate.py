@@ -177,6 +177,57 @@ def test_contention_is_fitted_from_a_stream_and_restored_by_uncalibrated():
     assert abs(after - big) < 0.3 * abs(before - big), (before, after, big)
 
 
+def test_a_stream_s_gap_before_a_queued_part_is_fitted_and_priced():
+    """A stream's trace says big's worker starts a queued part 0.2 ms after the last one's outputs
+    are collected (the profile's hand-off at zero idle gap, which stood for it, is 0.05): the fit
+    writes it into the profile, the cost model reads it, the period charges it per part run, and
+    ``uncalibrated`` takes it out. little's runs were never queued: its hand-off stands."""
+    from types import SimpleNamespace
+
+    from edgesplit.calibrate import queued_gaps_ms
+    from edgesplit.optimize.calibrate import Streamed
+    from edgesplit.optimize.overheads import build_overheads
+    from edgesplit.optimize.pipeline import period_ms
+    from edgesplit.profile.store import ProcessorProfile
+
+    def run(lane, start_ms, collected_ms, submit_ms):
+        ns = [int(v * 1e6) for v in (start_ms, collected_ms, submit_ms)]
+        return SimpleNamespace(lane=lane, processor=lane, start_ns=ns[0], collected_ns=ns[1], submit_ns=ns[2])
+
+    runs = [run("big", k * 5.2, k * 5.2 + 5.0, 0.0) for k in range(8)]
+    runs += [run("little", k * 9.0, k * 9.0 + 4.0, k * 9.0 - 0.5) for k in range(8)]
+    gaps = queued_gaps_ms(runs)
+    assert gaps == {"big": pytest.approx(0.2)}
+
+    cm = hand_model(["big", "little"], [[4.0, 9.0], [9.0, 3.0], [4.0, 9.0]], [(0, 1), (1, 2)])
+    x = np.array([0, 1, 0])
+    names = tuple(f"p{k}" for k in range(len(layout(cm, x).parts)))
+    ob = Observed(cm, x, names, Measured({}, (), 9.0, 8.9, 30, stream=Streamed(8.4, {}, 30, gaps)))
+    terms = RunTerms(handoff_idle_ms=(0.0, 10.0), handoff_ms=(0.05, 0.3), return_ms=(0.0, 0.0))
+    prof = Profile(
+        "a" * 64,
+        "m",
+        "dev",
+        {},
+        tuple(
+            ProcessorProfile(p, "ort", "measured", {"n": NodeCost(1.0, 1.1)}, terms=terms)
+            for p in ("big", "little")
+        ),
+    )
+    got, _ = fit_profile([ob], prof, "test")
+    assert got.entry("big", "ort").terms.stream_gap_ms == pytest.approx(0.2)
+    assert got.entry("little", "ort").terms.stream_gap_ms is None
+    assert uncalibrated(got) == prof
+    back = Profile.from_json(json.loads(json.dumps(got.to_json())))
+    assert back.entry("big", "ort").terms.stream_gap_ms == pytest.approx(0.2)
+
+    procs = [SimpleNamespace(name=n, is_remote=False, active_w=1.0) for n in ("big", "little")]
+    ov = build_overheads(got, procs, cm.backend, list(cm.nodes), cm.flows, 0)
+    assert ov.stream_gap(0) == pytest.approx(0.2) and ov.stream_gap(1) == pytest.approx(0.05)
+    # big runs two parts per request (8 ms), little one (3 ms): two of big's gaps in the period
+    assert period_ms(replace(cm, overheads=ov), x) == pytest.approx(8.0 + 2 * 0.2)
+
+
 def test_hand_off_curve_takes_the_measured_medians_where_there_are_enough():
     curve = fit_handoffs(
         (0.0, 5.0, 20.0), (0.05, 0.2, 0.3), [(4.0, 0.5), (6.0, 0.7), (5.5, 0.6), (19.0, 1.0)]
@@ -345,6 +396,10 @@ def test_calibrate_command(conv_chain, tmp_path):
         "3",
     )
     assert r.returncode == 0, r.stderr
+    # the stream of m kept one of its workers busy: that worker's gap before a queued part is fitted
+    assert "a busy worker's gap before a queued part" in r.stdout, r.stdout
+    gaps = [e.terms.stream_gap_ms for e in load_profile(tmp_path / "both.json").entries if e.terms]
+    assert any(g is not None and 0 < g < 5 for g in gaps), gaps
     both = load_profile(tmp_path / "both.json").calibration
     assert [Path(b).name for b in both["bundles"]] == ["b", "m"]
     for rnd in both["rounds"]:

@@ -103,6 +103,14 @@ def print_result(result) -> None:
                     f"contention fitted from the streams: {e.processor} runs {factor:.3f}x slower while "
                     f"{other} is busy (profiled {was.get(other, 1.0):.3f}x)"
                 )
+        if t.stream_gap_ms is not None:
+            hand_off = (
+                f"; the profiled hand-off at zero idle gap {t.handoff_ms[0]:.3f} ms" if t.handoff_ms else ""
+            )
+            console.print(
+                f"a busy worker's gap before a queued part, from the streams: {e.processor} "
+                f"{t.stream_gap_ms:.3f} ms{hand_off}"
+            )
     if result.converged_after is not None:
         console.print(
             f"converged after {result.converged_after} round(s) of fitting: within {result.tolerance:.0%}"

@@ -92,11 +92,13 @@ class Measured:
 class Streamed:
     """A pipelined stream of the bundle's requests, measured after it filled: the period (ms per
     request) and each part's run on its worker (start to done, median), while the other
-    processors' workers run other requests' parts."""
+    processors' workers run other requests' parts; ``gaps_ms``: per processor, the median time
+    from a part's outputs collected to the start of the next part already queued on its worker."""
 
     period_ms: float
     part_ms: Mapping[str, float]
     requests: int
+    gaps_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def merged(self, other: Streamed) -> Streamed:
         w = self.requests / (self.requests + other.requests)
@@ -105,6 +107,7 @@ class Streamed:
             mix(self.period_ms, other.period_ms),
             {k: mix(v, other.part_ms.get(k, v)) for k, v in self.part_ms.items()},
             self.requests + other.requests,
+            {**other.gaps_ms, **{k: mix(v, other.gaps_ms.get(k, v)) for k, v in self.gaps_ms.items()}},
         )
 
 
@@ -139,6 +142,7 @@ def uncalibrated(profile: Profile) -> Profile:
                 session_ms=measured.get("session_ms", t.session_ms),
                 handoff_ms=tuple(measured.get("handoff_ms", t.handoff_ms)),
                 contention=dict(measured.get("contention", t.contention)),
+                stream_gap_ms=measured.get("stream_gap_ms"),
                 calibrated="",
                 calibrated_from={},
             )
@@ -319,6 +323,17 @@ def fit_contention(observed: Sequence[Observed]) -> dict[tuple[str, str], float]
     return out
 
 
+def fit_stream_gaps(observed: Sequence[Observed]) -> dict[str, float]:
+    """Per processor: the median over the bundles' streams of its worker's gap before a queued part
+    (see :meth:`~edgesplit.optimize.overheads.Overheads.stream_gap`)."""
+    got: dict[str, list[float]] = {}
+    for ob in observed:
+        st = ob.measured.stream
+        for proc, gap in (st.gaps_ms if st is not None else {}).items():
+            got.setdefault(proc, []).append(gap)
+    return {proc: round(float(np.median(v)), 6) for proc, v in got.items()}
+
+
 def fit_handoffs(
     gaps_ms: Sequence[float], curve_ms: Sequence[float], samples: Sequence[tuple[float, float]]
 ) -> tuple[float, ...]:
@@ -344,6 +359,7 @@ def _with_terms(e: ProcessorProfile, **changes) -> ProcessorProfile:
             "session_ms": t.session_ms,
             "handoff_ms": list(t.handoff_ms),
             "contention": dict(t.contention),
+            "stream_gap_ms": t.stream_gap_ms,
         }
         changes.setdefault("calibrated_from", keep)
     return dataclasses.replace(e, terms=dataclasses.replace(t, **changes))
@@ -358,6 +374,7 @@ def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> t
     for ob in observed:
         for proc, gap, h in ob.measured.handoffs:
             by_proc.setdefault(proc, []).append((gap, h))
+    gaps = fit_stream_gaps(observed)
     cm = observed[0].cm
     home = cm.processors[cm.home]
     session = float(
@@ -382,6 +399,8 @@ def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> t
             )
         if e.processor == home and e.terms is not None:
             changes["session_ms"] = round(session, 6)
+        if e.terms is not None and e.processor in gaps:
+            changes["stream_gap_ms"] = gaps[e.processor]
         slower = {q: f for (p, q), f in contention.items() if p == e.processor}
         if slower and e.terms is not None:
             changes["contention"] = {**e.terms.contention, **slower}

@@ -73,6 +73,8 @@ class Overheads:
         return_gaps_ms, return_ms: ``(G,)``: the caller's wake-up after waiting each gap.
         session_ms: Per request.
         contention: ``(P, P)``, at least 1; ``[p, q]``: p's slowdown while q is busy.
+        stream_gap_ms: ``(P,)``: in a stream, a busy worker's gap before its next queued part
+            (NaN: the hand-off at zero idle gap; see :meth:`stream_gap`).
         active_w: ``(P,)`` active power (for the energy of the overhead time; 0 on servers).
         noise_rel: Relative spread of the measurements; plans closer than this are equal.
     """
@@ -88,6 +90,7 @@ class Overheads:
     contention: np.ndarray | None = None
     active_w: np.ndarray | None = None
     noise_rel: float = 0.0
+    stream_gap_ms: np.ndarray | None = None
 
     def cost(self, p: int, backend: str | None) -> PairCost:
         return self.pair.get((p, backend or ""), ZERO)
@@ -95,6 +98,12 @@ class Overheads:
     def handoff(self, p: int, gap_ms: float) -> float:
         """The hand-off onto processor p's worker after it idled ``gap_ms``."""
         return float(np.interp(gap_ms, self.handoff_gaps_ms[p], self.handoff_ms[p]))
+
+    def stream_gap(self, p: int) -> float:
+        """In a stream, processor p's worker starts its next queued part this long after the last
+        one's outputs are collected: as calibrated, else its hand-off at zero idle gap."""
+        got = None if self.stream_gap_ms is None else float(self.stream_gap_ms[p])
+        return self.handoff(p, 0.0) if got is None or np.isnan(got) else got
 
     def wake(self, gap_ms: float) -> float:
         """The caller's wake-up at the end of a request that took ``gap_ms``."""
@@ -209,6 +218,7 @@ def build_overheads(
     blocked_in = np.zeros((n_nodes, n_procs), dtype=bool)
     curves = []
     contention = np.ones((n_procs, n_procs))
+    stream_gap = np.full(n_procs, np.nan)
     names = [p.name for p in processors]
     for p, proc in enumerate(processors):
         by_backend = {e.backend: e for e in profile.for_processor(proc.name)}
@@ -227,6 +237,8 @@ def build_overheads(
         terms = _terms_of(profile, proc.name)
         curves.append(_curve(terms))
         for t in terms[:1]:
+            if t.stream_gap_ms is not None:
+                stream_gap[p] = t.stream_gap_ms
             for other, factor in t.contention.items():
                 if other in names:
                     contention[p, names.index(other)] = max(float(factor), 1.0)
@@ -247,6 +259,7 @@ def build_overheads(
         contention=contention,
         active_w=np.array([0.0 if p.is_remote else p.active_w for p in processors]),
         noise_rel=noise_rel(profile),
+        stream_gap_ms=stream_gap,
     )
 
 

@@ -29,8 +29,9 @@ def period_ms(cm: CostModel, assign: np.ndarray) -> float:
 
     In a stream the workers' queues are full, so no worker wakes from idle, but a busy worker still
     starts its next queued part some time after the last one's outputs are collected (the Session's
-    bookkeeping, the thread pool's pick-up): measured 0.09-0.12 ms per part run here, where the
-    profile's hand-off at zero idle gap, charged for it, is 0.04-0.05 ms.
+    bookkeeping, the thread pool's pick-up): :meth:`~edgesplit.optimize.overheads.Overheads.stream_gap`,
+    0.09-0.12 ms per part run here as ``calibrate`` measures it, where the profile's hand-off at zero
+    idle gap, which stands for it before calibration, is 0.04-0.05 ms.
     """
     x = np.asarray(assign)
     lay = layout(cm, x)
@@ -38,7 +39,7 @@ def period_ms(cm: CostModel, assign: np.ndarray) -> float:
     load = np.zeros(cm.n_procs)
     np.add.at(load, lay.proc, lay.work_ms)
     gaps = np.zeros(cm.n_procs)
-    np.add.at(gaps, lay.proc, [ov.handoff(int(p), 0.0) for p in lay.proc])
+    np.add.at(gaps, lay.proc, [ov.stream_gap(int(p)) for p in lay.proc])
     channels: dict[int, float] = {}
     for c in lay.xs:
         key = int(cm.channel[c.src, c.dst])

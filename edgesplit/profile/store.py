@@ -71,6 +71,9 @@ class RunTerms:
             the worker was idle for each of the gaps (medians; a thread wake-up grows with the idle gap).
         return_ms: The caller's wake-up when a request ends, after it waited each of the same gaps.
         session_ms: Per request, the rest of the Session's own work (inputs checked, bookkeeping).
+        stream_gap_ms: In a stream, from one part's outputs collected to the start of the next part
+            already queued on this worker, as ``calibrate`` measured it; None (as profiled): the
+            hand-off at zero idle gap stands for it.
         contention: Slowdown factor of this pair while processor X runs a whole model of its own
             (measured pairwise; 1.0 is none).
         node_scale: A correction on node costs, fitted by ``calibrate`` (1.0 as measured).
@@ -93,6 +96,7 @@ class RunTerms:
     return_ms: tuple[float, ...] = ()
     session_ms: float = 0.0
     contention: Mapping[str, float] = field(default_factory=dict)
+    stream_gap_ms: float | None = None
     node_scale: float = 1.0
     crossing_ms: float = 0.0
     calibrated: str = ""
