@@ -45,7 +45,7 @@ Progress = Callable[[str], None]
 # that prompted this, mobilenetv2 on host-2core's core1 calibrated to 12.9 ms against 9.4 measured,
 # turned out to be the fit: see optimize.calibrate._anchored.)
 TURNS = 3
-MIN_GAPS = 5  # queued part runs a worker's stream gap is taken from (fewer: left as profiled)
+MIN_GAPS = 3  # queued part runs a worker's stream gap is taken from (fewer: left as profiled)
 
 
 @dataclass(frozen=True)

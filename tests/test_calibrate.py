@@ -393,7 +393,7 @@ def test_calibrate_command(conv_chain, tmp_path):
         "-o",
         str(tmp_path / "both.json"),
         "--runs",
-        "3",
+        "5",
     )
     assert r.returncode == 0, r.stderr
     # the stream of m kept one of its workers busy: that worker's gap before a queued part is fitted
