@@ -37,7 +37,7 @@ from edgesplit.optimize.schedule import schedule
 from edgesplit.pipeline import load_graph, plan_device
 from edgesplit.profile.store import Profile, load_profile
 from edgesplit.runtime.session import load
-from edgesplit.runtime.trace import Trace
+from edgesplit.runtime.trace import PartRun, Trace
 
 Progress = Callable[[str], None]
 # A round's runs of each bundle come in this many turns, alternating between the bundles. One block
@@ -165,7 +165,7 @@ def measure_stream(
     return Streamed(period, medians, requests, queued_gaps_ms(timed))
 
 
-def queued_gaps_ms(runs) -> dict[str, float]:
+def queued_gaps_ms(runs: Sequence[PartRun]) -> dict[str, float]:
     """Per local processor: the median time from a part run's outputs collected to the start of the
     next run on the same worker, over the runs that were queued before the one ahead ended."""
     by_lane: dict[str, list] = {}
