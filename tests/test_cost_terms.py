@@ -465,26 +465,34 @@ def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp
 
 @pytest.mark.measures
 def test_a_busy_worker_starts_its_next_queued_part_a_hand_off_later(chain_model, chain_profile, tmp_path):
-    """The chain as 3 parts on core0, in a stream: each next part is queued before the last one
-    ends, and still starts some time after the last one's outputs are collected (the Session's
-    bookkeeping, the thread pool's pick-up). The period charges the profiled hand-off at zero idle
-    gap for it; the runtime pays at least half of that (0.09-0.12 ms against 0.04-0.05 here)."""
-    plan = contiguous_plan(chain_model, "host-2core", [("core0", "ort")] * 3)
-    compile_bundle(chain_model, plan, tmp_path / "b3")
-    with load(tmp_path / "b3") as sess:
+    """The chain as a 2-stage pipeline (core0, then core1), in a stream: the worker that sets the
+    pace has its next part queued before the last one ends, and still starts it some time after the
+    last one's outputs are collected (the Session's bookkeeping: the next stage launched on the
+    other worker, the request resolved; the thread pool's pick-up). The period charges the profiled
+    hand-off at zero idle gap for it. Measured here: 0.02-0.05 ms against hand-offs of 0.025-0.045
+    (three runs); 0.07-0.12 ms in the pipelines of plan_truth, whose workers also feed each other.
+    So the same order as the hand-off, never nothing: between a quarter of it and four times it."""
+    plan = contiguous_plan(chain_model, "host-2core", [("core0", "ort"), ("core1", "ort")])
+    compile_bundle(chain_model, plan, tmp_path / "b2")
+    with load(tmp_path / "b2") as sess:
         feeds = random_feeds(sess)
         for _ in sess.run_stream([feeds] * 10):
             pass
         sess.reset_stats()
         for _ in sess.run_stream([feeds] * 120):
             pass
-        runs = sorted(sess.trace_records().parts, key=lambda r: r.start_ns)
-    gaps = [
-        (b.start_ns - a.collected_ns) / 1e6 for a, b in zip(runs, runs[1:]) if b.submit_ns <= a.collected_ns
-    ]
-    assert len(gaps) > 100, len(gaps)  # the worker's queue stayed full
-    handoff0 = chain_profile.entry("core0", "ort").terms.handoff_ms[0]
-    assert float(np.median(gaps)) >= 0.5 * handoff0, (np.median(gaps), handoff0)
+        runs = sess.trace_records().parts
+    queued = {}
+    for lane in ("core0", "core1"):
+        rs = sorted((r for r in runs if r.lane == lane), key=lambda r: r.start_ns)
+        queued[lane] = [
+            (b.start_ns - a.collected_ns) / 1e6 for a, b in zip(rs, rs[1:]) if b.submit_ns <= a.collected_ns
+        ]
+    lane = max(queued, key=lambda k: len(queued[k]))
+    assert len(queued[lane]) > 60, {k: len(v) for k, v in queued.items()}  # that worker's queue stayed full
+    handoff0 = chain_profile.entry(lane, "ort").terms.handoff_ms[0]
+    gap = float(np.median(queued[lane]))
+    assert 0.25 * handoff0 <= gap <= 4 * handoff0, (lane, gap, handoff0)
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="ORT's NCHWc layout is x86's")
