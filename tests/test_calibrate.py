@@ -223,7 +223,7 @@ def test_a_stream_s_gap_before_a_queued_part_is_fitted_and_priced():
 
     procs = [SimpleNamespace(name=n, is_remote=False, active_w=1.0) for n in ("big", "little")]
     ov = build_overheads(got, procs, cm.backend, list(cm.nodes), cm.flows, 0)
-    assert ov.stream_gap(0) == pytest.approx(0.2) and ov.stream_gap(1) == pytest.approx(0.05)
+    assert ov.stream_gaps() == pytest.approx([0.2, 0.05])
     # big runs two parts per request (8 ms), little one (3 ms): two of big's gaps in the period
     assert period_ms(replace(cm, overheads=ov), x) == pytest.approx(8.0 + 2 * 0.2)
 

@@ -325,7 +325,7 @@ def fit_contention(observed: Sequence[Observed]) -> dict[tuple[str, str], float]
 
 def fit_stream_gaps(observed: Sequence[Observed]) -> dict[str, float]:
     """Per processor: the median over the bundles' streams of its worker's gap before a queued part
-    (see :meth:`~edgesplit.optimize.overheads.Overheads.stream_gap`)."""
+    (see :meth:`~edgesplit.optimize.overheads.Overheads.stream_gaps`)."""
     got: dict[str, list[float]] = {}
     for ob in observed:
         st = ob.measured.stream

@@ -73,8 +73,9 @@ class Overheads:
         return_gaps_ms, return_ms: ``(G,)``: the caller's wake-up after waiting each gap.
         session_ms: Per request.
         contention: ``(P, P)``, at least 1; ``[p, q]``: p's slowdown while q is busy.
-        stream_gap_ms: ``(P,)``: in a stream, a busy worker's gap before its next queued part
-            (NaN: the hand-off at zero idle gap; see :meth:`stream_gap`).
+        stream_gap_ms: ``(P,)``: in a stream, a busy worker's gap before its next queued part, as
+            calibrated, else the hand-off at zero idle gap (None: the hand-offs; see
+            :meth:`stream_gaps`).
         active_w: ``(P,)`` active power (for the energy of the overhead time; 0 on servers).
         noise_rel: Relative spread of the measurements; plans closer than this are equal.
     """
@@ -99,11 +100,12 @@ class Overheads:
         """The hand-off onto processor p's worker after it idled ``gap_ms``."""
         return float(np.interp(gap_ms, self.handoff_gaps_ms[p], self.handoff_ms[p]))
 
-    def stream_gap(self, p: int) -> float:
-        """In a stream, processor p's worker starts its next queued part this long after the last
-        one's outputs are collected: as calibrated, else its hand-off at zero idle gap."""
-        got = None if self.stream_gap_ms is None else float(self.stream_gap_ms[p])
-        return self.handoff(p, 0.0) if got is None or np.isnan(got) else got
+    def stream_gaps(self) -> np.ndarray:
+        """``(P,)``: in a stream, how long after a part's outputs are collected each processor's
+        worker starts its next queued part: as calibrated, else its hand-off at zero idle gap."""
+        if self.stream_gap_ms is not None:
+            return self.stream_gap_ms
+        return np.array([self.handoff(p, 0.0) for p in range(len(self.handoff_ms))])
 
     def wake(self, gap_ms: float) -> float:
         """The caller's wake-up at the end of a request that took ``gap_ms``."""
@@ -218,7 +220,7 @@ def build_overheads(
     blocked_in = np.zeros((n_nodes, n_procs), dtype=bool)
     curves = []
     contention = np.ones((n_procs, n_procs))
-    stream_gap = np.full(n_procs, np.nan)
+    stream_gap = np.zeros(n_procs)
     names = [p.name for p in processors]
     for p, proc in enumerate(processors):
         by_backend = {e.backend: e for e in profile.for_processor(proc.name)}
@@ -236,6 +238,7 @@ def build_overheads(
                     blocked_in[n, p] = True
         terms = _terms_of(profile, proc.name)
         curves.append(_curve(terms))
+        stream_gap[p] = np.interp(0.0, *curves[-1])  # the hand-off at zero idle gap, unless calibrated
         for t in terms[:1]:
             if t.stream_gap_ms is not None:
                 stream_gap[p] = t.stream_gap_ms

@@ -29,7 +29,7 @@ def period_ms(cm: CostModel, assign: np.ndarray) -> float:
 
     In a stream the workers' queues are full, so no worker wakes from idle, but a busy worker still
     starts its next queued part some time after the last one's outputs are collected (the Session's
-    bookkeeping, the thread pool's pick-up): :meth:`~edgesplit.optimize.overheads.Overheads.stream_gap`,
+    bookkeeping, the thread pool's pick-up): :meth:`~edgesplit.optimize.overheads.Overheads.stream_gaps`,
     as ``calibrate`` measures it; before calibration the profile's hand-off at zero idle gap stands
     for it. Measured here: 0.07-0.12 ms per part run in plan_truth's pipelines, 0.02-0.05 ms for a
     first stage fed by the caller, against hand-offs of 0.025-0.05 ms.
@@ -40,7 +40,7 @@ def period_ms(cm: CostModel, assign: np.ndarray) -> float:
     load = np.zeros(cm.n_procs)
     np.add.at(load, lay.proc, lay.work_ms)
     gaps = np.zeros(cm.n_procs)
-    np.add.at(gaps, lay.proc, [ov.stream_gap(int(p)) for p in lay.proc])
+    np.add.at(gaps, lay.proc, ov.stream_gaps()[lay.proc])
     channels: dict[int, float] = {}
     for c in lay.xs:
         key = int(cm.channel[c.src, c.dst])

@@ -171,6 +171,8 @@ def test_negative_or_non_numeric_run_terms_are_refused(w, tmp_path):
             ({"reorder_out_ms": {"conv0": "fast"}}, ("terms: reorder_out_ms.conv0", "a number")),
             ({"reorder_out_ms": [0.1]}, ("terms: reorder_out_ms", "expected an object")),
             ({"contention": 1.5}, ("terms: contention", "expected an object")),
+            ({"stream_gap_ms": -0.1}, ("terms: stream_gap_ms", "negative")),
+            ({"stream_gap_ms": "nan"}, ("terms: stream_gap_ms",)),
         ]
     ):
         prof["entries"][0]["terms"] = terms
