@@ -107,7 +107,7 @@ class TvmCompiler:
         lib = job.bundle_dir / file_rel
         try:
             t0 = time.perf_counter()
-            build_library(
+            info = build_library(
                 job.part.model,
                 target,
                 lib,
@@ -119,6 +119,8 @@ class TvmCompiler:
                 progress=job.progress,
             )
             note = f"tvm build {time.perf_counter() - t0:.1f}s"
+            if info.get("cuda_kernels") == "source":
+                note += "; CUDA kernels as source, compiled (NVRTC) where the part loads"
             if runs_here(target):
                 note += f"; max rel error vs ORT {_check(lib, target, job):.1e}"
         except CompileError:

@@ -132,12 +132,24 @@ def build_library(
         if lookup is not None and lookup.notes:
             info["tuning_notes"] = list(lookup.notes)
         ex = tvm.compile(mod, target=tgt)
+    if target.get("kind") == "cuda" and _cuda_kernels_kept_as_source():
+        info["cuda_kernels"] = "source"
     out.parent.mkdir(parents=True, exist_ok=True)
     if cc:
         ex.export_library(str(out), fcompile=_cross_fcompile(cc))
     else:
         ex.export_library(str(out))
     return info
+
+
+def _cuda_kernels_kept_as_source() -> bool:
+    """Whether TVM keeps a CUDA library's kernels as CUDA C++ rather than compiling them: it does
+    where no CUDA driver is (no ``ffi.Module.create.cuda``: a build machine without a GPU), and the
+    TVM that loads the part compiles them then with NVRTC, so that machine needs a full TVM,
+    ``cuda-bindings`` and CUDA's headers (``benchmarks/server_gpu.py`` ran such parts on an H200)."""
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is None
 
 
 def _cross_fcompile(cc: str):
@@ -157,8 +169,10 @@ class TvmLibrary:
         import tvm
         from tvm.runtime.vm import VirtualMachine  # = relax.VirtualMachine, without the compiler
 
-        lib = tvm.runtime.load_module(str(path))
         kind = (target or {}).get("kind", "llvm")
+        if kind in GPU_KINDS:
+            _load_device_runtime(kind)
+        lib = tvm.runtime.load_module(str(path))
         self.device = tvm.device(kind if kind in GPU_KINDS else "cpu", 0)
         if not self.device.exist:
             raise LookupError(f"its {kind} device is not present on this machine")
@@ -182,6 +196,32 @@ class TvmLibrary:
 
     def close(self) -> None:
         self._vm = None
+
+
+def _load_device_runtime(kind: str) -> None:
+    """Load TVM's runtime for ``kind``'s device (``libtvm_runtime_cuda`` and the like), which
+    registers the loader of libraries built for it.
+
+    A full TVM loads every backend's at import, and leaves out, without a word, one whose driver
+    is missing; a runtime-only TVM (``TVM_USE_RUNTIME_LIB=1``, or no compiler library: a server
+    that only runs bundles) loads none. Either way TVM's own error is then "a loader of that name
+    is not registered". Loading it here again is free where it is loaded, and names the cause
+    where it cannot be.
+
+    Raises:
+        LookupError: this TVM has no runtime for ``kind``, or it does not load here (its driver).
+    """
+    import ctypes
+
+    import tvm
+
+    lib = Path(tvm.__file__).parent / "lib" / f"libtvm_runtime_{kind}.so"
+    if not lib.exists():
+        raise LookupError(f"this TVM has no {kind} runtime ({lib.name} is not in {lib.parent})")
+    try:
+        ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise LookupError(f"its {kind} runtime does not load on this machine ({e})") from e
 
 
 def check_library(
