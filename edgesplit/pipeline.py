@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,6 +60,7 @@ __all__ = [
     "problem_from_plan",
     "resolve",
     "resolve_link",
+    "with_server_profile",
 ]
 
 
@@ -74,6 +75,10 @@ class Choices:
         profile: A :class:`Profile` or its file; entries it lacks are predicted. None: measure the
             device's local processors (with ``profiling``) and predict the rest.
         server: A server spec (object, name or path) whose processors may take parts.
+        server_profile: A profile of the model measured on the server (``edgesplit profile MODEL
+            --device SERVER`` run there, or ``--remote`` to it), a :class:`Profile` or its file:
+            the server's processors are priced with it instead of the spec's roofline. Only with
+            a server.
         link: A preset from ``devices/links.yaml`` or a :class:`NetworkLink`; Wi-Fi when a server
             is given without one. Only with a server, as are the two overrides.
         bandwidth_mbps, rtt_ms: Override the link's up and down rate, and its round-trip time.
@@ -100,6 +105,7 @@ class Choices:
     slo_ms: float | None = None
     profile: Profile | str | os.PathLike | None = None
     server: SpecLike | None = None
+    server_profile: Profile | str | os.PathLike | None = None
     link: NetworkLink | str | None = None
     bandwidth_mbps: float | None = None
     rtt_ms: float | None = None
@@ -196,6 +202,19 @@ def parse_pins(pins: Mapping[str, str] | Iterable[str] | None) -> dict[str, str]
     return out
 
 
+def _given_profile(graph: ModelGraph, given: Profile | str | os.PathLike) -> tuple[Profile, str | None]:
+    """A profile as it is, or read from its file; and that file. Raises PlanError (naming the
+    file) for a profile of another model."""
+    path = None if isinstance(given, Profile) else os.fspath(given)
+    prof = given if isinstance(given, Profile) else load_profile(path)
+    if prof.model_sha256 != graph.sha256:
+        raise PlanError(
+            f"{path + ': ' if path else ''}the profile is for model {prof.model_sha256[:12]} "
+            f"({prof.model_name}), not {graph.sha256[:12]} ({graph.name})"
+        )
+    return prof, path
+
+
 def _profile(
     graph: ModelGraph,
     full: DeviceSpec,
@@ -203,21 +222,38 @@ def _profile(
     options: ProfileOptions | None,
     progress: Progress | None,
 ) -> tuple[Profile, str | None]:
-    """The profile to plan with, completed with predictions, and the file it came from."""
-    path = None
+    """The profile to plan with (not yet completed with predictions), and the file it came from."""
     if given is None:
-        prof = profile_model(graph, full, options, progress=progress)
-    elif isinstance(given, Profile):
-        prof = given
-    else:
-        path = os.fspath(given)
-        prof = load_profile(path)
-    if prof.model_sha256 != graph.sha256:
+        return profile_model(graph, full, options, progress=progress), None
+    return _given_profile(graph, given)
+
+
+def with_server_profile(
+    graph: ModelGraph, profile: Profile, server: DeviceSpec, given: Profile | str | os.PathLike
+) -> Profile:
+    """``profile`` with the server's processors priced by ``given``, a profile of the model
+    measured on the server: its entries, named as the device with the server names them
+    (``<server>.<processor>``), replace whatever ``profile`` has for those processors.
+
+    Raises:
+        PlanError: naming the file, for a profile of another model, of another device than the
+            server, or of a processor the server does not have.
+    """
+    sp, path = _given_profile(graph, given)
+    where = f"{path}: " if path else "the server profile: "
+    if sp.device != server.name:
+        raise PlanError(f"{where}it is a profile of device '{sp.device}', not of the server '{server.name}'")
+    unknown = sorted({e.processor for e in sp.entries} - {p.name for p in server.processors})
+    if unknown:
         raise PlanError(
-            f"{path + ': ' if path else ''}the profile is for model {prof.model_sha256[:12]} "
-            f"({prof.model_name}), not {graph.sha256[:12]} ({graph.name})"
+            f"{where}processors {', '.join(unknown)} are not the server's "
+            f"({', '.join(p.name for p in server.processors)})"
         )
-    return complete_profile(graph, full, prof), path
+    renamed = [replace(e, processor=f"{server.name}.{e.processor}") for e in sp.entries]
+    taken = {e.processor for e in renamed}
+    return replace(
+        profile, entries=tuple(e for e in profile.entries if e.processor not in taken) + tuple(renamed)
+    )
 
 
 def check_choices(choices: Choices) -> dict[str, str]:
@@ -242,6 +278,8 @@ def check_choices(choices: Choices) -> dict[str, str]:
         )
     if c.server is None:
         resolve_link(None, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
+        if c.server_profile is not None:
+            raise PlanError("--server-profile needs --server (the server it was measured on)")
     if c.profile is not None and c.profiling is not None and c.profiling.backends:
         raise PlanError("--backend chooses what to measure, but --profile is given: nothing is measured")
     if c.server_load is not None:
@@ -277,7 +315,12 @@ def resolve(
     dev = load_spec(device)
     srv = _server(c.server)
     link = resolve_link(srv, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
-    prof, path = _profile(graph, combined(dev, srv), c.profile, c.profiling, progress)
+    full = combined(dev, srv)
+    prof, path = _profile(graph, full, c.profile, c.profiling, progress)
+    if srv is not None and c.server_profile is not None:
+        # a profile of its own now, kept beside the plan as a measured one is (path None)
+        prof, path = with_server_profile(graph, prof, srv, c.server_profile), None
+    prof = complete_profile(graph, full, prof)
     load = ServerLoad(c.server_load, c.server_slots) if c.server_load is not None else None
     check = accuracy_check(graph, c.accuracy, c.calibration_data, c.calibration_method)
     return Problem(
@@ -300,7 +343,7 @@ def partition(
         model: A loaded :class:`ModelGraph` or the path of an ONNX file (str or ``os.PathLike``).
         device: A :class:`DeviceSpec` or a spec name / path.
         choices: The fields of :class:`Choices`: ``objective``, ``slo_ms``, ``profile``,
-            ``server``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
+            ``server``, ``server_profile``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
             ``input_values``, ``profiling``, ``server_load``, ``server_slots``, ``accuracy``,
             ``calibration_data``, ``calibration_method``. Without a profile, the local processors
             are measured and the rest predicted, as ``edgesplit partition`` does.

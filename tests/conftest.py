@@ -88,6 +88,19 @@ def tiny_conv(tmp_path) -> Path:
     return p
 
 
+def has_cuda_gpu() -> bool:
+    """Whether TVM sees a CUDA GPU. Asked at collection: without an NVIDIA device node there is
+    none, and TVM is not imported (importing it took 2.3 s of every worker's collection)."""
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        return False
+    try:
+        import tvm
+
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def ppocr_model(kind: str) -> Path:
     """A real PP-OCR model shipped inside the rapidocr-onnxruntime wheel (installed by setup)."""
     spec = importlib.util.find_spec("rapidocr_onnxruntime")

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import PPOCR_SHAPES, ppocr_model, run_cli
+from conftest import PPOCR_SHAPES, has_cuda_gpu, ppocr_model, run_cli
 
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
@@ -376,19 +376,6 @@ def test_metaschedule_tuning_writes_the_database_a_later_build_reuses(tmp_path, 
     assert (tmp_path / "tuned.so").stat().st_size > 0 and (tmp_path / "again.so").stat().st_size > 0
 
 
-def _has_cuda_gpu() -> bool:
-    """Whether TVM sees a CUDA GPU. Asked at collection: without an NVIDIA device node there is
-    none, and TVM is not imported (importing it took 2.3 s of every worker's collection)."""
-    if not any(Path("/dev").glob("nvidia[0-9]*")):
-        return False
-    try:
-        import tvm
-
-        return bool(tvm.cuda(0).exist)
-    except Exception:  # noqa: BLE001
-        return False
-
-
 GPU_SPEC = (
     "name: gpu\nkind: device\nlocal: true\nprocessors:\n  gpu: {{kind: gpu, peak_gflops: 10000,"
     " mem_bandwidth_gbps: 1000, active_w: 200, idle_w: 30, backends: [{{runtime: tvm,"
@@ -406,7 +393,7 @@ def _cuda_bundle(zoo_models, tmp_path, target="{kind: cuda}"):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_has_cuda_gpu(), reason="checks a build machine without a CUDA driver")
+@pytest.mark.skipif(has_cuda_gpu(), reason="checks a build machine without a CUDA driver")
 def test_a_cuda_part_builds_without_a_gpu_and_names_what_it_needs_to_load(zoo_models, tmp_path):
     """TVM keeps the kernels as CUDA source where no driver is (compiled where the part loads: the
     H200 check in benchmarks/server_gpu.py ran such bundles); loading one here is refused with the
@@ -419,7 +406,7 @@ def test_a_cuda_part_builds_without_a_gpu_and_names_what_it_needs_to_load(zoo_mo
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not _has_cuda_gpu(), reason="needs a CUDA GPU (none on the CI machine)")
+@pytest.mark.skipif(not has_cuda_gpu(), reason="needs a CUDA GPU (none on the CI machine)")
 def test_cuda_part_runs_and_matches(zoo_models, tmp_path):
     _cuda_bundle(zoo_models, tmp_path)
     with load(tmp_path / "b") as sess:

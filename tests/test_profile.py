@@ -6,7 +6,7 @@ import json
 
 import onnx
 import pytest
-from conftest import PPOCR_SHAPES, make_model, ppocr_model, rand, run_cli
+from conftest import PPOCR_SHAPES, has_cuda_gpu, make_model, ppocr_model, rand, run_cli
 from onnx import helper
 
 from edgesplit.device import load_device
@@ -68,6 +68,43 @@ def test_tvm_says_why_it_cannot_run_lstm(tmp_path, host):
     assert "relu" in tvm_e.nodes
     assert "cannot run" in tvm_e.note
     assert set(prof.entry("cpu", "ort").nodes) == {"lstm", "relu"}
+
+
+GPU_SPEC = """\
+name: gpu-box
+kind: device
+local: true
+processors:
+  gpu:
+    kind: gpu
+    peak_gflops: 10000
+    mem_bandwidth_gbps: 1000
+    active_w: 200
+    idle_w: 30
+    backends: [{runtime: tvm, target: {kind: cuda}}]
+"""
+
+
+def _gpu_profile(tiny_conv, tmp_path):
+    (tmp_path / "gpu.yaml").write_text(GPU_SPEC)
+    graph = load_model(tiny_conv)
+    prof = profile_model(graph, load_device(tmp_path / "gpu.yaml"), ProfileOptions(runs=5, warmup=1))
+    return graph, prof.entry("gpu", "tvm")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not has_cuda_gpu(), reason="needs a CUDA GPU (none on the CI machine)")
+def test_a_cuda_processor_is_measured_on_its_gpu(tiny_conv, tmp_path):
+    graph, e = _gpu_profile(tiny_conv, tmp_path)
+    assert e.source == "measured" and not e.unsupported, e.note
+    assert set(e.nodes) == {n.name for n in graph.nodes} and e.whole_model_ms is not None
+    assert all(c.latency_ms > 0 for c in e.nodes.values())
+
+
+@pytest.mark.skipif(has_cuda_gpu(), reason="checks a machine without a CUDA GPU")
+def test_a_cuda_processor_where_no_gpu_is_is_predicted(tiny_conv, tmp_path):
+    _, e = _gpu_profile(tiny_conv, tmp_path)
+    assert e.source == "predicted"
 
 
 def test_absent_processors_are_predicted(tiny_conv, tmp_path):

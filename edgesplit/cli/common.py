@@ -123,7 +123,8 @@ slo_option = click.option(
 
 
 def link_options(f):
-    """``--server``, ``--link``, ``--bandwidth-mbps`` and ``--rtt-ms`` (partition and deploy)."""
+    """``--server``, ``--server-profile``, ``--link``, ``--bandwidth-mbps`` and ``--rtt-ms``
+    (partition and deploy)."""
     f = click.option(
         "--rtt-ms", type=FiniteFloat(minimum=0), help="Network round-trip time (overrides the preset)."
     )(f)
@@ -133,6 +134,12 @@ def link_options(f):
         help="Network bandwidth, up and down (overrides the preset).",
     )(f)
     f = click.option("--link", help="Network preset from devices/links.yaml (wifi, lte, 5g ...).")(f)
+    f = click.option(
+        "--server-profile",
+        type=click.Path(dir_okay=False),
+        help="A profile of MODEL measured on the server (edgesplit profile MODEL --device SERVER, "
+        "run there): prices the server's processors instead of its spec's roofline.",
+    )(f)
     return click.option("--server", help="A server spec whose processors may take parts.")(f)
 
 

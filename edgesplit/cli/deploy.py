@@ -77,6 +77,7 @@ def command(
     slo_ms,
     profile_path,
     server,
+    server_profile,
     link,
     bandwidth_mbps,
     rtt_ms,
@@ -109,6 +110,7 @@ def command(
         slo_ms=slo_ms,
         profile=profile_path,
         server=server,
+        server_profile=server_profile,
         link=link,
         bandwidth_mbps=bandwidth_mbps,
         rtt_ms=rtt_ms,
@@ -141,7 +143,7 @@ def command(
             **choices,
         )
     _report(manifest, no_verify)
-    kept = f" and its profile {profile_beside(output)}" if profile_path is None else ""
+    kept = f" and its profile {profile_beside(output)}" if profile_path is None or server_profile else ""
     console.print(f"wrote {output}" + (" (signed)" if sign_key else "") + kept)
 
 

@@ -30,6 +30,7 @@ import onnx
 from edgesplit.compile.split import rel_error
 from edgesplit.compile.tune import Progress, TuneOptions, tune_module
 from edgesplit.errors import CompileError
+from edgesplit.profile.tvm import GPU_KINDS, target_device
 from edgesplit.profile.tvmdb import (
     apply_databases,
     cache_dir,
@@ -37,8 +38,6 @@ from edgesplit.profile.tvmdb import (
     lower_for_tuning,
     tuning_target,
 )
-
-GPU_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")  # target kinds with a device of their own
 
 _ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
@@ -173,7 +172,7 @@ class TvmLibrary:
         if kind in GPU_KINDS:
             _load_device_runtime(kind)
         lib = tvm.runtime.load_module(str(path))
-        self.device = tvm.device(kind if kind in GPU_KINDS else "cpu", 0)
+        self.device = target_device(target or {})
         if not self.device.exist:
             raise LookupError(f"its {kind} device is not present on this machine")
         self._vm = VirtualMachine(lib, self.device)

@@ -39,6 +39,27 @@ from edgesplit.throttle import busy, busy_call
 Progress = Callable[[str, int, int], None]
 
 RUNNABLE_HERE = ("llvm", "c")  # target kinds whose code runs on this CPU
+GPU_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")  # target kinds with a device of their own
+
+
+def target_device(target: dict[str, Any]):
+    """The TVM device a library built for ``target`` runs on: its GPU (device 0), or the CPU."""
+    import tvm
+
+    kind = target.get("kind", "llvm")
+    return tvm.device(kind if kind in GPU_KINDS else "cpu", 0)
+
+
+def runs_on_this_machine(target: dict[str, Any]) -> bool:
+    """Whether code built for ``target`` runs here: a CPU target of this machine's architecture, or
+    a GPU target whose device TVM finds here."""
+    import platform
+
+    kind = target.get("kind", "llvm")
+    if kind in GPU_KINDS:
+        return bool(target_device(target).exist)
+    arch = str(target.get("mtriple", "x86_64")).split("-")[0]
+    return kind in RUNNABLE_HERE and arch in ("x86_64", platform.machine())
 
 
 @contextlib.contextmanager
@@ -73,7 +94,7 @@ def build_vm(model: onnx.ModelProto, target: dict[str, Any], threads: int | None
             mod = apply_databases(lower_for_tuning(mod, lookup.tuning), lookup.tuning, lookup.paths)
             tgt = dict(lookup.tuning)
         ex = tvm.compile(mod, target=tvm.target.Target(tgt))
-    dev = tvm.cpu()
+    dev = target_device(target)
     return relax.VirtualMachine(ex, dev), dev
 
 
@@ -143,15 +164,14 @@ def profile_tvm(
     runs: int = 10,
     progress: Progress | None = None,
 ) -> ProcessorProfile:
-    """Measure every fused kernel TVM can import on ``backend.target`` (run here, so llvm only),
-    with the schedules the tuning databases for the processor's target and threads hold."""
+    """Measure every fused kernel TVM can import on ``backend.target`` (run here: this CPU, or a GPU
+    TVM finds here), with the schedules the tuning databases for the processor's target and threads
+    hold. A GPU kernel's time is TVM's time evaluator on the device (its own timer); the whole model
+    and the part terms include the copies in and out, as the runtime's part runs do."""
     started = time.perf_counter()
     target = dict(backend.target or {"kind": "llvm"})
     label = f"{processor.name}/tvm"
-    if target.get("kind") not in RUNNABLE_HERE or target.get("mtriple", "x86_64").split("-")[0] not in (
-        "x86_64",
-        __import__("platform").machine(),
-    ):
+    if not runs_on_this_machine(target):
         return ProcessorProfile(
             processor.name,
             backend.key,
@@ -361,8 +381,10 @@ class TvmProfiler:
     """
 
     def unavailable(self, backend: Backend) -> str | None:
-        kind = (backend.target or {}).get("kind")
-        return None if kind in RUNNABLE_HERE else f"TVM target kind '{kind}' does not run here"
+        target = dict(backend.target or {"kind": "llvm"})
+        if target.get("kind") in RUNNABLE_HERE or runs_on_this_machine(target):
+            return None
+        return f"TVM target kind '{target.get('kind')}' does not run here"
 
     def profile(
         self, graph: ModelGraph, processor: Processor, backend: Backend, options, progress: Progress | None

@@ -452,6 +452,23 @@ def test_defect12_compile_uses_the_plans_device_file_and_link_needs_a_server(w, 
     assert not (tmp_path / "c").exists()
 
 
+def test_a_server_profile_that_is_not_one_or_not_the_servers_is_refused(w, tmp_path):
+    """``--server-profile`` (a profile measured on the server): a file that is not a profile, one
+    of another device, or one given without a server is refused before anything is written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    bad = write_json(tmp_path / "srv.json", "{not json")
+    srv = ("--server", "server-a100", "--server-profile")
+    with nothing_written(out):
+        refused(partition(w, out, *srv, bad), "not a JSON profile", file=bad)
+        refused(
+            partition(w, out, *srv, w["profile"]), "of device 'hostile', not of the server", file=w["profile"]
+        )
+        refused(partition(w, out, "--server-profile", w["profile"]), "--server-profile needs --server")
+        r = cli("deploy", w["model"], "-d", w["spec"], "--profile", w["profile"], *srv, bad, "-o", out / "b")
+        refused(r, file=bad)
+
+
 # ---- device specs
 
 

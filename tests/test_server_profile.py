@@ -1,0 +1,98 @@
+"""A profile measured on the server prices the server's processors (``--server-profile``), instead
+of the server spec's roofline."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from conftest import run_cli
+
+from edgesplit.device import load_device
+from edgesplit.errors import PlanError
+from edgesplit.model.load import load_model
+from edgesplit.optimize.plan import load_plan
+from edgesplit.pipeline import Choices, resolve
+from edgesplit.profile.run import ProfileOptions, profile_model
+from edgesplit.profile.store import load_profile
+
+# A server whose spec claims 10 MFLOP/s and 10 MB/s: its roofline prices a conv at milliseconds, a
+# hundred times what the core measures.
+SERVER = """\
+name: lab-server
+kind: server
+local: true
+description: this machine's second core, standing for a server measured where it runs
+processors:
+  cpu:
+    kind: cpu
+    cores: [1]
+    threads: 1
+    peak_gflops: 0.01
+    mem_bandwidth_gbps: 0.01
+    active_w: 50
+    idle_w: 10
+    backends: [{runtime: ort}]
+"""
+QUICK = ProfileOptions(runs=3, warmup=1)
+
+
+@pytest.fixture
+def lab(tiny_conv, tmp_path):
+    """The model, the server spec, a profile measured on the server, and one of the device."""
+    (tmp_path / "srv.yaml").write_text(SERVER)
+    graph = load_model(tiny_conv)
+    server = profile_model(graph, load_device(tmp_path / "srv.yaml"), QUICK)
+    server.save(tmp_path / "srv.json")
+    device = profile_model(graph, load_device("host-2core"), replace(QUICK, processors=("core0",)))
+    device.save(tmp_path / "dev.json")
+    return {"graph": graph, "model": tiny_conv, "spec": tmp_path / "srv.yaml", "dir": tmp_path}
+
+
+def _resolve(lab, **kw):
+    choices = Choices(profile=lab["dir"] / "dev.json", server=str(lab["spec"]), link="wifi", **kw)
+    return resolve(lab["graph"], "host-2core", choices)
+
+
+def test_the_server_is_priced_by_its_profile_not_its_roofline(lab):
+    measured = load_profile(lab["dir"] / "srv.json").entry("cpu", "ort")
+    assert measured is not None and measured.source == "measured"
+    rooflined = _resolve(lab).profile.entry("lab-server.cpu", "ort")
+    priced = _resolve(lab, server_profile=lab["dir"] / "srv.json").profile.entry("lab-server.cpu", "ort")
+    assert rooflined.source == "predicted" and priced.source == "measured"
+    assert priced.nodes == measured.nodes
+    # the roofline's 10 MFLOP/s against what one core really takes
+    assert priced.nodes["conv2"].latency_ms < rooflined.nodes["conv2"].latency_ms / 10
+
+
+def test_a_server_profile_must_be_of_the_model_the_server_and_its_processors(lab, tmp_path):
+    with pytest.raises(PlanError, match="--server-profile needs --server"):
+        resolve(lab["graph"], "host-2core", Choices(profile=lab["dir"] / "dev.json", server_profile="x.json"))
+    with pytest.raises(
+        PlanError, match=r"dev\.json: it is a profile of device 'host-2core', not of the server"
+    ):
+        _resolve(lab, server_profile=lab["dir"] / "dev.json")
+    d = json.loads((lab["dir"] / "srv.json").read_text())
+    d["entries"][0]["processor"] = "gpu"
+    (tmp_path / "gpu.json").write_text(json.dumps(d))
+    with pytest.raises(PlanError, match=r"gpu\.json: processors gpu are not the server's \(cpu\)"):
+        _resolve(lab, server_profile=tmp_path / "gpu.json")
+    d = json.loads((lab["dir"] / "srv.json").read_text())
+    d["model_sha256"] = "0" * 64
+    (tmp_path / "other.json").write_text(json.dumps(d))
+    with pytest.raises(PlanError, match=r"other\.json: the profile is for model 000000000000"):
+        _resolve(lab, server_profile=tmp_path / "other.json")
+
+
+def test_partition_keeps_the_merged_profile_beside_the_plan(lab):
+    d = lab["dir"]
+    args = ["--device", "host-2core", "--profile", d / "dev.json", "--server", lab["spec"]]
+    r = run_cli(
+        "partition", lab["model"], *args, "--server-profile", d / "srv.json", "-o", d / "plan.json", "-q"
+    )
+    assert r.returncode == 0, r.stderr
+    plan = load_plan(d / "plan.json")
+    assert plan.profile_path == str(d / "plan.profile.json")  # the plan reads the merged profile again
+    kept = load_profile(plan.profile_path).entry("lab-server.cpu", "ort")
+    assert kept.source == "measured" and kept.nodes == load_profile(d / "srv.json").entry("cpu", "ort").nodes
