@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from conftest import run_cli
 
-from edgesplit.device import load_device
+from edgesplit.device import load_device, read_spec
 from edgesplit.errors import PlanError
 from edgesplit.model.load import load_model
 from edgesplit.optimize.plan import load_plan
@@ -22,7 +22,6 @@ from edgesplit.profile.store import load_profile
 SERVER = """\
 name: lab-server
 kind: server
-local: true
 description: this machine's second core, standing for a server measured where it runs
 processors:
   cpu:
@@ -43,7 +42,7 @@ def lab(tiny_conv, tmp_path):
     """The model, the server spec, a profile measured on the server, and one of the device."""
     (tmp_path / "srv.yaml").write_text(SERVER)
     graph = load_model(tiny_conv)
-    server = profile_model(graph, load_device(tmp_path / "srv.yaml"), QUICK)
+    server = profile_model(graph, read_spec(tmp_path / "srv.yaml").load(local=True), QUICK)  # --here
     server.save(tmp_path / "srv.json")
     device = profile_model(graph, load_device("host-2core"), replace(QUICK, processors=("core0",)))
     device.save(tmp_path / "dev.json")
@@ -96,3 +95,17 @@ def test_partition_keeps_the_merged_profile_beside_the_plan(lab):
     assert plan.profile_path == str(d / "plan.profile.json")  # the plan reads the merged profile again
     kept = load_profile(plan.profile_path).entry("lab-server.cpu", "ort")
     assert kept.source == "measured" and kept.nodes == load_profile(d / "srv.json").entry("cpu", "ort").nodes
+
+
+def test_profile_here_measures_a_spec_not_marked_local_and_says_when_nothing_was(lab):
+    """On the server itself, ``profile --device SERVER --here`` measures it; without --here a spec
+    not marked local is all roofline, and the command says so."""
+    d, args = lab["dir"], ["--runs", "3", "--warmup", "1", "-q"]
+    r = run_cli("profile", lab["model"], "--device", lab["spec"], "--here", "-o", d / "here.json", *args)
+    assert r.returncode == 0, r.stderr
+    assert load_profile(d / "here.json").entry("cpu", "ort").source == "measured"
+    assert "nothing was measured" not in r.stdout
+    r = run_cli("profile", lab["model"], "--device", lab["spec"], "-o", d / "there.json", *args)
+    assert r.returncode == 0, r.stderr
+    assert load_profile(d / "there.json").entry("cpu", "ort").source == "predicted"
+    assert "nothing was measured" in r.stdout and "pass --here" in r.stdout

@@ -52,6 +52,12 @@ from edgesplit.cli.common import (
     help="Keep the processor/backend pairs an interrupted run saved "
     "(OUTPUT.partial) and measure only the rest.",
 )
+@click.option(
+    "--here",
+    is_flag=True,
+    help="DEVICE is this machine: measure its processors here although its spec is not marked "
+    "local (run on the device or server itself, e.g. a shipped server spec on the server).",
+)
 @remote_options("Profile on this host over SSH.")
 @click.option("--top", default=10, show_default=True, help="Operators to show in the summary.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or table.")
@@ -68,6 +74,7 @@ def command(
     fleet_file,
     jobs,
     resume,
+    here,
     remote,
     ssh,
     top,
@@ -78,14 +85,16 @@ def command(
     With --remote, MODEL is profiled on that host over SSH (the device spec, by default the
     host as detected there, describes it); with --hosts, on every host of a fleet file.
     """
-    from edgesplit.device import load_device
+    from edgesplit.device import read_spec
     from edgesplit.errors import InputError
     from edgesplit.profile.run import ProfileOptions
 
     if remote and fleet_file:
         raise InputError("--remote and --hosts exclude each other")
+    if here and (remote or fleet_file):
+        raise InputError("--here measures this machine; --remote and --hosts measure others")
     # a bad device spec fails before the model is read (that can take seconds)
-    spec = None if remote or fleet_file else load_device(device)
+    spec = None if remote or fleet_file else read_spec(device).load(local=True if here else None)
     # validate locally first: a bad model never travels
     graph = load_graph(model, **model_inputs(input_shapes, input_values))
     options = ProfileOptions(backends, processors, runs, warmup)
@@ -103,6 +112,13 @@ def command(
             console.print(f"note: power rail not used: {why}")
     if prof.emulated:
         console.print(f"note: {prof.emulated}")
+    if spec is not None and not any(e.source == "measured" for e in prof.entries):
+        why = (
+            f"{spec.name} is not marked local (on that device itself, pass --here; from here, --remote)"
+            if not spec.local
+            else "no processor of it could be measured on this machine"
+        )
+        console.print(f"note: nothing was measured, every figure is the spec's roofline: {why}")
     console.print(f"wrote {out} (energy: {prof.energy}{', EMULATED' if prof.emulated else ''})")
 
 

@@ -467,6 +467,10 @@ def test_a_server_profile_that_is_not_one_or_not_the_servers_is_refused(w, tmp_p
         refused(partition(w, out, "--server-profile", w["profile"]), "--server-profile needs --server")
         r = cli("deploy", w["model"], "-d", w["spec"], "--profile", w["profile"], *srv, bad, "-o", out / "b")
         refused(r, file=bad)
+        r = cli(
+            "profile", w["model"], "-d", w["spec"], "--here", "--remote", "u@127.0.0.1:9", "-o", out / "p"
+        )
+        refused(r, "--here measures this machine")
 
 
 # ---- device specs
