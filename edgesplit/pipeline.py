@@ -343,9 +343,9 @@ def partition(
         model: A loaded :class:`ModelGraph` or the path of an ONNX file (str or ``os.PathLike``).
         device: A :class:`DeviceSpec` or a spec name / path.
         choices: The fields of :class:`Choices`: ``objective``, ``slo_ms``, ``profile``,
-            ``server``, ``server_profile``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``, ``input_shapes``,
-            ``input_values``, ``profiling``, ``server_load``, ``server_slots``, ``accuracy``,
-            ``calibration_data``, ``calibration_method``. Without a profile, the local processors
+            ``server``, ``server_profile``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``,
+            ``input_shapes``, ``input_values``, ``profiling``, ``server_load``, ``server_slots``,
+            ``accuracy``, ``calibration_data``, ``calibration_method``. Without a profile, the local processors
             are measured and the rest predicted, as ``edgesplit partition`` does.
 
     Returns:
