@@ -408,7 +408,8 @@ def test_a_cuda_part_builds_without_a_gpu_and_names_what_it_needs_to_load(zoo_mo
 @pytest.mark.cuda
 @pytest.mark.skipif(not has_cuda_gpu(), reason="needs a CUDA GPU (none on the CI machine)")
 def test_cuda_part_runs_and_matches(zoo_models, tmp_path):
-    _cuda_bundle(zoo_models, tmp_path)
+    m = _cuda_bundle(zoo_models, tmp_path)
+    assert "max rel error vs ORT" in m.parts[0].note  # compile checked it on the GPU
     with load(tmp_path / "b") as sess:
         feeds = random_feeds(sess)
         _check_equal(sess.run(feeds), _whole(zoo_models["tiny_dag"], feeds))

@@ -52,7 +52,10 @@ def target_arch(target: Mapping[str, Any]) -> str:
 
 
 def runs_here(target: Mapping[str, Any]) -> bool:
-    """True when code for ``target`` can run on this machine (for checks and profiling)."""
+    """True when code for ``target`` can run on this machine, so that compile checks it against
+    ORT: a CPU target of this architecture, or a GPU target whose device TVM finds here."""
+    if target.get("kind") in GPU_KINDS:
+        return bool(target_device(dict(target)).exist)
     return target.get("kind") in ("llvm", "c") and target_arch(target) == host_arch()
 
 
