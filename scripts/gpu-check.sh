@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, for a GPU machine that has none of our packages and takes at most
+# 64 MiB of files per command (the lent H200 of README "A server GPU": Python 3.12, CUDA 13,
+# cuda-bindings, numpy, onnx, onnxruntime and pytest there; nothing can be downloaded there).
+#
+#   bash scripts/gpu-check.sh prepare     # here: fills .gpucheck/A and .gpucheck/B (about 4 min)
+#   # then, on the GPU machine, two commands in a row (the machine must stay the same):
+#   #   carry .gpucheck/A:  bash scripts/gpu-check.sh unpack-compiler
+#   #   carry .gpucheck/B:  bash scripts/gpu-check.sh run      (writes its results under $OUT)
+#
+# Why two: TVM's compiler library alone is 57 MiB xz-compressed (259 MB as it is), and loading a
+# CUDA part built on a machine without a GPU needs it (TVM keeps such kernels as CUDA source and
+# compiles them with NVRTC when the part loads; README "A server GPU").
+# `run` builds and runs benchmarks/server_gpu.py's bundles, profiles squeezenet and mobilenetv2 on
+# devices/server-h200.yaml (--here), plans an offload with that measured server profile, and runs
+# the tests marked cuda.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+G=.gpucheck
+SITE=/tmp/gpucheck-site
+WHEELS=("apache-tvm-ffi==0.1.14.post0" "jsonschema==4.26.0" "referencing==0.37.0"
+  "jsonschema-specifications==2025.9.1" "rpds-py==2026.9.1" "onnxslim==0.1.98" "highspy==1.16.0")
+
+prepare() {
+  local tvm
+  tvm=$(.venv/bin/python -c 'import tvm, os; print(os.path.dirname(tvm.__file__))')
+  rm -rf "$G" && mkdir -p "$G/A" "$G/B/wheels" "$G/B/models"
+  echo "compressing libtvm_compiler.so (xz -9, about 3 minutes on 2 cores)"
+  xz -9 -T0 -c "$tvm/lib/libtvm_compiler.so" > "$G/A/libtvm_compiler.so.xz"
+  tar -C "$(dirname "$tvm")" -cJf "$G/B/tvm.tar.xz" --exclude=tvm/lib/libtvm_compiler.so \
+    --exclude=tvm/3rdparty --exclude=__pycache__ tvm $(cd "$(dirname "$tvm")" && ls -d apache_tvm-*.dist-info)
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$G/B/wheels" "${WHEELS[@]}"
+  .venv/bin/python -c "
+from edgesplit.model import zoo
+for n in ('squeezenet', 'mobilenetv2'):
+    zoo.save(n, '$G/B/models/' + n + '.onnx')"
+  du -sh "$G/A" "$G/B"
+}
+
+unpack_compiler() {
+  mkdir -p "$SITE/tvm/lib"
+  xz -dc -T0 "$G/A/libtvm_compiler.so.xz" > "$SITE/tvm/lib/libtvm_compiler.so"
+  ls -la "$SITE/tvm/lib"
+}
+
+run() {
+  [ -s "$SITE/tvm/lib/libtvm_compiler.so" ] || { echo "run unpack-compiler first, on this machine"; exit 4; }
+  tar -xJf "$G/B/tvm.tar.xz" -C "$SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$G"/B/wheels/*.whl
+  local cudart
+  cudart=$(find /usr/local /opt /usr/lib -name 'libcudart.so.1[0-9]*' 2>/dev/null | head -1)
+  export LD_LIBRARY_PATH="$(dirname "$cudart"):${LD_LIBRARY_PATH:-}"
+  export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}"
+  export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
+  local out="${OUT:-$G/out}" es=(python3 -c 'import sys; from edgesplit.cli.main import main; sys.exit(main())')
+  mkdir -p "$out"
+  (lscpu | grep -E "Model name|^CPU\(s\)" || true; nvidia-smi --query-gpu=name,driver_version --format=csv) | tee "$out/machine.txt"
+  timeout 300 python3 benchmarks/server_gpu.py build /tmp/sg 2>&1 | grep -v -i warn | tee "$out/build.txt" || true
+  python3 benchmarks/server_gpu.py run /tmp/sg --runs 200 --json "$out/server_gpu.json" 2>&1 | tee "$out/server_gpu.txt" || true
+  for m in squeezenet mobilenetv2; do
+    timeout 300 "${es[@]}" profile "$G/B/models/$m.onnx" --device server-h200 --here \
+      -o "$out/$m.server-h200.json" 2>&1 | grep -v -i warn | tail -20 | tee "$out/$m.profile.txt" || true
+  done
+  "${es[@]}" partition "$G/B/models/squeezenet.onnx" --device snapdragon-8gen2 --server server-h200 \
+    --server-profile "$out/squeezenet.server-h200.json" --link wifi -o /tmp/plan.json 2>&1 |
+    tail -30 | tee "$out/partition.txt" || true
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -o addopts= -m cuda tests/test_compile_run.py \
+    tests/test_profile.py -rs 2>&1 | tail -15 | tee "$out/pytest.txt"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  unpack-compiler) unpack_compiler ;;
+  run) run ;;
+  *) echo "usage: $0 prepare|unpack-compiler|run" >&2; exit 2 ;;
+esac
