@@ -76,9 +76,10 @@ class Choices:
             device's local processors (with ``profiling``) and predict the rest.
         server: A server spec (object, name or path) whose processors may take parts.
         server_profile: A profile of the model measured on the server (``edgesplit profile MODEL
-            --device SERVER`` run there, or ``--remote`` to it), a :class:`Profile` or its file:
-            the server's processors are priced with it instead of the spec's roofline. Only with
-            a server.
+            --device SERVER --here`` run there, or ``--remote`` to it), a :class:`Profile` or its
+            file: the server's processors are priced with it instead of the spec's roofline. Only
+            with a server. A plan records the file (not an object), and :func:`problem_from_plan`
+            merges it again.
         link: A preset from ``devices/links.yaml`` or a :class:`NetworkLink`; Wi-Fi when a server
             is given without one. Only with a server, as are the two overrides.
         bandwidth_mbps, rtt_ms: Override the link's up and down rate, and its round-trip time.
@@ -317,14 +318,27 @@ def resolve(
     link = resolve_link(srv, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
     full = combined(dev, srv)
     prof, path = _profile(graph, full, c.profile, c.profiling, progress)
+    server_path = None
     if srv is not None and c.server_profile is not None:
-        # a profile of its own now, kept beside the plan as a measured one is (path None)
-        prof, path = with_server_profile(graph, prof, srv, c.server_profile), None
+        # the plan records both files: its problem is made again by merging them again
+        prof = with_server_profile(graph, prof, srv, c.server_profile)
+        server_path = None if isinstance(c.server_profile, Profile) else os.fspath(c.server_profile)
     prof = complete_profile(graph, full, prof)
     load = ServerLoad(c.server_load, c.server_slots) if c.server_load is not None else None
     check = accuracy_check(graph, c.accuracy, c.calibration_data, c.calibration_method)
     return Problem(
-        graph, dev, prof, srv, link, c.objective, c.slo_ms, pins, path, server_load=load, accuracy=check
+        graph,
+        dev,
+        prof,
+        srv,
+        link,
+        c.objective,
+        c.slo_ms,
+        pins,
+        path,
+        server_load=load,
+        accuracy=check,
+        server_profile_path=server_path,
     )
 
 
@@ -416,6 +430,7 @@ def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
         slo_ms=plan.slo_ms,
         profile=plan.profile_path,
         server=_recorded_spec(plan.server_path, plan.server) if plan.server else None,
+        server_profile=plan.server_profile_path if plan.server else None,  # merged again
         link=_plan_link(plan),
         pins=plan.pins,
         **_plan_load(plan),

@@ -13,7 +13,7 @@ from edgesplit.device import load_device, read_spec
 from edgesplit.errors import PlanError
 from edgesplit.model.load import load_model
 from edgesplit.optimize.plan import load_plan
-from edgesplit.pipeline import Choices, resolve
+from edgesplit.pipeline import Choices, partition, problem_from_plan, resolve
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
 
@@ -84,17 +84,27 @@ def test_a_server_profile_must_be_of_the_model_the_server_and_its_processors(lab
         _resolve(lab, server_profile=tmp_path / "other.json")
 
 
-def test_partition_keeps_the_merged_profile_beside_the_plan(lab):
+def test_a_plan_records_the_server_profile_and_its_problem_merges_it_again(lab):
+    """From the CLI and from code: the plan names both profiles, and the problem made again from
+    it (compile's bands, explain, verify) prices the server as measured, not by the roofline."""
     d = lab["dir"]
     args = ["--device", "host-2core", "--profile", d / "dev.json", "--server", lab["spec"]]
     r = run_cli(
         "partition", lab["model"], *args, "--server-profile", d / "srv.json", "-o", d / "plan.json", "-q"
     )
     assert r.returncode == 0, r.stderr
-    plan = load_plan(d / "plan.json")
-    assert plan.profile_path == str(d / "plan.profile.json")  # the plan reads the merged profile again
-    kept = load_profile(plan.profile_path).entry("lab-server.cpu", "ort")
-    assert kept.source == "measured" and kept.nodes == load_profile(d / "srv.json").entry("cpu", "ort").nodes
+    measured = load_profile(d / "srv.json").entry("cpu", "ort").nodes
+    in_code = partition(
+        lab["graph"],
+        "host-2core",
+        profile=d / "dev.json",
+        server=str(lab["spec"]),
+        server_profile=d / "srv.json",
+    )
+    for plan in (load_plan(d / "plan.json"), in_code):
+        assert (plan.profile_path, plan.server_profile_path) == (str(d / "dev.json"), str(d / "srv.json"))
+        again = problem_from_plan(plan, lab["graph"]).profile.entry("lab-server.cpu", "ort")
+        assert again.source == "measured" and again.nodes == measured
 
 
 def test_profile_here_measures_a_spec_not_marked_local_and_says_when_nothing_was(lab):

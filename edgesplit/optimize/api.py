@@ -310,6 +310,7 @@ def make_plan(problem: Problem, cm: CostModel, out: Outcome) -> Plan:
         device_path=_abspath(device.path),
         server_path=_abspath(server.path) if server is not None else "",
         profile_path=os.path.abspath(problem.profile_path) if problem.profile_path else None,
+        server_profile_path=_abspath(problem.server_profile_path or "") or None,
     )
 
 

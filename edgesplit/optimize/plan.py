@@ -146,6 +146,7 @@ class Plan:
     server_path: str = ""
     profile_path: str | None = None
     accuracy: Mapping[str, Any] | None = None
+    server_profile_path: str | None = None
     format_version: int = FORMAT_VERSION
 
     def part_of(self, node: str) -> Part:

@@ -33,6 +33,9 @@ class Problem:
         device: The device alone (as its spec names it; its path is recorded in the plan).
         server: The server spec whose processors may take parts, or None.
         profile_path: The profile file the costs came from, when they came from a file.
+        server_profile_path: The file of a profile measured on the server, merged into
+            ``profile`` (:func:`edgesplit.pipeline.with_server_profile`); a plan records it beside
+            ``profile_path``, and its problem is made again by merging the two again.
         server_load: Devices sharing the server, to price its queueing delay (None: this one alone).
         accuracy: The budget reduced-precision parts must meet and how to measure it
             (:mod:`edgesplit.optimize.accuracy`); None: no check (plans made in code).
@@ -48,6 +51,7 @@ class Problem:
     pins: Mapping[str, str] = field(default_factory=dict)
     profile_path: str | None = None
     server_load: ServerLoad | None = None
+    server_profile_path: str | None = None
     accuracy: AccuracyCheck | None = None
 
     @property
