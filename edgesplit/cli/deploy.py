@@ -143,7 +143,7 @@ def command(
             **choices,
         )
     _report(manifest, no_verify)
-    kept = f" and its profile {profile_beside(output)}" if profile_path is None or server_profile else ""
+    kept = f" and its profile {profile_beside(output)}" if profile_path is None else ""
     console.print(f"wrote {output}" + (" (signed)" if sign_key else "") + kept)
 
 
