@@ -60,6 +60,8 @@ def test_the_server_is_priced_by_its_profile_not_its_roofline(lab):
     rooflined = _resolve(lab).profile.entry("lab-server.cpu", "ort")
     priced = _resolve(lab, server_profile=lab["dir"] / "srv.json").profile.entry("lab-server.cpu", "ort")
     assert rooflined.source == "predicted" and priced.source == "measured"
+    plan = partition(lab["graph"], "host-2core", profile=lab["dir"] / "dev.json", server=str(lab["spec"]))
+    assert plan.cost_sources["lab-server.cpu/ort"] == "predicted"  # what a plan shows it rests on
     assert priced.nodes == measured.nodes
     # the roofline's 10 MFLOP/s against what one core really takes
     assert priced.nodes["conv2"].latency_ms < rooflined.nodes["conv2"].latency_ms / 10
@@ -89,10 +91,9 @@ def test_a_plan_records_the_server_profile_and_its_problem_merges_it_again(lab):
     it (compile's bands, explain, verify) prices the server as measured, not by the roofline."""
     d = lab["dir"]
     args = ["--device", "host-2core", "--profile", d / "dev.json", "--server", lab["spec"]]
-    r = run_cli(
-        "partition", lab["model"], *args, "--server-profile", d / "srv.json", "-o", d / "plan.json", "-q"
-    )
+    r = run_cli("partition", lab["model"], *args, "--server-profile", d / "srv.json", "-o", d / "plan.json")
     assert r.returncode == 0, r.stderr
+    assert "measured on the server lab-server.cpu/ort" in " ".join(r.stdout.split())  # the costs line
     measured = load_profile(d / "srv.json").entry("cpu", "ort").nodes
     in_code = partition(
         lab["graph"],
@@ -103,6 +104,7 @@ def test_a_plan_records_the_server_profile_and_its_problem_merges_it_again(lab):
     )
     for plan in (load_plan(d / "plan.json"), in_code):
         assert (plan.profile_path, plan.server_profile_path) == (str(d / "dev.json"), str(d / "srv.json"))
+        assert plan.cost_sources["lab-server.cpu/ort"] == "measured"
         again = problem_from_plan(plan, lab["graph"]).profile.entry("lab-server.cpu", "ort")
         assert again.source == "measured" and again.nodes == measured
 

@@ -179,6 +179,9 @@ def print_plan(plan) -> None:
             f"{p.energy_mj:.3f}",
         )
     console.print(parts)
+    line = cost_sources_line(plan)
+    if line:
+        console.print(line, soft_wrap=True)
     _print_transfers(plan)
     _print_baselines(plan)
     for line in accuracy_lines(plan):
@@ -188,6 +191,19 @@ def print_plan(plan) -> None:
         f"solver {s.name}: {s.time_s:.3f} s, {'optimal' if s.optimal else f'gap {s.gap:.1%}'} "
         f"({s.model} model){'; ' + s.detail if s.detail else ''}"
     )
+
+
+def cost_sources_line(plan) -> str:
+    """Where the plan's figures come from, per processor/backend pair, grouped by source; the
+    server's measured pairs are named as measured on the server (``--server-profile``)."""
+    by_source: dict[str, list[str]] = {}
+    for key, source in sorted(plan.cost_sources.items()):
+        remote = plan.server is not None and key.startswith(f"{plan.server}.")
+        label = "measured on the server" if remote and source == "measured" else source
+        by_source.setdefault(
+            "predicted by the spec's roofline" if source == "predicted" else label, []
+        ).append(key)
+    return "costs: " + "; ".join(f"{k} {', '.join(v)}" for k, v in by_source.items()) if by_source else ""
 
 
 def _print_transfers(plan) -> None:

@@ -311,6 +311,7 @@ def make_plan(problem: Problem, cm: CostModel, out: Outcome) -> Plan:
         server_path=_abspath(server.path) if server is not None else "",
         profile_path=os.path.abspath(problem.profile_path) if problem.profile_path else None,
         server_profile_path=_abspath(problem.server_profile_path or "") or None,
+        cost_sources={e.key: e.source for e in problem.profile.entries},
     )
 
 

@@ -119,6 +119,10 @@ class Plan:
     (:mod:`edgesplit.optimize.accuracy`): the budget, the figures of the plan and of each such part,
     the calibration data, and the parts dropped to meet the budget; None for an fp32 plan.
 
+    ``cost_sources``: where the figures of each processor/backend pair the plan was priced with
+    came from (``measured``, ``predicted`` by the spec's roofline, ``calibrated``...), so that a
+    reader sees which parts of a plan rest on measurements; empty in older plans.
+
     The fields are in the JSON's key order. A new field goes with a default (in :class:`Part` too):
     :meth:`from_json` fills what an older plan lacks from the defaults, and leaves keys it does not
     know, so adding a field is one line.
@@ -147,6 +151,7 @@ class Plan:
     profile_path: str | None = None
     accuracy: Mapping[str, Any] | None = None
     server_profile_path: str | None = None
+    cost_sources: Mapping[str, str] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def part_of(self, node: str) -> Part:
