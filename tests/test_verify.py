@@ -207,6 +207,7 @@ def test_no_verify_skips_and_the_cli_prints_the_table(setup, tmp_path, capsys):
     code, out = run("--verify-budget-s", str(QUICK_BUDGET_S), "-o", str(tmp_path / "b"))
     assert code == 0, out
     assert "verification on this device" in out and "measured median ms" in out
+    assert "costs: measured big/ort, little/ort; predicted by the spec's roofline norelu/ort" in out
     assert "shipped plan: the plan is only:big" in out
     code, out = run("--verify-budget-s", "0", "-o", str(tmp_path / "c"))
     assert code == 2 and "--verify-budget-s" in out

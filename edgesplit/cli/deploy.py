@@ -150,6 +150,7 @@ def command(
 def _report(manifest, no_verify: bool) -> None:
     """The bundle, the plan's predicted figures and the verification table."""
     from edgesplit.cli.compile import print_manifest, print_verification
+    from edgesplit.cli.partition import cost_sources_line
 
     print_manifest(manifest)
     pred = manifest.plan.predicted
@@ -158,6 +159,8 @@ def _report(manifest, no_verify: bool) -> None:
             f"predicted: {pred.get('latency_ms', float('nan')):.3f} ms, "
             f"{pred.get('energy_mj', float('nan')):.3f} mJ per inference"
         )
+    if cost_sources_line(manifest.plan):
+        console.print(cost_sources_line(manifest.plan), soft_wrap=True)
     if manifest.verification is not None:
         print_verification(manifest.verification)
     elif no_verify:
