@@ -215,54 +215,30 @@ def test_no_verify_skips_and_the_cli_prints_the_table(setup, tmp_path, capsys):
 
 @pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_one(setup, tmp_path):
-    m = _deploy(
-        setup, tmp_path / "a", "big", server="server-a100", link="wifi", verify_budget_s=QUICK_BUDGET_S
-    )
-    v = m.verification
+    def deploy(name: str, **kw) -> Manifest:  # all on big, with the A100 over Wi-Fi
+        kw = dict(server="server-a100", link="wifi", verify_budget_s=QUICK_BUDGET_S, **kw)
+        return _deploy(setup, tmp_path / name, "big", **kw)
+
+    v = deploy("a").verification
     assert "no server URL" in v.candidate("server-only").error
     cut = v.candidate("best-single-cut")  # over Wi-Fi the best cut may keep every node on the device
     assert (cut.error and "no server URL" in cut.error) or cut.same_as == "plan"
     assert any("no server URL was given" in n for n in v.notes)
     assert v.shipped == "plan"
-    m = _deploy(
-        setup,
-        tmp_path / "b",
-        "big",
-        server="server-a100",
-        link="wifi",
-        server_url="local",
-        verify_budget_s=QUICK_BUDGET_S,
-    )
-    row = m.verification.candidate("server-only")
+    row = deploy("b", server_url="local").verification.candidate("server-only")
     assert row.error is None and row.measured and row.n_parts == 1
     # a running server at a URL: measured where it serves the candidate's parts (bundle "a" is the
     # whole model as one part p0, as server-only's is), else listed with the reason
     from edgesplit.runtime.server import ServeOptions, ServerThread
 
     with ServerThread(tmp_path / "a", ServeOptions(port=0, all_parts=True)) as srv:
-        m = _deploy(
-            setup,
-            tmp_path / "c",
-            "big",
-            server="server-a100",
-            link="wifi",
-            server_url=srv.url,
-            verify_budget_s=QUICK_BUDGET_S,
-        )
+        m = deploy("c", server_url=srv.url)
     assert m.verification.candidate("server-only").measured
     nodes = setup[3]
     split = {n: "big" if i < 6 else "little" for i, n in enumerate(nodes)}  # its p0 is the first 6 nodes
     edgesplit.deploy(setup[0], setup[1], tmp_path / "split", profile=setup[2], pins=split, verify=False)
     with ServerThread(tmp_path / "split", ServeOptions(port=0, all_parts=True)) as srv:
-        m = _deploy(
-            setup,
-            tmp_path / "d",
-            "big",
-            server="server-a100",
-            link="wifi",
-            server_url=srv.url,
-            verify_budget_s=QUICK_BUDGET_S,
-        )
+        m = deploy("d", server_url=srv.url)
     assert "serves another part p0" in m.verification.candidate("server-only").error
 
 
