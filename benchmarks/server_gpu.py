@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgesplit.profile.ort import time_runs
+
 MODELS = ("tiny_dag", "squeezenet", "mobilenetv2", "resnet18")
 SPEC = """\
 name: server-gpu
@@ -72,6 +74,7 @@ def build(out: Path, arch: str, models: list[str]) -> None:
     from edgesplit.compile.api import compile_bundle
     from edgesplit.compile.manual import contiguous_plan
     from edgesplit.model import zoo
+    from edgesplit.model.feeds import random_inputs
     from edgesplit.model.load import load_model
 
     out.mkdir(parents=True, exist_ok=True)
@@ -86,11 +89,7 @@ def build(out: Path, arch: str, models: list[str]) -> None:
             compile_bundle(graph, plan, out / f"{name}.{tag}", device=str(spec), force=True)
             print(f"{name} {tag}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        rng = np.random.default_rng(0)
-        feeds = {
-            i.name: rng.standard_normal([d if isinstance(d, int) else 1 for d in i.shape]).astype(np.float32)
-            for i in sess.get_inputs()
-        }
+        feeds = random_inputs(graph)
         want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
         np.savez(
             out / f"{name}.ref.npz",
@@ -100,14 +99,7 @@ def build(out: Path, arch: str, models: list[str]) -> None:
 
 
 def _median_ms(fn, runs: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return statistics.median(time_runs(fn, runs, warmup=5))
 
 
 def run(out: Path, runs: int, models: list[str]) -> list[dict]:

@@ -159,8 +159,9 @@ def _report(manifest, no_verify: bool) -> None:
             f"predicted: {pred.get('latency_ms', float('nan')):.3f} ms, "
             f"{pred.get('energy_mj', float('nan')):.3f} mJ per inference"
         )
-    if cost_sources_line(manifest.plan):
-        console.print(cost_sources_line(manifest.plan), soft_wrap=True)
+    costs = cost_sources_line(manifest.plan)
+    if costs:
+        console.print(costs, soft_wrap=True)
     if manifest.verification is not None:
         print_verification(manifest.verification)
     elif no_verify:

@@ -18,12 +18,13 @@ import numpy as np
 
 from edgesplit.compile.split import PartModel
 from edgesplit.compile.tune import Progress, TuneOptions
-from edgesplit.compile.tvm_build import build_library, check_library, runs_here
+from edgesplit.compile.tvm_build import build_library, check_library
 from edgesplit.cpu import ort_session_options
 from edgesplit.device import Backend, Processor
 from edgesplit.errors import CompileError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.precision import DEFAULT_CALIBRATION_METHOD
+from edgesplit.profile.tvm import runs_on_this_machine
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class TvmCompiler:
             note = f"tvm build {time.perf_counter() - t0:.1f}s"
             if info.get("cuda_kernels") == "source":
                 note += "; CUDA kernels as source, compiled (NVRTC) where the part loads"
-            if runs_here(target):
+            if runs_on_this_machine(target):
                 note += f"; max rel error vs ORT {_check(lib, target, job):.1e}"
         except CompileError:
             raise

@@ -18,7 +18,6 @@ import dataclasses
 import io
 import json
 import os
-import platform
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ import onnx
 from edgesplit.compile.split import rel_error
 from edgesplit.compile.tune import Progress, TuneOptions, tune_module
 from edgesplit.errors import CompileError
-from edgesplit.profile.tvm import GPU_KINDS, target_device
+from edgesplit.profile.tvm import GPU_KINDS, host_arch, target_arch, target_device
 from edgesplit.profile.tvmdb import (
     apply_databases,
     cache_dir,
@@ -38,25 +37,6 @@ from edgesplit.profile.tvmdb import (
     lower_for_tuning,
     tuning_target,
 )
-
-_ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
-
-
-def host_arch() -> str:
-    return _ARCH_ALIASES.get(platform.machine().lower(), platform.machine().lower())
-
-
-def target_arch(target: Mapping[str, Any]) -> str:
-    triple = target.get("mtriple")
-    return _ARCH_ALIASES.get(triple.split("-")[0], triple.split("-")[0]) if triple else host_arch()
-
-
-def runs_here(target: Mapping[str, Any]) -> bool:
-    """True when code for ``target`` can run on this machine, so that compile checks it against
-    ORT: a CPU target of this architecture, or a GPU target whose device TVM finds here."""
-    if target.get("kind") in GPU_KINDS:
-        return bool(target_device(dict(target)).exist)
-    return target.get("kind") in ("llvm", "c") and target_arch(target) == host_arch()
 
 
 def cross_compiler(target: Mapping[str, Any]) -> str | None:

@@ -18,7 +18,7 @@ import contextlib
 import io
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,7 +42,7 @@ RUNNABLE_HERE = ("llvm", "c")  # target kinds whose code runs on this CPU
 GPU_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")  # target kinds with a device of their own
 
 
-def target_device(target: dict[str, Any]):
+def target_device(target: Mapping[str, Any]):
     """The TVM device a library built for ``target`` runs on: its GPU (device 0), or the CPU."""
     import tvm
 
@@ -50,16 +50,29 @@ def target_device(target: dict[str, Any]):
     return tvm.device(kind if kind in GPU_KINDS else "cpu", 0)
 
 
-def runs_on_this_machine(target: dict[str, Any]) -> bool:
-    """Whether code built for ``target`` runs here: a CPU target of this machine's architecture, or
-    a GPU target whose device TVM finds here."""
+_ARCH_ALIASES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+
+
+def host_arch() -> str:
     import platform
 
+    return _ARCH_ALIASES.get(platform.machine().lower(), platform.machine().lower())
+
+
+def target_arch(target: Mapping[str, Any]) -> str:
+    """The CPU architecture a target's code is for (its ``mtriple``'s; no triple: this machine's)."""
+    triple = target.get("mtriple")
+    return _ARCH_ALIASES.get(triple.split("-")[0], triple.split("-")[0]) if triple else host_arch()
+
+
+def runs_on_this_machine(target: Mapping[str, Any]) -> bool:
+    """Whether code built for ``target`` runs here (to profile it, and for compile to check it
+    against ORT): a CPU target of this machine's architecture, or a GPU target whose device TVM
+    finds here."""
     kind = target.get("kind", "llvm")
     if kind in GPU_KINDS:
-        return bool(target_device(target).exist)
-    arch = str(target.get("mtriple", "x86_64")).split("-")[0]
-    return kind in RUNNABLE_HERE and arch in ("x86_64", platform.machine())
+        return bool(target_device(dict(target)).exist)
+    return kind in RUNNABLE_HERE and target_arch(target) == host_arch()
 
 
 @contextlib.contextmanager
@@ -382,9 +395,7 @@ class TvmProfiler:
 
     def unavailable(self, backend: Backend) -> str | None:
         target = dict(backend.target or {"kind": "llvm"})
-        if target.get("kind") in RUNNABLE_HERE or runs_on_this_machine(target):
-            return None
-        return f"TVM target kind '{target.get('kind')}' does not run here"
+        return None if runs_on_this_machine(target) else f"TVM target {target} does not run here"
 
     def profile(
         self, graph: ModelGraph, processor: Processor, backend: Backend, options, progress: Progress | None
