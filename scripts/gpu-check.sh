@@ -7,13 +7,15 @@
 #   # then, on the GPU machine, two commands in a row (the machine must stay the same):
 #   #   carry .gpucheck/A:  bash scripts/gpu-check.sh unpack-compiler
 #   #   carry .gpucheck/B:  bash scripts/gpu-check.sh run      (writes its results under $OUT)
+#   #   (then, if device time is left: carry .gpucheck/B:  bash scripts/gpu-check.sh bundles)
 #
 # Why two: TVM's compiler library alone is 57 MiB xz-compressed (259 MB as it is), and loading a
 # CUDA part built on a machine without a GPU needs it (TVM keeps such kernels as CUDA source and
 # compiles them with NVRTC when the part loads; README "A server GPU").
-# `run` builds and runs benchmarks/server_gpu.py's bundles, profiles squeezenet and mobilenetv2 on
-# devices/server-h200.yaml (--here), plans an offload with that measured server profile, and runs
-# the tests marked cuda.
+# `run` profiles squeezenet and mobilenetv2 (resnet18 is over the 64 MiB a call carries) on devices/server-h200.yaml (--here; the
+# measured profiles are what profiles/server-h200/ ships), runs the tests marked cuda, and plans an
+# offload with a measured server profile. `bundles` builds and runs benchmarks/server_gpu.py's
+# bundles (README "A server GPU").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=.gpucheck
@@ -45,34 +47,50 @@ unpack_compiler() {
   ls -la "$SITE/tvm/lib"
 }
 
-run() {
+setup_site() {
   [ -s "$SITE/tvm/lib/libtvm_compiler.so" ] || { echo "run unpack-compiler first, on this machine"; exit 4; }
-  tar -xJf "$G/B/tvm.tar.xz" -C "$SITE"
+  [ -d "$SITE/tvm/runtime" ] || tar -xJf "$G/B/tvm.tar.xz" -C "$SITE"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$G"/B/wheels/*.whl
   local cudart
   cudart=$(find /usr/local /opt /usr/lib -name 'libcudart.so.1[0-9]*' 2>/dev/null | head -1)
   export LD_LIBRARY_PATH="$(dirname "$cudart"):${LD_LIBRARY_PATH:-}"
   export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}"
   export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
-  local out="${OUT:-$G/out}" es=(python3 -c 'import sys; from edgesplit.cli.main import main; sys.exit(main())')
-  mkdir -p "$out"
+  OUTDIR="${OUT:-$G/out}"
+  mkdir -p "$OUTDIR"
+}
+
+ES=(python3 -c 'import sys; from edgesplit.cli.main import main; sys.exit(main())')
+
+run() {
+  setup_site
+  local out="$OUTDIR"
   (lscpu | grep -E "Model name|^CPU\(s\)" || true; nvidia-smi --query-gpu=name,driver_version --format=csv) | tee "$out/machine.txt"
-  timeout 300 python3 benchmarks/server_gpu.py build /tmp/sg 2>&1 | grep -v -i warn | tee "$out/build.txt" || true
-  python3 benchmarks/server_gpu.py run /tmp/sg --runs 200 --json "$out/server_gpu.json" 2>&1 | tee "$out/server_gpu.txt" || true
+  local t0
   for m in squeezenet mobilenetv2; do
-    timeout 300 "${es[@]}" profile "$G/B/models/$m.onnx" --device server-h200 --here \
-      -o "$out/$m.server-h200.json" 2>&1 | grep -v -i warn | tail -20 | tee "$out/$m.profile.txt" || true
+    t0=$(date +%s)
+    timeout 200 "${ES[@]}" profile "$G/B/models/$m.onnx" --device server-h200 --here \
+      -o "$out/$m.server-h200.json" 2>&1 | grep -v -i warn | tail -25 | tee "$out/$m.profile.txt" || true
+    echo "profile $m: $(( $(date +%s) - t0 )) s wall" | tee -a "$out/$m.profile.txt"
   done
-  "${es[@]}" partition "$G/B/models/squeezenet.onnx" --device snapdragon-8gen2 --server server-h200 \
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts= -m cuda tests/test_compile_run.py \
+    tests/test_profile.py -rs 2>&1 | tail -15 | tee "$out/pytest.txt" || true
+  "${ES[@]}" partition "$G/B/models/squeezenet.onnx" --device snapdragon-8gen2 --server server-h200 \
     --server-profile "$out/squeezenet.server-h200.json" --link wifi -o /tmp/plan.json 2>&1 |
     tail -30 | tee "$out/partition.txt" || true
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -o addopts= -m cuda tests/test_compile_run.py \
-    tests/test_profile.py -rs 2>&1 | tail -15 | tee "$out/pytest.txt"
+}
+
+bundles() {
+  setup_site
+  timeout 300 python3 benchmarks/server_gpu.py build /tmp/sg 2>&1 | grep -v -i warn | tee "$OUTDIR/build.txt" || true
+  python3 benchmarks/server_gpu.py run /tmp/sg --runs 200 --json "$OUTDIR/server_gpu.json" 2>&1 |
+    tee "$OUTDIR/server_gpu.txt" || true
 }
 
 case "${1:-}" in
   prepare) prepare ;;
   unpack-compiler) unpack_compiler ;;
   run) run ;;
-  *) echo "usage: $0 prepare|unpack-compiler|run" >&2; exit 2 ;;
+  bundles) bundles ;;
+  *) echo "usage: $0 prepare|unpack-compiler|run|bundles" >&2; exit 2 ;;
 esac
