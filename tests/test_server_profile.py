@@ -121,3 +121,29 @@ def test_profile_here_measures_a_spec_not_marked_local_and_says_when_nothing_was
     assert r.returncode == 0, r.stderr
     assert load_profile(d / "there.json").entry("cpu", "ort").source == "predicted"
     assert "nothing was measured" in r.stdout and "pass --here" in r.stdout
+
+
+def test_the_h200_as_measured_moves_mobilenetv2_from_the_server_gpu_to_its_cpu(tmp_path):
+    """profiles/mobilenetv2.server-h200.profile.json was measured on a lent H200 (`profile --device
+    server-h200 --here`): untuned TVM ran the model in 3.1 ms on the GPU and ORT in 1.9 ms on the 16
+    host cores. The spec's roofline puts the whole model on the GPU at about 0.5 ms; priced as
+    measured, the server's part runs on its CPU instead, at the measured time."""
+    from edgesplit.model import zoo
+    from edgesplit.util import shipped_dir
+
+    shipped = shipped_dir("profiles") / "mobilenetv2.server-h200.profile.json"
+    graph = load_model(zoo.save("mobilenetv2", tmp_path / "mobilenetv2.onnx"))
+    server = {}
+    for key, server_profile in (("roofline", None), ("measured", shipped)):
+        plan = partition(
+            graph, "raspberry-pi5", server="server-h200", link="wifi", bandwidth_mbps=1000, rtt_ms=1,
+            server_profile=server_profile,
+        )  # fmt: skip
+        server[key] = [p for p in plan.parts if p.processor.startswith("server-h200.")]
+    assert [p.processor for p in server["roofline"]] == ["server-h200.gpu"]
+    assert [p.processor for p in server["measured"]] == ["server-h200.cpu"]
+    whole_cpu_ms = load_profile(shipped).entry("cpu", "ort").whole_model_ms
+    part = server["measured"][0]
+    assert len(part.nodes) == len(graph.nodes)
+    assert part.end_ms - part.start_ms == pytest.approx(whole_cpu_ms, rel=0.1)
+    assert server["roofline"][0].end_ms - server["roofline"][0].start_ms < 0.5 * whole_cpu_ms
