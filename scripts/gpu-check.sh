@@ -8,6 +8,7 @@
 #   #   carry .gpucheck/A:  bash scripts/gpu-check.sh unpack-compiler
 #   #   carry .gpucheck/B:  bash scripts/gpu-check.sh run      (writes its results under $OUT)
 #   #   (then, if device time is left: carry .gpucheck/B:  bash scripts/gpu-check.sh bundles)
+#   # The offload check: `prepare` and `prepare-offload` here, then unpack-compiler and `offload`.
 #
 # Why two: TVM's compiler library alone is 57 MiB xz-compressed (259 MB as it is), and loading a
 # CUDA part built on a machine without a GPU needs it (TVM keeps such kernels as CUDA source and
@@ -80,6 +81,45 @@ run() {
     tail -30 | tee "$out/partition.txt" || true
 }
 
+# An offload bundle (compiled here by `prepare-offload`: squeezenet, 4 nodes on the host's CPU, the
+# rest on server-h200's GPU as a TVM CUDA part) served by `edgesplit serve` on this machine and run
+# by `edgesplit run --server` over loopback, against ORT's whole-model output.
+offload() {
+  setup_site
+  local b="$G/B/offload" url=http://127.0.0.1:8765 pid
+  "${ES[@]}" serve "$b/bundle" --port 8765 > "$OUTDIR/serve.txt" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do grep -q listening "$OUTDIR/serve.txt" && break; sleep 0.5; done
+  cat "$OUTDIR/serve.txt"
+  for mode in "" --adaptive; do
+    timeout 120 "${ES[@]}" run "$b/bundle" --server "$url" --input "input=$b/x.npy" --repeat 200 $mode \
+      -o "$OUTDIR/y$mode" 2>&1 | grep -v -i warn | tail -40 | tee "$OUTDIR/run$mode.txt" || true
+  done
+  python3 - "$G/B/models/squeezenet.onnx" "$b/x.npy" "$OUTDIR" <<'PY' | tee "$OUTDIR/compare.txt"
+import sys, pathlib, numpy as np, onnxruntime as ort
+model, x, out = sys.argv[1], np.load(sys.argv[2]), pathlib.Path(sys.argv[3])
+ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+for d in sorted(out.glob("y*")):
+    for f in d.glob("*.npy"):
+        y = np.load(f)
+        print(d.name, f.name, "max rel error vs ORT", float(np.abs(y - ref).max() / np.abs(ref).max()))
+PY
+  kill "$pid"; wait "$pid" || true
+  tail -5 "$OUTDIR/serve.txt"
+}
+
+prepare_offload() {
+  local b="$G/B/offload" m="$G/B/models/squeezenet.onnx"
+  rm -rf "$b" && mkdir -p "$b"
+  .venv/bin/edgesplit partition "$m" --device host --server server-h200 \
+    --server-profile profiles/squeezenet.server-h200.profile.json --link wifi --bandwidth-mbps 10000 \
+    --rtt-ms 0.1 --pin features.0=cpu -o "$b/plan.json" | tail -3
+  .venv/bin/edgesplit compile "$m" --plan "$b/plan.json" -o "$b/bundle" | tail -3
+  .venv/bin/python -c "import numpy as np; np.save('$b/x.npy', np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32))"
+  rm -f "$G/B/models/mobilenetv2.onnx"
+  du -sh "$G/B"
+}
+
 bundles() {
   setup_site
   timeout 300 python3 benchmarks/server_gpu.py build /tmp/sg 2>&1 | grep -v -i warn | tee "$OUTDIR/build.txt" || true
@@ -92,5 +132,7 @@ case "${1:-}" in
   unpack-compiler) unpack_compiler ;;
   run) run ;;
   bundles) bundles ;;
-  *) echo "usage: $0 prepare|unpack-compiler|run|bundles" >&2; exit 2 ;;
+  prepare-offload) prepare_offload ;;
+  offload) offload ;;
+  *) echo "usage: $0 prepare|unpack-compiler|run|bundles|prepare-offload|offload" >&2; exit 2 ;;
 esac

@@ -28,7 +28,9 @@ from edgesplit.util import short
 
 
 class Executor(Protocol):
-    """Runs one part. Built and called on the processor's worker thread."""
+    """Runs one part. Built and called on the processor's worker thread. An executor whose ``run``
+    may be called from several threads at once (the offload server's compute threads) says so with
+    ``thread_safe = True``; one that does not is called one request at a time there."""
 
     part: PartArtifact
 
@@ -42,6 +44,8 @@ class OrtExecutor:
 
     The model is loaded from the bytes checked against the manifest as they were read.
     """
+
+    thread_safe = True  # ORT's InferenceSession.run may be called concurrently
 
     def __init__(
         self,
@@ -112,6 +116,8 @@ class OrtExecutor:
 
 class TvmExecutor:
     """A TVM Relax VM over the part's compiled library, loaded from a checked private copy."""
+
+    thread_safe = False  # a VM holds its call frames: one call at a time
 
     def __init__(
         self,

@@ -1,7 +1,17 @@
-"""One bundle part as the offload server serves it: its ORT session, its specs, its checks."""
+"""One bundle part as the offload server serves it: what runs it, its specs, its checks.
+
+A part whose artifact is its ONNX file runs in an ORT session here (batched when asked). A part
+with an artifact of its own (a TVM library, an int8 or fp16 model) runs through the runtime's
+executor table, as it would on a device, so the server computes what the plan priced: a TVM CUDA
+part on the GPU, not its fp32 ONNX on the CPU. Where that artifact cannot run here, the part's ONNX
+runs on the CPU instead, and :attr:`ServedModel.note` says why (``serve`` prints it).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -9,22 +19,57 @@ from typing import Any
 import numpy as np
 
 from edgesplit.compile.bundle import PartArtifact, VerifiedBundle
-from edgesplit.errors import RunInputError
+from edgesplit.errors import BundleError, RunInputError
 from edgesplit.runtime import oip
 
 
 class ServedModel:
-    """One part behind ``/v2/models/{name}``: its ORT session, specs and metadata."""
+    """One part behind ``/v2/models/{name}``: what runs it, its specs and metadata.
+
+    Attributes:
+        runs_on: What computes the part here: ``ort`` (its ONNX file in ORT) or the backend of its
+            own artifact (``tvm``, ``ort-int8``, ...).
+        note: Why the part runs otherwise than planned (no provider, an artifact that does not
+            load here, unbatched), or "".
+    """
 
     def __init__(
         self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None, max_batch: int = 1
     ):
         """Load the part; with ``max_batch > 1``, its batch-free form when it has one (see
         :mod:`edgesplit.compile.batching`), else it is served unbatched and :attr:`note` says so."""
-        import onnxruntime as ort
-
         self.part = part
         self.name = part.name
+        self.max_batch, self.rows = 1, 0
+        self.executor, notes = None, []
+        if part.file != part.onnx_file:
+            self.executor, why = _artifact_executor(part, bundle, intra_op_threads)
+            notes += [why] if why else []
+            if self.executor is not None and max_batch > 1:
+                notes.append(f"{part.name}: served unbatched: its {part.backend} artifact runs as compiled")
+        # one call at a time into an executor that is not thread-safe (a TVM VM keeps its frames)
+        self._serial = threading.Lock() if not getattr(self.executor, "thread_safe", False) else None
+        if self.executor is None:
+            notes += self._load_onnx(part, bundle, intra_op_threads, max_batch)
+        self.runs_on = part.backend if self.executor is not None else "ort"
+        self.note = "; ".join(notes)
+        self.inputs = {t.name: t for t in part.inputs}
+        self.output_names = [t.name for t in part.outputs]
+        self.metadata = {
+            "name": part.name,
+            "versions": ["1"],
+            "platform": "onnxruntime_onnx" if self.executor is None else f"edgesplit_{part.backend}",
+            "inputs": [_spec_json(t) for t in part.inputs],
+            "outputs": [_spec_json(t) for t in part.outputs],
+        }
+
+    def _load_onnx(
+        self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None, max_batch: int
+    ) -> list[str]:
+        """An ORT session on the part's ONNX file (batch-free with ``max_batch > 1`` where it can
+        be); returns the notes."""
+        import onnxruntime as ort
+
         from edgesplit.cpu import ort_session_options
 
         # the server processor's threads, as planned. A batching server runs batches large
@@ -41,7 +86,6 @@ class ServedModel:
             providers.append(("CPUExecutionProvider", {}))
         # from the bytes checked against the manifest as they were read
         onnx_bytes = bundle.read(part.onnx_file)
-        self.max_batch, self.rows = 1, 0
         if max_batch > 1:
             from edgesplit.compile.batching import free_batch
 
@@ -50,17 +94,8 @@ class ServedModel:
                 onnx_bytes, self.max_batch, self.rows = found.onnx_bytes, max_batch, found.rows
             else:
                 notes.append(f"{part.name}: served unbatched: {found.reason}")
-        self.note = "; ".join(notes)
         self.session = ort.InferenceSession(onnx_bytes, so, providers=providers)
-        self.inputs = {t.name: t for t in part.inputs}
-        self.output_names = [t.name for t in part.outputs]
-        self.metadata = {
-            "name": part.name,
-            "versions": ["1"],
-            "platform": "onnxruntime_onnx",
-            "inputs": [_spec_json(t) for t in part.inputs],
-            "outputs": [_spec_json(t) for t in part.outputs],
-        }
+        return notes
 
     def check(self, req: oip.InferRequest) -> dict[str, np.ndarray]:
         """The request's inputs, checked against the part's names, datatypes and shapes."""
@@ -122,8 +157,13 @@ class ServedModel:
     def run(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> tuple[dict[str, np.ndarray], float]:
         """Outputs ``names`` for ``feeds``, and the compute time in ms (called on a compute thread)."""
         t0 = time.perf_counter()
-        got = self.session.run(names, dict(feeds))
-        return dict(zip(names, got)), (time.perf_counter() - t0) * 1e3
+        if self.executor is None:
+            got = dict(zip(names, self.session.run(names, dict(feeds))))
+        else:
+            with self._serial or contextlib.nullcontext():
+                out = self.executor.run(feeds)
+            got = {n: out[n] for n in names}
+        return got, (time.perf_counter() - t0) * 1e3
 
     def run_batch(
         self, feeds: Sequence[Mapping[str, np.ndarray]], names: Sequence[list[str]]
@@ -144,3 +184,29 @@ class ServedModel:
 
 def _spec_json(t) -> dict[str, Any]:
     return {"name": t.name, "datatype": oip.oip_datatype(t.dtype), "shape": list(t.shape)}
+
+
+def _artifact_executor(part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None):
+    """(the executor of the part's own artifact, by the runtime's table, or None; why not).
+
+    The part runs here as a local part of the server: its provider where this onnxruntime has it
+    (else the CPU's, said), the server's thread count, no core list (the spec's cores are the
+    planned machine's, as for ORT parts)."""
+    import onnxruntime as ort
+
+    from edgesplit.runtime.backends import EXECUTORS
+
+    factory = EXECUTORS.get(part.backend)
+    fallback = "serving its ONNX file on the CPU with ORT"
+    if factory is None:
+        return None, f"{part.name}: no executor for backend '{part.backend}' here: {fallback}"
+    notes = []
+    local = dataclasses.replace(part, remote=False, cores=None, threads=intra_op_threads or part.threads)
+    if part.provider and part.provider not in ort.get_available_providers():
+        local = dataclasses.replace(local, provider="CPUExecutionProvider", provider_options={})
+        notes.append(f"{part.name}: no {part.provider} here, its {part.backend} artifact runs on CPU")
+    try:
+        executor = factory(local, bundle)
+    except BundleError as e:
+        return None, f"{part.name}: its {part.backend} artifact does not load here ({e}): {fallback}"
+    return executor, "; ".join(notes)
