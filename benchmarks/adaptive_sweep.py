@@ -142,11 +142,14 @@ def build(args, tmp: Path, quota: CpuQuota):
 
 def predicted_ms(problem, bands, rates: list[float]) -> list[list[float]]:
     """Per band plan of the bundle, the predicted latency at each rate (ms)."""
-    from edgesplit.optimize.bands import curves, plan_assignment, problem_costs
+    from edgesplit.optimize.bands import curves, plan_assignment, problem_pricings
 
-    cm = problem_costs(problem)
-    assigns = [plan_assignment(cm, bp.plan) for bp in bands.plans]
-    return curves(cm, bands.objective, assigns, rates)
+    # each plan in the cheaper of the pricings the band table weighed (each node on its fastest
+    # backend, or one backend per processor): the one the table chose it in
+    pricings = problem_pricings(problem)
+    assigns = [plan_assignment(pricings[0], bp.plan) for bp in bands.plans]
+    each = [curves(cm, bands.objective, assigns, rates) for cm in pricings]
+    return [[min(v) for v in zip(*per_pricing)] for per_pricing in zip(*each)]
 
 
 def main() -> None:

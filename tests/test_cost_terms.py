@@ -562,19 +562,9 @@ def test_a_trivial_bundle_costs_the_session_and_its_wake_ups(tmp_path):
     assert 0.25 <= got / predicted <= 4.0, (got, predicted)  # without those terms: 20x and more
 
 
-@pytest.mark.parametrize("objective", ["latency", "pareto"])
-def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
-    chain_model, chain_profile, objective
-):
-    """A second backend 1% faster on one node: a plan that switched backends for it would pay two
-    part boundaries for a few microseconds. The plan keeps one backend per processor instead, and
-    predicts no worse than the plan without that backend (squeezenet on host-biglittle: five parts
-    on big at 11.06 ms predicted against 9.30 for ORT alone, before). A trade-off (pareto) keeps it
-    too, on both figures (squeezenet's point on big: 17.94 ms and 71.1 mJ against 11.86 and 46.9)."""
-    from edgesplit.optimize.api import solve_plan
-    from edgesplit.pipeline import Choices, resolve
-
-    # the chain's profile on host-biglittle, whose processors have ORT and TVM (core0 as big ...)
+def _twin_backends(chain_profile):
+    """The chain's profile on host-biglittle (whose processors have ORT and TVM; core0 as big ...),
+    with ORT only, and with a TVM twin on big 1% faster on conv3 and 1.5x slower elsewhere."""
     names = {"core0": "big", "core1": "little"}
 
     def moved(e):
@@ -590,7 +580,22 @@ def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
     faster = {
         n: replace(c, latency_ms=c.latency_ms * (0.99 if n == "conv3" else 1.5)) for n, c in big.nodes.items()
     }
-    both = replace(ort_only, entries=(*ort_only.entries, replace(big, backend="tvm", nodes=faster)))
+    return ort_only, replace(ort_only, entries=(*ort_only.entries, replace(big, backend="tvm", nodes=faster)))
+
+
+@pytest.mark.parametrize("objective", ["latency", "pareto"])
+def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
+    chain_model, chain_profile, objective
+):
+    """A second backend 1% faster on one node: a plan that switched backends for it would pay two
+    part boundaries for a few microseconds. The plan keeps one backend per processor instead, and
+    predicts no worse than the plan without that backend (squeezenet on host-biglittle: five parts
+    on big at 11.06 ms predicted against 9.30 for ORT alone, before). A trade-off (pareto) keeps it
+    too, on both figures (squeezenet's point on big: 17.94 ms and 71.1 mJ against 11.86 and 46.9)."""
+    from edgesplit.optimize.api import solve_plan
+    from edgesplit.pipeline import Choices, resolve
+
+    ort_only, both = _twin_backends(chain_profile)
 
     def plan_for(profile):
         return solve_plan(
@@ -610,6 +615,33 @@ def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
     for b in mixed.baselines:
         if b.name in ort_alone:
             assert b.latency_ms <= ort_alone[b.name] * (1 + 1e-9), (b, ort_alone[b.name])
+
+
+def test_band_plans_do_not_cut_a_processor_into_parts_for_a_backend_faster_on_one_node(
+    chain_model, chain_profile
+):
+    """An adaptive bundle's plan per bandwidth weighs one backend per processor too (squeezenet on
+    host with an H200 server: the plan below 105 Mbit/s was 12 ORT and TVM parts on the CPU at
+    7.04 ms predicted, against 5.66 for ORT alone). With the TVM twin, no band plan is worse than
+    the table without it, and none runs a TVM part."""
+    from edgesplit.optimize.bands import band_plans, curves, problem_band_table, problem_pricings
+    from edgesplit.pipeline import Choices, resolve
+
+    ort_only, both = _twin_backends(chain_profile)
+    grid = np.logspace(-1, 3, 17)
+    chosen = {}
+    for key, profile in (("plain", ort_only), ("mixed", both)):
+        problem = resolve(
+            chain_model, "host-biglittle", Choices(profile=profile, server="server-a100", link="wifi")
+        )
+        table = problem_band_table(problem, per_decade=1, max_evals=60)
+        for plan in band_plans(problem, table):
+            assert "tvm" not in {p.backend for p in plan.parts}, [
+                (p.processor, p.backend) for p in plan.parts
+            ]
+        values = curves(problem_pricings(problem), table.objective, table.assigns, grid, table.pricing)
+        chosen[key] = [values[table.band_at(bw).plan][i] for i, bw in enumerate(grid)]
+    assert all(m <= p * (1 + 1e-6) for m, p in zip(chosen["mixed"], chosen["plain"])), chosen
 
 
 def test_a_plan_s_baselines_are_each_the_cheaper_of_their_two_pricings():

@@ -75,7 +75,7 @@ def explain_bands(plan, per_decade: int, plot_path: str | None) -> None:
     """The band table of ``plan``'s problem, each plan's value on a log grid, and the envelope."""
     from rich.table import Table
 
-    from edgesplit.optimize.bands import curves, problem_band_table, problem_costs
+    from edgesplit.optimize.bands import curves, problem_band_table, problem_pricings
     from edgesplit.optimize.objectives import OBJECTIVES
     from edgesplit.optimize.sweep import log_bandwidths, needs_network
     from edgesplit.pipeline import problem_from_plan
@@ -84,7 +84,7 @@ def explain_bands(plan, per_decade: int, plot_path: str | None) -> None:
     problem = problem_from_plan(plan)
     table = problem_band_table(problem)
     grid = sorted({*log_bandwidths(table.lo_mbps, table.hi_mbps, per_decade), *table.breakpoints_mbps})
-    values = curves(problem_costs(problem), table.objective, table.assigns, grid)
+    values = curves(problem_pricings(problem), table.objective, table.assigns, grid, table.pricing)
     unit = OBJECTIVES[table.objective].unit
     t = Table(title=f"{plan.model_name}: {table.objective} ({unit}) of each band plan against uplink rate")
     for col in ("Mbit/s", *(f"plan {k}" for k in range(len(table.assigns))), "envelope", "best"):

@@ -24,6 +24,13 @@ linear costs the table is exact: at every bandwidth its plan is optimal. For the
 solver is a bounded search and the curves are piecewise linear, so the table is exact for the
 plans found, and checked against the solver on both sides of each breakpoint.
 
+A processor with two backends (ORT and TVM) can be priced two ways: each node on its fastest
+backend, or one backend for the whole processor (which saves the hand-offs between them; see
+:func:`edgesplit.optimize.api._fewest_backends`). The table takes both pricings as candidates, so a
+band's plan is never one that cuts a processor's run into ORT and TVM parts where one runtime alone
+is faster (squeezenet on ``host`` with an H200 server: at 0.1 Mbit/s the first pricing's best plan,
+12 parts on the CPU, was predicted at 7.04 ms, ORT alone at 5.66 ms).
+
 Everything here is pure: a :class:`CostModel` in, assignments out. :func:`problem_band_table` and
 :func:`band_plans` apply it to a :class:`~edgesplit.optimize.problem.Problem`.
 """
@@ -32,14 +39,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from edgesplit.device import NetworkLink
 from edgesplit.errors import PlanError
-from edgesplit.optimize.api import costs_of, make_plan
+from edgesplit.optimize.api import costs_of, make_plan, uniform_backends
 from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.evaluate import sequential_cost
 from edgesplit.optimize.objectives import objective
@@ -80,6 +87,8 @@ class BandTable:
         decisions: Per plan, which processors run how many nodes (``cpu:21 server.gpu:40``).
         solver_calls: Times the solver was run.
         time_s: Time the analysis took.
+        pricing: Per plan, the cost model it is priced in: 0 for the table's own, ``k`` for its
+            ``k``-th alternative (empty: all 0).
     """
 
     objective: str
@@ -90,6 +99,10 @@ class BandTable:
     decisions: tuple[str, ...]
     solver_calls: int
     time_s: float
+    pricing: tuple[int, ...] = ()
+
+    def pricing_of(self, plan: int) -> int:
+        return self.pricing[plan] if self.pricing else 0
 
     @property
     def breakpoints_mbps(self) -> tuple[float, ...]:
@@ -151,35 +164,38 @@ def link_at(link: NetworkLink, up_mbps: float) -> NetworkLink:
 
 
 class _Envelope:
-    """Candidates, their values at bandwidths (cached), and the solver's plan at bandwidths."""
+    """Candidates (a plan in one of the pricings), their values at bandwidths (cached), and the
+    solver's plans at bandwidths (one per pricing)."""
 
-    def __init__(self, cm: CostModel, objective_name: str, slo_ms: float | None, max_evals: int):
-        self.cm, self.name, self.slo_ms, self.max_evals = cm, objective_name, slo_ms, max_evals
+    def __init__(self, cms: Sequence[CostModel], objective_name: str, slo_ms: float | None, max_evals: int):
+        self.bases, self.name, self.slo_ms, self.max_evals = tuple(cms), objective_name, slo_ms, max_evals
         self.obj = objective(objective_name)
         self.cands: list[np.ndarray] = []
-        self._index: dict[bytes, int] = {}
-        self._cms: dict[float, CostModel] = {}
+        self.pricing: list[int] = []
+        self._index: dict[tuple[int, bytes], int] = {}
+        self._cms: dict[tuple[int, float], CostModel] = {}
         self._values: dict[tuple[int, float], float] = {}
         self._solved: set[float] = set()
         self.solver_calls = 0
 
-    def cost_model(self, bw: float) -> CostModel:
-        if bw not in self._cms:
-            self._cms[bw] = with_rate(self.cm, bw)
-        return self._cms[bw]
+    def cost_model(self, bw: float, pricing: int = 0) -> CostModel:
+        if (pricing, bw) not in self._cms:
+            self._cms[pricing, bw] = with_rate(self.bases[pricing], bw)
+        return self._cms[pricing, bw]
 
-    def add(self, assign: np.ndarray) -> int:
+    def add(self, assign: np.ndarray, pricing: int = 0) -> int:
         a = np.asarray(assign, dtype=np.int64)
-        key = a.tobytes()
+        key = (pricing, a.tobytes())
         if key not in self._index:
             self._index[key] = len(self.cands)
             self.cands.append(a)
+            self.pricing.append(pricing)
         return self._index[key]
 
     def value(self, i: int, bw: float) -> float:
         key = (i, bw)
         if key not in self._values:
-            cm = self.cost_model(bw)
+            cm = self.cost_model(bw, self.pricing[i])
             v = float(self.obj.value(cm)(self.cands[i]))
             if self.slo_ms is not None:
                 latency = schedule(cm, self.cands[i]).makespan_ms
@@ -189,19 +205,20 @@ class _Envelope:
         return self._values[key]
 
     def solve_at(self, bw: float) -> None:
-        """Run the solver at ``bw`` (once) and add its plan."""
+        """Run the solver at ``bw`` (once per pricing) and add its plans."""
         if bw in self._solved:
             return
         self._solved.add(bw)
-        self.solver_calls += 1
-        cm = self.cost_model(bw)
-        try:
-            out = solve(cm, self.name, slo_ms=self.slo_ms, max_evals=self.max_evals)
-        except PlanError:
-            if self.slo_ms is None:
-                raise
-            out = solve(cm, "latency", max_evals=self.max_evals)  # none meets the SLO: the fastest
-        self.add(out.assign)
+        for k in range(len(self.bases)):
+            self.solver_calls += 1
+            cm = self.cost_model(bw, k)
+            try:
+                out = solve(cm, self.name, slo_ms=self.slo_ms, max_evals=self.max_evals)
+            except PlanError:
+                if self.slo_ms is None:
+                    raise
+                out = solve(cm, "latency", max_evals=self.max_evals)  # none meets the SLO: the fastest
+            self.add(out.assign, k)
 
     def best(self, bw: float) -> int:
         """The best candidate at ``bw`` (the first of equals: ties keep the older plan)."""
@@ -261,6 +278,7 @@ def band_table(
     tol: float = 1e-9,
     max_evals: int = 150,
     seeds: Iterable[np.ndarray] = (),
+    alternatives: Sequence[CostModel] = (),
 ) -> BandTable:
     """The best plan for every uplink rate from ``lo_mbps`` to ``hi_mbps`` (see the module doc).
 
@@ -271,7 +289,10 @@ def band_table(
         slo_ms: Plans over it rank after every plan under it (where none meets it, the fastest).
         rel_tol: How exact a breakpoint is: it lies within a relative ``rel_tol`` of the crossing.
         tol: A plan must be better by this relative margin to count as a different optimum.
-        seeds: Plans to consider besides the solver's (a plan already made, say).
+        seeds: Plans to consider besides the solver's (a plan already made, say), in every pricing.
+        alternatives: The same problem priced otherwise (one backend per processor, say): plans
+            are solved and valued in each pricing too, and :attr:`BandTable.pricing` records the
+            one each plan of the table is priced in.
 
     Raises:
         PlanError: for a cost model without a network link, or a range that is not positive.
@@ -280,9 +301,10 @@ def band_table(
         raise PlanError(f"the bandwidth range must be 0 < lo < hi, got {lo_mbps:g} to {hi_mbps:g} Mbit/s")
     t0 = time.perf_counter()
     link_rates(cm)
-    env = _Envelope(cm, objective_name, slo_ms, max_evals)
+    env = _Envelope([cm, *alternatives], objective_name, slo_ms, max_evals)
     for s in seeds:
-        env.add(s)
+        for k in range(len(env.bases)):
+            env.add(s, k)
     grid = sorted({lo_mbps, hi_mbps, *(b for b in log_bandwidths(lo_mbps, hi_mbps, per_decade))})
     grid = [b for b in grid if lo_mbps <= b <= hi_mbps]
     for b in grid:
@@ -305,6 +327,7 @@ def band_table(
         for lo, hi, p in raw
     )
     assigns = tuple(env.cands[p] for p in used)
+    pricing = tuple(env.pricing[p] for p in used)
     return BandTable(
         objective_name,
         lo_mbps,
@@ -314,16 +337,27 @@ def band_table(
         tuple(decision_of(a, cm.processors) for a in assigns),
         env.solver_calls,
         time.perf_counter() - t0,
+        pricing if alternatives else (),
     )
 
 
 def curves(
-    cm: CostModel, objective_name: str, assigns: Iterable[np.ndarray], bandwidths: Iterable[float]
+    cm: CostModel | Sequence[CostModel],
+    objective_name: str,
+    assigns: Iterable[np.ndarray],
+    bandwidths: Iterable[float],
+    pricing: Sequence[int] = (),
 ) -> list[list[float]]:
-    """Each plan's value at each bandwidth (for a latency-against-bandwidth plot)."""
+    """Each plan's value at each bandwidth (for a latency-against-bandwidth plot); with several
+    cost models, plan ``k`` is priced in ``cm[pricing[k]]`` (as :attr:`BandTable.pricing`)."""
     obj = objective(objective_name)
-    models = [with_rate(cm, b) for b in bandwidths]
-    return [[float(obj.value(m)(np.asarray(a))) for m in models] for a in assigns]
+    bases = [cm] if isinstance(cm, CostModel) else list(cm)
+    bws = list(bandwidths)
+    models = [[with_rate(base, b) for b in bws] for base in bases]
+    return [
+        [float(obj.value(m)(np.asarray(a))) for m in models[pricing[k] if pricing else 0]]
+        for k, a in enumerate(assigns)
+    ]
 
 
 # ---- a problem's band table, and a plan per band
@@ -339,6 +373,16 @@ def problem_costs(problem: Problem) -> CostModel:
     return costs_of(problem)
 
 
+def problem_pricings(problem: Problem) -> list[CostModel]:
+    """``problem``'s cost model, then, where a processor has nodes on two backends, the same with
+    one backend per processor (:func:`~edgesplit.optimize.api.uniform_backends`): the pricings a
+    band table weighs, indexed as :attr:`BandTable.pricing`."""
+    cm = problem_costs(problem)
+    uniform = uniform_backends(problem)
+    flat = costs_of(problem, uniform) if uniform else cm
+    return [cm] if flat.backend == cm.backend else [cm, flat]
+
+
 def problem_band_table(
     problem: Problem, *, seeds: Iterable[np.ndarray] = (), max_evals: int = 150, **options
 ) -> BandTable:
@@ -346,9 +390,17 @@ def problem_band_table(
 
     ``options``: ``lo_mbps``, ``hi_mbps``, ``per_decade``, ``rel_tol``, ``tol``.
     """
-    cm = problem_costs(problem)
+    cm, *alternatives = problem_pricings(problem)
     name = objective(problem.objective).sweep_objective
-    return band_table(cm, name, slo_ms=problem.slo_ms, seeds=seeds, max_evals=max_evals, **options)
+    return band_table(
+        cm,
+        name,
+        slo_ms=problem.slo_ms,
+        seeds=seeds,
+        max_evals=max_evals,
+        alternatives=alternatives,
+        **options,
+    )
 
 
 def plan_assignment(cm: CostModel, plan: Plan) -> np.ndarray:
@@ -366,11 +418,11 @@ def band_plans(problem: Problem, table: BandTable) -> tuple[Plan, ...]:
     """One :class:`Plan` per plan of ``table``, priced at :func:`representative_mbps` and recording
     that link (so each plan reads as if partitioned at that bandwidth)."""
     assert problem.link is not None
-    base = problem_costs(problem)
+    bases = problem_pricings(problem)
     plans = []
     for k, assign in enumerate(table.assigns):
         bw = representative_mbps(table, k)
-        cm = with_rate(base, bw)
+        cm = with_rate(bases[table.pricing_of(k)], bw)
         sched = schedule(cm, assign)
         bands = ", ".join(f"{b.lo_mbps:.4g}-{b.hi_mbps:.4g}" for b in table.bands if b.plan == k)
         info = SolverInfo(
