@@ -48,7 +48,8 @@ class ServedModel:
             if self.executor is not None and max_batch > 1:
                 notes.append(f"{part.name}: served unbatched: its {part.backend} artifact runs as compiled")
         # one call at a time into an executor that is not thread-safe (a TVM VM keeps its frames)
-        self._serial = threading.Lock() if not getattr(self.executor, "thread_safe", False) else None
+        unsafe = self.executor is not None and not getattr(self.executor, "thread_safe", False)
+        self._serial = threading.Lock() if unsafe else None
         if self.executor is None:
             notes += self._load_onnx(part, bundle, intra_op_threads, max_batch)
         self.runs_on = part.backend if self.executor is not None else "ort"
