@@ -71,11 +71,37 @@ def test_session_over_the_server_equals_the_whole_model(model):
         for s in stats.values():
             assert s.remote_runs == 5 and s.local_runs == 0 and s.failures == 0
             assert s.sent_nbytes > 0 and s.rtt_ms is not None and s.bandwidth_mbps and s.goodput_mbps
+            # a remote call split: the server's compute within its own time, within the call
+            assert 0 < s.compute_ms_median <= s.server_ms_median <= s.remote_ms_median, s
         assert {p.name: p.executed_by for p in sess.stats().parts} == {
             "p0": "ort",
             "p1": "remote",
             "p2": "remote",
         }
+
+
+def test_run_splits_each_remote_call_into_compute_server_and_wire(model):
+    """``edgesplit run --server``: per remote part, a call's median, the server's compute in it,
+    the server's other time and the rest, which add up to the call."""
+    import os
+
+    from conftest import run_cli
+
+    with ServerThread(model["fallback"], ServeOptions(port=0)) as srv:
+        env = {**os.environ, "COLUMNS": "250"}
+        r = run_cli(
+            "run", str(model["fallback"]), "--server", srv.url, "--repeat", "3", "--warmup", "1", env=env
+        )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    table = lines[next(i for i, ln in enumerate(lines) if "remote parts (offload)" in ln) :]
+    head = next(ln for ln in table if "compute ms" in ln)
+    assert "call ms" in head and "server other ms" in head and "wire+client ms" in head
+    for part in ("p1", "p2"):
+        row = next(ln for ln in table if ln.startswith(f"│ {part} "))
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        call, compute, other, rest = (float(cells[k]) for k in range(7, 11))
+        assert compute > 0 and call == pytest.approx(compute + other + rest, abs=2e-3), cells
 
 
 def test_no_server_url_runs_the_fallback_or_says_why(model):

@@ -236,7 +236,9 @@ def print_report(report) -> None:
 
 
 def print_remote(remote) -> None:
-    """Per remote part: where it ran, failures, and the link as measured."""
+    """Per remote part: where it ran, failures, the link as measured, and a remote call's median
+    split into the server's compute, the server's own handling (HTTP, queue) and the rest (the
+    wire and this client)."""
     from rich.table import Table
 
     if remote:
@@ -249,6 +251,10 @@ def print_remote(remote) -> None:
             "failures",
             "RTT ms",
             "Mbit/s",
+            "call ms",
+            "compute ms",
+            "server other ms",
+            "wire+client ms",
             "last error",
         ):
             r.add_column(col)
@@ -261,11 +267,25 @@ def print_remote(remote) -> None:
                 str(rs.failures),
                 f"{rs.rtt_ms:.2f}" if rs.rtt_ms is not None else "-",
                 f"{rs.bandwidth_mbps:.1f}" if rs.bandwidth_mbps is not None else "-",
+                *_call_split(rs),
                 (rs.last_error or "")[:60],
             )
         console.print(r)
         if any(rs.url is None for rs in remote.values()):
             console.print("note: no --server given: remote parts ran on their local fallback")
+
+
+def _call_split(rs) -> tuple[str, str, str, str]:
+    """A remote call's median and its compute, the server's other time, and the rest (ms)."""
+    call, server, compute = rs.remote_ms_median, rs.server_ms_median, rs.compute_ms_median
+    if call is None or server is None or compute is None:
+        return ("-",) * 4
+    return (
+        f"{call:.3f}",
+        f"{compute:.3f}",
+        f"{max(server - compute, 0.0):.3f}",
+        f"{max(call - server, 0.0):.3f}",
+    )
 
 
 def print_breakdown(b) -> None:

@@ -61,6 +61,9 @@ class RemoteStats:
         rtt_ms, bandwidth_mbps, goodput_mbps: The measured link (see ``LinkEstimate``).
         server_ms_median: The server's own time per request (median of the last 1000).
         remote_ms_median: Whole remote calls as this device saw them (median of the last 1000).
+        compute_ms_median: The part's compute on the server per request (``Server-Timing``
+            compute; median of the last 1000): ``remote_ms_median`` less it is what the call
+            itself cost (the server's HTTP handling and queue, the wire, this client).
         mode: ``remote``, ``local`` (no server configured), or ``adaptive:remote|local``.
     """
 
@@ -80,6 +83,7 @@ class RemoteStats:
     local_ms_median: float | None
     mode: str
     last_error: str | None
+    compute_ms_median: float | None = None
 
 
 class RemoteExecutor:
@@ -134,6 +138,7 @@ class RemoteExecutor:
         self._server_ms: deque[float] = deque(maxlen=1000)
         self._remote_ms: deque[float] = deque(maxlen=1000)
         self._local_ms: deque[float] = deque(maxlen=1000)
+        self._compute_ms: deque[float] = deque(maxlen=1000)
         self._last_error: str | None = None if url else "no server URL given: running on the local fallback"
         self._policy: OffloadPolicy | None = None
         if self._client is not None:
@@ -201,6 +206,7 @@ class RemoteExecutor:
             c["sent"] += ex.sent_nbytes
             c["received"] += ex.received_nbytes
             self._server_ms.append(ex.server_ms)
+            self._compute_ms.append(ex.compute_ms)
             self._remote_ms.append(total_ms)
             self._next_cooldown = self._cooldown[0]
         return out
@@ -278,7 +284,8 @@ class RemoteExecutor:
         with self._lock:
             c = dict(self._counts)
             med = [
-                float(np.median(d)) if d else None for d in (self._server_ms, self._remote_ms, self._local_ms)
+                float(np.median(d)) if d else None
+                for d in (self._server_ms, self._remote_ms, self._local_ms, self._compute_ms)
             ]
             last_error = self._last_error
         if self._client is None:
@@ -304,6 +311,7 @@ class RemoteExecutor:
             med[2],
             mode,
             last_error,
+            med[3],
         )
 
     def close(self) -> None:
