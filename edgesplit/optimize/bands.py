@@ -380,7 +380,8 @@ def problem_pricings(problem: Problem) -> list[CostModel]:
     cm = problem_costs(problem)
     uniform = uniform_backends(problem)
     flat = costs_of(problem, uniform) if uniform else cm
-    return [cm] if flat.backend == cm.backend else [cm, flat]
+    same_backends = flat.backend == cm.backend  # no processor had a node on another backend
+    return [cm] if same_backends else [cm, flat]
 
 
 def problem_band_table(
