@@ -87,3 +87,16 @@ def test_a_cuda_server_part_where_no_gpu_is_is_served_by_ort_and_says_why(tmp_pa
     assert "serving its ONNX file on the CPU with ORT" in served.note
     want = ort.InferenceSession(str(tmp_path / "b" / part.onnx_file)).run(None, x)
     np.testing.assert_array_equal(got[part.outputs[0].name], want[0])
+
+
+def test_a_triton_export_says_which_parts_lose_their_artifact(tmp_path):
+    """Triton has no TVM backend: the repository holds the part's ONNX file, and export-triton says
+    so per part rather than let a fleet run it on ORT unannounced."""
+    pytest.importorskip("tritonclient")
+    from conftest import run_cli
+
+    _bundle(tmp_path, "{kind: llvm}")
+    r = run_cli("export-triton", str(tmp_path / "b"), "-o", str(tmp_path / "repo"))
+    assert r.returncode == 0, r.stderr
+    assert "note: p1: Triton runs its ONNX file in ONNX Runtime (fp32), not its tvm artifact" in r.stderr
+    assert (tmp_path / "repo" / "p1" / "1" / "model.onnx").is_file()

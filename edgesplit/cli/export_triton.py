@@ -47,6 +47,11 @@ def command(bundle: str, repo: str, all_parts: bool, max_batch: int, max_queue_d
     )
     for name, why in result.unbatched:
         err_console.print(f"note: {name}: not batched: {why}")
+    for name, backend in result.as_onnx:
+        err_console.print(
+            f"note: {name}: Triton runs its ONNX file in ONNX Runtime (fp32), not its {backend} artifact "
+            "(the plan's figures for it do not hold there; 'edgesplit serve' runs the artifact)"
+        )
     console.print(
         f"wrote {result.repo}: {len(result.models)} model(s) ({', '.join(result.models)})"
         + (f", ensemble(s) {', '.join(result.ensembles)}" if result.ensembles else "")

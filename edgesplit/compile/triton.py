@@ -59,6 +59,9 @@ class TritonExport:
     models: tuple[str, ...]
     ensembles: tuple[str, ...]
     unbatched: tuple[tuple[str, str], ...] = ()  # (part, why) when batching was asked for
+    # (part, backend) for a part whose own artifact (a TVM library, an int8 or fp16 model) is not
+    # what Triton runs: the repository holds its fp32 ONNX file, for Triton's ONNX Runtime backend
+    as_onnx: tuple[tuple[str, str], ...] = ()
 
 
 def model_config_pb2() -> ModuleType:
@@ -281,5 +284,9 @@ def export_triton(
             (tmp / config.name / "1").mkdir(parents=True)  # Triton wants a version folder, even empty
             (tmp / config.name / "config.pbtxt").write_text(_checked_text(pb, config))
     return TritonExport(
-        Path(repo), tuple(p.name for p in parts), tuple(c.name for c in ensembles), tuple(unbatched)
+        Path(repo),
+        tuple(p.name for p in parts),
+        tuple(c.name for c in ensembles),
+        tuple(unbatched),
+        tuple((p.name, p.backend) for p in parts if p.file != p.onnx_file),
     )
