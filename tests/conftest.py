@@ -88,6 +88,16 @@ def tiny_conv(tmp_path) -> Path:
     return p
 
 
+def gpu_spec(name: str, kind: str = "device", target: str = "{kind: cuda}", header: str = "") -> str:
+    """A spec (YAML) with one GPU processor whose backend is TVM on ``target``; ``header``: more
+    top-level lines (``local: true``, a description)."""
+    return (
+        f"name: {name}\nkind: {kind}\n{header}processors:\n  gpu:\n    kind: gpu\n    peak_gflops: 10000\n"
+        f"    mem_bandwidth_gbps: 1000\n    active_w: 200\n    idle_w: 30\n"
+        f"    backends: [{{runtime: tvm, target: {target}}}]\n"
+    )
+
+
 def has_cuda_gpu() -> bool:
     """Whether TVM sees a CUDA GPU. Asked at collection: without an NVIDIA device node there is
     none, and TVM is not imported (importing it took 2.3 s of every worker's collection)."""

@@ -6,7 +6,7 @@ import json
 
 import onnx
 import pytest
-from conftest import PPOCR_SHAPES, has_cuda_gpu, make_model, ppocr_model, rand, run_cli
+from conftest import PPOCR_SHAPES, gpu_spec, has_cuda_gpu, make_model, ppocr_model, rand, run_cli
 from onnx import helper
 
 from edgesplit.device import load_device
@@ -70,19 +70,7 @@ def test_tvm_says_why_it_cannot_run_lstm(tmp_path, host):
     assert set(prof.entry("cpu", "ort").nodes) == {"lstm", "relu"}
 
 
-GPU_SPEC = """\
-name: gpu-box
-kind: device
-local: true
-processors:
-  gpu:
-    kind: gpu
-    peak_gflops: 10000
-    mem_bandwidth_gbps: 1000
-    active_w: 200
-    idle_w: 30
-    backends: [{runtime: tvm, target: {kind: cuda}}]
-"""
+GPU_SPEC = gpu_spec("gpu-box", header="local: true\n")
 
 
 def _gpu_profile(tiny_conv, tmp_path):

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import has_cuda_gpu
+from conftest import gpu_spec, has_cuda_gpu
 
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
@@ -16,27 +16,13 @@ from edgesplit.model.load import load_model
 from edgesplit.runtime.client import OipClient
 from edgesplit.runtime.server import ServeOptions, ServerThread
 
-SERVER = """\
-name: lab
-kind: server
-description: this machine, standing for an offload server
-processors:
-  gpu:
-    kind: gpu
-    peak_gflops: 10000
-    mem_bandwidth_gbps: 1000
-    active_w: 200
-    idle_w: 30
-    backends: [{{runtime: tvm, target: {target}}}]
-"""
-
 
 def _bundle(tmp_path, target: str):
     """tiny_dag: the first half on the host's CPU in ORT, the second on the server in TVM."""
     from edgesplit.model import zoo
 
     spec = tmp_path / "lab.yaml"
-    spec.write_text(SERVER.format(target=target))
+    spec.write_text(gpu_spec("lab", "server", target, "description: this machine, standing for a server\n"))
     graph = load_model(zoo.save("tiny_dag", tmp_path / "tiny_dag.onnx"))
     plan = contiguous_plan(graph, "host", [("cpu", "ort"), ("lab.gpu", "tvm")])
     plan = dataclasses.replace(plan, server="lab", server_path=str(spec))

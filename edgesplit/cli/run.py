@@ -276,10 +276,13 @@ def print_remote(remote) -> None:
 
 
 def _call_split(rs) -> tuple[str, str, str, str]:
-    """A remote call's median and its compute, the server's other time, and the rest (ms)."""
+    """A remote call's median and its compute, the server's other time, and the rest (ms); only
+    the call where the server sends no ``Server-Timing`` (Triton, say: its times read 0)."""
     call, server, compute = rs.remote_ms_median, rs.server_ms_median, rs.compute_ms_median
-    if call is None or server is None or compute is None:
+    if call is None:
         return ("-",) * 4
+    if not server or compute is None:
+        return f"{call:.3f}", "-", "-", "-"
     return (
         f"{call:.3f}",
         f"{compute:.3f}",

@@ -108,6 +108,17 @@ def uniform_backends(problem: Problem) -> dict[str, str]:
     return out
 
 
+def pricings(problem: Problem) -> list[CostModel]:
+    """``problem``'s cost model with each node on its fastest backend, then, where a processor has
+    nodes on another backend than the one :func:`uniform_backends` gives it, the same with one
+    backend per processor: the two pricings a plan is weighed in (here and in band tables)."""
+    cm = costs_of(problem)
+    uniform = uniform_backends(problem)
+    flat = costs_of(problem, uniform) if uniform else cm
+    same_backends = flat.backend == cm.backend  # no processor had a node on another backend
+    return [cm] if same_backends else [cm, flat]
+
+
 def _fewest_backends(problem: Problem, run) -> Plan:
     """The plan with each node on its fastest backend, or with one backend per processor where
     that scores better for the objective (or within the measured noise, with fewer parts).
@@ -121,14 +132,12 @@ def _fewest_backends(problem: Problem, run) -> Plan:
     71.1 mJ on ``big``, against 11.86 ms and 46.9 mJ for ORT alone there). The plan's baselines are
     each the cheaper of their two pricings (:func:`_cheaper_baselines`).
     """
-    cm = costs_of(problem)
+    cm, *other_pricing = pricings(problem)
     out = run(cm)
     obj = objective(problem.objective)
-    uniform = uniform_backends(problem)
-    flat = costs_of(problem, uniform) if uniform else cm
-    same_backends = flat.backend == cm.backend  # no processor had a node on another backend
-    if same_backends:
+    if not other_pricing:
         return make_plan(problem, cm, out)
+    (flat,) = other_pricing
     try:
         other = run(flat)
     except PlanError:

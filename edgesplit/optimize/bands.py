@@ -46,7 +46,7 @@ import numpy as np
 
 from edgesplit.device import NetworkLink
 from edgesplit.errors import PlanError
-from edgesplit.optimize.api import costs_of, make_plan, uniform_backends
+from edgesplit.optimize.api import costs_of, make_plan, pricings
 from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.evaluate import sequential_cost
 from edgesplit.optimize.objectives import objective
@@ -374,14 +374,14 @@ def problem_costs(problem: Problem) -> CostModel:
 
 
 def problem_pricings(problem: Problem) -> list[CostModel]:
-    """``problem``'s cost model, then, where a processor has nodes on two backends, the same with
-    one backend per processor (:func:`~edgesplit.optimize.api.uniform_backends`): the pricings a
-    band table weighs, indexed as :attr:`BandTable.pricing`."""
-    cm = problem_costs(problem)
-    uniform = uniform_backends(problem)
-    flat = costs_of(problem, uniform) if uniform else cm
-    same_backends = flat.backend == cm.backend  # no processor had a node on another backend
-    return [cm] if same_backends else [cm, flat]
+    """The pricings a band table weighs (:func:`~edgesplit.optimize.api.pricings`), indexed as
+    :attr:`BandTable.pricing`.
+
+    Raises:
+        PlanError: for a problem without a server and link.
+    """
+    needs_network(problem.server is not None and problem.link is not None)
+    return pricings(problem)
 
 
 def problem_band_table(
