@@ -115,14 +115,57 @@ def test_parts_form_an_acyclic_graph(cm, data):
     supported = [np.flatnonzero(np.isfinite(cm.node_ms[n])).tolist() for n in range(cm.n_nodes)]
     assign = np.array([data.draw(st.sampled_from(s)) for s in supported])
     backends = [data.draw(st.sampled_from(["ort", "tvm"])) for _ in range(cm.n_nodes)]
+    _check_parts(cm, assign, backends)
+
+
+def test_parts_of_branchy_models_are_acyclic_and_as_few_as_acyclic_allows():
+    """Blocks of parallel branches, scattered over three processors: groups that would wait on each
+    other are common here (the random problems above rarely make one), so the cut by phase and
+    the merge after it are checked on every assignment."""
+    rng = np.random.default_rng(0)
+    cut = 0
+    for seed in range(30):
+        cm = random_costs(40, 3, seed, n_remote=0, unsupported=0.0, blocks=True)
+        for _ in range(10):
+            assign = rng.integers(0, 3, cm.n_nodes)
+            assign[rng.random(cm.n_nodes) < 0.6] = 0  # mostly one processor: long groups to cut
+            backends = ["ort"] * cm.n_nodes
+            _check_parts(cm, assign, backends)
+            cut += len(part_labels(cm, assign, backends)) > len(_groups(cm, assign))
+    assert cut >= 20, "too few assignments needed a cut to test it"
+
+
+def _groups(cm: CostModel, assign: np.ndarray) -> list[set[int]]:
+    """Connected groups of nodes on one processor (parts before any cut)."""
+    where = list(range(cm.n_nodes))
+
+    def root(a: int) -> int:
+        while where[a] != a:
+            a = where[a]
+        return a
+
+    for a, b in cm.node_edges:
+        if assign[a] == assign[b]:
+            where[max(root(a), root(b))] = min(root(a), root(b))
+    out: dict[int, set[int]] = {}
+    for n in range(cm.n_nodes):
+        out.setdefault(root(n), set()).add(n)
+    return list(out.values())
+
+
+def _check_parts(cm: CostModel, assign: np.ndarray, backends: list[str]) -> None:
+    """Connected, single-site parts in a topological order, and maximal: two parts on one site
+    joined by an edge are kept apart only where one part would wait on itself (the later one is
+    also reached through a third part)."""
     parts = part_labels(cm, assign, backends)
     where = {n: i for i, part in enumerate(parts) for n in part}
     assert sorted(where) == list(range(cm.n_nodes))
     edges = {(f.src, d) for f in cm.flows if f.src >= 0 for d in f.dsts}
     for a, b in edges:
         assert where[a] <= where[b], "an edge goes back to an earlier part"
+    site = [(int(assign[n]), backends[n]) for n in range(cm.n_nodes)]
     for part in parts:
-        assert len({(int(assign[n]), backends[n]) for n in part}) == 1
+        assert len({site[n] for n in part}) == 1
         inner = {(a, b) for a, b in edges if a in part and b in part}
         seen, stack = {part[0]}, [part[0]]
         while stack:
@@ -133,6 +176,18 @@ def test_parts_form_an_acyclic_graph(cm, data):
                         seen.add(v)
                         stack.append(v)
         assert seen == set(part), "a part is not connected"
+    succ: dict[int, set[int]] = {i: set() for i in range(len(parts))}
+    for a, b in edges:
+        if where[a] != where[b]:
+            succ[where[a]].add(where[b])
+    for u, vs in succ.items():
+        for v in (v for v in vs if site[parts[u][0]] == site[parts[v][0]]):
+            stack, seen = [w for w in vs if w != v], set()
+            while stack and v not in seen:
+                w = stack.pop()
+                seen.add(w)
+                stack.extend(succ[w] - seen)
+            assert v in seen, f"parts {u} and {v} could be one part"
 
 
 def test_optimize_is_pure():

@@ -5,6 +5,8 @@ written in code so that the plan's shape (three int8 parts) does not depend on a
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from collections import OrderedDict
 
 import numpy as np
@@ -226,6 +228,7 @@ def test_a_second_partition_of_the_same_model_converts_no_part_again(split_net, 
     gives the same figures; other calibration data is measured afresh."""
     graph, device = split_net
     made = []
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))  # no figures earlier tests kept
     monkeypatch.setattr(edgesplit.precision.measure, "_MEMOS", OrderedDict())  # what earlier tests left
     real = edgesplit.precision.measure.part_model
     monkeypatch.setattr(
@@ -245,6 +248,43 @@ def test_a_second_partition_of_the_same_model_converts_no_part_again(split_net, 
     np.savez(tmp_path / "cal.npz", x=xs)
     plan(graph, tmp_path / "cal.npz")
     assert len(made) > n  # new ranges: new int8 parts
+
+
+def test_a_new_process_reads_the_figures_from_disk_and_measures_an_unreadable_file_again(
+    split_net, tmp_path, monkeypatch
+):
+    """``partition`` then ``deploy`` are two processes: the second converts and runs no part, and
+    makes the same plan from the same figures (in full, not rounded); a cache file that is not
+    what the measurer wrote is measured again and replaced."""
+    graph, device = split_net
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+    made = []
+    real = edgesplit.precision.measure.part_model
+    monkeypatch.setattr(
+        edgesplit.precision.measure, "part_model", lambda *a, **k: made.append(a[3]) or real(*a, **k)
+    )
+
+    def plan():
+        monkeypatch.setattr(edgesplit.precision.measure, "_MEMOS", OrderedDict())  # a new process
+        p = resolve(edgesplit.load_model(graph.path), device, Choices(profile=_profile(graph, device)))
+        return _solve(p, AccuracyBudget(min_snr_db=30.0))
+
+    first = plan()
+    files = sorted((tmp_path / "cache" / "accuracy").glob("*.json"))
+    assert "int8" in made and files
+    kept = {f: json.loads(f.read_text()) for f in files}
+    made.clear()
+    again = plan()
+    assert made == [] and again.accuracy == first.accuracy and again.assignment == first.assignment
+    assert any(v["snr_db"] != round(v["snr_db"], 6) for v in kept.values())  # kept in full
+    for f, garbage in zip(files, ["{", '{"snr_db": "high"}', "[1, 2]", ""], strict=False):
+        f.write_text(garbage)
+    third = plan()
+    assert "int8" in made and third.accuracy == first.accuracy
+    assert {f: json.loads(f.read_text()) for f in files} == kept  # measured again, the same
+    shutil.rmtree(tmp_path / "cache" / "accuracy")
+    (tmp_path / "cache" / "accuracy").write_text("a file where the folder goes")  # nothing can be kept
+    assert plan().accuracy == first.accuracy
 
 
 def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):

@@ -134,6 +134,14 @@ class CostModel:
         return tuple(sorted({(f.src, d) for f in self.flows if f.src >= 0 for d in f.dsts}))
 
     @cached_property
+    def node_preds(self) -> tuple[tuple[int, ...], ...]:
+        """Per node, the nodes it reads from (ascending)."""
+        preds: list[list[int]] = [[] for _ in range(self.n_nodes)]
+        for a, b in self.node_edges:
+            preds[b].append(a)
+        return tuple(tuple(p) for p in preds)
+
+    @cached_property
     def seq_link(self) -> tuple[np.ndarray, np.ndarray]:
         """``(latency, ms per byte)`` of a crossing in the sequential forms: the link plus, onto
         another local processor, the fixed cost of the part it starts there (see module doc)."""

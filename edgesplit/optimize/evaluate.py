@@ -37,18 +37,23 @@ def crossings(
     Its latency is the link's; with ``sequential``, that of the sequential forms
     (:attr:`CostModel.seq_link`, which also charges the part a crossing starts).
     """
-    x = np.asarray(assign).tolist()  # plain ints: indexing a list in the loop is cheaper
+    x = np.asarray(assign).tolist()  # plain ints and floats: the loop indexes them one by one
     link_ms, per_byte = cm.seq_link if sequential else (cm.link_ms, cm.link_ms_per_byte)
+    link_l, per_byte_l = link_ms.tolist(), per_byte.tolist()
+    serial_l, radio_l = cm.link_ms_per_byte.tolist(), cm.radio_w.tolist()
+    home = cm.home
     out = []
     for i, f in enumerate(cm.flows):
-        p = cm.src_proc(f, x)
-        for q in sorted(cm.destinations(f, x)):
-            if q == p:
-                continue
-            serial = f.nbytes * float(cm.link_ms_per_byte[p, q])
-            extra = f.nbytes * float(per_byte[p, q]) - serial
-            latency = float(link_ms[p, q]) + serial + extra
-            out.append(Crossing(i, p, q, latency, serial * float(cm.radio_w[p, q]), serial))
+        p = home if f.src < 0 else x[f.src]
+        dst = {x[d] for d in f.dsts}
+        if f.to_home:
+            dst.add(home)
+        dst.discard(p)
+        for q in sorted(dst):
+            serial = f.nbytes * serial_l[p][q]
+            extra = f.nbytes * per_byte_l[p][q] - serial
+            latency = link_l[p][q] + serial + extra
+            out.append(Crossing(i, p, q, latency, serial * radio_l[p][q], serial))
     return out
 
 

@@ -25,8 +25,10 @@ Where the profile has no terms (predicted entries, older profiles) the per-part 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -59,6 +61,20 @@ class PairCost:
 
 
 ZERO = PairCost()
+
+
+def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """``np.interp`` at one point, by its arithmetic, without its per-call cost (a schedule asks
+    for hand-offs thousands of times per plan)."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    j = bisect_right(xs, x) - 1
+    if xs[j] == x:
+        return ys[j]
+    slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+    return slope * (x - xs[j]) + ys[j]
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,9 +112,13 @@ class Overheads:
     def cost(self, p: int, backend: str | None) -> PairCost:
         return self.pair.get((p, backend or ""), ZERO)
 
+    @cached_property
+    def _handoff_curves(self) -> tuple[tuple[list[float], list[float]], ...]:
+        return tuple((g.tolist(), h.tolist()) for g, h in zip(self.handoff_gaps_ms, self.handoff_ms))
+
     def handoff(self, p: int, gap_ms: float) -> float:
         """The hand-off onto processor p's worker after it idled ``gap_ms``."""
-        return float(np.interp(gap_ms, self.handoff_gaps_ms[p], self.handoff_ms[p]))
+        return interp(gap_ms, *self._handoff_curves[p])
 
     def stream_gaps(self) -> np.ndarray:
         """``(P,)``: in a stream, how long after a part's outputs are collected each processor's

@@ -33,9 +33,13 @@ from edgesplit.precision import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 Converter = Callable[[onnx.ModelProto, Path | None, Sequence[str]], onnx.ModelProto]
 
 
+def cache_root() -> Path:
+    """Where measured results are kept between runs (``EDGESPLIT_CACHE``, else ~/.cache/edgesplit)."""
+    return Path(os.environ.get("EDGESPLIT_CACHE") or os.path.join(Path.home(), ".cache", "edgesplit"))
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("EDGESPLIT_CACHE") or os.path.join(Path.home(), ".cache", "edgesplit")
-    return Path(root) / "calibration"
+    return cache_root() / "calibration"
 
 
 def model_sha256(model: onnx.ModelProto) -> str:

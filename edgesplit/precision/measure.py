@@ -7,16 +7,24 @@ fp32 model's (:func:`~edgesplit.precision.metrics.compare`). Part sessions, the 
 results are memoised by content (model, input shapes, calibration data, method), not per measurer,
 so the planner can measure many combinations of the same parts, and a sweep that partitions one
 model again and again (a plan per bandwidth, say) converts and runs each part once.
+
+Results are also kept on disk (``<cache>/accuracy``, :func:`~edgesplit.precision.convert.cache_root`),
+keyed by the same content plus the parts, the onnxruntime version and the source of the code that
+converts, runs and compares: ``partition``, ``deploy`` and ``explain`` run one after another on a
+model (each its own process) measure each combination of parts once. A file that cannot be read
+is measured again and replaced; one that cannot be written is only not kept.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import asdict, dataclass, field
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -29,11 +37,13 @@ from edgesplit.model.extract import PartExtractor
 from edgesplit.model.graph import ModelGraph
 from edgesplit.precision.convert import (
     DEFAULT_CALIBRATION_METHOD,
+    cache_root,
     calibrate,
     check_calibration_method,
     convert,
 )
 from edgesplit.precision.metrics import EXACT, Accuracy, compare
+from edgesplit.util import atomic_write_text, known_fields
 
 
 class PartLike(Protocol):
@@ -65,7 +75,43 @@ def part_model(
 
 
 def _key(parts: Sequence[PartLike]) -> tuple:
-    return tuple((p.inputs, p.outputs, p.precision) for p in parts)
+    return tuple((tuple(p.inputs), tuple(p.outputs), p.precision) for p in parts)
+
+
+@cache
+def _code_sha256() -> str:
+    """Of onnxruntime's version and the source of the modules whose code makes the figures: a
+    change to any of them measures again rather than reading what older code found."""
+    import onnxruntime
+
+    from edgesplit.model import extract
+    from edgesplit.precision import convert as convert_module
+    from edgesplit.precision import metrics
+
+    h = hashlib.sha256(onnxruntime.__version__.encode())
+    for file in (convert_module.__file__, metrics.__file__, extract.__file__, __file__):
+        h.update(Path(file).read_bytes())
+    return h.hexdigest()
+
+
+def _read_accuracy(path: Path) -> Accuracy | None:
+    try:
+        acc = Accuracy(**known_fields(Accuracy, json.loads(path.read_text())))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # absent or unreadable
+        return None
+    figures = (acc.snr_db, acc.cosine, acc.max_abs_error, acc.samples)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in figures):
+        return None  # not what this code writes: measured again
+    if acc.top1_agreement is not None and not isinstance(acc.top1_agreement, int | float):
+        return None
+    return acc
+
+
+def _keep_accuracy(path: Path, acc: Accuracy) -> None:
+    try:
+        atomic_write_text(path, json.dumps(asdict(acc)))  # floats in full: the same plan again
+    except OSError:  # a read-only cache: nothing is kept, nothing else changes
+        pass
 
 
 @dataclass
@@ -175,9 +221,27 @@ class PlanMeasurer:
             return EXACT
         key, results = _key(parts), self._memo.results
         if key not in results:
-            got = [self.run(parts, s) for s in self.data.held_out]
-            results[key] = compare(self.reference, got)
+            path = self._cache_file(key)
+            acc = _read_accuracy(path)
+            if acc is None:
+                acc = compare(self.reference, [self.run(parts, s) for s in self.data.held_out])
+                _keep_accuracy(path, acc)
+            results[key] = acc
         return results[key]
+
+    def _cache_file(self, key: tuple) -> Path:
+        g = self.graph
+        content = [
+            _code_sha256(),
+            g.sha256,
+            sorted(g.input_shapes().items()),
+            g.outputs,
+            self.data.sha256,
+            self.calibration_method,
+            key,
+        ]
+        name = hashlib.sha256(json.dumps(content, default=list).encode()).hexdigest()[:40]
+        return cache_root() / "accuracy" / f"{name}.json"
 
 
 class _Whole:
