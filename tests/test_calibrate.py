@@ -351,6 +351,7 @@ def test_a_round_measures_its_bundles_in_alternating_turns(conv_chain, tmp_path,
     assert len(blocks) >= 2 * TURNS, blocks  # one block each would be [1, 2] after the warm-ups
 
 
+@pytest.mark.slow  # measures a deployed bundle for seconds (8.6 s here)
 def test_calibrate_command(conv_chain, tmp_path):
     device = load_device("host-2core")
     prof = profile_model(conv_chain, device, ProfileOptions(["ort"], runs=5, warmup=2))
@@ -417,6 +418,7 @@ def test_calibrate_command(conv_chain, tmp_path):
     assert not (tmp_path / "y.json").exists()
 
 
+@pytest.mark.slow  # deploys, then measures the bundle (5.7 s here)
 def test_a_deployed_bundle_calibrates_without_profiling_again(conv_chain, tmp_path):
     """``deploy`` without --profile keeps the profile it measured beside the bundle, and the
     bundle's plan names it: ``calibrate BUNDLE`` then refits it (it used to ask for --profile,
