@@ -285,11 +285,13 @@ def _plans(bundles: Sequence[str | os.PathLike], profile, trust_key) -> tuple[di
     """Each bundle's plan (by its path as given) and the profile to calibrate.
 
     Raises:
-        InputError: no bundle, the same bundle twice, or bundles of different models or devices.
+        InputError: no bundle, the same bundle twice, bundles of different models or devices, or
+            a bundle with parts on a server.
     """
     if not bundles:
         raise InputError("calibrate: no bundle given")
     first, base = base_profile(bundles[0], profile, trust_key)
+    _local_only(bundles[0], first)
     plans = {str(bundles[0]): first}
     for b in bundles[1:]:
         if str(b) in plans:
@@ -300,8 +302,20 @@ def _plans(bundles: Sequence[str | os.PathLike], profile, trust_key) -> tuple[di
                 f"{b}: its plan is for model {plan.model_sha256[:12]} on {plan.device}, the first "
                 f"bundle's ({bundles[0]}) for {first.model_sha256[:12]} on {first.device}"
             )
+        _local_only(b, plan)
         plans[str(b)] = plan
     return plans, base
+
+
+def _local_only(bundle: str | os.PathLike, plan: Plan) -> None:
+    """Refuse a plan with server parts: here they would run on their local fallback, and their runs
+    would be fitted as the server's (the call to a server is not a term calibrate fits yet)."""
+    remote = [f"{p.name} ({p.processor})" for p in plan.parts if p.remote]
+    if remote:
+        raise InputError(
+            f"{bundle}: parts {', '.join(remote)} run on the server, which calibrate does not measure "
+            "(they would run on their local fallback here); calibrate a bundle deployed without --server"
+        )
 
 
 def _cases(bundle: str, priced: PlanCosts, fresh: Measured) -> list[Case]:

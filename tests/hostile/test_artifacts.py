@@ -488,6 +488,25 @@ def test_calibrate_refuses_bundles_of_another_device_or_the_same_bundle_twice(w,
     assert not out.exists()
 
 
+def test_calibrate_refuses_a_bundle_with_server_parts(w, tmp_path):
+    """A part on the server would run on its local fallback under ``calibrate`` and be fitted as the
+    server's: the bundle is refused, naming it and the part, and nothing is written."""
+    import edgesplit
+
+    last = w["graph"].nodes[-1].name
+    out = tmp_path / "remote"
+    m = edgesplit.deploy(
+        w["model"], w["spec"], out, profile=w["profile"], server="server-a100", pins={last: "server-a100.gpu"}
+    )
+    remote = [p.name for p in m.plan.parts if p.remote]
+    assert remote, m.plan.parts
+    cal = tmp_path / "cal.json"
+    line = refused(cli("calibrate", out, "-o", cal, "--profile", w["profile"]), "run on the server", file=out)
+    assert remote[0] in line, line
+    line = refused(cli("calibrate", w["bundle"], out, "-o", cal, "--profile", w["profile"]), file=out)
+    assert not cal.exists()
+
+
 @pytest.mark.parametrize("value", ["vibes", "MINMAX", ""])
 def test_an_unknown_calibration_method_is_a_usage_error(w, tmp_path, value):
     """``--calibration-method`` takes minmax, percentile or entropy; anything else is refused before
