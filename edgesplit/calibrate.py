@@ -29,12 +29,20 @@ from edgesplit.compile.bundle import open_bundle
 from edgesplit.device import NetworkLink, load_device
 from edgesplit.errors import InputError, PlanError
 from edgesplit.optimize.api import complete_profile
-from edgesplit.optimize.calibrate import Measured, Observed, PairFit, Streamed, fit_profile, uncalibrated
+from edgesplit.optimize.calibrate import (
+    Measured,
+    Observed,
+    PairFit,
+    RemoteCall,
+    Streamed,
+    fit_profile,
+    uncalibrated,
+)
 from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.plan import Plan
 from edgesplit.optimize.schedule import schedule
-from edgesplit.pipeline import load_graph, plan_device
+from edgesplit.pipeline import load_graph, plan_device, with_server_profile
 from edgesplit.profile.store import Profile, load_profile
 from edgesplit.runtime.session import load
 from edgesplit.runtime.trace import PartRun, Trace
@@ -88,12 +96,46 @@ class Calibration:
 
 
 def measure(
-    bundle: str | os.PathLike, runs: int = 30, warmup: int = 5, *, trust_key: str | os.PathLike | None = None
+    bundle: str | os.PathLike,
+    runs: int = 30,
+    warmup: int = 5,
+    *,
+    trust_key: str | os.PathLike | None = None,
+    server_url: str | None = None,
 ) -> Measured:
     """Run ``bundle`` ``runs`` times (after ``warmup``) and reduce its records for the fit
     (``trust_key``: the bundle must be signed by it, as for :func:`~edgesplit.runtime.session.load`):
     :func:`measure_alternating` with one bundle in one turn."""
-    return measure_alternating([bundle], runs, warmup, turns=1, trust_key=trust_key)[str(bundle)]
+    return measure_alternating([bundle], runs, warmup, turns=1, trust_key=trust_key, server_url=server_url)[
+        str(bundle)
+    ]
+
+
+def _options(server_url: str | None) -> dict | None:
+    return {"remote": {"url": server_url}} if server_url else None
+
+
+def remote_calls(bundle: str, stats: dict) -> dict[str, RemoteCall]:
+    """Per server part, its calls as :class:`RemoteCall` (from ``Session.remote_stats()``).
+
+    Raises:
+        InputError: a part that ran on its local fallback (the server failed it or could not be
+            reached), or a server that does not say how long the part computed.
+    """
+    out = {}
+    for name, st in stats.items():
+        if st.local_runs or st.failures or not st.remote_runs:
+            why = st.last_error or "it was not called"
+            raise InputError(f"{bundle}: part {name} ran on its local fallback, not on {st.url} ({why})")
+        compute = st.compute_ms_median if st.compute_ms_median is not None else st.server_ms_median
+        if compute is None or st.remote_ms_median is None:
+            raise InputError(
+                f"{bundle}: the server {st.url} does not say how long part {name} computed "
+                "(no Server-Timing), so its calls cannot be told from its compute"
+            )
+        n = st.remote_runs
+        out[name] = RemoteCall(st.remote_ms_median, compute, st.sent_nbytes / n, st.received_nbytes / n, n)
+    return out
 
 
 def measure_alternating(
@@ -103,18 +145,24 @@ def measure_alternating(
     *,
     turns: int = TURNS,
     trust_key: str | os.PathLike | None = None,
+    server_url: str | None = None,
 ) -> dict[str, Measured]:
     """Per bundle (by ``str`` of its path): its ``runs`` reduced for the fit, as :func:`measure`
     does, run in ``turns`` turns that alternate between the bundles, all loaded at once and warmed
     up first. Each turn starts with one untimed request, which lets the previous bundle's runtime
-    threads go quiet (as deploy's verification does); its records are not kept."""
+    threads go quiet (as deploy's verification does); its records are not kept. With
+    ``server_url``, server parts are called there, and each bundle's calls are kept
+    (:func:`remote_calls`)."""
     from edgesplit.runtime.api import random_feeds
 
     names = [str(b) for b in bundles]
     per_turn = [runs // turns + (i < runs % turns) for i in range(turns)]
     got: dict[str, Measured] = {}
     with ExitStack() as stack:
-        sessions = {b: stack.enter_context(load(b, trust_key=trust_key)) for b in names}
+        opts = _options(server_url)
+        sessions = {
+            b: stack.enter_context(load(b, trust_key=trust_key, executor_options=opts)) for b in names
+        }
         feeds = {b: random_feeds(s) for b, s in sessions.items()}
         for b, sess in sessions.items():
             for _ in range(warmup):
@@ -133,19 +181,25 @@ def measure_alternating(
                     sess.run(feeds[b])
                     wall.append((time.perf_counter() - t0) * 1e3)
                 m = reduce_trace(sess.trace_records(), wall)
+                if server_url:
+                    m = dataclasses.replace(m, remote=remote_calls(b, sess.remote_stats()))
                 got[b] = m if b not in got else got[b].merged(m)
     return got
 
 
 def measure_stream(
-    bundle: str | os.PathLike, requests: int = 30, *, trust_key: str | os.PathLike | None = None
+    bundle: str | os.PathLike,
+    requests: int = 30,
+    *,
+    trust_key: str | os.PathLike | None = None,
+    server_url: str | None = None,
 ) -> Streamed | None:
     """Run ``bundle`` as a pipelined stream of ``requests`` after it filled (and a stream to warm
     up): its period and each part's run in it. None for a plan on fewer than two local processors
     (nothing overlaps)."""
     from edgesplit.runtime.api import random_feeds, stream_period_ms
 
-    with load(bundle, trust_key=trust_key) as sess:
+    with load(bundle, trust_key=trust_key, executor_options=_options(server_url)) as sess:
         parts = sess.manifest.parts
         if len({p.processor for p in parts if not p.remote}) < 2:
             return None
@@ -242,6 +296,8 @@ def plan_costs(plan: Plan, profile: Profile) -> PlanCosts:
             plan.server_path if plan.server_path and Path(plan.server_path).is_file() else plan.server
         )
     link = NetworkLink(**plan.link) if plan.link else None
+    if server is not None and plan.server_profile_path:  # the server priced as the plan priced it
+        profile = with_server_profile(graph, profile, server, plan.server_profile_path)
     cm = build_costs(
         graph,
         complete_profile(graph, full, profile),
@@ -281,17 +337,20 @@ def base_profile(
     return plan, uncalibrated(prof)
 
 
-def _plans(bundles: Sequence[str | os.PathLike], profile, trust_key) -> tuple[dict[str, Plan], Profile]:
+def _plans(
+    bundles: Sequence[str | os.PathLike], profile, trust_key, server_url: str | None = None
+) -> tuple[dict[str, Plan], Profile]:
     """Each bundle's plan (by its path as given) and the profile to calibrate.
 
     Raises:
         InputError: no bundle, the same bundle twice, bundles of different models or devices, or
-            a bundle with parts on a server.
+            a bundle with parts on a server and no ``server_url``.
     """
     if not bundles:
         raise InputError("calibrate: no bundle given")
     first, base = base_profile(bundles[0], profile, trust_key)
-    _local_only(bundles[0], first)
+    if not server_url:
+        _local_only(bundles[0], first)
     plans = {str(bundles[0]): first}
     for b in bundles[1:]:
         if str(b) in plans:
@@ -302,19 +361,20 @@ def _plans(bundles: Sequence[str | os.PathLike], profile, trust_key) -> tuple[di
                 f"{b}: its plan is for model {plan.model_sha256[:12]} on {plan.device}, the first "
                 f"bundle's ({bundles[0]}) for {first.model_sha256[:12]} on {first.device}"
             )
-        _local_only(b, plan)
+        if not server_url:
+            _local_only(b, plan)
         plans[str(b)] = plan
     return plans, base
 
 
 def _local_only(bundle: str | os.PathLike, plan: Plan) -> None:
-    """Refuse a plan with server parts: here they would run on their local fallback, and their runs
-    would be fitted as the server's (the call to a server is not a term calibrate fits yet)."""
+    """Refuse a plan with server parts when no server is given: they would run on their local
+    fallback, and be measured as that."""
     remote = [f"{p.name} ({p.processor})" for p in plan.parts if p.remote]
     if remote:
         raise InputError(
-            f"{bundle}: parts {', '.join(remote)} run on the server, which calibrate does not measure "
-            "(they would run on their local fallback here); calibrate a bundle deployed without --server"
+            f"{bundle}: parts {', '.join(remote)} run on the server, and no server was given (they would "
+            "run on their local fallback here): pass --server URL, a server that serves them"
         )
 
 
@@ -339,16 +399,20 @@ def calibrate(
     tolerance: float = 0.05,
     progress: Progress | None = None,
     trust_key: str | os.PathLike | None = None,
+    server_url: str | None = None,
 ) -> Calibration:
     """Calibrate the profile of the bundles' plans against their measured runs (see the module doc).
 
+    ``server_url``: a server that serves the bundles' server parts (``edgesplit serve``); their
+    calls there fit the cost of a call (:func:`~edgesplit.optimize.calibrate.fit_remote_call`).
+
     Raises:
-        InputError: no profile to calibrate, one of another model, or bundles that differ in model
-            or device.
+        InputError: no profile to calibrate, one of another model, bundles that differ in model
+            or device, server parts without ``server_url``, or a server that failed them.
         PlanError, BundleError: for a bundle or plan that cannot be loaded or priced.
     """
     paths = [bundles] if isinstance(bundles, (str, os.PathLike)) else list(bundles)
-    plans, base = _plans(paths, profile, trust_key)
+    plans, base = _plans(paths, profile, trust_key, server_url)
     start = {b: plan_costs(plan, base) for b, plan in plans.items()}
     priced = dict(start)
     first = next(iter(plans.values()))
@@ -360,9 +424,10 @@ def calibrate(
     for number in range(1, max_rounds + 1):
         order = list(plans)[(number - 1) % len(plans) :] + list(plans)[: (number - 1) % len(plans)]
         cases = []
-        single = measure_alternating(order, runs, warmup, trust_key=trust_key)
+        single = measure_alternating(order, runs, warmup, trust_key=trust_key, server_url=server_url)
         for b in order:
-            fresh = dataclasses.replace(single[b], stream=measure_stream(b, runs, trust_key=trust_key))
+            stream = measure_stream(b, runs, trust_key=trust_key, server_url=server_url)
+            fresh = dataclasses.replace(single[b], stream=stream)
             cases += _cases(b, priced[b], fresh)
             measured[b] = fresh if b not in measured else measured[b].merged(fresh)
         cases.sort(key=lambda c: (list(plans).index(c.bundle), c.metric))

@@ -655,3 +655,24 @@ def test_a_plan_s_baselines_are_each_the_cheaper_of_their_two_pricings():
     assert got.assign is dear.assign
     assert [b.latency_ms for b in got.baselines] == [b.latency_ms for b in out.baselines]
     assert _cheaper_baselines(out, dear, "latency").baselines == out.baselines
+
+
+def test_a_server_part_pays_its_call_on_every_byte_it_is_sent_or_sends_back():
+    """A call's fixed cost, and its cost per byte on every tensor the part is sent or sends back,
+    graph inputs and outputs included, are charged to the server part's run and nothing else's;
+    the linear forms charge them on crossings to and from the server."""
+    cm = random_costs(4, 2, 5, n_remote=1, unsupported=0.0, chain=True)
+    remote = int(np.flatnonzero(cm.remote)[0])
+    called = replace(cm, overheads=replace(cm.ov, call_ms=0.7, call_ms_per_byte=2e-6))
+    graph_in = sum(f.nbytes for f in cm.flows if f.src < 0)
+    graph_out = sum(f.nbytes for f in cm.flows if f.to_home)
+    everything = np.full(4, remote)  # the whole model on the server: one part, one call
+    extra = layout(called, everything).work_ms - layout(cm, everything).work_ms
+    assert extra == pytest.approx([0.7 + 2e-6 * (graph_in + graph_out)])
+    half = np.array([cm.home, cm.home, remote, remote])  # the second half: sent the cut tensor
+    cut = next(f.nbytes for f in cm.flows if f.src == 1)
+    extra = layout(called, half).work_ms - layout(cm, half).work_ms
+    assert extra == pytest.approx([0.0, 0.7 + 2e-6 * (cut + graph_out)])
+    alpha, beta = called.ov.sequential_extra(cm.remote)
+    assert alpha[cm.home, remote] == pytest.approx(0.7) and alpha[remote, cm.home] == 0.0
+    assert beta[cm.home, remote] == beta[remote, cm.home] == pytest.approx(2e-6)

@@ -34,8 +34,15 @@ from edgesplit.cli.common import FiniteFloat, console, trust_key_option
     type=FiniteFloat(minimum=0, open_min=True),
     help="Converged when a round's runs are predicted within this relative error.",
 )
+@click.option(
+    "--server",
+    "server_url",
+    default=None,
+    help="A server (edgesplit serve URL) that serves the bundles' server parts: their calls there "
+    "fit the cost of a call beyond the link and the compute.",
+)
 @trust_key_option
-def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, trust_key):
+def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, trust_key, server_url):
     """Run BUNDLES, fit the cost terms of their profile to the measured part runs, and write them.
 
     BUNDLES are of one model on one device: a plan and its baselines (the whole model on each
@@ -55,6 +62,7 @@ def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, trus
         tolerance=tolerance,
         progress=lambda msg: console.print(msg),
         trust_key=trust_key,
+        server_url=server_url,
     )
     result.profile.save(output)
     print_result(result)
@@ -111,6 +119,13 @@ def print_result(result) -> None:
                 f"a busy worker's gap before a queued part, from the streams: {e.processor} "
                 f"{t.stream_gap_ms:.3f} ms{hand_off}"
             )
+    terms = [e.terms for e in result.profile.entries if e.terms is not None]
+    t = next((t for t in terms if t.remote_call_ms or t.remote_call_ms_per_mb), None)
+    if t is not None:
+        console.print(
+            f"a call to the server beyond the link and its compute: {t.remote_call_ms:.3f} ms per call "
+            f"+ {t.remote_call_ms_per_mb:.3f} ms per MB sent or received"
+        )
     if result.converged_after is not None:
         console.print(
             f"converged after {result.converged_after} round(s) of fitting: within {result.tolerance:.0%}"

@@ -17,7 +17,12 @@ on one processor beside a plan of many parts pins both:
 * per processor: the hand-off curve, where the runs gave at least :data:`MIN_SAMPLES` hand-offs
   near a gap of the curve;
 * per request: the Session's own work, from the wall-clock latency of ``Session.run`` against the
-  span its records cover, less the modelled caller wake-up.
+  span its records cover, less the modelled caller wake-up;
+* per call to a server (bundles run against one, ``calibrate --server``): what a call costs beyond
+  the link's modelled time and the part's compute there (the ``Server-Timing`` the server sends),
+  a fixed cost and a cost per MB sent or received, by least squares over every server part's
+  calls with a prior at 0 (:func:`fit_remote_call`). Server parts are left out of the pair fits:
+  their runs on the device are whole calls.
 
 It always starts from the profile as measured (a calibrated profile's terms are reset first), so
 further rounds only add measurements: they converge rather than compound.
@@ -48,6 +53,28 @@ SPREAD_MIN_MS = 0.01
 # processor's stream/single ratio of part-run medians.
 PRIOR_CONTENTION = 0.5
 SPREAD_CONTENTION = 0.05
+# A call to a server: the prior's spread on its fixed cost (ms) and on its cost per MB (ms), and a
+# call's own noise, at least CALL_SPREAD_FLOOR of its median.
+PRIOR_CALL_MS = 2.0
+PRIOR_CALL_MS_PER_MB = 2.0
+CALL_SPREAD_FLOOR = 0.05
+
+
+@dataclass(frozen=True)
+class RemoteCall:
+    """One server part's calls as the device measured them (medians per call).
+
+    Attributes:
+        call_ms: The whole call, request sent to answer decoded. ``compute_ms``: the part's
+            compute on the server (its ``Server-Timing``). ``sent_nbytes``, ``received_nbytes``:
+            the tensors' bytes each way.
+    """
+
+    call_ms: float
+    compute_ms: float
+    sent_nbytes: float
+    received_nbytes: float
+    calls: int
 
 
 @dataclass(frozen=True)
@@ -71,6 +98,7 @@ class Measured:
     requests: int
     part_p90_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
     stream: Streamed | None = None
+    remote: Mapping[str, RemoteCall] = dataclasses.field(default_factory=dict)
 
     def merged(self, other: Measured) -> Measured:
         """Both runs' figures together (medians weighted by their requests)."""
@@ -85,6 +113,7 @@ class Measured:
             n + m,
             {k: mix(v, other.part_p90_ms.get(k, v)) for k, v in self.part_p90_ms.items()},
             _merged_streams(self.stream, other.stream),
+            {**self.remote, **other.remote},  # the later calls: the server's figures are cumulative
         )
 
 
@@ -143,6 +172,8 @@ def uncalibrated(profile: Profile) -> Profile:
                 handoff_ms=tuple(measured.get("handoff_ms", t.handoff_ms)),
                 contention=dict(measured.get("contention", t.contention)),
                 stream_gap_ms=measured.get("stream_gap_ms"),
+                remote_call_ms=0.0,
+                remote_call_ms_per_mb=0.0,
                 calibrated="",
                 calibrated_from={},
             )
@@ -205,9 +236,9 @@ def _pair_rows(ob: Observed) -> dict[tuple[str, str], list[tuple[list[float], fl
     out: dict[tuple[str, str], list] = {}
     for k, part in enumerate(lay.parts):
         name = ob.names[k]
-        if name not in measured.part_ms:
-            continue
         p = int(lay.proc[k])
+        if name not in measured.part_ms or cm.remote[p]:  # a server part's run here is a whole call
+            continue
         backend = cm.backend[part[0]][p] or ""
         pc = cm.ov.cost(p, backend)
         kept = float(sched.part_ms[k]) - lay.nodes_ms[k] - pc.part_ms - pc.crossing_ms * entering[k]
@@ -247,6 +278,43 @@ def fit_pairs(observed: Sequence[Observed]) -> list[PairFit]:
             )
         )
     return fits
+
+
+def _call_rows(ob: Observed) -> list[tuple[float, float, float]]:
+    """Per server part of ``ob`` that was called: ``(MB sent and received, the call net of the
+    link's modelled time and the part's compute, the call's spread)``."""
+    cm, rows = ob.cm, []
+    lay = layout(cm, ob.assign, ob.parts)
+    home = cm.home
+    for k, name in enumerate(ob.names):
+        p = int(lay.proc[k])
+        got = ob.measured.remote.get(name)
+        if got is None or not cm.remote[p] or got.calls == 0:
+            continue
+        link = (
+            float(cm.link_ms[home, p] + cm.link_ms[p, home])
+            + got.sent_nbytes * float(cm.link_ms_per_byte[home, p])
+            + got.received_nbytes * float(cm.link_ms_per_byte[p, home])
+        )
+        mb = (got.sent_nbytes + got.received_nbytes) / 1e6
+        spread = max(CALL_SPREAD_FLOOR * got.call_ms, SPREAD_MIN_MS)
+        rows.append((mb, got.call_ms - link - got.compute_ms, spread))
+    return rows
+
+
+def fit_remote_call(observed: Sequence[Observed]) -> tuple[float, float, int] | None:
+    """A server call's fixed cost (ms) and cost per MB (ms), fitted on every server part's calls
+    (ridge towards 0: one payload size alone cannot tell them apart, and then the prior splits
+    what the calls cost beyond the model), and how many parts they were fitted on; None when no
+    server part was called. Both are at least 0."""
+    rows = [r for ob in observed for r in _call_rows(ob)]
+    if not rows:
+        return None
+    a = np.array([[1.0, mb] for mb, _, _ in rows])
+    y = np.array([v for _, v, _ in rows])
+    sigma = np.array([s for _, _, s in rows])
+    b = _ridge(a / sigma[:, None], y / sigma, np.zeros(2), np.array([PRIOR_CALL_MS, PRIOR_CALL_MS_PER_MB]))
+    return max(float(b[0]), 0.0), max(float(b[1]), 0.0), len(rows)
 
 
 def _anchored(
@@ -375,6 +443,7 @@ def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> t
         for proc, gap, h in ob.measured.handoffs:
             by_proc.setdefault(proc, []).append((gap, h))
     gaps = fit_stream_gaps(observed)
+    call = fit_remote_call(observed)
     cm = observed[0].cm
     home = cm.processors[cm.home]
     session = float(
@@ -399,6 +468,8 @@ def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> t
             )
         if e.processor == home and e.terms is not None:
             changes["session_ms"] = round(session, 6)
+            if call is not None:
+                changes.update(remote_call_ms=round(call[0], 6), remote_call_ms_per_mb=round(call[1], 6))
         if e.terms is not None and e.processor in gaps:
             changes["stream_gap_ms"] = gaps[e.processor]
         slower = {q: f for (p, q), f in contention.items() if p == e.processor}

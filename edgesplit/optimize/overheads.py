@@ -94,6 +94,9 @@ class Overheads:
             :meth:`stream_gaps`).
         active_w: ``(P,)`` active power (for the energy of the overhead time; 0 on servers).
         noise_rel: Relative spread of the measurements; plans closer than this are equal.
+        call_ms, call_ms_per_byte: A part on a server processor: its call beyond the link and its
+            compute, per call and per byte it sends or receives (graph inputs and outputs
+            included), charged to the part's run (``RunTerms.remote_call_ms``; 0 until fitted).
     """
 
     pair: Mapping[tuple[int, str], PairCost]
@@ -108,6 +111,8 @@ class Overheads:
     active_w: np.ndarray | None = None
     noise_rel: float = 0.0
     stream_gap_ms: np.ndarray | None = None
+    call_ms: float = 0.0
+    call_ms_per_byte: float = 0.0
 
     def cost(self, p: int, backend: str | None) -> PairCost:
         return self.pair.get((p, backend or ""), ZERO)
@@ -138,6 +143,8 @@ class Overheads:
             and not self.handoff_ms.any()
             and not self.return_ms.any()
             and self.session_ms == 0
+            and self.call_ms == 0
+            and self.call_ms_per_byte == 0
             and (self.contention is None or bool((self.contention <= 1.0).all()))
         )
 
@@ -148,11 +155,15 @@ class Overheads:
         """``(alpha, beta)`` (P, P) to add to a crossing's cost in the sequential (linear) forms,
         which cannot see parts: a crossing onto another local processor starts a part there, so
         it pays that part's fixed cost and a back-to-back hand-off, and the bytes go out of one
-        part and into the other."""
+        part and into the other; a crossing onto a server starts a call, and every byte to or from
+        one pays the call's cost per byte."""
         n = len(remote)
         alpha, beta = np.zeros((n, n)), np.zeros((n, n))
         for p in range(n):
             for q in range(n):
+                if p != q and remote[q] != remote[p]:  # a call to the server, or its answer
+                    alpha[p, q] = self.call_ms if remote[q] else 0.0
+                    beta[p, q] = self.call_ms_per_byte
                 if p == q or remote[p] or remote[q]:
                     continue
                 into = [c for (k, _), c in self.pair.items() if k == q]
@@ -279,6 +290,8 @@ def build_overheads(
         return_gaps_ms=r_gaps,
         return_ms=r_ms,
         session_ms=home_terms[0].session_ms if home_terms else 0.0,
+        call_ms=home_terms[0].remote_call_ms if home_terms else 0.0,
+        call_ms_per_byte=home_terms[0].remote_call_ms_per_mb / MB if home_terms else 0.0,
         contention=contention,
         active_w=np.array([0.0 if p.is_remote else p.active_w for p in processors]),
         noise_rel=noise_rel(profile),

@@ -14,8 +14,9 @@ schedule a plan is priced by:
 * each crossing occupies its channel (uplink, downlink, one on-chip link per ordered pair) for its
   serialisation time, FIFO alike, and arrives a fixed latency later;
 * a part runs for its fixed cost, its nodes, and the bytes and layout reorders at its boundaries
-  (:mod:`edgesplit.optimize.overheads`); while other processors are busy it runs slower by the
-  measured pairwise contention (applied to the overlaps of a first pass, then scheduled again);
+  (:mod:`edgesplit.optimize.overheads`), and a part on a server its call beyond the link
+  (:func:`call_ms`); while other processors are busy it runs slower by the measured pairwise
+  contention (applied to the overlaps of a first pass, then scheduled again);
 * a request adds the Session's own work and the caller's wake-up at its end. Requests are taken
   to come back to back: a worker's idle gap before its first part includes the previous request's
   tail after its last part.
@@ -112,6 +113,28 @@ def boundary_ms(cm: CostModel, x: np.ndarray, parts, part_of: np.ndarray, backen
     return out
 
 
+def call_ms(cm: CostModel, n_parts: int, part_of: Sequence[int], proc: Sequence[int]) -> np.ndarray:
+    """Per part: on a server processor, its call (:attr:`Overheads.call_ms` plus the cost per byte
+    of every tensor it is sent or sends back, graph inputs and outputs included); else 0."""
+    ov = cm.ov
+    out = np.zeros(n_parts)
+    remote = [bool(cm.remote[p]) for p in proc]
+    if not any(remote) or not (ov.call_ms or ov.call_ms_per_byte):
+        return out
+    nbytes = [0] * n_parts
+    for f in cm.flows:
+        src = part_of[f.src] if f.src >= 0 else -1
+        readers = {part_of[d] for d in f.dsts} - {src}
+        for k in readers:
+            nbytes[k] += f.nbytes
+        if src >= 0 and (readers or f.to_home):
+            nbytes[src] += f.nbytes
+    for k in range(n_parts):
+        if remote[k]:
+            out[k] = ov.call_ms + ov.call_ms_per_byte * nbytes[k]
+    return out
+
+
 def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None = None) -> Layout:
     """The parts of assignment ``x`` (``parts``, in a topological order, when a plan fixes them;
     else :func:`part_labels`), what each waits for, and their runs without contention."""
@@ -148,7 +171,7 @@ def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None =
                 deps[k].add(src_k)
     home_xs = tuple(n_parts + j for j, c in enumerate(xs) if c.dst == cm.home and cm.flows[c.flow].to_home)
     nodes_ms = np.array([float(cm.node_ms[list(p), proc[k]].sum()) for k, p in enumerate(parts)])
-    work = nodes_ms + boundary_ms(cm, x, parts, part_of, backends)
+    work = nodes_ms + boundary_ms(cm, x, parts, part_of, backends) + call_ms(cm, n_parts, of, proc_l)
     return Layout(parts, proc, xs, tuple(tuple(sorted(d)) for d in deps), home_xs, work, nodes_ms)
 
 

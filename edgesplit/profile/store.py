@@ -76,6 +76,11 @@ class RunTerms:
             hand-off at zero idle gap stands for it.
         contention: Slowdown factor of this pair while processor X runs a whole model of its own
             (measured pairwise; 1.0 is none).
+        remote_call_ms, remote_call_ms_per_mb: On the device's home entry: what one call of a part
+            on a server costs beyond the link's modelled time and the part's compute there (this
+            client and the server's HTTP handling: encoding, the request, decoding), per call and
+            per MB sent or received. Fitted by ``calibrate --server`` from calls measured against
+            the server; 0 until then (the profiler has no server to call).
         node_scale: A correction on node costs, fitted by ``calibrate`` (1.0 as measured).
         crossing_ms: Per tensor entering a part here, a correction fitted by ``calibrate``.
         calibrated: What ``calibrate`` fitted these on (empty as measured).
@@ -99,6 +104,8 @@ class RunTerms:
     stream_gap_ms: float | None = None
     node_scale: float = 1.0
     crossing_ms: float = 0.0
+    remote_call_ms: float = 0.0
+    remote_call_ms_per_mb: float = 0.0
     calibrated: str = ""
     calibrated_from: Mapping[str, Any] = field(default_factory=dict)
 

@@ -489,8 +489,9 @@ def test_calibrate_refuses_bundles_of_another_device_or_the_same_bundle_twice(w,
 
 
 def test_calibrate_refuses_a_bundle_with_server_parts(w, tmp_path):
-    """A part on the server would run on its local fallback under ``calibrate`` and be fitted as the
-    server's: the bundle is refused, naming it and the part, and nothing is written."""
+    """A part on the server would run on its local fallback under ``calibrate`` without ``--server``,
+    and be fitted as the server's: the bundle is refused, naming it and the part, and nothing is
+    written; so is a server that cannot be reached."""
     import edgesplit
 
     last = w["graph"].nodes[-1].name
@@ -504,6 +505,10 @@ def test_calibrate_refuses_a_bundle_with_server_parts(w, tmp_path):
     line = refused(cli("calibrate", out, "-o", cal, "--profile", w["profile"]), "run on the server", file=out)
     assert remote[0] in line, line
     line = refused(cli("calibrate", w["bundle"], out, "-o", cal, "--profile", w["profile"]), file=out)
+    # a server that cannot be reached: the parts ran on their fallback, which is not a call
+    args = ("calibrate", out, "-o", cal, "--profile", w["profile"], "--runs", "3", "--warmup", "0")
+    line = refused(cli(*args, "--server", "http://127.0.0.1:9"), "ran on its local fallback", file=out)
+    assert remote[0] in line and "127.0.0.1:9" in line, line
     assert not cal.exists()
 
 
