@@ -447,8 +447,21 @@ def calibrate(
         priced = {b: plan_costs(plan, current) for b, plan in plans.items()}
         if converged is not None:
             break
-    record = {
-        "bundles": [os.path.abspath(b) for b in plans],
+    record = _record(list(plans), rounds, converged, tolerance, runs)
+    if server_url:
+        record["server_url"] = server_url  # where the calls that fitted the call's cost went
+    current = dataclasses.replace(current, calibration=record)
+    return Calibration(
+        current, tuple(rounds), converged, {b: p.latency_ms() for b, p in priced.items()}, tolerance
+    )
+
+
+def _record(
+    bundles: list[str], rounds: list[Round], converged: int | None, tolerance: float, runs: int
+) -> dict:
+    """What the calibrated profile records of how it came about."""
+    return {
+        "bundles": [os.path.abspath(b) for b in bundles],
         "rounds": [
             {
                 "cases": [
@@ -468,7 +481,3 @@ def calibrate(
         "tolerance": tolerance,
         "runs_per_round": runs,
     }
-    current = dataclasses.replace(current, calibration=record)
-    return Calibration(
-        current, tuple(rounds), converged, {b: p.latency_ms() for b, p in priced.items()}, tolerance
-    )
