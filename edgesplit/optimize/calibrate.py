@@ -66,8 +66,9 @@ class RemoteCall:
 
     Attributes:
         call_ms: The whole call, request sent to answer decoded. ``compute_ms``: the part's
-            compute on the server (its ``Server-Timing``). ``sent_nbytes``, ``received_nbytes``:
-            the tensors' bytes each way.
+            compute on the server (its ``Server-Timing`` compute; from a server that sends only its
+            own time, that, and the call's fitted cost then leaves the server's HTTP handling out).
+            ``sent_nbytes``, ``received_nbytes``: the request's and the answer's bytes per call.
     """
 
     call_ms: float

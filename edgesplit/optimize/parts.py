@@ -28,9 +28,11 @@ def _components(n: int, edges: Sequence[tuple[int, int]], key: Sequence) -> list
     for a, b in edges:
         if key[a] != key[b]:
             continue
-        while parent[a] != a:
+        while parent[a] != a:  # path halving keeps parent[i] <= i
+            parent[a] = parent[parent[a]]
             a = parent[a]
         while parent[b] != b:
+            parent[b] = parent[parent[b]]
             b = parent[b]
         if a < b:
             parent[b] = a
