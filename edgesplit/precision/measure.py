@@ -43,7 +43,7 @@ from edgesplit.precision.convert import (
     convert,
 )
 from edgesplit.precision.metrics import EXACT, Accuracy, compare
-from edgesplit.util import atomic_write_text, known_fields
+from edgesplit.util import atomic_write_text, check_fields, known_fields
 
 
 class PartLike(Protocol):
@@ -95,14 +95,11 @@ def _code_sha256() -> str:
 
 
 def _read_accuracy(path: Path) -> Accuracy | None:
+    """The accuracy kept in ``path``, or None where it is absent or not what this code writes."""
     try:
         acc = Accuracy(**known_fields(Accuracy, json.loads(path.read_text())))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # absent or unreadable
-        return None
-    figures = (acc.snr_db, acc.cosine, acc.max_abs_error, acc.samples)
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in figures):
-        return None  # not what this code writes: measured again
-    if acc.top1_agreement is not None and not isinstance(acc.top1_agreement, int | float):
+        check_fields(acc, str(path), ValueError, signed=("snr_db",))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # measured again
         return None
     return acc
 

@@ -504,7 +504,7 @@ def test_calibrate_refuses_a_bundle_with_server_parts(w, tmp_path):
     cal = tmp_path / "cal.json"
     line = refused(cli("calibrate", out, "-o", cal, "--profile", w["profile"]), "run on the server", file=out)
     assert remote[0] in line, line
-    line = refused(cli("calibrate", w["bundle"], out, "-o", cal, "--profile", w["profile"]), file=out)
+    refused(cli("calibrate", w["bundle"], out, "-o", cal, "--profile", w["profile"]), file=out)
     # a server that cannot be reached: the parts ran on their fallback, which is not a call
     args = ("calibrate", out, "-o", cal, "--profile", w["profile"], "--runs", "3", "--warmup", "0")
     line = refused(cli(*args, "--server", "http://127.0.0.1:9"), "ran on its local fallback", file=out)
