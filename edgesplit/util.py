@@ -70,6 +70,12 @@ def _rmtree(p: Path) -> None:
     shutil.rmtree(p, ignore_errors=True)
 
 
+def cache_root() -> Path:
+    """Where results worth keeping between runs live (measured accuracy, calibration ranges,
+    simplified models, tuning records): ``EDGESPLIT_CACHE``, else ``~/.cache/edgesplit``."""
+    return Path(os.environ.get("EDGESPLIT_CACHE") or os.path.join(Path.home(), ".cache", "edgesplit"))
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

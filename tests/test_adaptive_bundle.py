@@ -12,6 +12,7 @@ import pytest
 from netlab import (
     NetLab,
     free_port,
+    kill_process,
     make_bundle,
     require_netns,
     serve_command,
@@ -241,7 +242,7 @@ def test_switches_to_the_server_then_falls_back_when_it_dies(adaptive):
                 time.sleep(0.1)  # a gap between requests: the idle link gets probed
             top = bs.bands.plan_at(1000.0)
             assert bs.current == top and bs.stats().switches[0].to_plan == top
-            stop_process(proc)  # killed in the middle of the stream
+            kill_process(proc)  # killed in the middle of the stream
             for _ in range(4):
                 assert same(bs.run(adaptive["feeds"]), adaptive["want"])
             st = bs.stats()
@@ -316,7 +317,7 @@ def test_band_plans_follow_a_shaped_link_and_a_dead_server(adaptive):
                 seen[rate] = plans
             for rate, plans in seen.items():
                 assert plans[3:] == [bs.bands.plan_at(rate)] * 3, (rate, seen, bs.stats())
-            stop_process(server)  # killed in the middle of the stream
+            kill_process(server)  # killed in the middle of the stream
             lab.set_rate(200)
             for _ in range(3):
                 assert same(bs.run(adaptive["feeds"]), adaptive["want"])

@@ -271,3 +271,36 @@ def test_real_ppocr_models_load(kind):
     g = load_model(ppocr_model(kind), parse_input_shapes([PPOCR_SHAPES[kind]]))
     assert g.nodes and not g.notes
     assert all(t.shape and min(t.shape) > 0 for t in g.tensors.values() if not t.is_weight)
+
+
+def test_a_simplified_model_is_kept_and_read_back_by_the_next_load(tmp_path, monkeypatch):
+    """The next load of the same model and shapes reads the simplified model from the cache instead
+    of folding again: the same graph, costs and notes. A changed model, or other shapes, fold again."""
+    from edgesplit.model import kept, zoo
+    from edgesplit.model import load as load_module
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+    path = zoo.save("squeezenet", tmp_path / "sq.onnx")
+    first = load_model(path)
+    assert len(list((tmp_path / "cache" / "simplified").glob("*.onnx"))) == 1
+    folds = []
+    real = load_module._simplify
+    monkeypatch.setattr(load_module, "_simplify", lambda *a, **k: folds.append(a[0]) or real(*a, **k))
+    again = load_model(path)
+    assert folds == [] and again == first
+    assert again.model.SerializeToString() == first.model.SerializeToString()
+    changed = onnx.load(path)
+    w = changed.graph.initializer[0]
+    arr = onnx.numpy_helper.to_array(w).copy()
+    arr.flat[0] += 1.0
+    w.CopyFrom(onnx.numpy_helper.from_array(arr, w.name))
+    onnx.save(changed, tmp_path / "sq2.onnx")
+    load_model(tmp_path / "sq2.onnx")
+    assert folds == [str(tmp_path / "sq2.onnx")]
+    m = onnx.load(path)
+    assert kept.kept_path(m, {"x": (1, 3, 224, 224)}, None) != kept.kept_path(
+        m, {"x": (2, 3, 224, 224)}, None
+    )
+    small = onnx.load(tmp_path / "sq.onnx")
+    del small.graph.node[kept.MIN_NODES - 1 :]
+    assert kept.kept_path(small, {}, None) is None  # a small model is not worth a copy on disk

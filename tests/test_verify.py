@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,10 @@ import edgesplit
 from edgesplit.cli.main import main
 from edgesplit.compile.bundle import Manifest, open_bundle
 from edgesplit.compile.verdict import MeasuredCandidate, Verification
+from edgesplit.deployment import verify_options_for
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions, profile_model
+from edgesplit.verify.measure import MIN_ROUNDS
 
 SPEC = """\
 name: verifyboard
@@ -117,10 +120,16 @@ def setup_big(tmp_path_factory):
     return _setup(tmp_path_factory.mktemp("verify_big"), ("big",))
 
 
-def _deploy(setup, out: Path, on: str | None, **kw) -> Manifest:
+def _deploy(setup, out: Path, on: str | None, few_rounds: bool = False, **kw) -> Manifest:
+    """Deploy with every node on ``on``. ``few_rounds``: measure the fewest rounds that give a
+    verdict (``MIN_ROUNDS``) rather than as many as fit the budget, for the tests of what is measured
+    and reported rather than of which candidate wins (the budget still bounds a slow round)."""
     model, spec, prof, nodes = setup
     pins = {n: on for n in nodes} if on else None
     kw.setdefault("verify_budget_s", BUDGET_S)
+    if few_rounds:
+        options = verify_options_for(kw.pop("verify_budget_s"), kw.pop("server_url", None), None)
+        kw["verify_options"] = replace(options, max_rounds=MIN_ROUNDS)
     return edgesplit.deploy(model, spec, out, profile=prof, pins=pins, **kw)
 
 
@@ -153,7 +162,7 @@ def test_a_plan_much_worse_than_a_baseline_is_replaced_by_it(setup, tmp_path):
 
 @pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_a_plan_that_is_the_best_single_processor_is_kept_and_measured_once(setup, tmp_path):
-    m = _deploy(setup, tmp_path / "bundle", "big")
+    m = _deploy(setup, tmp_path / "bundle", "big", few_rounds=True)
     v = m.verification
     assert v.shipped == "plan" and v.kept_plan
     assert "the plan is only:big" in v.reason
@@ -222,7 +231,7 @@ def test_no_verify_skips_and_the_cli_prints_the_table(setup, tmp_path, capsys):
 def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_one(setup, tmp_path):
     def deploy(name: str, **kw) -> Manifest:  # all on big, with the A100 over Wi-Fi
         kw = dict(server="server-a100", link="wifi", verify_budget_s=QUICK_BUDGET_S, **kw)
-        return _deploy(setup, tmp_path / name, "big", **kw)
+        return _deploy(setup, tmp_path / name, "big", few_rounds=True, **kw)
 
     v = deploy("a").verification
     assert "no server URL" in v.candidate("server-only").error
@@ -249,14 +258,18 @@ def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_on
 
 @pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_the_objective_decides_the_metric(setup, tmp_path):
-    v = _deploy(setup, tmp_path / "t", "big", objective="throughput", verify_budget_s=STREAM_BUDGET_S)
+    v = _deploy(
+        setup, tmp_path / "t", "big", few_rounds=True, objective="throughput", verify_budget_s=STREAM_BUDGET_S
+    )
     v = v.verification
     assert v.metric == "throughput", v.reason
     assert v.candidate("only:little").measured, v.reason
     assert v.candidate("plan").predicted_ms == pytest.approx(
         open_bundle(tmp_path / "t").plan.predicted["period_ms"], rel=1e-6
     )
-    v = _deploy(setup, tmp_path / "e", "big", objective="energy", verify_budget_s=QUICK_BUDGET_S)
+    v = _deploy(
+        setup, tmp_path / "e", "big", few_rounds=True, objective="energy", verify_budget_s=QUICK_BUDGET_S
+    )
     v = v.verification
     assert v.metric == "energy" and any("energy is modelled" in n for n in v.notes)
     assert all(c.energy_mj is not None for c in v.candidates if c.measured)
@@ -355,7 +368,7 @@ def test_a_verified_bundle_is_signed_with_its_verdict_and_refuses_a_foreign_outp
     assert (foreign / "cat.jpg").exists() and not list(tmp_path.glob(".photos.verify.*"))
     private, public, _ = generate_key(tmp_path / "key")
     out = tmp_path / "signed"
-    m = _deploy(setup, out, "little", sign_key=private)
+    m = _deploy(setup, out, "little", few_rounds=True, sign_key=private)
     vb = open_verified(out, trust_key=public)
     assert vb.trusted_key is not None and vb.manifest.verification == m.verification
     assert m.verification.shipped == "only:big"

@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import io
 import logging
-import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -29,13 +28,9 @@ from edgesplit.errors import CompileError
 from edgesplit.model.calibration_data import CalibrationSet
 from edgesplit.model.graph import ModelGraph
 from edgesplit.precision import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
+from edgesplit.util import cache_root
 
 Converter = Callable[[onnx.ModelProto, Path | None, Sequence[str]], onnx.ModelProto]
-
-
-def cache_root() -> Path:
-    """Where measured results are kept between runs (``EDGESPLIT_CACHE``, else ~/.cache/edgesplit)."""
-    return Path(os.environ.get("EDGESPLIT_CACHE") or os.path.join(Path.home(), ".cache", "edgesplit"))
 
 
 def cache_dir() -> Path:

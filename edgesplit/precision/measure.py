@@ -8,7 +8,7 @@ results are memoised by content (model, input shapes, calibration data, method),
 so the planner can measure many combinations of the same parts, and a sweep that partitions one
 model again and again (a plan per bandwidth, say) converts and runs each part once.
 
-Results are also kept on disk (``<cache>/accuracy``, :func:`~edgesplit.precision.convert.cache_root`),
+Results are also kept on disk (``<cache>/accuracy``, :func:`~edgesplit.util.cache_root`),
 keyed by the same content plus the parts, the onnxruntime version and the source of the code that
 converts, runs and compares: ``partition``, ``deploy`` and ``explain`` run one after another on a
 model (each its own process) measure each combination of parts once. A file that cannot be read
@@ -37,13 +37,12 @@ from edgesplit.model.extract import PartExtractor
 from edgesplit.model.graph import ModelGraph
 from edgesplit.precision.convert import (
     DEFAULT_CALIBRATION_METHOD,
-    cache_root,
     calibrate,
     check_calibration_method,
     convert,
 )
 from edgesplit.precision.metrics import EXACT, Accuracy, compare
-from edgesplit.util import atomic_write_text, check_fields, known_fields
+from edgesplit.util import atomic_write_text, cache_root, check_fields, known_fields
 
 
 class PartLike(Protocol):

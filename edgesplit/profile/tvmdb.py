@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesplit.profile.published import data_dir
-from edgesplit.util import atomic_write_text
+from edgesplit.util import atomic_write_text, cache_root
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -60,13 +60,9 @@ def database_name(tuning: Mapping[str, Any]) -> str:
     return f"{tuning.get('kind', 'llvm')}-{cpu}{cores}"
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("EDGESPLIT_CACHE", Path.home() / ".cache" / "edgesplit")) / "tvm-tuning"
-
-
 def cache_dir(tuning: Mapping[str, Any]) -> Path:
     """The cache folder of a tuning target (it may not exist yet)."""
-    return cache_root() / target_key(tuning)
+    return cache_root() / "tvm-tuning" / target_key(tuning)
 
 
 def shipped_root() -> Path:
