@@ -249,12 +249,13 @@ def test_backend_chooses_what_partition_and_deploy_measure(tmp_path, capsys, tin
     minutes of compiling per model): the kept profile has ORT entries alone, and TVM, measured
     nowhere, is no candidate. With ``--profile`` nothing is measured: refused, one line, exit 2."""
     code, _, err = run(
-        capsys, "partition", str(tiny_dag), "--device", "host-biglittle", "--backend", "ort",
+        capsys, "partition", str(tiny_dag), "--device", "host-biglittle", "--backend", "ort", "--runs", "3",
         "-o", str(tmp_path / "p.json"), "-q",
     )  # fmt: skip
     assert code == 0, err
     prof = json.loads((tmp_path / "p.profile.json").read_text())
     assert {(e["processor"], e["backend"]) for e in prof["entries"]} == {("big", "ort"), ("little", "ort")}
+    assert {c["runs"] for e in prof["entries"] for c in e["nodes"].values()} == {3}  # --runs, as deploy's
     plan = json.loads((tmp_path / "p.json").read_text())
     assert {a["backend"] for a in plan["assignment"].values()} == {"ort"}
     code, out, err = run(

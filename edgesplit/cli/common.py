@@ -117,6 +117,13 @@ backend_option = click.option(
     type=TableChoice(backend_names),
     help="Profile only these backends (repeatable); default all the device offers.",
 )
+runs_option = click.option(
+    "--runs",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Timed runs per measurement, where the device is measured (no --profile).",
+)
 slo_option = click.option(
     "--slo-ms", type=FiniteFloat(minimum=0, open_min=True), help="Latency limit in ms (energy, pareto)."
 )

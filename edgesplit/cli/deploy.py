@@ -19,6 +19,7 @@ from edgesplit.cli.common import (
     objective_option,
     pin_option,
     progress_bar,
+    runs_option,
     sign_key_option,
     slo_option,
 )
@@ -50,9 +51,7 @@ from edgesplit.cli.compile import tune_options, tune_per_task_option, verify_opt
 @accuracy_options
 @input_shape_option
 @input_values_option
-@click.option(
-    "--runs", default=20, show_default=True, type=click.IntRange(1), help="Timed runs per measurement."
-)
+@runs_option
 @backend_option
 @click.option(
     "--no-bands",

@@ -19,6 +19,7 @@ from edgesplit.cli.common import (
     model_inputs,
     objective_option,
     pin_option,
+    runs_option,
     slo_option,
 )
 
@@ -33,6 +34,7 @@ from edgesplit.cli.common import (
     help="A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest).",
 )
 @backend_option
+@runs_option
 @input_shape_option
 @input_values_option
 @objective_option
@@ -68,6 +70,7 @@ def command(
     device,
     profile_path,
     backends,
+    runs,
     input_shapes,
     input_values,
     objective,
@@ -116,7 +119,7 @@ def command(
         pins=pins,
         server_load=server_load,
         server_slots=server_slots,
-        profiling=ProfileOptions(backends) if backends else None,
+        profiling=ProfileOptions(backends, runs=runs),
         **model_inputs(input_shapes, input_values),
         **accuracy_choices(
             min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data, calibration_method
