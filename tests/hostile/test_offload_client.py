@@ -9,6 +9,7 @@ never a hang, a MemoryError or a raw exception. Each test runs under pytest-time
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -125,6 +126,8 @@ class FakeServer:
 
     def close(self) -> None:
         self.stop.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() in progress (Linux)
         self.listener.close()
         for c in self.conns:
             c.close()
