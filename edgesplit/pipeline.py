@@ -31,6 +31,7 @@ from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import AccuracyCheck
 from edgesplit.optimize.api import complete_profile, solve_plan
+from edgesplit.optimize.costs import pin_indices
 from edgesplit.optimize.load import ServerLoad
 from edgesplit.optimize.objectives import objective as objective_named
 from edgesplit.optimize.plan import Plan, load_plan
@@ -302,7 +303,7 @@ def resolve(
     """Load and check everything a plan is made from (see :class:`Choices`); measure if need be.
 
     Cheap checks (objective, SLO, pins' form, link without a server) come before anything is
-    loaded or measured.
+    loaded, and pins naming an unknown node or processor before anything is measured.
 
     Raises:
         PlanError: an unknown objective, a non-positive SLO, a malformed pin, a link without a
@@ -317,6 +318,7 @@ def resolve(
     srv = _server(c.server)
     link = resolve_link(srv, c.link, bandwidth_mbps=c.bandwidth_mbps, rtt_ms=c.rtt_ms)
     full = combined(dev, srv)
+    pin_indices(graph, full.processors, pins)  # an unknown node or processor, before measuring
     prof, path = _profile(graph, full, c.profile, c.profiling, progress)
     server_path = None
     if srv is not None and c.server_profile is not None:

@@ -234,6 +234,28 @@ def test_resolve_checks_cheap_things_before_loading(tmp_path):
         resolve(missing, "host", Choices(rtt_ms=3))
 
 
+def test_a_pin_on_an_unknown_node_or_processor_is_refused_before_measuring(tiny, local, monkeypatch):
+    """An unknown node or processor in the pins was found when the cost model was built, after
+    the local processors had been measured (seconds to minutes on a real model)."""
+    import edgesplit.pipeline
+    from edgesplit.pipeline import Choices, resolve
+
+    def measured(*a, **k):
+        raise AssertionError("measured before the pins were checked")
+
+    monkeypatch.setattr(edgesplit.pipeline, "profile_model", measured)
+    for pins, words in (
+        (["nosuchnode=cpu"], "unknown node 'nosuchnode'"),
+        ([f"{_first_node(tiny)}=npu"], "unknown processor 'npu'"),
+    ):
+        with pytest.raises(PlanError, match=words):
+            resolve(tiny, local, Choices(pins=pins))
+
+
+def _first_node(model: Path) -> str:
+    return edgesplit.load_model(model).nodes[0].name
+
+
 def test_commands_check_flags_before_loading(capsys, tmp_path):
     """partition and deploy load the model before resolving (to print what loading changed), but
     bad flags still fail first: the model here does not exist."""

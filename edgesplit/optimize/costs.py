@@ -314,7 +314,12 @@ def _links(device: DeviceSpec, server: DeviceSpec | None, link: NetworkLink | No
     return lat, per_byte, radio, channel
 
 
-def _pins(graph: ModelGraph, procs: tuple[Processor, ...], pins: Mapping[str, str]) -> dict[int, int]:
+def pin_indices(graph: ModelGraph, procs: tuple[Processor, ...], pins: Mapping[str, str]) -> dict[int, int]:
+    """Node index -> processor index of each pin.
+
+    Raises:
+        PlanError: listing every unknown node and processor.
+    """
     names = [p.name for p in procs]
     out, bad = {}, []
     for node, proc in pins.items():
@@ -348,7 +353,7 @@ def _allowed(
 ) -> tuple[np.ndarray, dict[int, int]]:
     """Support and pins together, and the pins by index."""
     allowed = supported.copy()
-    pin_idx = _pins(graph, procs, pins)
+    pin_idx = pin_indices(graph, procs, pins)
     for n, p in pin_idx.items():
         if not supported[n, p]:
             raise PlanError(
