@@ -115,7 +115,7 @@ def test_part_boundary_carries_outer_scope_reads(cf_path, tmp_path):
 def test_optimiser_plan_with_pins_splits_control_flow(cf_path, tmp_path):
     g = load_model(cf_path)
     pins = {"iff": "little", "loop": "big", "scan": "little", "relu": "big", "mul": "big"}
-    plan = partition(g, "host-biglittle", pins=pins)
+    plan = partition(g, "host-biglittle", pins=pins, profiling=ProfileOptions(runs=3))
     assert len(plan.parts) >= 3
     by_node = {n: p.processor for p in plan.parts for n in p.nodes}
     assert all(by_node[n] == proc for n, proc in pins.items())

@@ -117,13 +117,17 @@ def test_link_flags_without_a_server_are_refused_everywhere(capsys, tiny, board,
 
 def test_api_and_cli_measure_the_same_way_without_a_profile(capsys, tiny, local, tmp_path):
     """The API predicted every cost when given no profile, while the CLI measured."""
-    labels: list[str] = []
-    edgesplit.partition(tiny, local, progress=lambda label, done, total: labels.append(label))
-    assert "cpu/ort" in labels  # measured here, as the CLI does
-    from edgesplit.pipeline import resolve
+    from edgesplit.pipeline import Choices, resolve
+    from edgesplit.profile.run import ProfileOptions
 
-    api = resolve(tiny, local).profile
-    code, _, err = run(capsys, "partition", str(tiny), "-d", str(local), "-o", str(tmp_path / "p.json"), "-q")
+    labels: list[str] = []
+    few = ProfileOptions(runs=3)  # and --runs 3: how many runs is not what differed
+    edgesplit.partition(tiny, local, profiling=few, progress=lambda label, done, total: labels.append(label))
+    assert "cpu/ort" in labels  # measured here, as the CLI does
+    api = resolve(tiny, local, Choices(profiling=few)).profile
+    code, _, err = run(
+        capsys, "partition", str(tiny), "-d", str(local), "--runs", "3", "-o", str(tmp_path / "p.json"), "-q"
+    )
     assert code == 0, err
     cli = json.loads((tmp_path / "p.profile.json").read_text())
     assert [(e.key, e.source) for e in api.entries] == [

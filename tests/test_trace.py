@@ -18,6 +18,7 @@ from edgesplit.compile.api import compile_bundle
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.pipeline import partition
+from edgesplit.profile.run import ProfileOptions
 from edgesplit.runtime.api import benchmark, random_feeds
 from edgesplit.runtime.chrome import chrome_trace, trace_event_problems
 from edgesplit.runtime.session import load
@@ -40,7 +41,9 @@ REPEAT = 6
 def bundle(tmp_path_factory):
     d = tmp_path_factory.mktemp("trace")
     graph = load_model(zoo.save("tiny_dag", d / "tiny_dag.onnx"))
-    plan = partition(graph, "host-2core", pins=PINS)
+    plan = partition(
+        graph, "host-2core", pins=PINS, profiling=ProfileOptions(runs=3)
+    )  # pinned: any figures do
     compile_bundle(graph, plan, d / "bundle")
     return d / "bundle"
 
