@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -151,7 +152,8 @@ def _compile_for_arm(model, tmp_path):
         "--device",
         str(spec),
     ]
-    return run_cli(*args), out
+    # a private cache: the part is cross-compiled every time, not copied from an earlier build
+    return run_cli(*args, env={**os.environ, "EDGESPLIT_CACHE": str(tmp_path / "cache")}), out
 
 
 def elf_machine(path) -> tuple[bytes, int, int]:
@@ -177,6 +179,32 @@ def test_cross_compiled_part_is_an_aarch64_shared_object(zoo_models, tmp_path):
     assert len(libs) == 1
     magic, e_type, e_machine = elf_machine(libs[0])
     assert magic == b"\x7fELF" and e_type == 3 and e_machine == 183  # ET_DYN, EM_AARCH64
+
+
+def test_a_tvm_library_is_kept_and_built_again_only_when_its_inputs_change(zoo_models, tmp_path, monkeypatch):
+    """A second build of the same part for the same target copies the kept library (the same bytes,
+    the same facts) without compiling; another thread count or a changed model is built again."""
+    import tvm
+
+    from edgesplit.compile.tvm_build import build_library
+    from edgesplit.hostinfo import llvm_target
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+    model = onnx.load(zoo_models["tiny_dag"])
+    first = build_library(model, llvm_target(), tmp_path / "a.so", threads=1)
+    assert "kept" not in first
+    builds = []
+    real = tvm.compile
+    monkeypatch.setattr(tvm, "compile", lambda *a, **k: builds.append(1) or real(*a, **k))
+    again = build_library(model, llvm_target(), tmp_path / "b.so", threads=1)
+    assert builds == [] and (tmp_path / "b.so").read_bytes() == (tmp_path / "a.so").read_bytes()
+    assert Path(again.pop("kept")).is_file() and again == first
+    build_library(model, llvm_target(), tmp_path / "c.so", threads=2)  # another tuning target
+    assert builds == [1]
+    w = model.graph.initializer[0]
+    w.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(w) + 1.0, w.name))
+    assert "kept" not in build_library(model, llvm_target(), tmp_path / "d.so", threads=1)
+    assert builds == [1, 1]
 
 
 def test_missing_cross_toolchain_is_named(zoo_models, tmp_path, monkeypatch):

@@ -119,7 +119,9 @@ class TvmCompiler:
                 threads=processor.threads,
                 progress=job.progress,
             )
-            note = f"tvm build {time.perf_counter() - t0:.1f}s"
+            note = f"tvm build {time.perf_counter() - t0:.1f}s" + (
+                "" if "kept" not in info else " (kept from a build before)"
+            )
             if info.get("cuda_kernels") == "source":
                 note += "; CUDA kernels as source, compiled (NVRTC) where the part loads"
             if runs_on_this_machine(target):

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from edgesplit.compile.kept_libs import kept_library
 from edgesplit.compile.split import rel_error
 from edgesplit.compile.tune import Progress, TuneOptions, tune_module
 from edgesplit.errors import CompileError
@@ -85,7 +86,9 @@ def build_library(
         tune: Tune first (:class:`~edgesplit.compile.tune.TuneOptions`); its ``threads`` wins.
         threads: The threads the part runs with (the processor's); databases are per thread count.
 
-    Returns facts for the manifest: target, trials, the databases applied, what tuning did.
+    Returns facts for the manifest: target, trials, the databases applied, what tuning did; and
+    ``kept``, the cache file, when the library was kept from an earlier build of the same part
+    (:mod:`edgesplit.compile.kept_libs`; builds that tune are never kept).
     Raises CompileError for a missing toolchain; any TVM import or build error propagates for the
     caller to fall back on.
     """
@@ -96,7 +99,14 @@ def build_library(
     if tune is None and tune_trials > 0:
         tune = TuneOptions(trials_per_task=min(64, tune_trials), max_trials=tune_trials, threads=threads)
     threads = tune.threads if tune is not None and tune.threads else threads
-    info: dict[str, Any] = {"target": dict(target), "tune_trials": tune_trials}
+    kept = None
+    if tune is None:  # a build that tunes changes the databases: built every time
+        applied = find_databases(target, threads, extra=databases) if use_database else None
+        kept = kept_library(model, target, threads, applied, cc)
+        info = kept.fetch(out) if kept is not None else None
+        if info is not None:
+            return {**info, "kept": str(kept.path)}
+    info = {"target": dict(target), "tune_trials": tune_trials}
     with contextlib.redirect_stdout(io.StringIO()):
         mod = from_onnx(model, keep_params_in_input=False)
         tgt = tvm.target.Target(dict(target))
@@ -121,6 +131,8 @@ def build_library(
         ex.export_library(str(out), fcompile=_cross_fcompile(cc))
     else:
         ex.export_library(str(out))
+    if kept is not None:
+        kept.keep(out, info)
     return info
 
 

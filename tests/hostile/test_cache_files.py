@@ -1,6 +1,6 @@
 """Files in edgesplit's cache folder (``EDGESPLIT_CACHE``) are input too: a kept simplified model
-that is garbage, half there, of the wrong type, or a cache that cannot be written never stops a
-load or changes what it gives; the bad file is made again and replaced."""
+or TVM library that is garbage, half there, of the wrong type, or a cache that cannot be written
+never stops a load or a build or changes what it gives; the bad file is made again and replaced."""
 
 from __future__ import annotations
 
@@ -67,3 +67,32 @@ def test_a_cache_that_cannot_be_written_keeps_nothing_and_the_load_goes_on(kept,
     (tmp_path / "cache" / "simplified" / onnx_file.name).mkdir(parents=True)  # a folder where it goes
     assert load_model(path) == graph
     assert (tmp_path / "cache" / "simplified" / onnx_file.name).is_dir()
+
+
+def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkeypatch):
+    """A one-node model (a fraction of a second to build): its kept library and facts spoiled in
+    turn; each build gives the first build's bytes and facts, and mends the kept pair."""
+    from conftest import make_model
+    from onnx import helper
+
+    from edgesplit.compile.tvm_build import build_library
+    from edgesplit.hostinfo import llvm_target
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])
+    first = build_library(model, llvm_target(), tmp_path / "a.so", threads=1)
+    (lib,) = (tmp_path / "cache" / "tvm-libs").glob("*.so")
+    facts, good_lib, good_facts = (
+        lib.with_suffix(".json"),
+        lib.read_bytes(),
+        lib.with_suffix(".json").read_text(),
+    )
+    for i, (spoil_lib, spoil_facts) in enumerate([(b"", None), (None, "{"), (None, "[1, 2]"), (None, "")]):
+        lib.write_bytes(good_lib if spoil_lib is None else spoil_lib)
+        facts.write_text(good_facts if spoil_facts is None else spoil_facts)
+        out = tmp_path / f"b{i}.so"
+        info = build_library(model, llvm_target(), out, threads=1)
+        assert "kept" not in info and info == first, i
+        assert out.stat().st_size > 0 and lib.read_bytes() == good_lib and facts.read_text() == good_facts
+    facts.unlink()
+    assert "kept" not in build_library(model, llvm_target(), tmp_path / "c.so", threads=1)

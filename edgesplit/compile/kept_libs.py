@@ -1,0 +1,103 @@
+"""TVM libraries kept on disk between builds (``<cache>/tvm-libs``, :func:`~edgesplit.util.cache_root`).
+
+Compiling a part with TVM takes seconds (a minute for a large one), and the same part is built
+again and again: ``partition`` then ``deploy`` of one model, a ``deploy`` after changing an option
+that does not move the cut, the test suite. A library depends only on the part's model, the target,
+the thread count, the tuning databases applied, the cross compiler and the code that builds it, so
+it is kept, keyed by all of them: the model's bytes, the target and the tuning target it resolves to
+on this host, the bytes of every database applied, the compiler's name, and TVM's version with the
+source of the modules that build. Builds that tune, and CUDA libraries (whose kernels may be kept as
+source depending on the driver), are not kept. A kept file that cannot be read is built again and
+replaced; a cache that cannot be written keeps nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import onnx
+from google.protobuf.message import EncodeError
+
+from edgesplit.profile.tvmdb import RECORDS, WORKLOADS, Lookup, tuning_target
+from edgesplit.util import atomic_write_bytes, atomic_write_text, cache_root
+
+
+@functools.cache
+def _code_tag() -> str:
+    from edgesplit.compile import tvm_build
+    from edgesplit.profile import tvmdb
+
+    h = hashlib.sha256(f"apache-tvm={metadata.version('apache-tvm')};".encode())
+    for file in (tvm_build.__file__, tvmdb.__file__, __file__):
+        h.update(Path(file).read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class KeptLibrary:
+    """Where one build's library (``.so``) and its facts (``.json``) are kept."""
+
+    path: Path
+
+    def fetch(self, out: Path) -> dict[str, Any] | None:
+        """Copy the kept library to ``out`` and return the build's facts; None when there is none
+        (or it cannot be read: then it is built again and replaced)."""
+        try:
+            info = json.loads(self.path.with_suffix(".json").read_text())
+            data = self.path.read_bytes()
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        if not isinstance(info, dict) or not data:
+            return None
+        atomic_write_bytes(out, data)
+        return info
+
+    def keep(self, out: Path, info: Mapping[str, Any]) -> None:
+        """Keep the library just built at ``out`` (the facts last: they mark the pair complete)."""
+        try:
+            atomic_write_bytes(self.path, out.read_bytes())
+            atomic_write_text(self.path.with_suffix(".json"), json.dumps(info))
+        except (OSError, TypeError, ValueError):  # a read-only cache, a full disk: nothing is kept
+            pass
+
+
+def kept_library(
+    model: onnx.ModelProto,
+    target: Mapping[str, Any],
+    threads: int | None,
+    lookup: Lookup | None,
+    cross_compiler: str | None,
+) -> KeptLibrary | None:
+    """Where a build of ``model`` for ``target`` with ``threads`` threads and the databases of
+    ``lookup`` (None: none applied) is kept; None for a CUDA target, or a model over protobuf's 2 GB."""
+    if target.get("kind") == "cuda":
+        return None
+    try:
+        data = model.SerializeToString(deterministic=True)
+    except (EncodeError, ValueError):
+        return None
+    h = hashlib.sha256(_code_tag().encode())
+    facts = {
+        "target": dict(target),
+        "tuning": tuning_target(target, threads),
+        "machine": platform.machine(),
+        "cross_compiler": cross_compiler,
+        "databases": [str(p) for p in lookup.paths] if lookup is not None else None,
+    }
+    h.update(json.dumps(facts, sort_keys=True, default=str).encode())
+    for folder in lookup.paths if lookup is not None else ():
+        for name in (WORKLOADS, RECORDS):
+            try:
+                h.update(hashlib.sha256((folder / name).read_bytes()).digest())
+            except OSError:
+                h.update(b"-")
+    h.update(data)
+    return KeptLibrary(cache_root() / "tvm-libs" / f"{h.hexdigest()[:40]}.so")
