@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from google.protobuf.message import EncodeError
 
+from edgesplit.model.kept import model_digest
 from edgesplit.profile.tvmdb import RECORDS, WORKLOADS, Lookup, tuning_target
 from edgesplit.util import atomic_write_bytes, atomic_write_text, cache_root
 
@@ -80,11 +80,6 @@ def kept_library(
     ``lookup`` (None: none applied) is kept; None for a CUDA target, or a model over protobuf's 2 GB."""
     if target.get("kind") == "cuda":
         return None
-    try:
-        data = model.SerializeToString(deterministic=True)
-    except (EncodeError, ValueError):
-        return None
-    h = hashlib.sha256(_code_tag().encode())
     facts = {
         "target": dict(target),
         "tuning": tuning_target(target, threads),
@@ -92,12 +87,19 @@ def kept_library(
         "cross_compiler": cross_compiler,
         "databases": [str(p) for p in lookup.paths] if lookup is not None else None,
     }
-    h.update(json.dumps(facts, sort_keys=True, default=str).encode())
-    for folder in lookup.paths if lookup is not None else ():
-        for name in (WORKLOADS, RECORDS):
-            try:
-                h.update(hashlib.sha256((folder / name).read_bytes()).digest())
-            except OSError:
-                h.update(b"-")
-    h.update(data)
-    return KeptLibrary(cache_root() / "tvm-libs" / f"{h.hexdigest()[:40]}.so")
+    databases = [
+        _file_digest(folder / name)
+        for folder in (lookup.paths if lookup else ())
+        for name in (WORKLOADS, RECORDS)
+    ]
+    digest = model_digest(model, _code_tag(), facts, *databases)
+    if digest is None:
+        return None
+    return KeptLibrary(cache_root() / "tvm-libs" / f"{digest}.so")
+
+
+def _file_digest(path: Path) -> bytes:
+    try:
+        return hashlib.sha256(path.read_bytes()).digest()
+    except OSError:
+        return b"-"

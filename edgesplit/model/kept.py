@@ -16,6 +16,7 @@ import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import onnx
 from google.protobuf.message import DecodeError, EncodeError
@@ -46,14 +47,23 @@ def kept_path(
     :data:`MIN_NODES` nodes, or over protobuf's 2 GB and so without bytes to key it by)."""
     if len(model.graph.node) < MIN_NODES:
         return None
+    digest = model_digest(model, _code_tag(), [sorted((k, list(v)) for k, v in shapes.items()), cannot_fold])
+    return None if digest is None else cache_root() / "simplified" / f"{digest}.onnx"
+
+
+def model_digest(model: onnx.ModelProto, code_tag: str, facts: Any, *extra: bytes) -> str | None:
+    """A key for what is made from ``model``: a hash of the code that makes it, ``facts`` (as JSON),
+    ``extra`` bytes and the model's bytes; None for a model over protobuf's 2 GB (no bytes to hash)."""
     try:
         data = model.SerializeToString(deterministic=True)
     except (EncodeError, ValueError):
         return None
-    h = hashlib.sha256(_code_tag().encode())
-    h.update(json.dumps([sorted((k, list(v)) for k, v in shapes.items()), cannot_fold]).encode())
+    h = hashlib.sha256(code_tag.encode())
+    h.update(json.dumps(facts, sort_keys=True, default=str).encode())
+    for b in extra:
+        h.update(b)
     h.update(data)
-    return cache_root() / "simplified" / f"{h.hexdigest()[:40]}.onnx"
+    return h.hexdigest()[:40]
 
 
 def read_kept(path: Path) -> tuple[onnx.ModelProto, list[str]] | None:
