@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README's second command: set up, lint, then run the tests. Arguments go to pytest, e.g. the quick
-# subset: bash scripts/test.sh -n 2 -m "not slow and not netlab and not ssh and not java" --hypothesis-profile=quick
+# subset: bash scripts/test.sh -n 3 -m "not slow and not netlab and not ssh and not java" --hypothesis-profile=quick
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Let Python and pytest keep compiled modules and rewritten test modules as bytecode (gitignored
