@@ -76,6 +76,35 @@ def cache_root() -> Path:
     return Path(os.environ.get("EDGESPLIT_CACHE") or os.path.join(Path.home(), ".cache", "edgesplit"))
 
 
+def touch(*paths: str | os.PathLike) -> None:
+    """Mark kept files as just used (their modification time), so :func:`prune` keeps them longest."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+
+def prune(folder: str | os.PathLike, max_nbytes: int) -> list[Path]:
+    """Delete the least recently used files of a cache folder (by modification time: :func:`touch`
+    on use) until what is left is at most ``max_nbytes``; returns what was deleted. Files that
+    vanish or cannot be deleted meanwhile (another process pruning) are passed over."""
+    entries = []
+    for f in Path(folder).iterdir() if Path(folder).is_dir() else ():
+        with contextlib.suppress(OSError):
+            st = f.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                entries.append((st.st_mtime_ns, st.st_size, f))
+    total = sum(size for _, size, _ in entries)
+    gone = []
+    for _, size, f in sorted(entries):
+        if total <= max_nbytes:
+            break
+        with contextlib.suppress(OSError):
+            f.unlink()
+            gone.append(f)
+            total -= size
+    return gone
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

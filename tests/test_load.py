@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import onnx
 import pytest
 from conftest import PPOCR_SHAPES, make_model, ppocr_model, rand, run_cli
@@ -304,3 +306,35 @@ def test_a_simplified_model_is_kept_and_read_back_by_the_next_load(tmp_path, mon
     small = onnx.load(tmp_path / "sq.onnx")
     del small.graph.node[kept.MIN_NODES - 1 :]
     assert kept.kept_path(small, {}, None) is None  # a small model is not worth a copy on disk
+
+
+def test_kept_models_past_the_cap_go_least_recently_used_first(tmp_path, monkeypatch):
+    """The cache folder holds at most ``MAX_NBYTES``: a model read from it counts as used, and
+    the model used longest ago goes first."""
+    from edgesplit.model import kept, zoo
+    from edgesplit.util import prune, touch
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "simplified"
+    a = zoo.save("squeezenet", tmp_path / "a.onnx")
+    b = onnx.load(a)
+    w = b.graph.initializer[0]
+    w.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(w) + 1.0, w.name))
+    onnx.save(b, tmp_path / "b.onnx")
+    load_model(a)
+    pair = sum(f.stat().st_size for f in folder.iterdir())
+    monkeypatch.setattr(kept, "MAX_NBYTES", pair + pair // 2)  # room for one pair, not two
+    (kept_a,) = folder.glob("*.onnx")
+    for f in (kept_a, kept_a.with_suffix(".json")):
+        os.utime(f, ns=(1, 1))  # used long ago (the clock of a shared machine is coarse)
+    load_model(tmp_path / "b.onnx")
+    assert kept_a.name not in {f.name for f in folder.iterdir()} and len(list(folder.iterdir())) == 2
+    # prune itself: oldest first, a touched file counts as new, the cap is met exactly
+    for i, name in enumerate("xyz"):
+        (tmp_path / "p" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "p" / name).write_bytes(b"0" * 10)
+        os.utime(tmp_path / "p" / name, ns=(i + 1, i + 1))
+    touch(tmp_path / "p" / "x")
+    assert [f.name for f in prune(tmp_path / "p", 20)] == ["y"]
+    assert sorted(f.name for f in (tmp_path / "p").iterdir()) == ["x", "z"]
+    assert prune(tmp_path / "nowhere", 0) == []

@@ -8,7 +8,8 @@ it is kept, keyed by all of them: the model's bytes, the target and the tuning t
 on this host, the bytes of every database applied, the compiler's name, and TVM's version with the
 source of the modules that build. Builds that tune, and CUDA libraries (whose kernels may be kept as
 source depending on the driver), are not kept. A kept file that cannot be read is built again and
-replaced; a cache that cannot be written keeps nothing.
+replaced; a cache that cannot be written keeps nothing. The folder holds at most
+:data:`MAX_NBYTES`; past it the least recently used files go (:func:`~edgesplit.util.prune`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ import onnx
 
 from edgesplit.model.kept import model_digest
 from edgesplit.profile.tvmdb import RECORDS, WORKLOADS, Lookup, tuning_target
-from edgesplit.util import atomic_write_bytes, atomic_write_text, cache_root
+from edgesplit.util import atomic_write_bytes, atomic_write_text, cache_root, prune, touch
+
+MAX_NBYTES = 2 << 30
+"""The most the kept libraries take on disk; beyond it the least recently used go first."""
 
 
 @functools.cache
@@ -58,6 +62,7 @@ class KeptLibrary:
         if not isinstance(info, dict) or not data:
             return None
         atomic_write_bytes(out, data)
+        touch(self.path, self.path.with_suffix(".json"))
         return info
 
     def keep(self, out: Path, info: Mapping[str, Any]) -> None:
@@ -66,7 +71,8 @@ class KeptLibrary:
             atomic_write_bytes(self.path, out.read_bytes())
             atomic_write_text(self.path.with_suffix(".json"), json.dumps(info))
         except (OSError, TypeError, ValueError):  # a read-only cache, a full disk: nothing is kept
-            pass
+            return
+        prune(self.path.parent, MAX_NBYTES)
 
 
 def kept_library(

@@ -6,7 +6,8 @@ here: 4.5 s for the 1,000-node ``transformer_large``, every time ``partition``, 
 the code that makes it, so it is kept, keyed by all three: the model's bytes (external data and an
 opset upgrade included), the input shapes, and the versions of onnx, onnxslim and onnxruntime
 with the source of the loader. A kept file that cannot be read is made again and replaced; a cache
-that cannot be written keeps nothing, and loading goes on.
+that cannot be written keeps nothing, and loading goes on. The folder holds at most
+:data:`MAX_NBYTES`; past it the least recently used files go (:func:`~edgesplit.util.prune`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from typing import Any
 import onnx
 from google.protobuf.message import DecodeError, EncodeError
 
-from edgesplit.util import atomic_write_bytes, atomic_write_text, cache_root
+from edgesplit.util import atomic_write_bytes, atomic_write_text, cache_root, prune, touch
 
 MIN_NODES = 50
 """Models with fewer nodes are not kept: they simplify in a fraction of a second."""
+
+MAX_NBYTES = 2 << 30
+"""The most the kept models take on disk; beyond it the least recently used go first."""
 
 
 @functools.cache
@@ -77,6 +81,7 @@ def read_kept(path: Path) -> tuple[onnx.ModelProto, list[str]] | None:
         return None
     if not model.HasField("graph") or not model.opset_import:
         return None
+    touch(path, path.with_suffix(".json"))
     return model, notes
 
 
@@ -86,4 +91,5 @@ def keep(path: Path, model: onnx.ModelProto, notes: list[str]) -> None:
         atomic_write_bytes(path, model.SerializeToString())
         atomic_write_text(path.with_suffix(".json"), json.dumps(notes))
     except (OSError, EncodeError, ValueError):  # a read-only cache, a full disk: nothing is kept
-        pass
+        return
+    prune(path.parent, MAX_NBYTES)
