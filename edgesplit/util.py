@@ -83,6 +83,35 @@ def touch(*paths: str | os.PathLike) -> None:
             os.utime(path)
 
 
+def read_kept(path: Path) -> tuple[bytes, dict[str, Any]] | None:
+    """A kept file's bytes and the facts beside it (``path`` with ``.json``), or None when either is
+    missing or unreadable, or the bytes are not those the facts were written with (their sha256:
+    a truncated or edited file is not used). A file read is touched (:func:`prune`)."""
+    try:
+        facts = json.loads(path.with_suffix(".json").read_text())
+        data = path.read_bytes()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(facts, dict) or facts.get("sha256") != hashlib.sha256(data).hexdigest():
+        return None
+    touch(path, path.with_suffix(".json"))
+    return data, facts
+
+
+def keep(path: Path, data: bytes, facts: Mapping[str, Any], max_nbytes: int) -> None:
+    """Keep ``data`` at ``path`` with ``facts`` and its sha256 beside it (written last: they mark
+    the pair complete), then :func:`prune` the folder to ``max_nbytes``. A cache that cannot be
+    written (read-only, full, a file where a folder goes) keeps nothing."""
+    try:
+        atomic_write_bytes(path, data)
+        atomic_write_text(
+            path.with_suffix(".json"), json.dumps({**facts, "sha256": hashlib.sha256(data).hexdigest()})
+        )
+    except (OSError, TypeError, ValueError):
+        return
+    prune(path.parent, max_nbytes)
+
+
 def prune(folder: str | os.PathLike, max_nbytes: int) -> list[Path]:
     """Delete the least recently used files of a cache folder (by modification time: :func:`touch`
     on use) until what is left is at most ``max_nbytes``; returns what was deleted. Files that

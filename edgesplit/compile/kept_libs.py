@@ -14,9 +14,9 @@ replaced; a cache that cannot be written keeps nothing. The folder holds at most
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
-import json
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +28,7 @@ import onnx
 
 from edgesplit.model.kept import model_digest
 from edgesplit.profile.tvmdb import RECORDS, WORKLOADS, Lookup, tuning_target
-from edgesplit.util import atomic_write_bytes, atomic_write_text, cache_root, prune, touch
+from edgesplit.util import atomic_write_bytes, cache_root, keep, read_kept
 
 MAX_NBYTES = 2 << 30
 """The most the kept libraries take on disk; beyond it the least recently used go first."""
@@ -54,25 +54,16 @@ class KeptLibrary:
     def fetch(self, out: Path) -> dict[str, Any] | None:
         """Copy the kept library to ``out`` and return the build's facts; None when there is none
         (or it cannot be read: then it is built again and replaced)."""
-        try:
-            info = json.loads(self.path.with_suffix(".json").read_text())
-            data = self.path.read_bytes()
-        except (OSError, UnicodeDecodeError, ValueError):
+        found = read_kept(self.path)
+        if found is None or not isinstance(found[1].get("info"), dict) or not found[0]:
             return None
-        if not isinstance(info, dict) or not data:
-            return None
-        atomic_write_bytes(out, data)
-        touch(self.path, self.path.with_suffix(".json"))
-        return info
+        atomic_write_bytes(out, found[0])
+        return found[1]["info"]
 
     def keep(self, out: Path, info: Mapping[str, Any]) -> None:
-        """Keep the library just built at ``out`` (the facts last: they mark the pair complete)."""
-        try:
-            atomic_write_bytes(self.path, out.read_bytes())
-            atomic_write_text(self.path.with_suffix(".json"), json.dumps(info))
-        except (OSError, TypeError, ValueError):  # a read-only cache, a full disk: nothing is kept
-            return
-        prune(self.path.parent, MAX_NBYTES)
+        """Keep the library just built at ``out`` with the build's facts."""
+        with contextlib.suppress(OSError):
+            keep(self.path, out.read_bytes(), {"info": dict(info)}, MAX_NBYTES)
 
 
 def kept_library(

@@ -99,10 +99,10 @@ def build_library(
     if tune is None and tune_trials > 0:
         tune = TuneOptions(trials_per_task=min(64, tune_trials), max_trials=tune_trials, threads=threads)
     threads = tune.threads if tune is not None and tune.threads else threads
-    kept = None
+    kept, lookup = None, None
     if tune is None:  # a build that tunes changes the databases: built every time
-        applied = find_databases(target, threads, extra=databases) if use_database else None
-        kept = kept_library(model, target, threads, applied, cc)
+        lookup = find_databases(target, threads, extra=databases) if use_database else None
+        kept = kept_library(model, target, threads, lookup, cc)
         info = kept.fetch(out) if kept is not None else None
         if info is not None:
             return {**info, "kept": str(kept.path)}
@@ -113,7 +113,9 @@ def build_library(
         if tune is not None:
             mod, report = tune_module(mod, target, tune, progress)
             info["tuning"] = {k: v for k, v in dataclasses.asdict(report).items() if k != "task_names"}
-        lookup = find_databases(target, threads, extra=databases) if use_database else None
+            lookup = (
+                find_databases(target, threads, extra=databases) if use_database else None
+            )  # its records too
         if lookup is not None and lookup.paths:
             if tune is None:
                 mod = lower_for_tuning(mod, lookup.tuning)

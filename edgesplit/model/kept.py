@@ -12,9 +12,11 @@ that cannot be written keeps nothing, and loading goes on. The folder holds at m
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import onnx
 from google.protobuf.message import DecodeError, EncodeError
 
-from edgesplit.util import atomic_write_bytes, atomic_write_text, cache_root, prune, touch
+from edgesplit.util import cache_root, keep, read_kept
 
 MIN_NODES = 50
 """Models with fewer nodes are not kept: they simplify in a fraction of a second."""
@@ -70,26 +72,38 @@ def model_digest(model: onnx.ModelProto, code_tag: str, facts: Any, *extra: byte
     return h.hexdigest()[:40]
 
 
-def read_kept(path: Path) -> tuple[onnx.ModelProto, list[str]] | None:
-    """The kept model and the loader's notes on it; None when either file is missing or unreadable."""
-    try:
-        notes = json.loads(path.with_suffix(".json").read_text())
-        model = onnx.load_model_from_string(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError, DecodeError):
+def simplified(
+    model: onnx.ModelProto,
+    shapes: dict[str, tuple[int, ...]],
+    cannot_fold: str | None,
+    notes: list[str],
+    make: Callable[[list[str]], onnx.ModelProto],
+) -> onnx.ModelProto:
+    """The simplified ``model`` kept for ``shapes``, its notes added to ``notes``; else
+    ``make(notes)``'s, kept for the next load."""
+    path = kept_path(model, shapes, cannot_fold)
+    found = _parsed(read_kept(path)) if path is not None else None
+    if found is not None:
+        notes.extend(found[1])
+        return found[0]
+    made: list[str] = []
+    slim = make(made)
+    notes.extend(made)
+    if path is not None:
+        with contextlib.suppress(EncodeError, ValueError):
+            keep(path, slim.SerializeToString(), {"notes": made}, MAX_NBYTES)
+    return slim
+
+
+def _parsed(found: tuple[bytes, dict] | None) -> tuple[onnx.ModelProto, list[str]] | None:
+    """A kept pair as a model and its notes; None when it is not one."""
+    if found is None:
         return None
+    notes = found[1].get("notes")
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         return None
-    if not model.HasField("graph") or not model.opset_import:
-        return None
-    touch(path, path.with_suffix(".json"))
-    return model, notes
-
-
-def keep(path: Path, model: onnx.ModelProto, notes: list[str]) -> None:
-    """Keep ``model`` and its notes at ``path`` (the notes last: they mark the pair complete)."""
     try:
-        atomic_write_bytes(path, model.SerializeToString())
-        atomic_write_text(path.with_suffix(".json"), json.dumps(notes))
-    except (OSError, EncodeError, ValueError):  # a read-only cache, a full disk: nothing is kept
-        return
-    prune(path.parent, MAX_NBYTES)
+        model = onnx.load_model_from_string(found[0])
+    except (DecodeError, ValueError):
+        return None
+    return (model, notes) if model.HasField("graph") and model.opset_import else None

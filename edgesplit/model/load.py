@@ -117,7 +117,13 @@ def load_model(
     _check_sizes_before_folding(where, model, shapes, max_tensor_mb)
     notes: list[str] = []
     model, not_upgraded = _upgrade(model, notes)
-    model = _simplify_or_kept(where, model, shapes, cannot_fold=not_upgraded, notes=notes)
+    model = kept.simplified(
+        model,
+        shapes,
+        not_upgraded,
+        notes,
+        lambda made: _simplify(where, model, shapes, cannot_fold=not_upgraded, notes=made),
+    )
     return build_graph(where, sha256, model, values, max_tensor_mb, tuple(notes))
 
 
@@ -200,29 +206,6 @@ def name_nodes(g: onnx.GraphProto) -> None:
             name = f"{name}_{i}"
         seen.add(name)
         node.name = name
-
-
-def _simplify_or_kept(
-    where: str,
-    model: onnx.ModelProto,
-    shapes: dict[str, tuple[int, ...]],
-    *,
-    cannot_fold: str | None,
-    notes: list[str],
-) -> onnx.ModelProto:
-    """:func:`_simplify`'s result, kept on disk for the next load of the same model and shapes
-    (:mod:`edgesplit.model.kept`)."""
-    path = kept.kept_path(model, shapes, cannot_fold)
-    found = kept.read_kept(path) if path is not None else None
-    if found is not None:
-        notes.extend(found[1])
-        return found[0]
-    made: list[str] = []
-    slim = _simplify(where, model, shapes, cannot_fold=cannot_fold, notes=made)
-    notes.extend(made)
-    if path is not None:
-        kept.keep(path, slim, made)
-    return slim
 
 
 def _simplify(

@@ -35,6 +35,7 @@ SPOILED = {
     "json not a list": (None, '{"notes": []}'),
     "json list of numbers": (None, "[1, 2]"),
     "json missing": (None, "missing"),
+    "notes of the wrong type, the sha256 right": (None, "numbers"),
     "onnx missing": ("missing", None),
 }
 
@@ -49,7 +50,8 @@ def test_a_spoiled_kept_model_is_folded_again_and_replaced(kept, case, tmp_path,
     spoil_onnx, spoil_json = SPOILED[case]
     half = good_onnx[: len(good_onnx) // 2]
     mine.write_bytes({"half": half, None: good_onnx, "missing": good_onnx}.get(spoil_onnx, spoil_onnx))
-    notes.write_text(spoil_json if spoil_json not in (None, "missing") else good_json)
+    wrong = json.dumps({**json.loads(good_json), "notes": [1, 2]})
+    notes.write_text({None: good_json, "missing": good_json, "numbers": wrong}.get(spoil_json, spoil_json))
     for f, spoil in ((mine, spoil_onnx), (notes, spoil_json)):
         if spoil == "missing":
             f.unlink()
@@ -70,8 +72,9 @@ def test_a_cache_that_cannot_be_written_keeps_nothing_and_the_load_goes_on(kept,
 
 
 def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkeypatch):
-    """A one-node model (a fraction of a second to build): its kept library and facts spoiled in
-    turn; each build gives the first build's bytes and facts, and mends the kept pair."""
+    """A one-node model (a fraction of a second to build): its kept library (empty, cut in half:
+    its sha256 no longer matches) and facts spoiled in turn; each build gives the first build's
+    facts, and mends the kept pair."""
     from conftest import make_model
     from onnx import helper
 
@@ -87,7 +90,9 @@ def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkey
         lib.read_bytes(),
         lib.with_suffix(".json").read_text(),
     )
-    for i, (spoil_lib, spoil_facts) in enumerate([(b"", None), (None, "{"), (None, "[1, 2]"), (None, "")]):
+    no_info = json.dumps({k: v for k, v in json.loads(good_facts).items() if k != "info"})
+    spoiled = [(b"", None), (good_lib[: len(good_lib) // 2], None), (None, "{"), (None, "[1, 2]"), (None, "")]
+    for i, (spoil_lib, spoil_facts) in enumerate([*spoiled, (None, no_info)]):
         lib.write_bytes(good_lib if spoil_lib is None else spoil_lib)
         facts.write_text(good_facts if spoil_facts is None else spoil_facts)
         out = tmp_path / f"b{i}.so"
