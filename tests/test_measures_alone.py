@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from conftest import running_alone
+from conftest import RunLock, running_alone
 
 WAIT_S = 10.0  # for what must happen; what must not happen is checked after a short wait
 SHORT_S = 0.3
@@ -74,3 +74,17 @@ def test_other_test_runs_do_not_share_the_lock(tmp_path):
     b = _holding(tmp_path / "b", True)
     assert a.entered.wait(WAIT_S) and b.entered.wait(WAIT_S)
     a.release.set(), b.release.set()
+
+
+def test_a_run_of_measuring_tests_keeps_its_hold_and_others_wait_for_the_whole_run(tmp_path):
+    """A worker keeps its exclusive hold from one ``measures`` test to the next (taking it again is
+    a no-op, not a deadlock); the other worker's next test waits until the run ends."""
+    lock = RunLock(tmp_path)
+    lock.take(True)
+    other = _holding(tmp_path, False)
+    assert not other.entered.wait(SHORT_S)
+    lock.take(True)  # the next measuring test of the run
+    assert lock.held and not other.entered.wait(SHORT_S)
+    lock.release()
+    assert not lock.held and other.entered.wait(WAIT_S)
+    other.release.set()
