@@ -245,8 +245,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         measuring: frozenset[str] = frozenset()
 
         def schedule(self) -> None:
-            if self.collection is None:  # the first call, once every worker has collected
-                self.measuring = frozenset((_run_dir() / MEASURES_LIST).read_text().splitlines())
+            listed = _run_dir() / MEASURES_LIST  # absent where collection stopped on an error
+            if self.collection is None and listed.exists():  # the first call: every worker collected
+                self.measuring = frozenset(listed.read_text().splitlines())
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
