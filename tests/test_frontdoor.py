@@ -160,3 +160,32 @@ def test_a_connection_closed_before_a_request_is_closed_here(door):
     s.close()
     assert exchange(port, b"GET /v2/health/live HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200")
     assert d.answered == 1 and d.handed_off == 0  # the two closed ones were never handed to the loop
+
+
+def test_a_connection_handed_off_as_the_door_stops_is_set_up_before_the_loop_closes(monkeypatch):
+    """A connection handed to the loop just before the server stops: its set-up is still pending
+    when the door stops; ``settle`` waits for it, so closing the loop leaves no coroutine that fails
+    when collected (without it: "Event loop is closed", reported as an unraisable exception)."""
+    import gc
+    import sys
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    loop = asyncio.new_event_loop()  # not running yet: the hand-off waits in its queue
+    sock = socket.create_server(("127.0.0.1", 0))
+    d = FrontDoor(sock, loop, Echo, lambda: True)
+    d.start()
+    client = socket.create_connection(sock.getsockname()[:2], timeout=10)
+    client.sendall(b"POST /v2/models/p1/infer HTTP/1.1\r\nHost: x\r\n\r\n")
+    deadline = time.monotonic() + 10
+    while d.handed_off == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert d.handed_off == 1
+    loop.run_until_complete(asyncio.sleep(0))  # the loop adopts it; its set-up starts and waits
+    d.stop()
+    loop.run_until_complete(d.settle())
+    loop.close()
+    client.close()
+    del d  # it holds its tasks
+    gc.collect()
+    assert not unraisable, [u.exc_value for u in unraisable]

@@ -274,4 +274,5 @@ class GuardedSite(web.BaseSite):
     async def stop(self) -> None:
         if self.front_door is not None:
             self.front_door.stop()
+            await self.front_door.settle()
         await super().stop()
