@@ -45,11 +45,16 @@ def crossings(
     out = []
     for i, f in enumerate(cm.flows):
         p = home if f.src < 0 else x[f.src]
-        dst = {x[d] for d in f.dsts}
-        if f.to_home:
-            dst.add(home)
-        dst.discard(p)
-        for q in sorted(dst):
+        if len(f.dsts) == 1 and not f.to_home:  # most tensors: one reader, often on the same processor
+            q = x[f.dsts[0]]
+            dst = () if q == p else (q,)
+        else:
+            dst = {x[d] for d in f.dsts}
+            if f.to_home:
+                dst.add(home)
+            dst.discard(p)
+            dst = sorted(dst)
+        for q in dst:
             serial = f.nbytes * serial_l[p][q]
             extra = f.nbytes * per_byte_l[p][q] - serial
             latency = link_l[p][q] + serial + extra

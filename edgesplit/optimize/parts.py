@@ -45,7 +45,7 @@ def _components(n: int, edges: Sequence[tuple[int, int]], key: Sequence) -> list
 
 
 def _part_graph(label: Sequence[int], edges: Sequence[tuple[int, int]]) -> dict[int, set[int]]:
-    succ: dict[int, set[int]] = {lab: set() for lab in label}
+    succ: dict[int, set[int]] = {lab: set() for lab in dict.fromkeys(label)}  # one set per part
     for a, b in edges:
         la, lb = label[a], label[b]
         if la != lb:

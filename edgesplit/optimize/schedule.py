@@ -170,7 +170,12 @@ def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None =
             elif src_k >= 0:
                 deps[k].add(src_k)
     home_xs = tuple(n_parts + j for j, c in enumerate(xs) if c.dst == cm.home and cm.flows[c.flow].to_home)
-    nodes_ms = np.array([float(cm.node_ms[list(p), proc[k]].sum()) for k, p in enumerate(parts)])
+    # each part's node costs summed over a slice of one gather (as its own fancy index summed them:
+    # the same numbers in the same order), not an index per part
+    flat = [n for p in parts for n in p]
+    on_proc = cm.node_ms[flat, [xl[n] for n in flat]]
+    ends = np.cumsum([len(p) for p in parts]).tolist()
+    nodes_ms = np.array([float(on_proc[e - len(p) : e].sum()) for p, e in zip(parts, ends)])
     work = nodes_ms + boundary_ms(cm, x, parts, part_of, backends) + call_ms(cm, n_parts, of, proc_l)
     return Layout(parts, proc, xs, tuple(tuple(sorted(d)) for d in deps), home_xs, work, nodes_ms)
 
