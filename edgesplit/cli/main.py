@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "edgesplit.cli.serve",
     "export-triton": "edgesplit.cli.export_triton",
     "keygen": "edgesplit.cli.keygen",
+    "cache": "edgesplit.cli.cache",
 }
 
 

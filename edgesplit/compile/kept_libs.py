@@ -1,4 +1,4 @@
-"""TVM libraries kept on disk between builds (``<cache>/tvm-libs``, :func:`~edgesplit.util.cache_root`).
+"""TVM libraries kept on disk between builds (``<cache>/tvm-libs``, :mod:`edgesplit.cache`).
 
 Compiling a part with TVM takes seconds (a minute for a large one), and the same part is built
 again and again: ``partition`` then ``deploy`` of one model, a ``deploy`` after changing an option
@@ -26,11 +26,12 @@ from typing import Any
 
 import onnx
 
+from edgesplit.cache import KINDS, cache_folder
 from edgesplit.model.kept import model_digest
 from edgesplit.profile.tvmdb import RECORDS, WORKLOADS, Lookup, tuning_target
-from edgesplit.util import atomic_write_bytes, cache_root, keep, read_kept
+from edgesplit.util import atomic_write_bytes, keep, read_kept
 
-MAX_NBYTES = 2 << 30
+MAX_NBYTES = KINDS["tvm-libs"].max_nbytes
 """The most the kept libraries take on disk; beyond it the least recently used go first."""
 
 
@@ -92,7 +93,7 @@ def kept_library(
     digest = model_digest(model, _code_tag(), facts, *databases)
     if digest is None:
         return None
-    return KeptLibrary(cache_root() / "tvm-libs" / f"{digest}.so")
+    return KeptLibrary(cache_folder("tvm-libs") / f"{digest}.so")
 
 
 def _file_digest(path: Path) -> bytes:

@@ -1,4 +1,4 @@
-"""Simplified models kept on disk between runs (``<cache>/simplified``, :func:`~edgesplit.util.cache_root`).
+"""Simplified models kept on disk between runs (``<cache>/simplified``, :mod:`edgesplit.cache`).
 
 Folding a model's shape computations (onnxslim) and inferring its shapes costs about 4 ms a node
 here: 4.5 s for the 1,000-node ``transformer_large``, every time ``partition``, ``deploy``,
@@ -24,12 +24,13 @@ from typing import Any
 import onnx
 from google.protobuf.message import DecodeError, EncodeError
 
-from edgesplit.util import cache_root, keep, read_kept
+from edgesplit.cache import KINDS, cache_folder
+from edgesplit.util import keep, read_kept
 
 MIN_NODES = 50
 """Models with fewer nodes are not kept: they simplify in a fraction of a second."""
 
-MAX_NBYTES = 2 << 30
+MAX_NBYTES = KINDS["simplified"].max_nbytes
 """The most the kept models take on disk; beyond it the least recently used go first."""
 
 
@@ -54,7 +55,7 @@ def kept_path(
     if len(model.graph.node) < MIN_NODES:
         return None
     digest = model_digest(model, _code_tag(), [sorted((k, list(v)) for k, v in shapes.items()), cannot_fold])
-    return None if digest is None else cache_root() / "simplified" / f"{digest}.onnx"
+    return None if digest is None else cache_folder("simplified") / f"{digest}.onnx"
 
 
 def model_digest(model: onnx.ModelProto, code_tag: str, facts: Any, *extra: bytes) -> str | None:

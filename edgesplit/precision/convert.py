@@ -24,17 +24,17 @@ from pathlib import Path
 
 import onnx
 
+from edgesplit.cache import cache_folder
 from edgesplit.errors import CompileError
 from edgesplit.model.calibration_data import CalibrationSet
 from edgesplit.model.graph import ModelGraph
 from edgesplit.precision import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
-from edgesplit.util import cache_root
 
 Converter = Callable[[onnx.ModelProto, Path | None, Sequence[str]], onnx.ModelProto]
 
 
 def cache_dir() -> Path:
-    return cache_root() / "calibration"
+    return cache_folder("calibration")
 
 
 def model_sha256(model: onnx.ModelProto) -> str:

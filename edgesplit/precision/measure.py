@@ -8,7 +8,7 @@ results are memoised by content (model, input shapes, calibration data, method),
 so the planner can measure many combinations of the same parts, and a sweep that partitions one
 model again and again (a plan per bandwidth, say) converts and runs each part once.
 
-Results are also kept on disk (``<cache>/accuracy``, :func:`~edgesplit.util.cache_root`),
+Results are also kept on disk (``<cache>/accuracy``, :mod:`edgesplit.cache`),
 keyed by the same content plus the parts, the onnxruntime version and the source of the code that
 converts, runs and compares: ``partition``, ``deploy`` and ``explain`` run one after another on a
 model (each its own process) measure each combination of parts once. A file that cannot be read
@@ -31,6 +31,7 @@ from typing import Protocol
 import numpy as np
 import onnx
 
+from edgesplit.cache import cache_folder
 from edgesplit.cpu import ort_session_options
 from edgesplit.model.calibration_data import CalibrationSet, calibration_set
 from edgesplit.model.extract import PartExtractor
@@ -42,7 +43,7 @@ from edgesplit.precision.convert import (
     convert,
 )
 from edgesplit.precision.metrics import EXACT, Accuracy, compare
-from edgesplit.util import atomic_write_text, cache_root, check_fields, known_fields
+from edgesplit.util import atomic_write_text, check_fields, known_fields
 
 
 class PartLike(Protocol):
@@ -237,7 +238,7 @@ class PlanMeasurer:
             key,
         ]
         name = hashlib.sha256(json.dumps(content, default=list).encode()).hexdigest()[:40]
-        return cache_root() / "accuracy" / f"{name}.json"
+        return cache_folder("accuracy") / f"{name}.json"
 
 
 class _Whole:

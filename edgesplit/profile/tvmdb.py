@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgesplit.cache import cache_folder
 from edgesplit.profile.published import data_dir
-from edgesplit.util import atomic_write_text, cache_root
+from edgesplit.util import atomic_write_text
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -62,7 +63,7 @@ def database_name(tuning: Mapping[str, Any]) -> str:
 
 def cache_dir(tuning: Mapping[str, Any]) -> Path:
     """The cache folder of a tuning target (it may not exist yet)."""
-    return cache_root() / "tvm-tuning" / target_key(tuning)
+    return cache_folder("tvm-tuning") / target_key(tuning)
 
 
 def shipped_root() -> Path:

@@ -101,3 +101,71 @@ def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkey
         assert out.stat().st_size > 0 and lib.read_bytes() == good_lib and facts.read_text() == good_facts
     facts.unlink()
     assert "kept" not in build_library(model, llvm_target(), tmp_path / "c.so", threads=1)
+
+
+# ---- edgesplit cache: its arguments and what it finds in the folder
+
+
+def _cache_cli(capsys, *args: str) -> tuple[int, str, str]:
+    from edgesplit.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["cache", *args])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+@pytest.mark.parametrize("kinds", [("nosuch",), ("simplified", "../etc"), ("",), ("ALL",)])
+def test_cache_clear_of_an_unknown_kind_is_refused_before_anything_goes(kinds, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path))
+    (tmp_path / "simplified").mkdir()
+    (tmp_path / "simplified" / "m.onnx").write_bytes(b"x")
+    args = [a for k in kinds for a in ("--clear", k)]
+    code, out, err = _cache_cli(capsys, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "no cache kind" in err, err
+    assert "kinds: simplified, tvm-libs" in err and "Traceback" not in err and not out
+    assert (tmp_path / "simplified" / "m.onnx").read_bytes() == b"x"
+
+
+def test_a_cache_that_is_a_file_is_named(tmp_path, monkeypatch, capsys):
+    (tmp_path / "f").write_text("not a folder")
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "f"))
+    for args in ((), ("--clear", "all")):
+        code, out, err = _cache_cli(capsys, *args)
+        assert (
+            code == 2 and err.strip() == f"edgesplit: error: EDGESPLIT_CACHE={tmp_path / 'f'}: not a folder"
+        )
+    assert (tmp_path / "f").read_text() == "not a folder"
+
+
+def test_links_files_and_leftovers_in_the_cache(tmp_path, monkeypatch, capsys):
+    """A link in a kind's folder is counted and deleted as a link (what it points to stays); a kind
+    that is a file, not a folder, is counted and cleared; a folder left by a clear that crashed goes
+    with the next clear."""
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "data.bin").write_bytes(b"y" * 1000)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(cache))
+    (cache / "tvm-libs").mkdir(parents=True)
+    (cache / "tvm-libs" / "link").symlink_to(outside)
+    (cache / "tvm-libs" / "file-link").symlink_to(outside / "data.bin")
+    (cache / "calibration").write_bytes(b"z" * 10)
+    (cache / ".clearing-accuracy-1").mkdir()
+    (cache / ".clearing-accuracy-1" / "a.json").write_text("{}")
+    code, out, err = _cache_cli(capsys, "--json")
+    rows = {r["kind"]: r for r in json.loads(out)}
+    assert (
+        code == 0
+        and rows["tvm-libs"]["n_files"] == 2
+        and rows["calibration"]
+        == {
+            **rows["calibration"],
+            "n_files": 1,
+            "nbytes": 10,
+        }
+    )
+    code, _, err = _cache_cli(capsys, "--clear", "all")
+    assert code == 0, err
+    assert sorted(p.name for p in cache.iterdir()) == []
+    assert (outside / "data.bin").read_bytes() == b"y" * 1000

@@ -1,0 +1,157 @@
+"""What edgesplit keeps between runs: one folder per kind under :func:`~edgesplit.util.cache_root`
+(``EDGESPLIT_CACHE``, else ``~/.cache/edgesplit``), listed in :data:`KINDS`, shown and cleared by
+``edgesplit cache``.
+
+Every kind is work whose result depends only on its inputs and the code, keyed by both, so that a
+cleared folder costs time and nothing else: the next run makes what it needs again. Tuning records
+are the exception in cost (hours of MetaSchedule trials), so they are cleared only when named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgesplit.errors import InputError
+from edgesplit.util import cache_root
+
+
+@dataclass(frozen=True)
+class CacheKind:
+    """One folder of kept work: its name, what it holds, and the most it may take (None: no cap)."""
+
+    name: str
+    holds: str
+    max_nbytes: int | None = None
+
+
+KEPT_MAX_NBYTES = 2 << 30
+"""The most the kept models, and the kept libraries, each take on disk; beyond it the least recently
+used go first (:func:`~edgesplit.util.prune`)."""
+
+KINDS: dict[str, CacheKind] = {
+    k.name: k
+    for k in (
+        CacheKind(
+            "simplified", "models after folding and shape inference (50 nodes or more)", KEPT_MAX_NBYTES
+        ),
+        CacheKind("tvm-libs", "TVM libraries of parts built without tuning", KEPT_MAX_NBYTES),
+        CacheKind("tvm-tuning", "MetaSchedule tuning records per target (hours of tuning)"),
+        CacheKind("calibration", "int8 calibration ranges per model, data and method"),
+        CacheKind("accuracy", "measured accuracy of reduced-precision parts"),
+    )
+}
+SAFE_TO_CLEAR = tuple(k for k in KINDS if k != "tvm-tuning")
+"""What ``--clear all`` clears: every kind but the tuning records, which only tuning makes again."""
+
+
+def cache_folder(kind: str) -> Path:
+    """The folder of ``kind`` (one of :data:`KINDS`; it may not exist yet)."""
+    return cache_root() / KINDS[kind].name
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    """What one kind's folder holds now."""
+
+    kind: str
+    path: Path
+    n_files: int
+    nbytes: int
+    max_nbytes: int | None
+    holds: str
+
+
+def _root() -> Path:
+    root = cache_root()
+    if root.exists() and not root.is_dir():
+        raise InputError(f"EDGESPLIT_CACHE={root}: not a folder")
+    return root
+
+
+def _walk(path: Path) -> tuple[int, int]:
+    """Regular files and their bytes below ``path`` (links are not followed: a link counts as one
+    file of its own size)."""
+    n, nbytes = 0, 0
+    with contextlib.suppress(OSError):
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode):
+            return 1, st.st_size
+    for folder, dirs, files in os.walk(path, followlinks=False):
+        for name in [*files, *(d for d in dirs if (Path(folder) / d).is_symlink())]:
+            with contextlib.suppress(OSError):
+                n, nbytes = n + 1, nbytes + (Path(folder) / name).lstat().st_size
+    return n, nbytes
+
+
+def usage() -> list[CacheUsage]:
+    """Every kind's folder, what it holds (empty where it does not exist).
+
+    Raises:
+        InputError: ``EDGESPLIT_CACHE`` names something that is not a folder.
+    """
+    root = _root()
+    out = []
+    for kind in KINDS.values():
+        path = root / kind.name
+        n, nbytes = _walk(path) if os.path.lexists(path) else (0, 0)
+        out.append(CacheUsage(kind.name, path, n, nbytes, kind.max_nbytes, kind.holds))
+    return out
+
+
+def others() -> list[Path]:
+    """Entries of the cache folder that are no kind of :data:`KINDS` (``edgesplit cache`` names
+    them and never clears them: the test board of ``scripts/arm64-board.sh`` lives there too)."""
+    root = _root()
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name not in KINDS)
+
+
+def check_kinds(names: Iterable[str]) -> tuple[str, ...]:
+    """The kinds named (``all``: :data:`SAFE_TO_CLEAR`), in :data:`KINDS` order.
+
+    Raises:
+        InputError: a name that is no kind, with the kinds there are.
+    """
+    names = list(names)
+    unknown = [n for n in names if n != "all" and n not in KINDS]
+    if unknown:
+        raise InputError(f"no cache kind {', '.join(map(repr, unknown))} (kinds: {', '.join(KINDS)}, or all)")
+    wanted = set(SAFE_TO_CLEAR if "all" in names else ()) | {n for n in names if n != "all"}
+    return tuple(k for k in KINDS if k in wanted)
+
+
+def clear(kinds: Sequence[str]) -> list[CacheUsage]:
+    """Delete the folders of ``kinds`` (see :func:`check_kinds`); returns what they held.
+
+    Each folder is first renamed aside, in one step, then deleted: another edgesplit process sees
+    the folder whole or not at all (a kept file it was about to read is then made again), and a
+    crash midway leaves a ``.clearing-*`` folder, never a half-deleted kind.
+
+    Raises:
+        InputError: an unknown kind, or ``EDGESPLIT_CACHE`` not a folder.
+    """
+    chosen = check_kinds(kinds)
+    root = _root()
+    before = {u.kind: u for u in usage()}
+    for leftover in root.glob(".clearing-*") if root.is_dir() else ():
+        shutil.rmtree(leftover, ignore_errors=True)  # a clear that crashed before
+    cleared = []
+    for kind in chosen:
+        path = root / kind
+        if not os.path.lexists(path):
+            continue
+        aside = root / f".clearing-{kind}-{os.getpid()}"
+        os.replace(path, aside)
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside)
+        else:
+            aside.unlink()
+        cleared.append(before[kind])
+    return cleared
