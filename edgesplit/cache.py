@@ -75,13 +75,15 @@ def _root() -> Path:
 
 
 def _walk(path: Path) -> tuple[int, int]:
-    """Regular files and their bytes below ``path`` (links are not followed: a link counts as one
-    file of its own size)."""
+    """Files and their bytes below the kind's folder ``path`` (itself possibly a link to a folder
+    elsewhere, which is followed; links below it are not: each counts as one file of its own size)."""
     n, nbytes = 0, 0
-    with contextlib.suppress(OSError):
-        st = path.lstat()
-        if not stat.S_ISDIR(st.st_mode):
-            return 1, st.st_size
+    try:
+        st = path.stat()
+    except OSError:  # a broken link
+        return 1, 0
+    if not stat.S_ISDIR(st.st_mode):
+        return 1, st.st_size
     for folder, dirs, files in os.walk(path, followlinks=False):
         for name in [*files, *(d for d in dirs if (Path(folder) / d).is_symlink())]:
             with contextlib.suppress(OSError):
@@ -132,7 +134,9 @@ def clear(kinds: Sequence[str]) -> list[CacheUsage]:
 
     Each folder is first renamed aside, in one step, then deleted: another edgesplit process sees
     the folder whole or not at all (a kept file it was about to read is then made again), and a
-    crash midway leaves a ``.clearing-*`` folder, never a half-deleted kind.
+    crash midway leaves a ``.clearing-*`` folder, never a half-deleted kind. A kind whose folder is
+    a link to a folder elsewhere (moved to a bigger disk) keeps its link and that folder; what the
+    folder holds is deleted.
 
     Raises:
         InputError: an unknown kind, or ``EDGESPLIT_CACHE`` not a folder.
@@ -147,11 +151,23 @@ def clear(kinds: Sequence[str]) -> list[CacheUsage]:
         path = root / kind
         if not os.path.lexists(path):
             continue
-        aside = root / f".clearing-{kind}-{os.getpid()}"
-        os.replace(path, aside)
-        if aside.is_dir() and not aside.is_symlink():
-            shutil.rmtree(aside)
+        if path.is_symlink() and path.is_dir():
+            _empty(path.resolve())  # the kind moved to another disk: clear there, keep the link
         else:
-            aside.unlink()
+            aside = root / f".clearing-{kind}-{os.getpid()}"
+            os.replace(path, aside)
+            if aside.is_dir() and not aside.is_symlink():
+                shutil.rmtree(aside)
+            else:
+                aside.unlink()
         cleared.append(before[kind])
     return cleared
+
+
+def _empty(folder: Path) -> None:
+    """Delete what ``folder`` holds (links in it deleted, not followed), not the folder."""
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()

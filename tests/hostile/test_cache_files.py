@@ -169,3 +169,25 @@ def test_links_files_and_leftovers_in_the_cache(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     assert sorted(p.name for p in cache.iterdir()) == []
     assert (outside / "data.bin").read_bytes() == b"y" * 1000
+
+
+def test_a_kind_moved_elsewhere_by_a_link_is_emptied_there_and_keeps_its_link(tmp_path, monkeypatch, capsys):
+    elsewhere = tmp_path / "big-disk" / "simplified"
+    (elsewhere / "sub").mkdir(parents=True)
+    (elsewhere / "m.onnx").write_bytes(b"m" * 100)
+    (elsewhere / "sub" / "x").write_bytes(b"x")
+    (tmp_path / "precious").write_bytes(b"p")
+    (elsewhere / "link-out").symlink_to(tmp_path / "precious")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "simplified").symlink_to(elsewhere)
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(cache))
+    code, out, _ = _cache_cli(capsys, "--json")
+    row = next(r for r in json.loads(out) if r["kind"] == "simplified")
+    assert (
+        code == 0 and row["n_files"] == 3 and row["nbytes"] == 101 + (elsewhere / "link-out").lstat().st_size
+    )
+    code, _, err = _cache_cli(capsys, "--clear", "simplified")
+    assert code == 0, err
+    assert (cache / "simplified").is_symlink() and elsewhere.is_dir() and not any(elsewhere.iterdir())
+    assert (tmp_path / "precious").read_bytes() == b"p"
