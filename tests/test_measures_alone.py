@@ -1,4 +1,4 @@
-"""The lock that runs ``measures`` tests alone under pytest-xdist (tests/conftest.py), with threads
+"""The lock that runs ``measures`` tests alone under pytest-xdist (tests/measuring.py), with threads
 standing in for workers: flock locks are per open file, so two threads conflict as two processes do."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from conftest import RunLock, running_alone
+from measuring import RUN_DIR, RunLock, running_alone
 
 WAIT_S = 10.0  # for what must happen; what must not happen is checked after a short wait
 SHORT_S = 0.3
@@ -88,3 +88,28 @@ def test_a_run_of_measuring_tests_keeps_its_hold_and_others_wait_for_the_whole_r
     lock.release()
     assert not lock.held and other.entered.wait(WAIT_S)
     other.release.set()
+
+
+def test_the_measuring_tests_of_every_module_run_first_and_together_on_one_worker(pytester, monkeypatch):
+    """A real ``pytest -n 2`` over three modules, two of which have a ``measures`` test: both run on
+    one worker, one after the other, before that worker's other tests (plain ``loadscope`` runs
+    each with its module, on two workers here)."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT", RUN_DIR):
+        monkeypatch.delenv(name, raising=False)  # this test may itself run in a worker
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    pytester.makeini("[pytest]\nmarkers =\n    measures: times real runs\n")
+    pytester.makeconftest("pytest_plugins = ['measuring']\n")
+    measures = "import pytest\nmeasures = pytest.mark.measures\n"
+    pytester.makepyfile(
+        test_a=measures + "def test_a1(): pass\n@measures\ndef test_a2(): pass\ndef test_a3(): pass\n",
+        test_b=measures + "@measures\ndef test_b1(): pass\ndef test_b2(): pass\n",
+        test_c="def test_c1(): pass\ndef test_c2(): pass\n",
+    )
+    result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "--dist", "loadscope", "-v")
+    result.assert_outcomes(passed=7)
+    ran: dict[str, list[str]] = {}
+    for line in result.outlines:
+        if " PASSED " in line and line.startswith("[gw"):
+            ran.setdefault(line.split("]")[0][1:], []).append(line.split("::")[-1].strip())
+    (worker,) = [w for w, tests in ran.items() if "test_a2" in tests]
+    assert ran[worker][:2] == ["test_a2", "test_b1"], ran
