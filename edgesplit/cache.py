@@ -112,7 +112,7 @@ def others() -> list[Path]:
     root = _root()
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.name not in KINDS)
+    return sorted(p for p in root.iterdir() if p.name not in KINDS and not p.name.startswith(".clearing-"))
 
 
 def check_kinds(names: Iterable[str]) -> tuple[str, ...]:
@@ -144,8 +144,8 @@ def clear(kinds: Sequence[str]) -> list[CacheUsage]:
     chosen = check_kinds(kinds)
     root = _root()
     before = {u.kind: u for u in usage()}
-    for leftover in root.glob(".clearing-*") if root.is_dir() else ():
-        shutil.rmtree(leftover, ignore_errors=True)  # a clear that crashed before
+    for leftover in root.glob(".clearing-*") if root.is_dir() else ():  # a clear that crashed
+        _remove(leftover)
     cleared = []
     for kind in chosen:
         path = root / kind
@@ -156,18 +156,20 @@ def clear(kinds: Sequence[str]) -> list[CacheUsage]:
         else:
             aside = root / f".clearing-{kind}-{os.getpid()}"
             os.replace(path, aside)
-            if aside.is_dir() and not aside.is_symlink():
-                shutil.rmtree(aside)
-            else:
-                aside.unlink()
+            _remove(aside)
         cleared.append(before[kind])
     return cleared
+
+
+def _remove(path: Path) -> None:
+    """Delete ``path``: a folder with what it holds, a file or a link (never what a link points to)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _empty(folder: Path) -> None:
     """Delete what ``folder`` holds (links in it deleted, not followed), not the folder."""
     for entry in folder.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+        _remove(entry)
