@@ -29,7 +29,7 @@ import onnx
 from edgesplit.cache import KINDS, cache_folder
 from edgesplit.model.kept import model_digest
 from edgesplit.profile.tvmdb import RECORDS, WORKLOADS, Lookup, tuning_target
-from edgesplit.util import atomic_write_bytes, keep, read_kept
+from edgesplit.util import atomic_write_bytes, keep, read_kept, sha256_file
 
 MAX_NBYTES = KINDS["tvm-libs"].max_nbytes
 """The most the kept libraries take on disk; beyond it the least recently used go first."""
@@ -98,6 +98,6 @@ def kept_library(
 
 def _file_digest(path: Path) -> bytes:
     try:
-        return hashlib.sha256(path.read_bytes()).digest()
-    except OSError:
+        return sha256_file(path).encode()
+    except OSError:  # a database without this file: nothing of it is applied
         return b"-"

@@ -113,9 +113,8 @@ def build_library(
         if tune is not None:
             mod, report = tune_module(mod, target, tune, progress)
             info["tuning"] = {k: v for k, v in dataclasses.asdict(report).items() if k != "task_names"}
-            lookup = (
-                find_databases(target, threads, extra=databases) if use_database else None
-            )  # its records too
+            # the databases again: tuning has just added its records
+            lookup = find_databases(target, threads, extra=databases) if use_database else None
         if lookup is not None and lookup.paths:
             if tune is None:
                 mod = lower_for_tuning(mod, lookup.tuning)
