@@ -8,6 +8,7 @@ import dataclasses
 import json
 import shutil
 from collections import OrderedDict
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -222,6 +223,44 @@ def test_a_tight_budget_drops_int8_parts_least_valuable_first(problem):
     dropped = exact.accuracy["dropped"]
     assert len(dropped) >= 1 and all("SNR" in d["why"] for d in dropped)
     assert exact.accuracy["measured"]["snr_db"] == SNR_CAP_DB  # fp32 parts reproduce the model
+
+
+def test_units_measured_alone_one_after_another_reuse_the_parts_they_begin_with(problem):
+    """The planner measures each int8 unit alone, the rest in fp32, in the plan's order: a
+    measurement takes the outputs of the parts that the last one on that sample began with, and
+    gives exactly the outputs of running every part (counted: each runs from the first part that
+    differs from the one before's)."""
+    from edgesplit.optimize.accuracy import _alone, reduced
+
+    plan = _solve(problem, AccuracyBudget(min_snr_db=-SNR_CAP_DB))
+    measurer = PlanMeasurer(problem.graph)
+    samples = measurer.data.held_out
+    cases = [list(plan.parts)] + [_alone(plan, u, problem.graph) for u in reduced(plan)]
+    assert len(cases) == 4 and all(len(c) == len(plan.parts) for c in cases)
+    runs = []
+    real_session = measurer._session
+
+    def counted(*key):
+        sess = real_session(*key)
+        return SimpleNamespace(run=lambda *a: runs.append(key) or sess.run(*a))
+
+    measurer._session = counted
+    runs_before, reused = None, 0
+    for parts in cases:
+        before = len(runs)
+        got = [measurer._outputs(parts, i) for i in range(len(samples))]
+        fresh = [measurer.run(parts, s) for s in samples]
+        ran = len(runs) - before - len(parts) * len(samples)  # less the fresh runs'
+        for g, f in zip(got, fresh):
+            assert g.keys() == f.keys() and all(np.array_equal(g[k], f[k]) for k in g)
+        if runs_before:  # from the first part that differs from the one before's, on each sample
+            same = [(p.inputs, p.outputs, p.precision) for p in parts]
+            shared = next(j for j, (a, b) in enumerate(zip(same, runs_before)) if a != b)
+            assert ran == (len(parts) - shared) * len(samples), (ran, shared)
+            reused += shared
+        runs_before = [(p.inputs, p.outputs, p.precision) for p in parts]
+    assert reused > 0
+    assert measurer(cases[1]) == compare(measurer.reference, [measurer.run(cases[1], s) for s in samples])
 
 
 def test_a_second_partition_of_the_same_model_converts_no_part_again(split_net, tmp_path, monkeypatch):

@@ -86,7 +86,7 @@ def plan_budget(plan: Plan, given: AccuracyBudget | None) -> tuple[AccuracyBudge
 def _session(path: Path):
     import onnxruntime as ort
 
-    so = ort_session_options(None, None)
+    so = ort_session_options(None, None, spin=False)  # run one after another (precision.measure)
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
