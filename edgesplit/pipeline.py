@@ -127,13 +127,15 @@ def accuracy_check(
     budget: AccuracyBudget | None,
     calibration_data: str | os.PathLike | None,
     calibration_method: str | None = None,
+    progress: Progress | None = None,
 ) -> AccuracyCheck:
     """The planner's accuracy check for ``graph``: the budget, and a measurer of plans that loads
-    the calibration data only when a plan first has a reduced-precision part."""
+    the calibration data only when a plan first has a reduced-precision part (``progress`` is told
+    how far the measuring of a plan that misses the budget is)."""
     from edgesplit.precision.measure import PlanMeasurer
 
     measurer = PlanMeasurer(graph, calibration_data, calibration_method)
-    return AccuracyCheck(budget or DEFAULT_BUDGET, measurer, measurer.describe)
+    return AccuracyCheck(budget or DEFAULT_BUDGET, measurer, measurer.describe, progress)
 
 
 def load_graph(
@@ -327,7 +329,7 @@ def resolve(
         server_path = None if isinstance(c.server_profile, Profile) else os.fspath(c.server_profile)
     prof = complete_profile(graph, full, prof)
     load = ServerLoad(c.server_load, c.server_slots) if c.server_load is not None else None
-    check = accuracy_check(graph, c.accuracy, c.calibration_data, c.calibration_method)
+    check = accuracy_check(graph, c.accuracy, c.calibration_data, c.calibration_method, progress)
     return Problem(
         graph,
         dev,

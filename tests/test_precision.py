@@ -225,6 +225,27 @@ def test_a_tight_budget_drops_int8_parts_least_valuable_first(problem):
     assert exact.accuracy["measured"]["snr_db"] == SNR_CAP_DB  # fp32 parts reproduce the model
 
 
+def test_measuring_the_units_of_a_plan_that_misses_the_budget_reports_progress(split_net):
+    """Each drop measures every unit alone (minutes on a big model): the caller's progress hears
+    each unit before it is measured and the end of each drop's measuring."""
+    from edgesplit.optimize.accuracy import PROGRESS_LABEL
+
+    graph, device = split_net
+    seen = []
+    choices = Choices(profile=_profile(graph, device), accuracy=AccuracyBudget(min_snr_db=SNR_CAP_DB))
+    plan = solve_plan(resolve(graph, device, choices, progress=lambda *a: seen.append(a)))
+    drops = plan.accuracy["dropped"]
+    assert drops and {label for label, _, _ in seen} == {PROGRESS_LABEL}
+    rounds, current = [], []
+    for _, done, total in seen:
+        current.append(done)
+        if done == total:
+            rounds.append((current, total))
+            current = []
+    assert not current and len(rounds) == len(drops)
+    assert all(done == list(range(total + 1)) for done, total in rounds)
+
+
 def test_units_measured_alone_one_after_another_reuse_the_parts_they_begin_with(problem):
     """The planner measures each int8 unit alone, the rest in fp32, in the plan's order: a
     measurement takes the outputs of the parts that the last one on that sample began with, and

@@ -302,7 +302,11 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
                 tasks[label] = bar.add_task(label, total=total)
             bar.update(tasks[label], completed=done, total=total)
 
-        yield update
+        try:
+            yield update
+        except BaseException:
+            bar.live.transient = True  # a failure is one line: the bar is erased, or never printed
+            raise
 
 
 def accuracy_options(f):

@@ -19,6 +19,7 @@ from edgesplit.cli.common import (
     model_inputs,
     objective_option,
     pin_option,
+    progress_bar,
     runs_option,
     slo_option,
 )
@@ -64,7 +65,7 @@ from edgesplit.cli.common import (
     show_default=True,
     help="Requests the server computes at once, for --server-load.",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No tables.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or tables.")
 def command(
     model,
     device,
@@ -128,11 +129,16 @@ def command(
     check_choices(choices)  # bad flags fail before the model is read
     device = load_spec(device)  # and so does a bad device spec (reading a model can take seconds)
     graph = load_graph(model, choices.input_shapes, choices.input_values)  # prints its notes
-    problem = resolve(graph, device, choices)
-    measured = problem.profile_path is None  # measured here: kept beside the plan, for explain and compile
-    if measured:
-        problem = replace(problem, profile_path=str(out.with_suffix(".profile.json")))
-    plan = solve_plan(problem)
+    with progress_bar(
+        not quiet
+    ) as update:  # profiling here, and measuring accuracy, take minutes on big models
+        problem = resolve(graph, device, choices, progress=update)
+        measured = (
+            problem.profile_path is None
+        )  # measured here: kept beside the plan, for explain and compile
+        if measured:
+            problem = replace(problem, profile_path=str(out.with_suffix(".profile.json")))
+        plan = solve_plan(problem)
     if measured:  # written only once there is a plan to go with it
         problem.profile.save(problem.profile_path)
     plan.save(out)

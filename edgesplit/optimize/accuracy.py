@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from edgesplit.optimize.problem import Problem
 
 Measure = Callable[[Sequence[Part]], Accuracy]
+Progress = Callable[[str, int, int], None]
+PROGRESS_LABEL = "accuracy budget"
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,14 @@ class AccuracyCheck:
     Attributes:
         measure: The accuracy of a plan's parts (each in its precision) against fp32.
         describe: What the measurements were made on (the calibration data), for the plan.
+        progress: Told ``(PROGRESS_LABEL, measured, to measure)`` while the units of a plan that
+            misses the budget are measured one by one (minutes on a big model).
     """
 
     budget: AccuracyBudget = DEFAULT_BUDGET
     measure: Measure | None = None
     describe: Callable[[], Mapping[str, Any]] = field(default=lambda: {})
+    progress: Progress | None = None
 
 
 def backend_precision(device: DeviceSpec, processor: str, backend: str) -> str:
@@ -155,6 +160,21 @@ def _figures(
     }
 
 
+def _measure_alone(
+    check: AccuracyCheck, plan: Plan, cands: list[Part], graph: ModelGraph
+) -> dict[str, Accuracy]:
+    """Each unit of ``cands`` measured alone (see :func:`_alone`), with progress."""
+    assert check.measure is not None
+    out = {}
+    for i, u in enumerate(cands):
+        if check.progress is not None:
+            check.progress(PROGRESS_LABEL, i, len(cands))
+        out[u.name] = check.measure(_alone(plan, u, graph))
+    if check.progress is not None:
+        check.progress(PROGRESS_LABEL, len(cands), len(cands))
+    return out
+
+
 def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -> Plan:
     """The first plan in the sequence described in the module doc that meets the budget, with its
     measured accuracy in ``plan.accuracy`` (None when it has no reduced-precision part)."""
@@ -170,7 +190,7 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
             kept = baselines if not steps else plan.baselines  # after a drop: as above
             return replace(plan, baselines=kept, accuracy=_figures(check, plan, acc, steps, problem.graph))
         cands = [u for p in reduced(plan) for u in units(problem.graph, p)]
-        alone = {u.name: check.measure(_alone(plan, u, problem.graph)) for u in cands}
+        alone = _measure_alone(check, plan, cands, problem.graph)
         value = {u.name: max(_saving_ms(problem, u), 0.0) / max(alone[u.name].noise, 1e-12) for u in cands}
         worst = min(cands, key=lambda u: (value[u.name], u.name))
         steps.append(
