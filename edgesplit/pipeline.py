@@ -21,7 +21,7 @@ it never loads anything itself.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,14 +40,13 @@ from edgesplit.precision import CALIBRATION_METHODS, recorded_calibration
 from edgesplit.precision.metrics import DEFAULT_BUDGET, AccuracyBudget
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import Profile, load_profile
-from edgesplit.util import check_number, short
+from edgesplit.util import Progress, check_number, short
 
 if TYPE_CHECKING:
     import numpy as np
 
 ModelLike = ModelGraph | str | os.PathLike
 SpecLike = DeviceSpec | str | os.PathLike
-Progress = Callable[[str, int, int], None]
 
 __all__ = [
     "Choices",

@@ -16,6 +16,10 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+Progress = Callable[[str, int, int], None]
+"""Told ``(label, done, total)`` as long work goes on (profiling, tuning, compiling, measuring);
+the command line draws one bar per label (``cli.common.progress_bar``)."""
+
 MAX_JSON_NBYTES = 256 << 20
 """Largest JSON file read (plans, profiles, manifests): far above any real one, far below memory."""
 

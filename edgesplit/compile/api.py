@@ -9,7 +9,7 @@ int8 or fp16 parts is then checked as it ships, against the plan's accuracy budg
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,15 +39,13 @@ from edgesplit.optimize.plan import Part, Plan, check_plan, check_plan_types
 from edgesplit.optimize.problem import Problem
 from edgesplit.pipeline import as_plan, load_graph, plan_device
 from edgesplit.precision import recorded_calibration
-from edgesplit.util import atomic_dir, refuse_to_replace, sha256_file, short
+from edgesplit.util import Progress, atomic_dir, refuse_to_replace, sha256_file, short
 
 if TYPE_CHECKING:
     import numpy as np
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from edgesplit.precision.metrics import AccuracyBudget
-
-Progress = Callable[[str, int, int], None]
 
 
 def _spec(graph: ModelGraph, name: str) -> TensorSpec:

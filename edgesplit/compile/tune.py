@@ -21,7 +21,7 @@ import io
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,7 @@ from edgesplit.profile.tvmdb import (
     register_tensor_intrinsics,
     write_target_file,
 )
-
-Progress = Callable[[str, int, int], None]
+from edgesplit.util import Progress
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,12 @@ from edgesplit.model.graph import ModelGraph, part_boundaries
 from edgesplit.optimize.plan import Part, Plan
 from edgesplit.precision.metrics import DEFAULT_BUDGET, EXACT, Accuracy, AccuracyBudget
 from edgesplit.profile.store import Profile
+from edgesplit.util import Progress
 
 if TYPE_CHECKING:
     from edgesplit.optimize.problem import Problem
 
 Measure = Callable[[Sequence[Part]], Accuracy]
-Progress = Callable[[str, int, int], None]
 PROGRESS_LABEL = "accuracy budget"
 
 

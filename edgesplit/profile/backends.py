@@ -8,20 +8,18 @@ A new backend adds one line (and one in ``device_schema.BACKENDS``, ``compile/ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from edgesplit.profile.ort import OrtProfiler
 from edgesplit.profile.ort_quantized import OrtQuantizedProfiler
 from edgesplit.profile.tvm import TvmProfiler
+from edgesplit.util import Progress
 
 if TYPE_CHECKING:
     from edgesplit.device import Backend, Processor
     from edgesplit.model.graph import ModelGraph
     from edgesplit.profile.run import ProfileOptions
     from edgesplit.profile.store import ProcessorProfile
-
-Progress = Callable[[str, int, int], None]
 
 
 class Profiler(Protocol):

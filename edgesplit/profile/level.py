@@ -26,9 +26,9 @@ import numpy as np
 from edgesplit.device import DeviceSpec
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.store import MEASURED, ProcessorProfile
+from edgesplit.util import Progress
 
 ROUNDS = 5
-Progress = Callable[[str, int, int], None]
 
 
 def _levelable(entries: Sequence[ProcessorProfile], device: DeviceSpec) -> list[tuple[int, Callable]]:

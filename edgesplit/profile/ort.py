@@ -31,10 +31,9 @@ from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
 from edgesplit.profile.terms import CONTENTION_S_PER_RUN, build_terms
 from edgesplit.throttle import busy_call
+from edgesplit.util import Progress
 
 __all__ = ["OrtProfiler", "make_session", "map_regions", "profile_ort", "time_runs"]
-
-Progress = Callable[[str, int, int], None]
 
 
 def _percentiles(values: list[float]) -> tuple[float, float]:

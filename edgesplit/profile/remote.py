@@ -29,9 +29,8 @@ from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.ssh import SshOptions, Target, connect, parse_target
 from edgesplit.profile.steps import load_partial, partial_path, save_partial
 from edgesplit.profile.store import ProcessorProfile, Profile
-from edgesplit.util import sha256_file
+from edgesplit.util import Progress, sha256_file
 
-Progress = Callable[[str, int, int], None]
 EventHook = Callable[[dict[str, Any]], None]
 _CHUNK = 256 * 1024
 MAX_LINE_NBYTES = 64 << 20

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import platform
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from edgesplit.device import Backend, DeviceSpec, Processor
@@ -20,8 +20,7 @@ from edgesplit.errors import InputError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.predict import predict
 from edgesplit.profile.store import ProcessorProfile, Profile
-
-Progress = Callable[[str, int, int], None]
+from edgesplit.util import Progress
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,9 +27,8 @@ from edgesplit.profile.level import level
 from edgesplit.profile.power import PowerSampler, Rails, find_rails
 from edgesplit.profile.run import ProfileOptions, empty_profile, profile_pair, selected
 from edgesplit.profile.store import MEASURED, MODELLED, ProcessorProfile, Profile, load_profile
-from edgesplit.util import atomic_write_text
+from edgesplit.util import Progress, atomic_write_text
 
-Progress = Callable[[str, int, int], None]
 OnEntry = Callable[[ProcessorProfile], None]
 
 

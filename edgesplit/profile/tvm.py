@@ -18,7 +18,7 @@ import contextlib
 import io
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,8 +35,7 @@ from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile, RunTer
 from edgesplit.profile.terms import MicroRun, MicroRunner, build_terms, neg_model
 from edgesplit.profile.tvmdb import apply_databases, find_databases, lower_for_tuning
 from edgesplit.throttle import busy, busy_call
-
-Progress = Callable[[str, int, int], None]
+from edgesplit.util import Progress
 
 RUNNABLE_HERE = ("llvm", "c")  # target kinds whose code runs on this CPU
 GPU_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")  # target kinds with a device of their own

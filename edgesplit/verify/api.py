@@ -31,7 +31,7 @@ from edgesplit.compile.verdict import Verification
 from edgesplit.errors import EdgesplitError
 from edgesplit.optimize.plan import Plan
 from edgesplit.pipeline import Problem
-from edgesplit.util import atomic_dir
+from edgesplit.util import Progress, atomic_dir
 from edgesplit.verify.accuracy import Measured, budget_of, measure_accuracy
 from edgesplit.verify.candidates import PLAN, Candidate, candidates, compile_candidates, stage_dir
 from edgesplit.verify.decide import decide, metric_for, rows
@@ -40,7 +40,6 @@ from edgesplit.verify.measure import MAX_ROUNDS, MIN_ROUNDS, Measurement, measur
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-Progress = Callable[[str, int, int], None]
 Launcher = Callable[[Path], AbstractContextManager[str]]
 
 ENERGY_NOTE = (
