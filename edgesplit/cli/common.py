@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgesplit.model.graph import ModelGraph
+    from edgesplit.util import Progress
 
 _WIDTH = None if sys.stdout.isatty() else 160
 console = Console(highlight=False, width=_WIDTH)
@@ -272,7 +273,7 @@ def load_graph(
 
 
 @contextlib.contextmanager
-def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
+def progress_bar(enabled: bool = True) -> Iterator[Progress]:
     """A rich progress bar with one row per label; yields ``update(label, done, total)``."""
     from rich.progress import (
         BarColumn,

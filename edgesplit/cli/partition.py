@@ -129,13 +129,11 @@ def command(
     check_choices(choices)  # bad flags fail before the model is read
     device = load_spec(device)  # and so does a bad device spec (reading a model can take seconds)
     graph = load_graph(model, choices.input_shapes, choices.input_values)  # prints its notes
-    with progress_bar(
-        not quiet
-    ) as update:  # profiling here, and measuring accuracy, take minutes on big models
+    # profiling here and measuring accuracy can take minutes on a big model
+    with progress_bar(not quiet) as update:
         problem = resolve(graph, device, choices, progress=update)
-        measured = (
-            problem.profile_path is None
-        )  # measured here: kept beside the plan, for explain and compile
+        # measured here: kept beside the plan, for explain and compile
+        measured = problem.profile_path is None
         if measured:
             problem = replace(problem, profile_path=str(out.with_suffix(".profile.json")))
         plan = solve_plan(problem)

@@ -6,7 +6,8 @@ the parts in order on the held-out calibration samples, and compares the model's
 fp32 model's (:func:`~edgesplit.precision.metrics.compare`). Part sessions, the fp32 reference and
 results are memoised by content (model, input shapes, calibration data, method), not per measurer,
 so the planner can measure many combinations of the same parts, and a sweep that partitions one
-model again and again (a plan per bandwidth, say) converts and runs each part once.
+model again and again (a plan per bandwidth, say) converts and runs each part once. A measurement
+takes the outputs of the parts that the one before it on the same sample began with.
 
 Results are also kept on disk (``<cache>/accuracy``, :mod:`edgesplit.cache`),
 keyed by the same content plus the parts, the onnxruntime version and the source of the code that
@@ -240,8 +241,9 @@ class PlanMeasurer:
         plan measured on it began with (the same parts in the same precisions, so the same values).
 
         The planner measures each reduced unit of a plan alone, the rest in fp32, unit after unit
-        in the plan's order: all of them begin with the same fp32 parts (half of each run, on
-        average). The chain kept per sample is at most :data:`CHAIN_MAX_NBYTES` over all samples.
+        in the plan's order: each begins with the fp32 parts up to the unit measured before it
+        (on transformer_large's 128 units, half the part runs). The chain kept per sample holds
+        at most :data:`CHAIN_MAX_NBYTES` over all samples.
         """
         memo = self._memo
         chain = memo.chains.get(i, ())
@@ -256,7 +258,8 @@ class PlanMeasurer:
             else:
                 same = False
                 got = self._session(*key).run(list(p.outputs), {t: values[t] for t in p.inputs})
-            room -= sum(a.nbytes for a in got)
+            # a sequence or map output (a list, a dict) is not measured: nothing after it is kept
+            room -= sum(a.nbytes if isinstance(a, np.ndarray) else room + 1 for a in got)
             if room >= 0 and len(kept) == j:  # a prefix only
                 kept.append((key, got))
             values.update(zip(p.outputs, got))
