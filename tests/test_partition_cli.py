@@ -282,3 +282,23 @@ def test_backend_chooses_what_partition_and_deploy_measure(tmp_path, capsys, tin
         )  # fmt: skip
         assert code == 2 and "host-2core: no processor offers backend 'tvm' (its backends: ort)" in err, err
         assert not (tmp_path / f"z-{command}").exists()
+
+
+def test_the_progress_bar_shows_only_work_and_a_failure_leaves_none(capsys):
+    """``partition`` draws the bar that ``deploy`` does: written to a file, a command with nothing
+    to show writes nothing (not an empty line), one that fails leaves no bar above its error, and
+    one that ends well leaves each row's last state."""
+    from edgesplit.cli.common import progress_bar
+
+    with progress_bar():
+        pass
+    assert capsys.readouterr().err == ""
+    with pytest.raises(RuntimeError), progress_bar() as update:
+        update("profiling", 1, 4)
+        raise RuntimeError("stop")
+    assert capsys.readouterr().err == ""
+    with progress_bar() as update:
+        update("profiling", 3, 4)
+        update("accuracy budget", 2, 2)
+    err = capsys.readouterr().err
+    assert "profiling" in err and "3/4" in err and "accuracy budget" in err and "2/2" in err

@@ -274,40 +274,56 @@ def load_graph(
 
 @contextlib.contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Progress]:
-    """A rich progress bar with one row per label; yields ``update(label, done, total)``."""
+    """A rich progress bar with one row per label; yields ``update(label, done, total)``.
+
+    The bar starts at the first update: a command with nothing to show prints nothing. A command
+    that fails leaves no bar (erased on a terminal, never printed to a file), so its error is one
+    line.
+    """
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.progress import Progress as Bar
 
     if not enabled:
         yield lambda label, done, total: None
         return
-    with Progress(
-        TextColumn("{task.description:<24}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),  # the ETA, from the rate so far (long jobs: tuning, profiling)
-        console=err_console,
-        transient=False,
-    ) as bar:
-        tasks: dict[str, int] = {}
+    tasks: dict[str, int] = {}
+    bars: list[Bar] = []
 
-        def update(label: str, done: int, total: int) -> None:
-            if label not in tasks:
-                tasks[label] = bar.add_task(label, total=total)
-            bar.update(tasks[label], completed=done, total=total)
+    def update(label: str, done: int, total: int) -> None:
+        if not bars:
+            bars.append(
+                Bar(
+                    TextColumn("{task.description:<24}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    TimeRemainingColumn(),  # the ETA, from the rate so far (tuning, profiling)
+                    console=err_console,
+                    transient=False,
+                )
+            )
+            bars[0].start()
+        if label not in tasks:
+            tasks[label] = bars[0].add_task(label, total=total)
+        bars[0].update(tasks[label], completed=done, total=total)
 
-        try:
-            yield update
-        except BaseException:
-            bar.live.transient = True  # a failure is one line: the bar is erased, or never printed
-            raise
+    try:
+        yield update
+    except BaseException:
+        if bars:
+            bars[0].live.transient = True
+            bars[0].live.stop()  # not Progress.stop: it prints an empty line to a file
+            bars.clear()
+        raise
+    finally:
+        if bars:
+            bars[0].stop()
 
 
 def accuracy_options(f):
