@@ -112,6 +112,9 @@ def _keep_accuracy(path: Path, acc: Accuracy) -> None:
         pass
 
 
+Chain = tuple[tuple[tuple, list], ...]  # parts run, ((inputs, outputs, precision), their outputs)
+
+
 @dataclass
 class _Memo:
     """What measuring one model on one calibration set has found: part sessions, results, the
@@ -120,7 +123,7 @@ class _Memo:
     sessions: dict[tuple, object] = field(default_factory=dict)
     results: dict[tuple, Accuracy] = field(default_factory=dict)
     reference: list[dict[str, np.ndarray]] | None = None
-    chains: dict[int, tuple[tuple[tuple, list], ...]] = field(default_factory=dict)  # see _outputs
+    chains: dict[int, Chain] = field(default_factory=dict)  # by held-out sample, see _outputs
 
 
 CHAIN_MAX_NBYTES = 256 << 20  # part outputs kept for reuse, over all held-out samples
@@ -204,12 +207,30 @@ class PlanMeasurer:
 
     def run(self, parts: Sequence[PartLike], sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs from running ``parts`` (in a topological order) on one sample."""
+        return self._run(parts, sample, (), 0)[0]
+
+    def _run(
+        self, parts: Sequence[PartLike], sample: Mapping[str, np.ndarray], chain: Chain, room: int
+    ) -> tuple[dict[str, np.ndarray], Chain]:
+        """:meth:`run`, taking the outputs of the parts ``parts`` begins with from ``chain`` (the
+        same parts in the same precisions on the same sample give the same values); also the
+        chain of this run, its outputs up to ``room`` bytes (none past a sequence or map output)."""
         values = dict(sample)
-        for p in parts:
-            sess = self._session(tuple(p.inputs), tuple(p.outputs), p.precision)
-            got = sess.run(list(p.outputs), {t: values[t] for t in p.inputs})
+        kept: list[tuple[tuple, list]] = []
+        same = True
+        for j, p in enumerate(parts):
+            key = (tuple(p.inputs), tuple(p.outputs), p.precision)
+            if same and j < len(chain) and chain[j][0] == key:
+                got = chain[j][1]
+            else:
+                same = False
+                got = self._session(*key).run(list(p.outputs), {t: values[t] for t in p.inputs})
             values.update(zip(p.outputs, got))
-        return {t: values[t] for t in self.graph.outputs}
+            if len(kept) == j and all(isinstance(a, np.ndarray) for a in got):  # a prefix only
+                room -= sum(a.nbytes for a in got)
+                if room >= 0:
+                    kept.append((key, got))
+        return {t: values[t] for t in self.graph.outputs}, tuple(kept)
 
     @property
     def reference(self) -> list[dict[str, np.ndarray]]:
@@ -238,33 +259,17 @@ class PlanMeasurer:
 
     def _outputs(self, parts: Sequence[PartLike], i: int) -> dict[str, np.ndarray]:
         """:meth:`run` on held-out sample ``i``, taking the outputs of the parts that the last
-        plan measured on it began with (the same parts in the same precisions, so the same values).
+        plan measured on it began with.
 
         The planner measures each reduced unit of a plan alone, the rest in fp32, unit after unit
         in the plan's order: each begins with the fp32 parts up to the unit measured before it
         (on transformer_large's 128 units, half the part runs). The chain kept per sample holds
         at most :data:`CHAIN_MAX_NBYTES` over all samples.
         """
-        memo = self._memo
-        chain = memo.chains.get(i, ())
+        chains = self._memo.chains
         room = CHAIN_MAX_NBYTES // max(len(self.data.held_out), 1)
-        values = dict(self.data.held_out[i])
-        kept: list[tuple[tuple, list]] = []
-        same = True
-        for j, p in enumerate(parts):
-            key = (tuple(p.inputs), tuple(p.outputs), p.precision)
-            if same and j < len(chain) and chain[j][0] == key:
-                got = chain[j][1]
-            else:
-                same = False
-                got = self._session(*key).run(list(p.outputs), {t: values[t] for t in p.inputs})
-            # a sequence or map output (a list, a dict) is not measured: nothing after it is kept
-            room -= sum(a.nbytes if isinstance(a, np.ndarray) else room + 1 for a in got)
-            if room >= 0 and len(kept) == j:  # a prefix only
-                kept.append((key, got))
-            values.update(zip(p.outputs, got))
-        memo.chains[i] = tuple(kept)  # replaced whole: another thread reads the old one or this one
-        return {t: values[t] for t in self.graph.outputs}
+        out, chains[i] = self._run(parts, self.data.held_out[i], chains.get(i, ()), room)
+        return out  # the chain is replaced whole: another thread reads the old one or this one
 
     def _cache_file(self, key: tuple) -> Path:
         g = self.graph
