@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgesplit.compile.kept_libs import kept_library
 from edgesplit.compile.split import rel_error
 from edgesplit.compile.tune import Progress, TuneOptions, tune_module
 from edgesplit.errors import CompileError
+from edgesplit.profile.kept_libs import kept_library
 from edgesplit.profile.tvm import GPU_KINDS, host_arch, target_arch, target_device
 from edgesplit.profile.tvmdb import (
     apply_databases,
@@ -88,7 +88,7 @@ def build_library(
 
     Returns facts for the manifest: target, trials, the databases applied, what tuning did; and
     ``kept``, the cache file, when the library was kept from an earlier build of the same part
-    (:mod:`edgesplit.compile.kept_libs`; builds that tune are never kept).
+    (:mod:`edgesplit.profile.kept_libs`; builds that tune are never kept).
     Raises CompileError for a missing toolchain; any TVM import or build error propagates for the
     caller to fall back on.
     """
@@ -102,7 +102,7 @@ def build_library(
     kept, lookup = None, None
     if tune is None:  # a build that tunes changes the databases: built every time
         lookup = find_databases(target, threads, extra=databases) if use_database else None
-        kept = kept_library(model, target, threads, lookup, cc)
+        kept = kept_library(model, target, threads, lookup, cc, __file__)
         info = kept.fetch(out) if kept is not None else None
         if info is not None:
             return {**info, "kept": str(kept.path)}

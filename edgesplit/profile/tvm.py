@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,10 +32,11 @@ from edgesplit.device import Backend, Processor
 from edgesplit.model.extract import PartExtractor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph, Node
+from edgesplit.profile.kept_libs import kept_library
 from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile, RunTerms
 from edgesplit.profile.terms import MicroRun, MicroRunner, build_terms, neg_model
-from edgesplit.profile.tvmdb import apply_databases, find_databases, lower_for_tuning
+from edgesplit.profile.tvmdb import Lookup, apply_databases, find_databases, lower_for_tuning
 from edgesplit.throttle import busy, busy_call
 from edgesplit.util import Progress
 
@@ -93,21 +96,48 @@ def build_vm(model: onnx.ModelProto, target: dict[str, Any], threads: int | None
 
     With ``tuned``, the kernels the tuning databases for ``target`` run with ``threads`` threads
     hold are scheduled as tuned (:func:`edgesplit.profile.tvmdb.find_databases`).
+
+    The library is kept (:mod:`edgesplit.profile.kept_libs`): a kernel profiled again, in this
+    model or another, is loaded instead of compiled. Where it cannot be exported (no C compiler on
+    a device), the compiled module runs as it is, and nothing is kept.
     """
     import tvm
     from tvm import relax
+
+    lookup = find_databases(target, threads) if tuned else None
+    kept = kept_library(model, target, threads, lookup, None, __file__)
+    dev = target_device(target)
+    with tempfile.TemporaryDirectory(prefix="edgesplit-tvm-") as tmp:
+        lib = Path(tmp) / "lib.so"
+        if kept is not None and kept.fetch(lib) is not None:
+            return relax.VirtualMachine(tvm.runtime.load_module(str(lib)), dev), dev
+        ex = _compile(model, target, lookup)
+        if kept is not None and _exported(ex, lib):
+            kept.keep(lib, {"target": dict(target)})
+            return relax.VirtualMachine(tvm.runtime.load_module(str(lib)), dev), dev
+    return relax.VirtualMachine(ex, dev), dev
+
+
+def _compile(model: onnx.ModelProto, target: dict[str, Any], lookup: Lookup | None):
+    import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         mod = from_onnx(model, keep_params_in_input=False)
         tgt = dict(target)
-        lookup = find_databases(target, threads) if tuned else None
         if lookup is not None and lookup.paths:
             mod = apply_databases(lower_for_tuning(mod, lookup.tuning), lookup.tuning, lookup.paths)
             tgt = dict(lookup.tuning)
-        ex = tvm.compile(mod, target=tvm.target.Target(tgt))
-    dev = target_device(target)
-    return relax.VirtualMachine(ex, dev), dev
+        return tvm.compile(mod, target=tvm.target.Target(tgt))
+
+
+def _exported(ex, lib: Path) -> bool:
+    """Whether ``ex`` was exported as a shared library at ``lib`` (it needs a C compiler)."""
+    try:
+        ex.export_library(str(lib))
+    except Exception:  # noqa: BLE001 - TVM raises many types; the module still runs unexported
+        return False
+    return True
 
 
 def time_vm(vm, dev, arrays: list[np.ndarray], runs: int) -> list[float]:

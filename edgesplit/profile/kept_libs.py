@@ -2,12 +2,15 @@
 
 Compiling a part with TVM takes seconds (a minute for a large one), and the same part is built
 again and again: ``partition`` then ``deploy`` of one model, a ``deploy`` after changing an option
-that does not move the cut, the test suite. A library depends only on the part's model, the target,
-the thread count, the tuning databases applied, the cross compiler and the code that builds it, so
-it is kept, keyed by all of them: the model's bytes, the target and the tuning target it resolves to
+that does not move the cut, the test suite. The profiler compiles every fused kernel of a model
+(:mod:`edgesplit.profile.tvm`), and profiling the same model again, or another with the same
+kernels, compiles the same kernels again. A library depends only on the model, the target, the
+thread count, the tuning databases applied, the cross compiler and the code that builds it, so it
+is kept, keyed by all of them: the model's bytes, the target and the tuning target it resolves to
 on this host, the bytes of every database applied, the compiler's name, and TVM's version with the
-source of the modules that build. Builds that tune, and CUDA libraries (whose kernels may be kept as
-source depending on the driver), are not kept. A kept file that cannot be read is built again and
+source of the modules that build (the builder's own: the compiler's parts and the profiler's
+kernels are kept apart). Builds that tune, and CUDA libraries (whose kernels may be kept as source
+depending on the driver), are not kept. A kept file that cannot be read is built again and
 replaced; a cache that cannot be written keeps nothing. The folder holds at most
 :data:`MAX_NBYTES`; past it the least recently used files go (:func:`~edgesplit.util.prune`).
 """
@@ -36,12 +39,12 @@ MAX_NBYTES = KINDS["tvm-libs"].max_nbytes
 
 
 @functools.cache
-def _code_tag() -> str:
-    from edgesplit.compile import tvm_build
+def _code_tag(builder: str) -> str:
+    """TVM's version and the sources of the builder (a module's file), the databases and this."""
     from edgesplit.profile import tvmdb
 
     h = hashlib.sha256(f"apache-tvm={metadata.version('apache-tvm')};".encode())
-    for file in (tvm_build.__file__, tvmdb.__file__, __file__):
+    for file in (builder, tvmdb.__file__, __file__):
         h.update(Path(file).read_bytes())
     return h.hexdigest()
 
@@ -73,9 +76,11 @@ def kept_library(
     threads: int | None,
     lookup: Lookup | None,
     cross_compiler: str | None,
+    builder: str,
 ) -> KeptLibrary | None:
     """Where a build of ``model`` for ``target`` with ``threads`` threads and the databases of
-    ``lookup`` (None: none applied) is kept; None for a CUDA target, or a model over protobuf's 2 GB."""
+    ``lookup`` (None: none applied) by the module whose file is ``builder`` is kept; None for a
+    CUDA target, or a model over protobuf's 2 GB."""
     if target.get("kind") == "cuda":
         return None
     facts = {
@@ -90,7 +95,7 @@ def kept_library(
         for folder in (lookup.paths if lookup else ())
         for name in (WORKLOADS, RECORDS)
     ]
-    digest = model_digest(model, _code_tag(), facts, *databases)
+    digest = model_digest(model, _code_tag(builder), facts, *databases)
     if digest is None:
         return None
     return KeptLibrary(cache_folder("tvm-libs") / f"{digest}.so")
