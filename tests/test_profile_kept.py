@@ -79,3 +79,22 @@ def test_the_profiler_and_the_compiler_keep_their_builds_apart(cpu_tvm, tmp_path
     assert len(list((tmp_path / "cache" / "tvm-libs").glob("*.so"))) == 1
     build_library(relu, {"kind": "llvm"}, tmp_path / "a.so", threads=cpu.threads)
     assert len(list((tmp_path / "cache" / "tvm-libs").glob("*.so"))) == 2
+
+
+def test_a_code_tag_reads_a_source_inside_a_zip_archive(tmp_path, monkeypatch):
+    """The profiling agent runs edgesplit from a zip archive: the sources that key kept work are
+    read through their loader there (a plain file read failed: the archive is not a folder)."""
+    import hashlib
+    import sys
+    import zipfile
+
+    from edgesplit.util import code_tag
+
+    archive = tmp_path / "agent.pyz"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("zipped_mod.py", "X = 1\n")
+    monkeypatch.syspath_prepend(str(archive))
+    monkeypatch.delitem(sys.modules, "zipped_mod", raising=False)
+    __import__("zipped_mod")
+    assert code_tag("zipped_mod") == hashlib.sha256(b"X = 1\n").hexdigest()
+    monkeypatch.delitem(sys.modules, "zipped_mod")

@@ -102,7 +102,7 @@ def build_library(
     kept, lookup = None, None
     if tune is None:  # a build that tunes changes the databases: built every time
         lookup = find_databases(target, threads, extra=databases) if use_database else None
-        kept = kept_library(model, target, threads, lookup, cc, __file__)
+        kept = kept_library(model, target, threads, lookup, cc, __name__)
         info = kept.fetch(out) if kept is not None else None
         if info is not None:
             return {**info, "kept": str(kept.path)}

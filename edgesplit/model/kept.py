@@ -17,7 +17,6 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import onnx
 from google.protobuf.message import DecodeError, EncodeError
 
 from edgesplit.cache import KINDS, cache_folder
-from edgesplit.util import keep, read_kept
+from edgesplit.util import code_tag, keep, read_kept
 
 MIN_NODES = 50
 """Models with fewer nodes are not kept: they simplify in a fraction of a second."""
@@ -37,14 +36,9 @@ MAX_NBYTES = KINDS["simplified"].max_nbytes
 @functools.cache
 def _code_tag() -> str:
     """The versions and sources whose change makes a different simplified model."""
-    from edgesplit.model import load
+    from edgesplit.model import load  # noqa: F401 - its source is part of the tag
 
-    h = hashlib.sha256()
-    for package in ("onnx", "onnxslim", "onnxruntime"):
-        h.update(f"{package}={metadata.version(package)};".encode())
-    for file in (load.__file__, __file__):
-        h.update(Path(file).read_bytes())
-    return h.hexdigest()
+    return code_tag("edgesplit.model.load", __name__, versions=("onnx", "onnxslim", "onnxruntime"))
 
 
 def kept_path(

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +29,9 @@ import onnx
 
 from edgesplit.cache import KINDS, cache_folder
 from edgesplit.model.kept import model_digest
+from edgesplit.profile import tvmdb
 from edgesplit.profile.tvmdb import RECORDS, WORKLOADS, Lookup, tuning_target
-from edgesplit.util import atomic_write_bytes, keep, read_kept, sha256_file
+from edgesplit.util import atomic_write_bytes, code_tag, keep, read_kept, sha256_file
 
 MAX_NBYTES = KINDS["tvm-libs"].max_nbytes
 """The most the kept libraries take on disk; beyond it the least recently used go first."""
@@ -40,13 +39,8 @@ MAX_NBYTES = KINDS["tvm-libs"].max_nbytes
 
 @functools.cache
 def _code_tag(builder: str) -> str:
-    """TVM's version and the sources of the builder (a module's file), the databases and this."""
-    from edgesplit.profile import tvmdb
-
-    h = hashlib.sha256(f"apache-tvm={metadata.version('apache-tvm')};".encode())
-    for file in (builder, tvmdb.__file__, __file__):
-        h.update(Path(file).read_bytes())
-    return h.hexdigest()
+    """TVM's version and the sources of the builder (a module's name), the databases and this."""
+    return code_tag(builder, tvmdb.__name__, __name__, versions=("apache-tvm",))
 
 
 @dataclass(frozen=True)
@@ -79,7 +73,7 @@ def kept_library(
     builder: str,
 ) -> KeptLibrary | None:
     """Where a build of ``model`` for ``target`` with ``threads`` threads and the databases of
-    ``lookup`` (None: none applied) by the module whose file is ``builder`` is kept; None for a
+    ``lookup`` (None: none applied) by the module named ``builder`` is kept; None for a
     CUDA target, or a model over protobuf's 2 GB."""
     if target.get("kind") == "cuda":
         return None

@@ -105,7 +105,7 @@ def build_vm(model: onnx.ModelProto, target: dict[str, Any], threads: int | None
     from tvm import relax
 
     lookup = find_databases(target, threads) if tuned else None
-    kept = kept_library(model, target, threads, lookup, None, __file__)
+    kept = kept_library(model, target, threads, lookup, None, __name__)
     dev = target_device(target)
     with tempfile.TemporaryDirectory(prefix="edgesplit-tvm-") as tmp:
         lib = Path(tmp) / "lib.so"
