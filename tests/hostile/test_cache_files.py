@@ -103,6 +103,28 @@ def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkey
     assert "kept" not in build_library(model, llvm_target(), tmp_path / "c.so", threads=1)
 
 
+def test_a_spoiled_kernel_library_kept_by_the_profiler_is_built_again_and_replaced(tmp_path, monkeypatch):
+    """The profiler loads the libraries it kept (:func:`edgesplit.profile.tvm.build_vm`): one cut
+    in half, or emptied, is compiled again, runs, and is replaced by a good one."""
+    import numpy as np
+    from conftest import make_model
+    from onnx import helper
+
+    from edgesplit.profile.tvm import build_vm, tvm_tensor
+
+    monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
+    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8)
+    build_vm(model, {"kind": "llvm"})
+    (lib,) = (tmp_path / "cache" / "tvm-libs").glob("*.so")
+    good = lib.read_bytes()
+    for spoiled in (good[: len(good) // 2], b""):
+        lib.write_bytes(spoiled)
+        vm, dev = build_vm(model, {"kind": "llvm"})
+        assert np.array_equal(vm["main"](tvm_tensor(x, dev)).numpy(), np.maximum(x, 0))
+        assert lib.read_bytes() == good
+
+
 # ---- edgesplit cache: its arguments and what it finds in the folder
 
 
