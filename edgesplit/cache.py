@@ -40,7 +40,9 @@ KINDS: dict[str, CacheKind] = {
         CacheKind(
             "simplified", "models after folding and shape inference (50 nodes or more)", KEPT_MAX_NBYTES
         ),
-        CacheKind("tvm-libs", "TVM libraries of parts and profiled kernels, untuned builds", KEPT_MAX_NBYTES),
+        CacheKind(
+            "tvm-libs", "TVM libraries of parts and profiled kernels, built without tuning", KEPT_MAX_NBYTES
+        ),
         CacheKind("tvm-tuning", "MetaSchedule tuning records per target (hours of tuning)"),
         CacheKind("calibration", "int8 calibration ranges per model, data and method"),
         CacheKind("accuracy", "measured accuracy of reduced-precision parts"),
