@@ -22,6 +22,9 @@ from edgesplit.hostinfo import llvm_target
 from edgesplit.profile.tvmdb import RECORDS, TARGET_FILE, find_databases, tuning_target
 
 PER_TASK = 2
+# The evolutionary search's population: these tests are of budgets, databases and reuse, not of what
+# the search finds, and the default (32 here) takes 2.8 of a tuning run's 4.6 CPU-seconds.
+POPULATION = 4
 
 
 def conv_model(tail: str) -> onnx.ModelProto:
@@ -68,30 +71,43 @@ def cache(tmp_path_factory):
 def first(cache, tmp_path_factory):
     """Model A tuned with PER_TASK trials per kernel, one thread; (report, progress calls, database)."""
     from tvm.relax.frontend.onnx import from_onnx
+    from tvm.s_tir import meta_schedule as ms
 
     from edgesplit.compile.tune import TuneOptions, tune_module
 
     seen: list[tuple[str, int, int]] = []
+    searches: list[int] = []  # the population each search was made with
+    real = ms.search_strategy.EvolutionarySearch
+
+    def search(*args, **kw):
+        searches.append(kw["population_size"])
+        return real(*args, **kw)
+
     mod = from_onnx(conv_model("matmul"), keep_params_in_input=False)
-    options = TuneOptions(trials_per_task=PER_TASK, threads=1, builder_workers=1)
-    _, report = tune_module(mod, llvm_target(), options, lambda *a: seen.append(a))
-    return report, seen, Path(report.database)
+    options = TuneOptions(trials_per_task=PER_TASK, threads=1, builder_workers=1, population=POPULATION)
+    ms.search_strategy.EvolutionarySearch = search
+    try:
+        _, report = tune_module(mod, llvm_target(), options, lambda *a: seen.append(a))
+    finally:
+        ms.search_strategy.EvolutionarySearch = real
+    return report, seen, Path(report.database), searches
 
 
 @pytest.mark.slow
 def test_the_per_task_budget_is_respected(first):
-    report, _, db = first
+    report, _, db, searches = first
     counts = records_per_workload(db)
     assert report.tasks == 2 and report.tuned == 2 and report.reused == 0
     assert sorted(counts.values()) == [PER_TASK, PER_TASK]  # every trial is one record
     assert report.trials == 2 * PER_TASK
     assert db == Path(os.environ["EDGESPLIT_CACHE"]) / "tvm-tuning" / db.name  # the target's cache folder
     assert json.loads((db / TARGET_FILE).read_text())["target"] == tuning_target(llvm_target(), 1)
+    assert searches and set(searches) == {POPULATION} and report.population == POPULATION
 
 
 @pytest.mark.slow
 def test_progress_reaches_all_trials(first):
-    report, seen, _ = first
+    report, seen, _, _ = first
     assert seen[0][1:] == (0, 2 * PER_TASK) and seen[-1][1:] == (2 * PER_TASK, 2 * PER_TASK)
     done = [d for _, d, _ in seen]
     assert done == sorted(done)  # never goes back
@@ -104,10 +120,10 @@ def test_a_kernel_shared_with_another_model_is_not_tuned_again(first):
 
     from edgesplit.compile.tune import TuneOptions, tune_module
 
-    _, _, db = first
+    _, _, db, _ = first
     before = records_per_workload(db)
     mod = from_onnx(conv_model("conv"), keep_params_in_input=False)
-    options = TuneOptions(trials_per_task=PER_TASK, threads=1, builder_workers=1)
+    options = TuneOptions(trials_per_task=PER_TASK, threads=1, builder_workers=1, population=POPULATION)
     _, report = tune_module(mod, llvm_target(), options)
     after = records_per_workload(db)
     assert (report.tasks, report.reused, report.tuned, report.trials) == (2, 1, 1, PER_TASK)
@@ -119,7 +135,7 @@ def test_a_kernel_shared_with_another_model_is_not_tuned_again(first):
 def test_builds_and_profiles_apply_the_database_of_their_target_only(first, tmp_path):
     from edgesplit.compile.tvm_build import build_library
 
-    _, _, db = first
+    _, _, db, _ = first
     model = conv_model("matmul")
     info = build_library(model, llvm_target(), tmp_path / "a.so", threads=1)
     assert info["tuning_database"] == str(db)
@@ -206,6 +222,8 @@ def test_tuning_over_ssh_measures_on_the_remote_rpc_server(sshd, remote_tmp, tmp
         str(out),
         "--builders",
         "1",
+        "--population",
+        str(POPULATION),
         "-q",
         *sshd.cli_args(remote_tmp),
         env=env,
@@ -215,6 +233,7 @@ def test_tuning_over_ssh_measures_on_the_remote_rpc_server(sshd, remote_tmp, tmp
     assert sorted(records_per_workload(out).values()) == [PER_TASK, PER_TASK]
     runs = json.loads((out / TARGET_FILE).read_text())["runs"]
     assert runs[-1]["measured_on"] == sshd.target and runs[-1]["trials"] == 2 * PER_TASK
+    assert runs[-1]["population"] == POPULATION  # --population reached the search's options
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if _is_rpc_server(p, remote_tmp)]
 
 

@@ -36,6 +36,13 @@ from edgesplit.cli.common import console, device_option, input_shape_option, pro
     "With --max-trials below kernels x --trials-per-task, later rounds go to the kernels that gain most.",
 )
 @click.option(
+    "--population",
+    type=click.IntRange(2, 4096),
+    default=None,
+    help="Candidates the evolutionary search keeps per round of a kernel (default: 16 per "
+    "candidate measured in a round, 32 to 512). Smaller searches faster and finds less.",
+)
+@click.option(
     "--builders", type=click.IntRange(1), default=None, help="Build processes (default: every core)."
 )
 @input_shape_option
@@ -49,6 +56,7 @@ def command(
     max_trials,
     output,
     trials_per_iter,
+    population,
     builders,
     input_shapes,
     remote,
@@ -70,6 +78,7 @@ def command(
         max_trials=max_trials,
         builder_workers=builders,
         trials_per_iter=trials_per_iter,
+        population=population,
         database=Path(output) if output else None,
     )
     with progress_bar(not quiet) as update:

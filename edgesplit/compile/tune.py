@@ -91,6 +91,7 @@ class TuneReport:
         trials: Candidates measured in this run (new records in ``database``).
         measured_on: ``here``, or the SSH target whose RPC server measured the candidates.
         rpc_sessions: Sessions that server served (one per measured candidate), from its own log.
+        population: The evolutionary search's population asked for (None: the default rule).
     """
 
     database: str
@@ -104,6 +105,7 @@ class TuneReport:
     task_names: tuple[str, ...] = ()
     measured_on: str = "here"
     rpc_sessions: int | None = None
+    population: int | None = None
 
 
 def tune_module(mod, target: Mapping[str, Any], options: TuneOptions, progress: Progress | None = None):
@@ -148,6 +150,7 @@ def tune_module(mod, target: Mapping[str, Any], options: TuneOptions, progress: 
         trials_per_task=options.trials_per_task,
         elapsed_s=round(time.perf_counter() - started, 3),
         task_names=tuple(t.task_name for t in tasks),
+        population=options.population,
     )
     return lowered, report
 
@@ -432,6 +435,7 @@ def _record_run(folder: Path, report: TuneReport, model: str, processor: str) ->
             "processor": processor,
             "measured_on": report.measured_on,
             "trials_per_task": report.trials_per_task,
+            "population": report.population,
             "tasks": report.tasks,
             "tuned": report.tuned,
             "reused": report.reused,
