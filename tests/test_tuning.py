@@ -23,7 +23,7 @@ from edgesplit.profile.tvmdb import RECORDS, TARGET_FILE, find_databases, tuning
 
 PER_TASK = 2
 # The evolutionary search's population: these tests are of budgets, databases and reuse, not of what
-# the search finds, and the default (32 here) takes 2.8 of a tuning run's 4.6 CPU-seconds.
+# the search finds, and the default (64 here) takes 2.8 of a tuning run's 4.6 CPU-seconds.
 POPULATION = 4
 
 
