@@ -98,10 +98,10 @@ def build_vm(model: onnx.ModelProto, target: dict[str, Any], threads: int | None
     hold are scheduled as tuned (:func:`edgesplit.profile.tvmdb.find_databases`).
 
     The library is kept (:mod:`edgesplit.profile.kept_libs`): a kernel profiled again, in this
-    model or another, is loaded instead of compiled. Where it cannot be exported (no C compiler on
-    a device), the compiled module runs as it is, and nothing is kept.
+    model or another, is loaded instead of compiled. Where a library cannot be exported or loaded
+    (no C compiler on a device, a temporary folder mounted without exec), the compiled module runs
+    as it is, and nothing is kept.
     """
-    import tvm
     from tvm import relax
 
     lookup = find_databases(target, threads) if tuned else None
@@ -109,12 +109,12 @@ def build_vm(model: onnx.ModelProto, target: dict[str, Any], threads: int | None
     dev = target_device(target)
     with tempfile.TemporaryDirectory(prefix="edgesplit-tvm-") as tmp:
         lib = Path(tmp) / "lib.so"
-        if kept is not None and kept.fetch(lib) is not None:
-            return relax.VirtualMachine(tvm.runtime.load_module(str(lib)), dev), dev
+        if kept is not None and kept.fetch(lib) is not None and (vm := _loaded(lib, dev)) is not None:
+            return vm, dev
         ex = _compile(model, target, lookup)
-        if kept is not None and _exported(ex, lib):
+        if kept is not None and _exported(ex, lib) and (vm := _loaded(lib, dev)) is not None:
             kept.keep(lib, {"target": dict(target)})
-            return relax.VirtualMachine(tvm.runtime.load_module(str(lib)), dev), dev
+            return vm, dev
     return relax.VirtualMachine(ex, dev), dev
 
 
@@ -138,6 +138,17 @@ def _exported(ex, lib: Path) -> bool:
     except Exception:  # noqa: BLE001 - TVM raises many types; the module still runs unexported
         return False
     return True
+
+
+def _loaded(lib: Path, dev):
+    """A VM of the library at ``lib``; None where it cannot be loaded."""
+    import tvm
+    from tvm import relax
+
+    try:
+        return relax.VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
+    except Exception:  # noqa: BLE001 - TVM raises many types; the caller compiles instead
+        return None
 
 
 def time_vm(vm, dev, arrays: list[np.ndarray], runs: int) -> list[float]:

@@ -105,12 +105,14 @@ def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkey
 
 def test_a_spoiled_kernel_library_kept_by_the_profiler_is_built_again_and_replaced(tmp_path, monkeypatch):
     """The profiler loads the libraries it kept (:func:`edgesplit.profile.tvm.build_vm`): one cut
-    in half, or emptied, is compiled again, runs, and is replaced by a good one."""
+    in half, emptied, or no library at all under a matching sha256, is compiled again, runs, and
+    is replaced by a good one."""
     import numpy as np
     from conftest import make_model
     from onnx import helper
 
     from edgesplit.profile.tvm import build_vm, tvm_tensor
+    from edgesplit.util import keep
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])
@@ -123,6 +125,12 @@ def test_a_spoiled_kernel_library_kept_by_the_profiler_is_built_again_and_replac
         vm, dev = build_vm(model, {"kind": "llvm"})
         assert np.array_equal(vm["main"](tvm_tensor(x, dev)).numpy(), np.maximum(x, 0))
         assert lib.read_bytes() == good
+    # no library at all, kept whole with its own sha256 (by another program): it cannot be loaded
+    info = json.loads(lib.with_suffix(".json").read_text())["info"]
+    keep(lib, b"\x7fELF but not a library", {"info": info}, 10**9)
+    vm, dev = build_vm(model, {"kind": "llvm"})
+    assert np.array_equal(vm["main"](tvm_tensor(x, dev)).numpy(), np.maximum(x, 0))
+    assert lib.read_bytes() == good
 
 
 # ---- edgesplit cache: its arguments and what it finds in the folder
