@@ -139,17 +139,17 @@ def prune(folder: str | os.PathLike, max_nbytes: int) -> list[Path]:
 
 
 def code_tag(*modules: str, versions: Collection[str] = ()) -> str:
-    """A hash of the ``versions`` of packages and the sources of ``modules`` (imported already):
-    what a kept result is keyed by besides its inputs. A source is read through its module's
-    loader, so it is found where edgesplit runs from a zip archive (the profiling agent)."""
-    import sys
+    """A hash of the ``versions`` of packages and the sources of ``modules`` (by name): what a kept
+    result is keyed by besides its inputs. A source is read through its module's loader, so it is
+    found where edgesplit runs from a zip archive (the profiling agent)."""
+    import importlib
     from importlib import metadata
 
     h = hashlib.sha256()
     for package in versions:
         h.update(f"{package}={metadata.version(package)};".encode())
     for name in modules:
-        module = sys.modules[name]
+        module = importlib.import_module(name)
         h.update(module.__loader__.get_data(module.__file__))  # type: ignore[union-attr]
     return h.hexdigest()
 

@@ -36,8 +36,6 @@ MAX_NBYTES = KINDS["simplified"].max_nbytes
 @functools.cache
 def _code_tag() -> str:
     """The versions and sources whose change makes a different simplified model."""
-    from edgesplit.model import load  # noqa: F401 - its source is part of the tag
-
     return code_tag("edgesplit.model.load", __name__, versions=("onnx", "onnxslim", "onnxruntime"))
 
 
