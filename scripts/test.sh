@@ -10,7 +10,9 @@ unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .
-# With no arguments, the whole suite on two workers (pytest-xdist): the tests marked `measures` run
-# alone (tests/conftest.py holds a lock), the others side by side. Pass -p no:xdist to run serially.
-[ $# -gt 0 ] || set -- -n 2
+# With no arguments, the whole suite on three workers (pytest-xdist) on the two cores: the tests
+# marked `measures` run alone first (tests/measuring.py holds a lock), the others side by side, a
+# third worker filling the time a test waits on sockets, sshd, shaped links and the emulated board
+# (README "Tests"). Pass -p no:xdist to run serially.
+[ $# -gt 0 ] || set -- -n 3
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -164,7 +164,9 @@ def test_other_objectives(graphs, snapdragon, objective):
 
 def test_energy_under_slo_and_memory(graphs, snapdragon):
     device, server = snapdragon
-    graph = graphs["googlenet"]
+    # resnet18, not googlenet: the same checks, and googlenet's MILP under the memory limit alone
+    # took 4.6 s of the test's 7 (its plans at every bandwidth are tested above)
+    graph = graphs["resnet18"]
     link = network_link("wifi", bandwidth_mbps=100)
     free = partition(graph, device, server=server, link=link, objective="energy")
     fast = partition(graph, device, server=server, link=link, objective="latency")

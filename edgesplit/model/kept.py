@@ -26,9 +26,6 @@ from google.protobuf.message import DecodeError, EncodeError
 from edgesplit.cache import KINDS, cache_folder
 from edgesplit.util import code_tag, keep, read_kept
 
-MIN_NODES = 50
-"""Models with fewer nodes are not kept: they simplify in a fraction of a second."""
-
 MAX_NBYTES = KINDS["simplified"].max_nbytes
 """The most the kept models take on disk; beyond it the least recently used go first."""
 
@@ -42,10 +39,9 @@ def _code_tag() -> str:
 def kept_path(
     model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], cannot_fold: str | None
 ) -> Path | None:
-    """Where the simplified ``model`` for ``shapes`` is kept; None for one not worth keeping (under
-    :data:`MIN_NODES` nodes, or over protobuf's 2 GB and so without bytes to key it by)."""
-    if len(model.graph.node) < MIN_NODES:
-        return None
+    """Where the simplified ``model`` for ``shapes`` is kept; None for one over protobuf's 2 GB (no
+    bytes to key it by). Small models are kept too: folding one takes a fraction of a second, but
+    importing onnxslim 0.4 s (a 10-node model loaded in a fresh process: 0.85 s, 0.3-0.45 s kept)."""
     digest = model_digest(model, _code_tag(), [sorted((k, list(v)) for k, v in shapes.items()), cannot_fold])
     return None if digest is None else cache_folder("simplified") / f"{digest}.onnx"
 

@@ -53,7 +53,7 @@ from edgesplit.optimize.objectives import objective
 from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.plan import Plan, SolverInfo
 from edgesplit.optimize.problem import Problem
-from edgesplit.optimize.schedule import schedule
+from edgesplit.optimize.schedule import makespan_ms, schedule
 from edgesplit.optimize.solve import Outcome, solve
 from edgesplit.optimize.sweep import decision_of, log_bandwidths, needs_network
 
@@ -198,7 +198,7 @@ class _Envelope:
             cm = self.cost_model(bw, self.pricing[i])
             v = float(self.obj.value(cm)(self.cands[i]))
             if self.slo_ms is not None:
-                latency = schedule(cm, self.cands[i]).makespan_ms
+                latency = makespan_ms(cm, self.cands[i])
                 if latency > self.slo_ms * (1 + 1e-9):
                     v = _SLO_PENALTY + latency
             self._values[key] = v

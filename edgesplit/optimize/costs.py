@@ -134,6 +134,19 @@ class CostModel:
         return tuple(sorted({(f.src, d) for f in self.flows if f.src >= 0 for d in f.dsts}))
 
     @cached_property
+    def flow_reads(self) -> tuple[tuple[int, int, int], ...]:
+        """``(flow index, its source node or -1, a node that reads it)``, once per read."""
+        return tuple((i, f.src, d) for i, f in enumerate(self.flows) for d in f.dsts)
+
+    @cached_property
+    def site_codes(self) -> np.ndarray:
+        """``site_codes[n, p]``: an integer per (processor, backend) node ``n`` runs on when on
+        processor ``p`` (equal exactly where processor and backend are): the parts' key."""
+        keys: dict[tuple[int, str | None], int] = {}
+        codes = [[keys.setdefault((p, b), len(keys)) for p, b in enumerate(row)] for row in self.backend]
+        return np.array(codes, dtype=np.int64).reshape(self.n_nodes, self.n_procs)
+
+    @cached_property
     def node_preds(self) -> tuple[tuple[int, ...], ...]:
         """Per node, the nodes it reads from (ascending)."""
         preds: list[list[int]] = [[] for _ in range(self.n_nodes)]

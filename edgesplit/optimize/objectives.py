@@ -48,7 +48,7 @@ from edgesplit.optimize.exact import Infeasible, is_chain, solve_sequential
 from edgesplit.optimize.front import pareto_front, pick
 from edgesplit.optimize.pipeline import balance_stages, period_ms
 from edgesplit.optimize.plan import SolverInfo
-from edgesplit.optimize.schedule import makespan_lower_bound, schedule
+from edgesplit.optimize.schedule import makespan_lower_bound, makespan_ms, schedule
 from edgesplit.optimize.search import fewest_parts, local_search
 
 Score = Callable[[np.ndarray], float]
@@ -102,7 +102,7 @@ class Objective(ABC):
 
     def score(self, cm: CostModel) -> Score:
         """The figure a local search minimises for this objective (default: the makespan)."""
-        return lambda a: schedule(cm, a).makespan_ms
+        return lambda a: makespan_ms(cm, a)
 
     def value(self, cm: CostModel) -> Score:
         """The figure a plan made for this objective is judged by: what its solver minimises

@@ -18,8 +18,8 @@ from edgesplit.optimize.costs import CostModel
 
 
 def _components(n: int, edges: Sequence[tuple[int, int]], key: Sequence) -> list[int]:
-    """Connected components of the edges ``(a, b)``, ``a < b``, whose ends have equal ``key``,
-    numbered in the order of their first node.
+    """Connected components of the edges ``(a, b)``, ``a < b``, whose ends have equal ``key``:
+    per node, its component's first node (so labels sort as the components' first nodes do).
 
     Hot (the local search makes the parts of hundreds of assignments per plan): union by the
     smaller root keeps ``parent[i] <= i``, so one pass in node order resolves every root, and a
@@ -40,8 +40,7 @@ def _components(n: int, edges: Sequence[tuple[int, int]], key: Sequence) -> list
             parent[a] = b
     for i in range(n):
         parent[i] = parent[parent[i]]
-    ids: dict[int, int] = {}
-    return [ids.setdefault(r, len(ids)) for r in parent]
+    return parent
 
 
 def _part_graph(label: Sequence[int], edges: Sequence[tuple[int, int]]) -> dict[int, set[int]]:
@@ -95,31 +94,50 @@ def _reaches(succ: dict[int, set[int]], u: int, v: int, skip_direct: bool) -> bo
     return False
 
 
-def part_labels(cm: CostModel, assign: np.ndarray, backends: Sequence[str | None]) -> list[list[int]]:
-    """The parts of an assignment as lists of node indices, in a topological order of parts."""
+def part_labels(
+    cm: CostModel, assign: np.ndarray, backends: Sequence[str | None] | None = None
+) -> list[list[int]]:
+    """The parts of an assignment as lists of node indices, in a topological order of parts.
+    ``backends``: each node's backend (by default, the cost model's on the node's processor)."""
     n = cm.n_nodes
     if n == 0:
         return []
-    codes: dict[tuple, int] = {}
-    site = [codes.setdefault(s, len(codes)) for s in zip(np.asarray(assign).tolist(), backends)]
+    x = np.asarray(assign)
+    if backends is None:
+        site = cm.site_codes[np.arange(n), x].tolist()
+    else:
+        codes: dict[tuple, int] = {}
+        site = [codes.setdefault(s, len(codes)) for s in zip(x.tolist(), backends)]
     edges = cm.node_edges
-    label = _components(n, edges, site)
+    label = _components(n, edges, site)  # each part's label is its first node
     succ = _part_graph(label, edges)
-    if _topo(succ, _first_nodes(label)) is None:
-        phase = [0] * n
-        for i, preds in enumerate(cm.node_preds):  # nodes are in topological order
-            if preds:
-                s = site[i]
-                phase[i] = max([phase[m] + (site[m] != s) for m in preds])
-        label = _components(n, edges, [s * (n + 1) + f for s, f in zip(site, phase)])
-        label = _merge(label, edges, site)
+    order = _topo(succ, {lab: lab for lab in succ})
+    if order is None:
+        label = _merge(_components(n, edges, _phase_keys(cm, site)), edges, site)
         succ = _part_graph(label, edges)
-    order = _topo(succ, _first_nodes(label))
+        order = _topo(succ, _first_nodes(label))
     assert order is not None, "parts must form an acyclic graph"
     members: dict[int, list[int]] = {lab: [] for lab in order}
     for i, lab in enumerate(label):
         members[lab].append(i)
     return [members[lab] for lab in order]
+
+
+def _phase_keys(cm: CostModel, site: list[int]) -> list[int]:
+    """Per node, its site and phase as one key: the phase is the most site changes on any path from
+    the inputs to the node (nodes are in a topological order)."""
+    n = cm.n_nodes
+    phase = [0] * n
+    for i, preds in enumerate(cm.node_preds):
+        if not preds:
+            continue
+        s = site[i]
+        if len(preds) == 1:  # most nodes
+            m = preds[0]
+            phase[i] = phase[m] + (site[m] != s)
+        else:
+            phase[i] = max([phase[m] + (site[m] != s) for m in preds])
+    return [s * (n + 1) + f for s, f in zip(site, phase)]
 
 
 def _merge(label: list[int], edges: Sequence[tuple[int, int]], site: list) -> list[int]:

@@ -80,12 +80,19 @@ class Layout:
     nodes_ms: np.ndarray  # per part, its nodes alone
 
 
-def boundary_ms(cm: CostModel, x: np.ndarray, parts, part_of: np.ndarray, backends) -> np.ndarray:
+def boundary_ms(
+    cm: CostModel, x: np.ndarray, parts, part_of: np.ndarray, backends: Sequence[str | None] | None = None
+) -> np.ndarray:
     """Per part: the fixed cost and the costs of the tensors crossing its boundary (in and out,
-    with layout reorders), graph inputs and outputs excepted (a whole-model run pays them too)."""
+    with layout reorders), graph inputs and outputs excepted (a whole-model run pays them too).
+    ``backends``: each node's backend (by default, the cost model's on the node's processor)."""
     ov = cm.ov
     out = np.zeros(len(parts))
-    site = [(int(x[p[0]]), backends[p[0]]) for p in parts]
+    procs = [int(x[p[0]]) for p in parts]
+    if backends is None:
+        site = [(q, cm.backend[p[0]][q]) for p, q in zip(parts, procs)]
+    else:
+        site = [(q, backends[p[0]]) for p, q in zip(parts, procs)]
     costs = [ov.cost(*s) for s in site]
     for k, c in enumerate(costs):
         out[k] += c.part_ms
@@ -139,10 +146,10 @@ def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None =
     """The parts of assignment ``x`` (``parts``, in a topological order, when a plan fixes them;
     else :func:`part_labels`), what each waits for, and their runs without contention."""
     xl = np.asarray(x).tolist()  # plain ints: the loops below index them one by one
-    backends = [cm.backend[n][xl[n]] for n in range(cm.n_nodes)]
     if parts is None:
-        parts = part_labels(cm, x, backends)
-    parts = tuple(tuple(int(n) for n in p) for p in parts)
+        parts = tuple(map(tuple, part_labels(cm, x)))  # plain ints already
+    else:
+        parts = tuple(tuple(int(n) for n in p) for p in parts)
     of = [0] * cm.n_nodes
     for k, p in enumerate(parts):
         for n in p:
@@ -158,17 +165,16 @@ def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None =
         src = cm.flows[c.flow].src
         if src >= 0:
             deps[n_parts + j].add(of[src])
-    for i, f in enumerate(cm.flows):
-        for d in f.dsts:
-            k = of[d]
-            src_k = of[f.src] if f.src >= 0 else -1
-            if src_k == k:
-                continue
-            q = proc_l[k]
-            if (i, q) in arrive:
-                deps[k].add(arrive[i, q])
-            elif src_k >= 0:
-                deps[k].add(src_k)
+    for i, src, d in cm.flow_reads:
+        k = of[d]
+        src_k = of[src] if src >= 0 else -1
+        if src_k == k:
+            continue
+        q = proc_l[k]
+        if (i, q) in arrive:
+            deps[k].add(arrive[i, q])
+        elif src_k >= 0:
+            deps[k].add(src_k)
     home_xs = tuple(n_parts + j for j, c in enumerate(xs) if c.dst == cm.home and cm.flows[c.flow].to_home)
     # each part's node costs summed over a slice of one gather (as its own fancy index summed them:
     # the same numbers in the same order), not an index per part
@@ -176,7 +182,7 @@ def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None =
     on_proc = cm.node_ms[flat, [xl[n] for n in flat]]
     ends = np.cumsum([len(p) for p in parts]).tolist()
     nodes_ms = np.array([float(on_proc[e - len(p) : e].sum()) for p, e in zip(parts, ends)])
-    work = nodes_ms + boundary_ms(cm, x, parts, part_of, backends) + call_ms(cm, n_parts, of, proc_l)
+    work = nodes_ms + boundary_ms(cm, x, parts, part_of) + call_ms(cm, n_parts, of, proc_l)
     return Layout(parts, proc, xs, tuple(tuple(sorted(d)) for d in deps), home_xs, work, nodes_ms)
 
 
@@ -190,42 +196,44 @@ class _Run:
 
 
 def _simulate(cm: CostModel, lay: Layout, dur: np.ndarray, tail: dict[int, float]) -> _Run:
-    """Event-driven list scheduling, first ready first on every worker and channel."""
-    ov = cm.ov
+    """Event-driven list scheduling, first ready first on every worker and channel.
+
+    Hot (twice per schedule, hundreds of schedules per plan): plain lists and floats, not numpy
+    scalars, in the loop."""
+    handoff = cm.ov.handoff
     n_parts = len(lay.parts)
     n_tasks = n_parts + len(lay.xs)
+    proc = lay.proc.tolist()
+    channel = [int(cm.channel[c.src, c.dst]) for c in lay.xs]
     succ: list[list[int]] = [[] for _ in range(n_tasks)]
-    missing = np.zeros(n_tasks, dtype=np.int64)
+    missing = [len(ds) for ds in lay.deps]
     for t, ds in enumerate(lay.deps):
-        missing[t] = len(ds)
         for d in ds:
             succ[d].append(t)
-    ready = np.zeros(n_tasks)
-    trigger = np.full(n_tasks, -1, dtype=np.int64)  # the lane whose part made a part ready
-    start, end = np.zeros(n_tasks), np.zeros(n_tasks)
-    free: dict[tuple[str, int], float] = {}
+    took = dur.tolist() + [c.latency_ms for c in lay.xs]
+    ready = [0.0] * n_tasks
+    trigger = [-1] * n_tasks  # the lane whose part made a part ready
+    start, end = [0.0] * n_tasks, [0.0] * n_tasks
+    proc_free: dict[int, float] = {}
+    channel_free: dict[int, float] = {}
     last_end: dict[int, float] = {}
-    released = [t for t in range(n_tasks) if missing[t] == 0]
     handoffs = 0.0
 
-    def est(t: int) -> tuple[float, float]:
-        """(start, hand-off) if ``t`` were placed now."""
-        if t >= n_parts:
-            c = lay.xs[t - n_parts]
-            return max(ready[t], free.get(("c", int(cm.channel[c.src, c.dst])), 0.0)), 0.0
-        p = int(lay.proc[t])
-        busy_until = free.get(("p", p), 0.0)
-        if busy_until > ready[t] or (trigger[t] == p and busy_until >= ready[t]):
-            return max(busy_until, ready[t]), 0.0
-        gap = ready[t] - last_end[p] if p in last_end else ready[t] + tail.get(p, 0.0)
-        h = ov.handoff(p, max(gap, 0.0))
-        return ready[t] + h, h
-
     def entry(t: int) -> tuple[float, float, int, float]:
-        s, h = est(t)
-        return s, ready[t], t, h  # earliest start first; then first ready; then part order
+        """(start, ready, task, hand-off) if ``t`` were placed now: earliest start first; then
+        first ready; then part order."""
+        r = ready[t]
+        if t >= n_parts:
+            return max(r, channel_free.get(channel[t - n_parts], 0.0)), r, t, 0.0
+        p = proc[t]
+        busy_until = proc_free.get(p, 0.0)
+        if busy_until > r or (trigger[t] == p and busy_until >= r):
+            return max(busy_until, r), r, t, 0.0
+        gap = r - last_end[p] if p in last_end else r + tail.get(p, 0.0)
+        h = handoff(p, max(gap, 0.0))
+        return r + h, r, t, h
 
-    heap = [entry(t) for t in released]
+    heap = [entry(t) for t in range(n_tasks) if missing[t] == 0]
     heapq.heapify(heap)
     while heap:
         s, _, t, h = heapq.heappop(heap)
@@ -233,25 +241,26 @@ def _simulate(cm: CostModel, lay: Layout, dur: np.ndarray, tail: dict[int, float
         if abs(fresh[0] - s) > 1e-12:  # its worker or channel changed since: place it again
             heapq.heappush(heap, fresh)
             continue
+        start[t] = s
+        end[t] = e = s + took[t]
         if t < n_parts:
-            p = int(lay.proc[t])
-            start[t], end[t] = s, s + dur[t]
-            free["p", p] = last_end[p] = end[t]
+            p = proc[t]
+            proc_free[p] = last_end[p] = e
             handoffs += h
+            made_by = p
         else:
-            c = lay.xs[t - n_parts]
-            start[t], end[t] = s, s + c.latency_ms
-            free["c", int(cm.channel[c.src, c.dst])] = s + c.serial_ms
+            channel_free[channel[t - n_parts]] = s + lay.xs[t - n_parts].serial_ms
+            made_by = -1
         for u in succ[t]:
-            if end[t] >= ready[u]:
-                ready[u] = end[t]
-                trigger[u] = int(lay.proc[t]) if t < n_parts else -1
+            if e >= ready[u]:
+                ready[u] = e
+                trigger[u] = made_by
             missing[u] -= 1
             if missing[u] == 0:
                 heapq.heappush(heap, entry(u))
-    ends = [float(end[:n_parts].max())] if n_parts else [0.0]
-    ends += [float(end[j]) for j in lay.home_xs]
-    return _Run(start, end, max(ends), last_end, handoffs)
+    ends = [max(end[:n_parts])] if n_parts else [0.0]
+    ends += [end[j] for j in lay.home_xs]
+    return _Run(np.array(start), np.array(end), max(ends), last_end, handoffs)
 
 
 def _stretch(cm: CostModel, lay: Layout, run: _Run) -> np.ndarray:
@@ -268,13 +277,10 @@ def _stretch(cm: CostModel, lay: Layout, run: _Run) -> np.ndarray:
     return lay.work_ms + (np.where(mask, extra, 0.0) * np.clip(overlap, 0.0, None)).sum(axis=1)
 
 
-def schedule(cm: CostModel, assign: np.ndarray, parts: Sequence[Sequence[int]] | None = None) -> Schedule:
-    """Schedule ``assign`` part by part and price it (latency = the request's, device energy over it).
-
-    ``parts`` fixes the parts (node indices, in a topological order of parts) where a bundle's
-    plan has its own; by default they are those the optimiser makes (:func:`part_labels`).
-    """
-    x = np.asarray(assign)
+def _timed(
+    cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None
+) -> tuple[Layout, np.ndarray, _Run, float]:
+    """The layout of ``x``, its parts' runs with contention, their schedule and the latency."""
     ov = cm.ov
     lay = layout(cm, x, parts)
     first = _simulate(cm, lay, lay.work_ms, {})
@@ -284,8 +290,26 @@ def schedule(cm: CostModel, assign: np.ndarray, parts: Sequence[Sequence[int]] |
     between = ov.wake(first.parts_end_ms) + ov.session_ms
     tail = {p: first.parts_end_ms - e + between for p, e in first.last_end.items()}
     run = _simulate(cm, lay, dur, tail)
+    latency = ov.session_ms + run.parts_end_ms + ov.wake(run.parts_end_ms) if lay.parts else 0.0
+    return lay, dur, run, float(latency)
+
+
+def makespan_ms(cm: CostModel, assign: np.ndarray) -> float:
+    """``schedule(cm, assign).makespan_ms`` without the rest of the record: what a search scores
+    hundreds of assignments by."""
+    return _timed(cm, np.asarray(assign), None)[3]
+
+
+def schedule(cm: CostModel, assign: np.ndarray, parts: Sequence[Sequence[int]] | None = None) -> Schedule:
+    """Schedule ``assign`` part by part and price it (latency = the request's, device energy over it).
+
+    ``parts`` fixes the parts (node indices, in a topological order of parts) where a bundle's
+    plan has its own; by default they are those the optimiser makes (:func:`part_labels`).
+    """
+    x = np.asarray(assign)
+    ov = cm.ov
+    lay, dur, run, latency = _timed(cm, x, parts)
     n_parts = len(lay.parts)
-    latency = ov.session_ms + run.parts_end_ms + ov.wake(run.parts_end_ms) if n_parts else 0.0
     node_start, node_end = np.zeros(cm.n_nodes), np.zeros(cm.n_nodes)
     busy = np.zeros(cm.n_procs)
     active = float(cm.node_mj[np.arange(cm.n_nodes), x].sum()) if cm.n_nodes else 0.0

@@ -160,8 +160,7 @@ def _moves(cm: CostModel, assign: np.ndarray, adj: list[list[int]], segs: list[l
 
 def n_parts(cm: CostModel, assign: np.ndarray) -> int:
     """How many parts the runtime would run for ``assign``."""
-    backends = [cm.backend[n][assign[n]] for n in range(cm.n_nodes)]
-    return len(part_labels(cm, np.asarray(assign), backends))
+    return len(part_labels(cm, np.asarray(assign)))
 
 
 def fewest_parts(
