@@ -13,7 +13,9 @@ The ``measures`` tests of every module form one unit of work, handed out first: 
 them one after the other under one exclusive hold, early, while the other workers wait once.
 Spread over their modules, each waited for the other worker's current test to end, which could be
 a 20-s one (35 s of one worker's run went so). The workers list them in the run's folder at
-collection (the scheduler, in the controlling process, sees node ids only).
+collection (the scheduler, in the controlling process, sees node ids only), and the ``slow`` ones
+too: the other units are handed out longest first by a guess from those marks, so that the last
+units on every worker are short ones.
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ from pathlib import Path
 
 import pytest
 
-RUN_DIR = "EDGESPLIT_TEST_RUN_DIR"  # the run's lock files and list; made here, inherited by workers
+RUN_DIR = "EDGESPLIT_TEST_RUN_DIR"  # the run's lock files and lists; made here, inherited by workers
 MEASURES_LIST = "measures.txt"
+SLOW_LIST = "slow.txt"
 MEASURES_UNIT = "(measures)"
+# A guess at a test's seconds, for handing out the longest units of work first: a test marked
+# `slow` takes more than about 5 s, most others a fraction of a second.
+SLOW_S, OTHER_S = 5.0, 0.15
 
 
 @contextmanager
@@ -106,12 +112,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist, list the ``measures`` tests for the scheduler (every worker writes the same)."""
+    """Under xdist, list the ``measures`` and the ``slow`` tests for the scheduler (every worker
+    writes the same)."""
     if _worker() is None:
         return
-    tmp = _run_dir() / f"measures.{_worker()}.tmp"
-    tmp.write_text("".join(item.nodeid + "\n" for item in items if _measures(item)))
-    tmp.replace(_run_dir() / MEASURES_LIST)
+    for name, chosen in ((MEASURES_LIST, _measures), (SLOW_LIST, _slow)):
+        tmp = _run_dir() / f"{name}.{_worker()}.tmp"
+        tmp.write_text("".join(item.nodeid + "\n" for item in items if chosen(item)))
+        tmp.replace(_run_dir() / name)
+
+
+def _slow(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -121,21 +133,35 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class MeasuresFirst(LoadScopeScheduling):
+        """The ``measures`` unit first, then the other units longest first (by :data:`SLOW_S` and
+        :data:`OTHER_S`; xdist's own order, most tests first, left a 12-s module of 5 tests to the
+        end of one worker while the others idled)."""
+
         measuring: frozenset[str] = frozenset()
+        slow: frozenset[str] = frozenset()
+        ordered = False
 
         def schedule(self) -> None:
             listed = _run_dir() / MEASURES_LIST  # absent where collection stopped on an error
             if self.collection is None and listed.exists():  # the first call: every worker collected
                 self.measuring = frozenset(listed.read_text().splitlines())
+                self.slow = frozenset((_run_dir() / SLOW_LIST).read_text().splitlines())
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
             return MEASURES_UNIT if nodeid in self.measuring else super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the first call: the queue is complete, nothing handed out yet
+                self.ordered = True
+                for scope in sorted(self.workqueue, key=self._guess_s, reverse=True):
+                    self.workqueue.move_to_end(scope)
             if MEASURES_UNIT in self.workqueue:
                 self.workqueue.move_to_end(MEASURES_UNIT, last=False)
             super()._assign_work_unit(node)
+
+        def _guess_s(self, scope: str) -> float:
+            return sum(SLOW_S if n in self.slow else OTHER_S for n in self.workqueue[scope])
 
     return MeasuresFirst(config, log)
 

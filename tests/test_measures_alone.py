@@ -113,3 +113,23 @@ def test_the_measuring_tests_of_every_module_run_first_and_together_on_one_worke
             ran.setdefault(line.split("]")[0][1:], []).append(line.split("::")[-1].strip())
     (worker,) = [w for w, tests in ran.items() if "test_a2" in tests]
     assert ran[worker][:2] == ["test_a2", "test_b1"], ran
+
+
+def test_after_the_measuring_tests_the_longest_modules_go_first(pytester, monkeypatch):
+    """The units of work are handed out longest first, by a guess from the ``slow`` marks: a module
+    of one slow test before one of five quick ones (xdist's own order is most tests first, which
+    left a long module of few tests to the end of one worker while the others idled)."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT", RUN_DIR):
+        monkeypatch.delenv(name, raising=False)  # this test may itself run in a worker
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    pytester.makeini("[pytest]\nmarkers =\n    measures: times real runs\n    slow: takes seconds\n")
+    pytester.makeconftest("pytest_plugins = ['measuring']\n")
+    pytester.makepyfile(
+        test_many="".join(f"def test_quick{i}(): pass\n" for i in range(5)),
+        test_long="import pytest\n@pytest.mark.slow\ndef test_long(): pass\n",
+        test_x="import pytest\n@pytest.mark.measures\ndef test_measured(): pass\n",
+    )
+    result = pytester.runpytest_subprocess("-p", "xdist", "-n", "1", "--dist", "loadscope", "-v")
+    result.assert_outcomes(passed=7)
+    ran = [line.split("::")[-1].split()[0] for line in result.outlines if " PASSED " in line]
+    assert ran[:3] == ["test_measured", "test_long", "test_quick0"], ran
