@@ -6,6 +6,13 @@ the most processor changes on any path from the inputs to the node; every edge b
 then goes to a higher phase, so the part graph is acyclic. Cut parts on the same processor are
 merged back wherever that closes no cycle (an edge u -> v merges when v is not reachable from u
 any other way). Splitting or merging parts on one processor moves no tensor, so costs are equal.
+
+Every assignment goes through the cut and the merge, cycle or not: where the connected groups form
+no cycle, the merge gives them back exactly (two pieces of one group could only be kept apart by a
+path that leaves the group and comes back, which would be a cycle), and most assignments a local
+search tries have one (85% of googlenet's), so finding the groups first to look for a cycle cost
+more than it saved (the same parts for 18,000 random assignments and every one of 6,648 that
+searches on googlenet and the transformer tried; 15-20% faster).
 """
 
 from __future__ import annotations
@@ -109,13 +116,8 @@ def part_labels(
         codes: dict[tuple, int] = {}
         site = [codes.setdefault(s, len(codes)) for s in zip(x.tolist(), backends)]
     edges = cm.node_edges
-    label = _components(n, edges, site)  # each part's label is its first node
-    succ = _part_graph(label, edges)
-    order = _topo(succ, {lab: lab for lab in succ})
-    if order is None:
-        label = _merge(_components(n, edges, _phase_keys(cm, site)), edges, site)
-        succ = _part_graph(label, edges)
-        order = _topo(succ, _first_nodes(label))
+    label = _merge(_components(n, edges, _phase_keys(cm, site)), edges, site)
+    order = _topo(_part_graph(label, edges), _first_nodes(label))
     assert order is not None, "parts must form an acyclic graph"
     members: dict[int, list[int]] = {lab: [] for lab in order}
     for i, lab in enumerate(label):
