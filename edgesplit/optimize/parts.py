@@ -10,9 +10,9 @@ any other way). Splitting or merging parts on one processor moves no tensor, so 
 Every assignment goes through the cut and the merge, cycle or not: where the connected groups form
 no cycle, the merge gives them back exactly (two pieces of one group could only be kept apart by a
 path that leaves the group and comes back, which would be a cycle), and most assignments a local
-search tries have one (81% of googlenet's, 91% of the transformer's), so finding the groups first to look for a cycle cost
-more than it saved (the same parts for 18,000 random assignments and every one of 6,648 that
-searches on googlenet and the transformer tried; 15-20% faster).
+search tries have one (81% of googlenet's, 91% of the transformer's), so finding the groups first
+to look for a cycle cost more than it saved (the same parts for 18,000 random assignments and for
+every one of the 6,648 that searches on googlenet and the transformer tried; 15-20% faster).
 """
 
 from __future__ import annotations
