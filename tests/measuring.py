@@ -145,7 +145,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             listed = _run_dir() / MEASURES_LIST  # absent where collection stopped on an error
             if self.collection is None and listed.exists():  # the first call: every worker collected
                 self.measuring = frozenset(listed.read_text().splitlines())
-                self.slow = frozenset((_run_dir() / SLOW_LIST).read_text().splitlines())
+                slow = _run_dir() / SLOW_LIST
+                self.slow = frozenset(slow.read_text().splitlines()) if slow.exists() else frozenset()
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
