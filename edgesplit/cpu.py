@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from edgesplit.hostinfo import usable_cores
+
 T = TypeVar("T")
 
 CGROUP_CPU = Path(os.environ.get("EDGESPLIT_CGROUP_CPU", "/sys/fs/cgroup/cpu"))
@@ -20,6 +22,21 @@ CGROUP_CPU = Path(os.environ.get("EDGESPLIT_CGROUP_CPU", "/sys/fs/cgroup/cpu"))
 # throughput) shows the slower core; with the default 100 ms, a 15 ms run is rarely throttled.
 # The kernel wants a quota of at least 1 ms, so the period is the shortest that allows it.
 MIN_QUOTA_US = 1_000
+
+
+def present_cores(cores: tuple[int, ...] | None) -> tuple[tuple[int, ...] | None, str | None]:
+    """The cores of ``cores`` this process may run on (None for none), and a note naming the others
+    (None when every one is here): a spec made for another device lists cores this machine lacks,
+    and pinning ORT's threads to them fails with an error line per thread and session."""
+    if not cores:
+        return cores, None
+    here = set(usable_cores())
+    present = tuple(c for c in cores if c in here)
+    if len(present) == len(cores):
+        return tuple(cores), None
+    missing = [c for c in cores if c not in here]
+    kept = f"pinned to {list(present)}" if present else "not pinned"
+    return present or None, f"cores {missing} are not on this machine (it offers {sorted(here)}): {kept}"
 
 
 def pin_thread(cores: tuple[int, ...] | None) -> str | None:
@@ -61,14 +78,15 @@ def _sweep_groups() -> None:
 
 def configure_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float | None) -> list[str]:
     """Pin and throttle the calling thread as processor ``name``; returns what could not be done."""
-    notes = []
+    cores, missing = present_cores(cores)
+    notes = [f"{name}: {missing}"] if missing else []
     why = pin_thread(cores)
     if why:
         notes.append(f"{name}: {why}")
     if quota_pct is not None and quota_pct < 100:
-        why = throttle_thread(name, cores if not notes else None, quota_pct)
-        if why:
-            notes.append(f"{name}: {why}")
+        throttled = throttle_thread(name, cores if not why else None, quota_pct)
+        if throttled:
+            notes.append(f"{name}: {throttled}")
     return notes
 
 
@@ -128,6 +146,7 @@ def ort_session_options(threads: int | None, cores: tuple[int, ...] | None, *, s
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
+    cores = present_cores(cores)[0]
     n = threads or (len(cores) if cores else 0)
     if n:
         so.intra_op_num_threads = n
