@@ -46,6 +46,7 @@ KINDS: dict[str, CacheKind] = {
         CacheKind("tvm-tuning", "MetaSchedule tuning records per target (hours of tuning)"),
         CacheKind("calibration", "int8 calibration ranges per model, data and method"),
         CacheKind("accuracy", "measured accuracy of reduced-precision parts"),
+        CacheKind("throttle", "the duty cycle's fitted spinner shares per machine, core and share"),
     )
 }
 SAFE_TO_CLEAR = tuple(k for k in KINDS if k != "tvm-tuning")

@@ -76,18 +76,67 @@ def _sweep_groups() -> None:
                 old.rmdir()
 
 
-def configure_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float | None) -> list[str]:
-    """Pin and throttle the calling thread as processor ``name``; returns what could not be done."""
+def configure_thread(
+    name: str,
+    cores: tuple[int, ...] | None,
+    quota_pct: float | None,
+    *,
+    threads: int | None = None,
+    core_quotas: tuple[tuple[int, float], ...] = (),
+) -> list[str]:
+    """Pin and throttle the calling thread as processor ``name``; returns what could not be done.
+
+    A processor with several threads on as many cores (a core group, or a cluster) pins the calling
+    thread to its first core: ORT's other threads are pinned to the rest (:func:`ort_session_options`),
+    and the calling thread runs ORT's first share of each operator, so it must not share a core with
+    them. ``core_quotas``: ``(core, pct)`` of a core group's throttled member cores, each given its
+    duty cycle while the thread is busy.
+    """
     cores, missing = present_cores(cores)
     notes = [f"{name}: {missing}"] if missing else []
-    why = pin_thread(cores)
+    n = threads or (len(cores) if cores else 0)
+    own = cores[:1] if cores and n > 1 and len(cores) >= n else cores
+    why = pin_thread(own)
     if why:
         notes.append(f"{name}: {why}")
     if quota_pct is not None and quota_pct < 100:
         throttled = throttle_thread(name, cores if not why else None, quota_pct)
         if throttled:
             notes.append(f"{name}: {throttled}")
+    here = set(cores or ())
+    for core, pct in core_quotas:
+        if core in here and pct < 100:
+            throttled = throttle_core(name, core, pct)
+            if throttled:
+                notes.append(f"{name}: {throttled}")
     return notes
+
+
+def configure_as(proc) -> list[str]:
+    """:func:`configure_thread` for a processor or a bundle's part (anything with ``name``,
+    ``cores``, ``cpu_quota_pct``, ``threads`` and ``core_quotas``)."""
+    return configure_thread(
+        proc.name,
+        proc.cores,
+        proc.cpu_quota_pct,
+        threads=proc.threads,
+        core_quotas=getattr(proc, "core_quotas", ()),
+    )
+
+
+def throttle_core(name: str, core: int, quota_pct: float) -> str | None:
+    """Give the work on ``core`` of the calling thread's processor (ORT's thread pinned there)
+    ``quota_pct`` of it while the thread is busy; None on success, else why not. Only the duty
+    cycle can throttle one core of several (a cgroup quota throttles threads, not cores)."""
+    from edgesplit import throttle
+
+    if throttle.method() != "duty-cycle":
+        return f"core {core} left at full speed: only the duty cycle throttles one core of a group"
+    try:
+        throttle.configure((core,), quota_pct / 100.0)
+    except OSError as e:
+        return f"core {core} left at full speed ({e})"
+    return None
 
 
 def throttle_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float) -> str | None:

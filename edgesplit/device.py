@@ -37,6 +37,7 @@ __all__ = [
     "NetworkLink",
     "Processor",
     "SpecSource",
+    "core_group",
     "device_from_mapping",
     "device_to_mapping",
     "load_device",
@@ -44,6 +45,7 @@ __all__ = [
     "network_link",
     "read_spec",
     "resolve",
+    "shares_cores",
     "validate",
 ]
 
@@ -102,10 +104,18 @@ class Processor:
     server: str | None = None  # name of the server spec when the processor is remote
     description: str = ""
     spec_precisions: tuple[str, ...] | None = None
+    members: tuple[str, ...] = ()
+    core_quotas: tuple[tuple[int, float], ...] = ()
 
     @property
     def is_remote(self) -> bool:
         return self.server is not None
+
+    @property
+    def is_group(self) -> bool:
+        """A core group: the cores of several CPU processors run one part together (see
+        :func:`core_group`)."""
+        return bool(self.members)
 
     @property
     def precisions(self) -> tuple[str, ...]:
@@ -322,6 +332,7 @@ def device_from_mapping(
 
         data = detect_host(data)
     procs = tuple(_processor(n, d, src) for n, d in data["processors"].items())
+    procs += _groups(data, procs, src)
     names = {p.name for p in procs}
     links: dict[tuple[str, str], tuple[float, float]] = {}
     for i, link in enumerate(data.get("links", [])):
@@ -343,6 +354,87 @@ def device_from_mapping(
         servers=tuple(data.get("servers", ())),
         local=bool(data.get("local", False)) if local is None else local,
     )
+
+
+def core_group(name: str, members: tuple[Processor, ...]) -> Processor:
+    """One processor made of the cores of ``members`` (CPU processors with an fp32 ``ort`` backend):
+    a part on it runs in ONNX Runtime with one intra-op thread per member thread, pinned to their
+    cores, each member's core keeping its CPU quota (its duty cycle runs while the group works).
+
+    Its peak FLOP/s and active power are the members' summed (every core works on each operator);
+    its idle power is 0, as the members' idle power already counts while the group waits. It runs
+    the ops every member runs.
+    """
+    onlys = [m.ops_only for m in members if m.ops_only is not None]
+    dtypes = [set(m.dtypes) for m in members if m.dtypes is not None]
+    cores = tuple(c for m in members for c in (m.cores or ()))
+    quotas = tuple((c, float(m.cpu_quota_pct)) for m in members if m.cpu_quota_pct for c in m.cores or ())
+    threads = sum(m.threads or len(m.cores or ()) or 1 for m in members)
+    ort = next(b for b in members[0].backends if b.key == "ort")
+    return Processor(
+        name=name,
+        kind="cpu",
+        backends=(ort,),
+        peak_gflops=sum(m.peak_gflops for m in members),
+        mem_bandwidth_gbps=max(m.mem_bandwidth_gbps for m in members),
+        active_w=sum(m.active_w for m in members),
+        idle_w=0.0,
+        launch_overhead_ms=max(m.launch_overhead_ms for m in members),
+        ops_only=frozenset.intersection(*onlys) if onlys else None,
+        ops_exclude=frozenset().union(*(m.ops_exclude for m in members)),
+        dtypes=tuple(sorted(set.intersection(*dtypes))) if dtypes else None,
+        cores=cores or None,
+        threads=threads,
+        description=f"the cores of {' and '.join(m.name for m in members)} together, "
+        f"{threads} ONNX Runtime threads",
+        members=tuple(m.name for m in members),
+        core_quotas=quotas,
+    )
+
+
+def shares_cores(p: Processor, q: Processor) -> bool:
+    """Whether two processors of a device run on a core in common (a core group and a member), so
+    that the runtime never runs them at once."""
+    if p.is_remote or q.is_remote:
+        return False
+    if p.name in q.members or q.name in p.members:
+        return True
+    return bool(set(p.cores or ()) & set(q.cores or ()))
+
+
+def _groupable(p: Processor) -> bool:
+    return p.kind == "cpu" and "fp32" in p.precisions and any(b.key == "ort" for b in p.backends)
+
+
+def _groups(data: Mapping[str, Any], procs: tuple[Processor, ...], src: str) -> tuple[Processor, ...]:
+    """The spec's core groups: those it lists under ``groups`` (``{}`` for none), else one group of
+    every CPU processor when a device has two or more (its name joins theirs with ``+``)."""
+    if data["kind"] != "device" and "groups" not in data:
+        return ()
+    by_name = {p.name: p for p in procs}
+    listed = data.get("groups")
+    if listed is None:
+        cpus = tuple(p for p in procs if _groupable(p))
+        return (core_group("+".join(p.name for p in cpus), cpus),) if len(cpus) >= 2 else ()
+    out = []
+    for name, member_names in listed.items():
+        where = f"{src}: groups.{name}"
+        if name in by_name:
+            raise DeviceSpecError(f"{where}: a processor is already named '{name}'")
+        members = []
+        for m in member_names:
+            if m not in by_name:
+                raise DeviceSpecError(f"{where}: unknown processor '{m}'")
+            if not _groupable(by_name[m]):
+                raise DeviceSpecError(f"{where}: '{m}' is not a CPU processor with an fp32 ort backend")
+            members.append(by_name[m])
+        seen: set[int] = set()
+        for m in members:
+            if seen & set(m.cores or ()):
+                raise DeviceSpecError(f"{where}: '{m.name}' shares cores with another member")
+            seen |= set(m.cores or ())
+        out.append(core_group(name, tuple(members)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,17 @@ _SCHEMA: dict[str, Any] = {
         },
         "presets": {"type": "object", "minProperties": 1, "additionalProperties": _NETWORK},
         "servers": {"type": "array", "items": {"type": "string"}},
+        # core groups: name -> member processors (CPU processors whose cores run one part together)
+        "groups": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 2,
+                "uniqueItems": True,
+            },
+            "propertyNames": {"pattern": "^[A-Za-z0-9_+]+$"},
+        },
     },
     "allOf": [
         {
@@ -323,7 +334,8 @@ def device_to_mapping(spec: DeviceSpec) -> dict[str, Any]:
     if spec.memory_mb is not None:
         out["memory_mb"] = spec.memory_mb
     out["local"] = spec.local
-    out["processors"] = {p.name: _processor_json(p) for p in spec.processors}
+    out["processors"] = {p.name: _processor_json(p) for p in spec.processors if not p.is_group}
+    out["groups"] = {p.name: list(p.members) for p in spec.processors if p.is_group}
     out["links"] = [
         {"between": [a, b], "bandwidth_gbps": gbps, "latency_ms": ms}
         for (a, b), (gbps, ms) in spec.links.items()

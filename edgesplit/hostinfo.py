@@ -19,6 +19,17 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the machine's architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def cpu_mhz() -> float:
     for p in (Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"),):
         try:
@@ -35,8 +46,10 @@ def cpu_mhz() -> float:
 
 
 def usable_cores() -> list[int]:
+    """The cores this process may run on: its main thread's and the calling thread's (a worker
+    pinned to one core of its processor must still see the others, which ORT's threads run on)."""
     try:
-        return sorted(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0) | os.sched_getaffinity(os.getpid()))
     except AttributeError:  # not Linux
         return list(range(os.cpu_count() or 1))
 

@@ -70,10 +70,15 @@ while True:
 class DutyCycle:
     """Spinner processes, one per core: take ``1 - share`` of the cores while the thread is busy."""
 
-    def __init__(self, cores: tuple[int, ...], share: float, period_us: int = DEFAULT_PERIOD_US):
+    def __init__(
+        self, cores: tuple[int, ...], share: float, period_us: int = DEFAULT_PERIOD_US, *, fitted: bool = True
+    ):
+        """``fitted``: tell each core's spinner the share fitted so that the work there gets
+        ``share`` (:mod:`edgesplit.throttle_fit`); else ``share`` itself."""
         if not 0 < share < 1:
             raise ValueError(f"share must be in (0, 1), got {share}")
         self.cores, self.share, self.period_us = tuple(cores), share, period_us
+        self.fitted = fitted
         self._depth = 0
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen] = []
@@ -85,8 +90,13 @@ class DutyCycle:
             raise
 
     def _spawn(self, core: int) -> subprocess.Popen:
+        told = self.share
+        if self.fitted:
+            from edgesplit.throttle_fit import told_share
+
+            told = told_share(core, self.share, self.period_us)
         proc = subprocess.Popen(
-            [sys.executable, "-c", _SPINNER, str(core), repr(self.share), str(self.period_us)],
+            [sys.executable, "-c", _SPINNER, str(core), repr(told), str(self.period_us)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
@@ -154,10 +164,12 @@ class _Token:
 
 
 def configure(cores: tuple[int, ...], share: float, period_us: int = DEFAULT_PERIOD_US) -> None:
-    """Serve the calling thread (pinned to ``cores``) with a duty cycle of ``share``.
+    """Serve the calling thread with a duty cycle of ``share`` on ``cores`` (its own cores, or some
+    of the cores its ORT threads run on: a core group keeps each member core's share).
 
     One duty cycle per (cores, share) is shared by every thread so served in this process; it stops
-    when the last of them ends. Raises OSError when real-time priority is refused.
+    when the last of them ends. A thread may be served by several (one per throttled core of a
+    group); they all run while it is busy. Raises OSError when real-time priority is refused.
     """
     key = (tuple(cores), float(share), int(period_us))
     with _registry_lock:
@@ -167,21 +179,24 @@ def configure(cores: tuple[int, ...], share: float, period_us: int = DEFAULT_PER
         _by_core[key] = (cycle, users + 1)
     token = _Token()
     weakref.finalize(token, _release, key)
-    _local.cycle, _local.token = cycle, token
+    _local.cycles = (*getattr(_local, "cycles", ()), cycle)
+    _local.tokens = (*getattr(_local, "tokens", ()), token)
 
 
 @contextlib.contextmanager
 def busy() -> Iterator[None]:
-    """Mark the calling thread busy (its duty cycle runs) for the block; a no-op when unserved."""
-    cycle: DutyCycle | None = getattr(_local, "cycle", None)
-    if cycle is None:
+    """Mark the calling thread busy (its duty cycles run) for the block; a no-op when unserved."""
+    cycles: tuple[DutyCycle, ...] = getattr(_local, "cycles", ())
+    if not cycles:
         yield
         return
-    cycle.enter()
+    for cycle in cycles:
+        cycle.enter()
     try:
         yield
     finally:
-        cycle.leave()
+        for cycle in cycles:
+            cycle.leave()
 
 
 def busy_call(fn, *args, **kwargs):
@@ -192,7 +207,7 @@ def busy_call(fn, *args, **kwargs):
 
 def served() -> bool:
     """Whether the calling thread is served by a duty cycle."""
-    return getattr(_local, "cycle", None) is not None
+    return bool(getattr(_local, "cycles", ()))
 
 
 def method() -> str:

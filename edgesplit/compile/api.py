@@ -343,6 +343,7 @@ def _compile_part(
         threads=proc.threads or (len(proc.cores) if proc.cores else None),
         cores=proc.cores,
         cpu_quota_pct=proc.cpu_quota_pct,
+        core_quotas=proc.core_quotas,
         fallback=fallback,
         predicted_ms=part.latency_ms,
         note=done.note,

@@ -92,6 +92,7 @@ class PartArtifact:
     predicted_ms: float | None = None
     note: str = ""
     precision: str = "fp32"
+    core_quotas: tuple[tuple[int, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,6 +105,7 @@ class PartArtifact:
         kw["depends_on"] = tuple(d.get("depends_on", ()))
         if d.get("cores") is not None:
             kw["cores"] = tuple(d["cores"])
+        kw["core_quotas"] = tuple((int(c), float(q)) for c, q in d.get("core_quotas", ()))
         return PartArtifact(**kw)
 
 

@@ -68,6 +68,9 @@ def _check_part(p: PartArtifact, i: int, files: Mapping[str, str], source: str) 
         )
     if p.cpu_quota_pct is not None and not 0 < p.cpu_quota_pct <= 100:
         raise BundleError(f"{where}: cpu_quota_pct: {p.cpu_quota_pct} is not in (0, 100]")
+    for core, pct in p.core_quotas:
+        if not 0 < pct <= 100:
+            raise BundleError(f"{where}: core_quotas: core {core}: {pct} is not in (0, 100]")
     if p.threads is not None and p.threads < 1:
         raise BundleError(f"{where}: threads: {p.threads} is not positive")
     for t in (*p.inputs, *p.outputs):

@@ -58,7 +58,8 @@ def enumerate_costs(
     for procs, limit in cm.group_limits:
         ok &= mem[:, list(procs)].sum(axis=1) <= limit
     latency = busy.sum(axis=1) + xfer_ms
-    idle = (cm.idle_w[None, :] * (latency[:, None] - busy)).sum(axis=1)
+    core_busy = busy @ cm.blocks.T.astype(float)  # a core group keeps its members busy
+    idle = (cm.idle_w[None, :] * (latency[:, None] - core_busy)).sum(axis=1)
     return grid, {"latency": latency, "energy": active + radio + idle}, ok
 
 

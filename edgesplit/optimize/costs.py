@@ -51,7 +51,7 @@ from functools import cached_property
 
 import numpy as np
 
-from edgesplit.device import DeviceSpec, NetworkLink, Processor
+from edgesplit.device import DeviceSpec, NetworkLink, Processor, shares_cores
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.overheads import Overheads, build_overheads, none, whole_model_scale
@@ -97,6 +97,9 @@ class CostModel:
         mem_limit_nbytes: ``(P,)`` per-processor limit (``inf`` where none).
         group_limits: ``(processor indices, limit_nbytes)`` for limits shared by several processors.
         overheads: The part, hand-off and request terms (None: none, as in a model made in code).
+        shared_cores: ``(P, P)`` True where two local processors run on a core in common (a core
+            group and its members; the diagonal too): they never run parts at once, and a group's
+            time counts as busy time of each member (None: only the diagonal).
     """
 
     nodes: tuple[str, ...]
@@ -120,6 +123,32 @@ class CostModel:
     group_limits: tuple[tuple[tuple[int, ...], float], ...] = ()
     pins: Mapping[str, str] = field(default_factory=dict)
     overheads: Overheads | None = None
+    shared_cores: np.ndarray | None = None
+    is_group: np.ndarray | None = None
+
+    @cached_property
+    def groups(self) -> np.ndarray:
+        """``(P,)`` bool: core groups (see ``shared_cores``)."""
+        return self.is_group if self.is_group is not None else np.zeros(self.n_procs, dtype=bool)
+
+    @cached_property
+    def blocks(self) -> np.ndarray:
+        """``(P, P)`` bool: processors that cannot run at once (see ``shared_cores``)."""
+        if self.shared_cores is not None:
+            return self.shared_cores
+        return np.eye(self.n_procs, dtype=bool)
+
+    @cached_property
+    def blocked_by(self) -> tuple[tuple[int, ...], ...]:
+        """Per processor, the processors a part on it keeps waiting (itself first)."""
+        return tuple(
+            (p, *(q for q in np.flatnonzero(self.blocks[p]).tolist() if q != p)) for p in range(self.n_procs)
+        )
+
+    def core_busy_ms(self, busy_ms: np.ndarray) -> np.ndarray:
+        """Per processor, the time it (or a processor it shares cores with) is busy, from each
+        processor's own busy time: a core group's runs keep its members busy and the reverse."""
+        return self.blocks.astype(float) @ np.asarray(busy_ms, dtype=float)
 
     @cached_property
     def ov(self) -> Overheads:
@@ -210,7 +239,9 @@ class CostModel:
         if form != "energy":
             raise ValueError(f"no linear form '{form}'")
         idle = self.idle_total_w
-        a = np.where(self.allowed, self.node_mj + self.node_ms * (idle - self.idle_w[None, :]), np.inf)
+        # while a node runs on p, p and the processors it shares cores with are not idle
+        busy_idle_w = self.blocks.astype(float) @ self.idle_w
+        a = np.where(self.allowed, self.node_mj + self.node_ms * (idle - busy_idle_w[None, :]), np.inf)
         alpha = link_ms * idle
         beta = per_byte * idle + self.link_ms_per_byte * self.radio_w
         return a, alpha, beta
@@ -489,4 +520,6 @@ def build_costs(
         group_limits=tuple(groups),
         pins={graph.nodes[n].name: procs[p].name for n, p in pin_idx.items()},
         overheads=overheads,
+        shared_cores=np.array([[shares_cores(p, q) or p is q for q in procs] for p in procs]),
+        is_group=np.array([p.is_group for p in procs]),
     )

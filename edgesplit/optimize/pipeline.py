@@ -37,10 +37,13 @@ def period_ms(cm: CostModel, assign: np.ndarray) -> float:
     x = np.asarray(assign)
     lay = layout(cm, x)
     ov = cm.ov
-    load = np.zeros(cm.n_procs)
-    np.add.at(load, lay.proc, lay.work_ms)
+    own = np.zeros(cm.n_procs)
+    np.add.at(own, lay.proc, lay.work_ms)
+    # a core group's runs load each of its members (a group's own row would count both members)
+    load = np.where(cm.groups, 0.0, cm.core_busy_ms(own))
     gaps = np.zeros(cm.n_procs)
     np.add.at(gaps, lay.proc, ov.stream_gaps()[lay.proc])
+    gaps = np.where(cm.groups, 0.0, cm.core_busy_ms(gaps))
     channels: dict[int, float] = {}
     for c in lay.xs:
         key = int(cm.channel[c.src, c.dst])
@@ -51,7 +54,7 @@ def period_ms(cm: CostModel, assign: np.ndarray) -> float:
     stretched = load.copy()
     for p in range(cm.n_procs):
         for q in range(cm.n_procs):
-            if p != q and load[p] > 0 and not (cm.remote[p] or cm.remote[q]):
+            if load[p] > 0 and not (cm.blocks[p, q] or cm.remote[p] or cm.remote[q]):
                 stretched[p] += load[p] * (ov.slowdown(p, q) - 1.0) * min(1.0, load[q] / base)
     return max([float((stretched + gaps).max(initial=0.0)), *channels.values(), ov.session_ms])
 

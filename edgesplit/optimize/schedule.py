@@ -215,6 +215,7 @@ def _simulate(cm: CostModel, lay: Layout, dur: np.ndarray, tail: dict[int, float
     trigger = [-1] * n_tasks  # the lane whose part made a part ready
     start, end = [0.0] * n_tasks, [0.0] * n_tasks
     proc_free: dict[int, float] = {}
+    blocked_by = cm.blocked_by
     channel_free: dict[int, float] = {}
     last_end: dict[int, float] = {}
     handoffs = 0.0
@@ -245,7 +246,10 @@ def _simulate(cm: CostModel, lay: Layout, dur: np.ndarray, tail: dict[int, float
         end[t] = e = s + took[t]
         if t < n_parts:
             p = proc[t]
-            proc_free[p] = last_end[p] = e
+            for q in blocked_by[p]:  # a core group and its members wait for each other
+                if proc_free.get(q, 0.0) < e:
+                    proc_free[q] = e
+            last_end[p] = e
             handoffs += h
             made_by = p
         else:
@@ -273,7 +277,7 @@ def _stretch(cm: CostModel, lay: Layout, run: _Run) -> np.ndarray:
     overlap = np.minimum(end[:, None], end[None, :]) - np.maximum(start[:, None], start[None, :])
     extra = contention[lay.proc[:, None], lay.proc[None, :]] - 1.0
     local = ~cm.remote[lay.proc]
-    mask = local[:, None] & local[None, :] & (lay.proc[:, None] != lay.proc[None, :])
+    mask = local[:, None] & local[None, :] & ~cm.blocks[lay.proc[:, None], lay.proc[None, :]]
     return lay.work_ms + (np.where(mask, extra, 0.0) * np.clip(overlap, 0.0, None)).sum(axis=1)
 
 
@@ -326,7 +330,7 @@ def schedule(cm: CostModel, assign: np.ndarray, parts: Sequence[Sequence[int]] |
     active += sum(c.energy_mj for c in lay.xs)
     return Schedule(
         makespan_ms=float(latency),
-        energy_mj=float(device_energy_mj(cm, float(latency), busy, active)),
+        energy_mj=float(device_energy_mj(cm, float(latency), cm.core_busy_ms(busy), active)),
         node_start_ms=node_start,
         node_end_ms=node_end,
         crossings=lay.xs,

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgesplit.cpu import configure_thread
+from edgesplit.cpu import configure_as
 from edgesplit.device import Backend, Processor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
@@ -133,7 +133,7 @@ def profile_ort(
         ThreadPoolExecutor(
             1,
             initializer=lambda: notes.extend(
-                configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
+                configure_as(processor)
             ),
         ) as worker,
         tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp,

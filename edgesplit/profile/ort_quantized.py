@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from edgesplit.cpu import configure_thread
+from edgesplit.cpu import configure_as
 from edgesplit.device import Backend, Processor
 from edgesplit.model.calibration_data import calibration_set
 from edgesplit.model.feeds import random_inputs
@@ -166,7 +166,7 @@ def profile_quantized(
         ThreadPoolExecutor(
             1,
             initializer=lambda: notes.extend(
-                configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
+                configure_as(processor)
             ),
         ) as worker,
         tempfile.TemporaryDirectory(prefix="edgesplit-q-") as tmp,

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 import onnx
 
-from edgesplit.cpu import configure_thread, ort_session_options
+from edgesplit.cpu import configure_as, ort_session_options
 from edgesplit.device import Backend, Processor
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
@@ -161,7 +161,7 @@ def whole_model_timer(
     the runtime's), timed from this thread through a hand-off, as a bundle's part is."""
     feeds = random_inputs(graph)
     with ThreadPoolExecutor(
-        1, initializer=lambda: configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
+        1, initializer=lambda: configure_as(processor)
     ) as worker:
         sess = worker.submit(
             make_session, graph.model, processor, backend, **dict(session_attrs or {})
@@ -195,7 +195,7 @@ def ort_contention(
         for other, other_backend in others:
 
             def setup(q: Processor = other, qb: Backend = other_backend):
-                configure_thread(q.name, q.cores, q.cpu_quota_pct)
+                configure_as(q)
                 s = make_session(graph.model, q, qb, **attrs)
                 return lambda: busy_call(s.run, None, feeds)
 

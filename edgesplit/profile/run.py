@@ -15,7 +15,7 @@ import platform
 from collections.abc import Mapping
 from typing import Any
 
-from edgesplit.device import Backend, DeviceSpec, Processor
+from edgesplit.device import Backend, DeviceSpec, Processor, shares_cores
 from edgesplit.errors import InputError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.predict import predict
@@ -145,6 +145,7 @@ def with_contention(
         for q in device.processors
         if q.name != processor.name
         and not q.is_remote
+        and not shares_cores(q, processor)  # a core group and its members never run at once
         and any(b.key == backend.key for b in q.backends)
         and all(q.supports(n.op_type) for n in graph.nodes)
     ]

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgesplit.cpu import configure_thread
+from edgesplit.cpu import configure_as
 from edgesplit.device import Backend, Processor
 from edgesplit.model.extract import PartExtractor
 from edgesplit.model.feeds import random_inputs
@@ -81,7 +81,7 @@ def runs_on_this_machine(target: Mapping[str, Any]) -> bool:
 def processor_worker(processor: Processor) -> Iterator[ThreadPoolExecutor]:
     """A thread set up as ``processor``'s runtime worker (pinned, throttled), to time on."""
     with ThreadPoolExecutor(
-        1, initializer=lambda: configure_thread(processor.name, processor.cores, processor.cpu_quota_pct)
+        1, initializer=lambda: configure_as(processor)
     ) as worker:
         yield worker
 

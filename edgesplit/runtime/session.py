@@ -17,6 +17,7 @@ opt-in.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -82,17 +83,38 @@ STREAM_WINDOW_PER_PART = 4
 
 
 class _Worker:
-    """A single thread for one processor: pinned, throttled, and owning that processor's executors."""
+    """A single thread for one processor: pinned, throttled, and owning that processor's executors.
 
-    def __init__(
-        self, processor: str, cores: tuple[int, ...] | None, quota_pct: float | None, notes: list[str]
-    ):
+    ``locks``: one per core the processor runs on (sorted), held while it runs a part, so that a
+    core group and one of its members never run parts at once (the plan's schedule never overlaps
+    them either: :mod:`edgesplit.optimize.schedule`)."""
+
+    def __init__(self, processor: str, part: PartArtifact | None, notes: list[str], locks=()):
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"edgesplit-{processor}")
-        self.pool.submit(self._setup, processor, cores, quota_pct, notes).result()
+        self.locks = tuple(locks)
+        self.pool.submit(self._setup, processor, part, notes).result()
 
     @staticmethod
-    def _setup(processor: str, cores, quota_pct, notes: list[str]) -> None:
-        notes.extend(configure_thread(processor, cores, quota_pct))
+    def _setup(processor: str, part: PartArtifact | None, notes: list[str]) -> None:
+        if part is None:
+            return
+        notes.extend(
+            configure_thread(
+                processor,
+                part.cores,
+                part.cpu_quota_pct,
+                threads=part.threads,
+                core_quotas=part.core_quotas,
+            )
+        )
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold this processor's cores (a no-op for a processor that shares none)."""
+        with contextlib.ExitStack() as stack:
+            for lock in self.locks:
+                stack.enter_context(lock)
+            yield
 
 
 class Session:
@@ -137,6 +159,7 @@ class Session:
         if adaptive:  # per remote part: server or local fallback, whichever is measured faster
             opts["remote"] = {**opts.get("remote", {}), "adaptive": True}
         per_proc = Counter(p.processor for p in self.manifest.parts if not p.remote)
+        core_locks = _core_locks(self.manifest.parts)
         for p in self.manifest.parts:
             key = _worker_key(p)
             extra = dict(opts.get("remote" if p.remote else p.backend, {}))
@@ -144,9 +167,8 @@ class Session:
             if self._kernels is not None and not p.remote:  # executors that cannot profile ignore it
                 extra.update(self._kernels.executor_options(p.name))
             if key not in self._workers:
-                self._workers[key] = _Worker(
-                    key, None if p.remote else p.cores, None if p.remote else p.cpu_quota_pct, self.notes
-                )
+                locks = [] if p.remote else [core_locks[c] for c in sorted(set(p.cores or ())) if c in core_locks]
+                self._workers[key] = _Worker(key, None if p.remote else p, self.notes, locks)
             worker = self._workers[key]
             self._executors[p.name] = worker.pool.submit(make_executor, p, self.bundle, **extra).result()
 
@@ -198,7 +220,8 @@ class Session:
         if req.done.done():  # an earlier part of this request failed
             return
         try:
-            with busy():  # a throttled processor's duty cycle runs while it works
+            # a throttled processor's duty cycle runs while it works; a core group holds its cores
+            with self._workers[_worker_key(part)].holding(), busy():
                 self._run_part(part, req, ready_ns, submit_ns, start_ns)
         except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
             if not req.done.done():
@@ -406,6 +429,21 @@ def _plan_view(manifest: Manifest, band_plan: int | None) -> Manifest:
         return manifest
     plan = manifest.plan if band_plan is None else manifest.bands.plans[band_plan].plan  # type: ignore[union-attr]
     return replace(manifest, parts=manifest.plan_parts(band_plan), plan=plan)
+
+
+def _core_locks(parts) -> dict[int, threading.Lock]:
+    """A lock for each core that two of the bundle's local processors share (a core group and its
+    members)."""
+    cores_of: dict[str, set[int]] = {}
+    for p in parts:
+        if not p.remote and p.cores:
+            cores_of.setdefault(p.processor, set()).update(p.cores)
+    shared: set[int] = set()
+    names = sorted(cores_of)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            shared |= cores_of[a] & cores_of[b]
+    return {c: threading.Lock() for c in sorted(shared)}
 
 
 def _worker_key(part: PartArtifact) -> str:
