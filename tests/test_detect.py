@@ -66,7 +66,8 @@ def test_big_little_phone_becomes_three_clusters_a_gpu_and_an_npu(tmp_path):
     assert "Adreno740v2 (/dev/kgsl-3d0)" in text and "Estimate" in text.split("gpu:")[1]
     out = tmp_path / "my-phone.yaml"
     out.write_text(text)
-    assert load_device(out).processor_names == ("cpu_prime", "cpu_big", "cpu_little", "gpu", "npu")
+    clusters = ("cpu_prime", "cpu_big", "cpu_little")
+    assert load_device(out).processor_names == (*clusters, "gpu", "npu", "+".join(clusters))  # a core group
 
 
 def test_without_cpufreq_one_cluster_from_proc_cpuinfo(tmp_path):

@@ -254,7 +254,8 @@ def test_backend_chooses_what_partition_and_deploy_measure(tmp_path, capsys, tin
     )  # fmt: skip
     assert code == 0, err
     prof = json.loads((tmp_path / "p.profile.json").read_text())
-    assert {(e["processor"], e["backend"]) for e in prof["entries"]} == {("big", "ort"), ("little", "ort")}
+    want = {("big", "ort"), ("little", "ort"), ("big+little", "ort")}  # the core group: ORT only
+    assert {(e["processor"], e["backend"]) for e in prof["entries"]} == want
     assert {c["runs"] for e in prof["entries"] for c in e["nodes"].values()} == {3}  # --runs, as deploy's
     plan = json.loads((tmp_path / "p.json").read_text())
     assert {a["backend"] for a in plan["assignment"].values()} == {"ort"}
