@@ -43,6 +43,7 @@ __all__ = [
     "load_device",
     "load_links",
     "network_link",
+    "plain_cpu",
     "read_spec",
     "resolve",
     "shares_cores",
@@ -400,6 +401,18 @@ def shares_cores(p: Processor, q: Processor) -> bool:
     if p.name in q.members or q.name in p.members:
         return True
     return bool(set(p.cores or ()) & set(q.cores or ()))
+
+
+def plain_cpu(device: DeviceSpec) -> Processor | None:
+    """What plain ONNX Runtime runs on, on this device: every CPU core it has, with ORT's defaults.
+    That is the core group of all its CPU processors, or its one CPU processor; None for a device
+    whose CPU processors no group covers (a spec that lists other groups)."""
+    cpus = [p for p in device.processors if not p.is_remote and not p.is_group and _groupable(p)]
+    names = {p.name for p in cpus}
+    for g in device.processors:
+        if g.is_group and set(g.members) == names:
+            return g
+    return cpus[0] if len(cpus) == 1 else None
 
 
 def _groupable(p: Processor) -> bool:

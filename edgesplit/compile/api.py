@@ -105,6 +105,11 @@ def _check_known(plan: Plan, graph: ModelGraph, spec: DeviceSpec, source: str) -
             raise PlanError(
                 f"{source}: part {p.name} lists outputs its nodes do not write: {', '.join(bad[:5])}"
             )
+    for q in plan.replicas:
+        if q not in procs:
+            raise PlanError(
+                f"{source}: replicas: processor {short(q, 40)} is not one of {spec.path or spec.name}'s"
+            )
     placed = {n for p in plan.parts for n in p.nodes}
     missing = [short(nd.name, 40) for nd in graph.nodes if nd.name not in placed]
     if missing:
@@ -180,6 +185,7 @@ def compile_bundle(
         (tmp / "parts").mkdir()
         tuning = {"tune_trials": tune_trials, "tune": tune, "progress": progress}  # CompileJob fields
         artifacts = _compile_plan_parts(graph, tmp, plan, spec, local_cpu, tuning, progress, notes)
+        replicas = _replicas(plan, spec, artifacts)
         band_set = None
         if analysis is not None and analysis.table is not None:
             band_set = _compile_bands(graph, tmp, plan, analysis, spec, local_cpu, tuning, artifacts, notes)
@@ -196,6 +202,7 @@ def compile_bundle(
             server=plan.server,
             notes=tuple(notes),
             bands=band_set,
+            replicas=tuple((a.name,) for a in replicas),
         )
         write_manifest(tmp, manifest, key)
     if progress:
@@ -235,6 +242,41 @@ def _compile_plan_parts(
         artifacts.append(art)
         notes.extend([warning] if warning else [])
     return artifacts
+
+
+def _replicas(plan: Plan, spec: DeviceSpec, artifacts: list[PartArtifact]) -> list[PartArtifact]:
+    """The plan's one part and a copy of it per processor in ``plan.replicas`` (appended to
+    ``artifacts``): the same ONNX file, run there with that processor's threads, cores and quotas.
+    Only ORT parts are copied (a TVM library is built for one processor's target)."""
+    if not plan.replicas:
+        return []
+    (first,) = artifacts
+    if first.backend != "ort":
+        raise CompileError(
+            f"replicas: part {first.name} is a {first.backend} part; only ORT parts are copied"
+        )
+    copies = [first]
+    for k, name in enumerate(plan.replicas, start=1):
+        proc = spec.processor(name)
+        if not any(b.key == "ort" and b.precision == first.precision for b in proc.backends):
+            raise CompileError(
+                f"replicas: {name} has no {first.precision} ORT backend for a copy of {first.name}"
+            )
+        copies.append(
+            replace(
+                first,
+                name=f"{first.name}_r{k}",
+                processor=name,
+                threads=proc.threads or (len(proc.cores) if proc.cores else None),
+                cores=proc.cores,
+                cpu_quota_pct=proc.cpu_quota_pct,
+                core_quotas=proc.core_quotas,
+                predicted_ms=None,
+                note=f"a copy of {first.name} on {name}",
+            )
+        )
+    artifacts[:] = copies
+    return copies
 
 
 def _compile_bands(

@@ -186,6 +186,9 @@ class Manifest:
     parts of every plan (the server serves them all) and :meth:`plan_parts` gives one plan's.
     ``verification`` is what measuring the plan against the baselines found (``deploy``,
     ``compile --verify``), or None when it was not verified.
+
+    ``replicas``: the part names of each whole copy of the plan (one per processor, see
+    :attr:`Plan.replicas`); a request runs the parts of one copy. Empty: one copy, every part.
     """
 
     model_sha256: str
@@ -201,6 +204,7 @@ class Manifest:
     verification: Verification | None = None
     format_version: int = FORMAT_VERSION
     bands: BundleBands | None = None
+    replicas: tuple[tuple[str, ...], ...] = ()
 
     def part(self, name: str) -> PartArtifact:
         for p in self.parts:
@@ -253,6 +257,7 @@ class Manifest:
             kw["files"] = dict(d["files"])
             kw["plan"] = Plan.from_json(d["plan"], f"{source}: plan")
             kw["notes"] = tuple(d.get("notes", ()))
+            kw["replicas"] = tuple(tuple(r) for r in d.get("replicas", ()))
             if d.get("bands") is not None:
                 kw["bands"] = BundleBands.from_json(d["bands"], source)
             if d.get("verification") is not None:

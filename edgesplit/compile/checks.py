@@ -98,6 +98,9 @@ def check_manifest(m: Manifest, source: str) -> None:
         if p.name in names:
             raise BundleError(f"{source}: two parts are named {p.name}")
         names.add(p.name)
+    if m.replicas:
+        _check_replicas(m, names, source)
+        return
     if m.bands is None:
         _check_plan_parts(m, m.parts, source)
         return
@@ -111,6 +114,31 @@ def check_manifest(m: Manifest, source: str) -> None:
     _check_plan_parts(m, m.plan_parts(), source)
     for k in range(len(m.bands.plans)):
         _check_plan_parts(m, m.plan_parts(k), f"{source}: band plan {k}")
+
+
+def _check_replicas(m: Manifest, names: set[str], source: str) -> None:
+    """Copies of a plan: each names parts the bundle has, no part is in two, every part is in one,
+    and each copy's parts fit together as a plan's do."""
+    seen: dict[str, int] = {}
+    for k, copy in enumerate(m.replicas):
+        if not copy:
+            raise BundleError(f"{source}: replicas[{k}]: an empty copy")
+        for n in copy:
+            if n not in names:
+                raise BundleError(
+                    f"{source}: replicas[{k}] names part {short(n, 60)}, which the bundle lacks"
+                )
+            if n in seen:
+                raise BundleError(f"{source}: part {short(n, 60)} is in replicas {seen[n]} and {k}")
+            seen[n] = k
+    left = sorted(names - set(seen))
+    if left:
+        raise BundleError(f"{source}: parts in no copy of replicas: {short(', '.join(left), 120)}")
+    if m.bands is not None:
+        raise BundleError(f"{source}: a bundle of replicas has no band table")
+    by_name = {p.name: p for p in m.parts}
+    for k, copy in enumerate(m.replicas):
+        _check_plan_parts(m, [by_name[n] for n in copy], f"{source}: replicas[{k}]")
 
 
 def _check_bands(m: Manifest, source: str) -> None:

@@ -123,6 +123,10 @@ class Plan:
     came from (``measured``, ``predicted`` by the spec's roofline, ``calibrated``...), so that a
     reader sees which parts of a plan rest on measurements; empty in older plans.
 
+    ``replicas``: for a stream, other processors that each hold a whole copy of the plan's parts
+    (a one-part plan: the whole model), so that requests taken from one queue run on whichever copy
+    is free; empty for one copy. ``predicted["period_ms"]`` is then the copies' combined period.
+
     The fields are in the JSON's key order. A new field goes with a default (in :class:`Part` too):
     :meth:`from_json` fills what an older plan lacks from the defaults, and leaves keys it does not
     know, so adding a field is one line.
@@ -152,6 +156,7 @@ class Plan:
     accuracy: Mapping[str, Any] | None = None
     server_profile_path: str | None = None
     cost_sources: Mapping[str, str] = field(default_factory=dict)
+    replicas: tuple[str, ...] = ()
     format_version: int = FORMAT_VERSION
 
     def part_of(self, node: str) -> Part:
@@ -192,6 +197,7 @@ class Plan:
             kw["assignment"] = {k: dict(v) for k, v in d["assignment"].items()}
             kw["predicted"] = dict(d.get("predicted", {}))
             kw["pins"] = dict(d.get("pins", {}))
+            kw["replicas"] = tuple(d.get("replicas", ()))
             acc = d.get("accuracy")  # anything but an object is named by check_plan_types
             kw["accuracy"] = dict(acc) if isinstance(acc, Mapping) else acc
             plan = Plan(**kw)
@@ -243,6 +249,12 @@ def check_plan(plan: Plan, source: str) -> None:
     if plan.slo_ms is not None and not plan.slo_ms > 0:
         raise PlanError(f"{source}: slo_ms: must be positive, got {plan.slo_ms}")
     check_plan_parts(plan.parts, source)
+    if plan.replicas and (len(plan.parts) != 1 or plan.parts[0].remote):
+        raise PlanError(f"{source}: replicas: only a plan of one local part (the whole model) is copied")
+    if len(set(plan.replicas)) != len(plan.replicas) or (
+        plan.parts and plan.parts[0].processor in plan.replicas
+    ):
+        raise PlanError(f"{source}: replicas: each processor holds at most one copy")
 
 
 def check_plan_parts(parts: Sequence[Part], source: str) -> None:

@@ -132,9 +132,7 @@ def profile_ort(
     with (
         ThreadPoolExecutor(
             1,
-            initializer=lambda: notes.extend(
-                configure_as(processor)
-            ),
+            initializer=lambda: notes.extend(configure_as(processor)),
         ) as worker,
         tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp,
     ):

@@ -165,9 +165,7 @@ def profile_quantized(
     with (
         ThreadPoolExecutor(
             1,
-            initializer=lambda: notes.extend(
-                configure_as(processor)
-            ),
+            initializer=lambda: notes.extend(configure_as(processor)),
         ) as worker,
         tempfile.TemporaryDirectory(prefix="edgesplit-q-") as tmp,
     ):

@@ -160,9 +160,7 @@ def whole_model_timer(
     """A timer of one whole-model run (ms) on the processor's own worker (pinned and throttled as
     the runtime's), timed from this thread through a hand-off, as a bundle's part is."""
     feeds = random_inputs(graph)
-    with ThreadPoolExecutor(
-        1, initializer=lambda: configure_as(processor)
-    ) as worker:
+    with ThreadPoolExecutor(1, initializer=lambda: configure_as(processor)) as worker:
         sess = worker.submit(
             make_session, graph.model, processor, backend, **dict(session_attrs or {})
         ).result()

@@ -80,9 +80,7 @@ def runs_on_this_machine(target: Mapping[str, Any]) -> bool:
 @contextlib.contextmanager
 def processor_worker(processor: Processor) -> Iterator[ThreadPoolExecutor]:
     """A thread set up as ``processor``'s runtime worker (pinned, throttled), to time on."""
-    with ThreadPoolExecutor(
-        1, initializer=lambda: configure_as(processor)
-    ) as worker:
+    with ThreadPoolExecutor(1, initializer=lambda: configure_as(processor)) as worker:
         yield worker
 
 

@@ -144,6 +144,10 @@ class Session:
         for p in self.manifest.parts:
             for d in p.depends_on:
                 self._users[d].append(p.name)
+        # the parts of each copy a request may run on (one copy of every part, without replicas)
+        self._copies = [list(c) for c in self.manifest.replicas] or [list(self._parts)]
+        self._in_flight = [0] * len(self._copies)
+        self._copies_lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}
         self._executors: dict[str, Executor] = {}
         self._times: dict[str, list[float]] = {p.name: [] for p in self.manifest.parts}
@@ -167,7 +171,9 @@ class Session:
             if self._kernels is not None and not p.remote:  # executors that cannot profile ignore it
                 extra.update(self._kernels.executor_options(p.name))
             if key not in self._workers:
-                locks = [] if p.remote else [core_locks[c] for c in sorted(set(p.cores or ())) if c in core_locks]
+                locks = (
+                    [] if p.remote else [core_locks[c] for c in sorted(set(p.cores or ())) if c in core_locks]
+                )
                 self._workers[key] = _Worker(key, None if p.remote else p, self.notes, locks)
             worker = self._workers[key]
             self._executors[p.name] = worker.pool.submit(make_executor, p, self.bundle, **extra).result()
@@ -197,19 +203,37 @@ class Session:
     # ---- scheduling
 
     def _submit(self, inputs: dict[str, np.ndarray]) -> Future:
+        copy = self._take_copy()
+        names = self._copies[copy]
         req = _Request(
             tensors=dict(inputs),
-            waiting={p.name: len(p.depends_on) for p in self.manifest.parts},
+            waiting={n: len(self._parts[n].depends_on) for n in names},
             done=Future(),
             number=next(self._request_numbers),
         )
-        req.left = len(self.manifest.parts)
+        req.left = len(names)
+        if len(self._copies) > 1:
+            req.done.add_done_callback(lambda _: self._give_copy(copy))
         if not req.left:  # never happens (manifests without parts are refused), but never wait on nothing
             req.done.set_exception(BundleError(f"{self.path}: the bundle has no parts"))
-        for p in self.manifest.parts:
-            if not p.depends_on:
-                self._launch(p, req, req.start_ns)
+        for n in names:
+            if not self._parts[n].depends_on:
+                self._launch(self._parts[n], req, req.start_ns)
         return req.done
+
+    def _take_copy(self) -> int:
+        """The copy (of a bundle of replicas) a new request runs on: the one with the fewest
+        requests in flight, the first on ties (one queue, served by whichever copy is free)."""
+        if len(self._copies) == 1:
+            return 0
+        with self._copies_lock:
+            k = min(range(len(self._copies)), key=lambda i: self._in_flight[i])
+            self._in_flight[k] += 1
+            return k
+
+    def _give_copy(self, copy: int) -> None:
+        with self._copies_lock:
+            self._in_flight[copy] -= 1
 
     def _launch(self, part: PartArtifact, req: _Request, ready_ns: int) -> None:
         self._workers[_worker_key(part)].pool.submit(self._work, part, req, ready_ns, _clock_ns())

@@ -1,10 +1,18 @@
 """The candidates a plan is measured against, each a real :class:`Plan` and then a real bundle.
 
 * ``plan``: the optimiser's plan.
-* ``only:<processor>``: the whole model as one part on one local processor with its first backend
-  (on a CPU, plain ONNX Runtime: what a user gets by doing nothing), one for each processor that
-  runs every op; ``only:<processor>/<backend>`` for another backend of it, when the profile
-  predicts that backend faster on the whole model.
+* ``plain-ort``: what a user gets by doing nothing, ``onnxruntime.InferenceSession(model)``: the
+  whole model in ONNX Runtime over every CPU core of the device, one intra-op thread per core
+  (:func:`edgesplit.device.plain_cpu`: the core group of all its CPU processors, or its one CPU
+  processor), each core as the spec emulates it (a little core keeps its duty cycle).
+* ``only:<processor>``: the whole model as one part on one local processor with its first backend,
+  one for each processor that runs every op (on big.LITTLE, ORT on the big cores only is one);
+  ``only:<processor>/<backend>`` for another backend of it, when the profile predicts that backend
+  faster on the whole model.
+* ``ort-greedy``: ONNX Runtime's own execution-provider assignment (each node to the first
+  processor whose provider takes it, accelerators first).
+* ``replicas`` (throughput): a whole-model copy on each local CPU processor, requests taken from
+  one queue by whichever copy is free.
 * ``best-single-cut`` (Neurosurgeon) and ``server-only``: with a server, as the plan's baselines
   name them (:func:`edgesplit.optimize.baselines.baseline_candidates`).
 
@@ -23,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesplit.compile.api import compile_bundle
-from edgesplit.device import Processor
+from edgesplit.device import Processor, plain_cpu
 from edgesplit.errors import EdgesplitError
 from edgesplit.optimize.accuracy import with_precisions
 from edgesplit.optimize.api import make_plan
@@ -37,6 +45,9 @@ from edgesplit.optimize.solve import Outcome
 from edgesplit.pipeline import Problem
 
 PLAN = "plan"
+PLAIN_ORT = "plain-ort"
+ORT_GREEDY = "ort-greedy"
+REPLICAS = "replicas"
 REMOTE_BASELINES = ("best-single-cut", "server-only")
 
 
@@ -66,8 +77,8 @@ class Candidate:
 
 
 def signature(plan: Plan) -> tuple:
-    """What makes two bundles the same: their parts' processors, backends and nodes."""
-    return tuple((p.processor, p.backend, p.remote, p.nodes) for p in plan.parts)
+    """What makes two bundles the same: their parts' processors, backends and nodes, and copies."""
+    return (*((p.processor, p.backend, p.remote, p.nodes) for p in plan.parts), plan.replicas)
 
 
 def plan_for(
@@ -151,6 +162,65 @@ def single_processor(problem: Problem, plan: Plan) -> list[Candidate]:
     return out
 
 
+def plain_ort(problem: Problem, plan: Plan) -> list[Candidate]:
+    """``plain-ort`` (see the module doc); none when the device has no such processor."""
+    proc = plain_cpu(problem.full_device)
+    if proc is None:
+        return []
+    cores = f"cores {', '.join(map(str, proc.cores))}, " if proc.cores else ""
+    threads = proc.threads or (len(proc.cores) if proc.cores else None)
+    summary = f"ONNX Runtime's defaults over every CPU core ({proc.name}: {cores}{threads or 'all'} threads)"
+    c = _whole_on(problem, proc, "ort", PLAIN_ORT, plan)
+    return [replace(c, summary=summary if c.plan is not None else c.summary)]
+
+
+def ort_greedy(problem: Problem, plan: Plan) -> list[Candidate]:
+    """``ort-greedy`` (see the module doc), on the device's own processors."""
+    cm = _costs(problem)
+    found = [c for c in baseline_candidates(cm, "latency") if c.name == ORT_GREEDY]
+    if not found or found[0].assign is None:
+        why = found[0].summary if found else "no assignment"
+        return [Candidate(ORT_GREEDY, why, None, why)]
+    c = found[0]
+    return [
+        Candidate(
+            ORT_GREEDY, c.summary, plan_for(problem, cm, c.assign, ORT_GREEDY, c.summary, plan.baselines)
+        )
+    ]
+
+
+def replicas(problem: Problem, singles: list[Candidate]) -> list[Candidate]:
+    """``replicas`` (see the module doc), from the single-processor candidates of CPU processors
+    that are not core groups: the first such copy, and one on each other processor of its
+    precision. The predicted period is the copies' combined rate's."""
+    device = problem.full_device
+    cpus = [
+        c for c in singles
+        if c.plan is not None and c.name.startswith("only:") and "/" not in c.name
+        and not device.processor(c.name[5:]).is_group and device.processor(c.name[5:]).kind == "cpu"
+    ]  # fmt: skip
+    if len(cpus) < 2:
+        return []
+    first = cpus[0].plan
+    assert first is not None
+    same = [
+        c for c in cpus[1:] if c.plan is not None and c.plan.parts[0].precision == first.parts[0].precision
+    ]
+    if not same:
+        return []
+    procs = [first.parts[0].processor] + [c.plan.parts[0].processor for c in same]  # type: ignore[union-attr]
+    rates = [
+        1.0 / c.plan.predicted["period_ms"] for c in [cpus[0], *same] if c.plan.predicted.get("period_ms")
+    ]  # type: ignore[union-attr]
+    period = 1.0 / sum(rates) if rates else None
+    predicted = dict(first.predicted)
+    if period:
+        predicted.update(period_ms=round(period, 6), throughput_per_s=round(1000.0 / period, 6))
+    summary = f"a whole-model copy on each of {', '.join(procs)}, one queue"
+    plan = replace(first, replicas=tuple(procs[1:]), predicted=predicted)
+    return [Candidate(REPLICAS, summary, plan)]
+
+
 def remote_baselines(problem: Problem, plan: Plan, metric: str) -> list[Candidate]:
     """``best-single-cut`` and ``server-only`` (with a server): the plan's baselines, as plans."""
     cm = _costs(problem)
@@ -185,7 +255,12 @@ def remote_baselines(problem: Problem, plan: Plan, metric: str) -> list[Candidat
 def candidates(problem: Problem, plan: Plan, metric: str) -> list[Candidate]:
     """The plan first, then the baselines; identical plans marked ``same_as`` the first of them."""
     made = [Candidate(PLAN, f"the optimiser's plan, {len(plan.parts)} parts", plan)]
-    made += single_processor(problem, plan)
+    made += plain_ort(problem, plan)
+    singles = single_processor(problem, plan)
+    made += singles
+    made += ort_greedy(problem, plan)
+    if metric == "throughput":
+        made += replicas(problem, singles)
     made += remote_baselines(problem, plan, metric)
     seen: dict[tuple, str] = {}
     out = []
