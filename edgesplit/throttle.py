@@ -199,6 +199,23 @@ def busy() -> Iterator[None]:
             cycle.leave()
 
 
+def cycles() -> tuple[DutyCycle, ...]:
+    """The duty cycles serving the calling thread (see :func:`configure`)."""
+    return getattr(_local, "cycles", ())
+
+
+@contextlib.contextmanager
+def borrowed(served_by: tuple[DutyCycle, ...]) -> Iterator[None]:
+    """Serve the calling thread with another thread's duty cycles for the block: a caller that runs
+    a processor's part itself, in its worker's stead (:meth:`edgesplit.runtime.session.Session.run`)."""
+    before = getattr(_local, "cycles", ())
+    _local.cycles = tuple(served_by)
+    try:
+        yield
+    finally:
+        _local.cycles = before
+
+
 def busy_call(fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` with the calling thread marked busy (see :func:`busy`)."""
     with busy():

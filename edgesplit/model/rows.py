@@ -263,15 +263,31 @@ def piece_flops(graph: ModelGraph, seg: RowSegment, out: Rows) -> float:
     return total
 
 
-def row_piece(graph: ModelGraph, seg: RowSegment, out: Rows, name: str) -> tuple[onnx.ModelProto, Rows]:
-    """An ONNX model computing rows ``out`` of the segment's output from the band of its input
-    that they need; returns it with that band. The model's input and output keep the segment's
-    tensor names."""
+def row_piece_nodes(
+    graph: ModelGraph, seg: RowSegment, out: Rows, tag: str
+) -> tuple[list[onnx.NodeProto], dict[str, onnx.TensorProto], Rows, str]:
+    """The nodes of the piece computing rows ``out`` of the segment, reading the whole of its input
+    (a ``Slice`` takes the band) and writing ``<output>@<tag>``; every tensor and node it makes is
+    named ``<name>@<tag>``. Returns the nodes, the weights they read, the band and the output name."""
     protos = graph.model.graph.node
     need = needed_rows(graph, seg, out)
     weights = {t.name: t for t in graph.model.graph.initializer}
     nodes: list[onnx.NodeProto] = []
     inits: dict[str, onnx.TensorProto] = {}
+    band = need[seg.input]
+    full = graph.tensors[seg.input].shape[H_AXIS]
+
+    def local(t: str) -> str:
+        return t if t in weights else f"{t}@{tag}"
+
+    made = {seg.input: Rows(0, full)}
+    if band != Rows(0, full):
+        _slice(nodes, inits, seg.input, Rows(0, full), band, f"{seg.input}@{tag}")
+    else:
+        nodes.append(
+            helper.make_node("Identity", [seg.input], [f"{seg.input}@{tag}"], name=f"{seg.input}@{tag}.in")
+        )
+    made[seg.input] = band
     for k in seg.nodes:
         node, proto = graph.nodes[k], protos[k]
         rows = need.get(node.outputs[0])
@@ -282,35 +298,57 @@ def row_piece(graph: ModelGraph, seg: RowSegment, out: Rows, name: str) -> tuple
         for t in proto.input:
             if t in weights:
                 inits[t] = weights[t]
-            if t in reads and reads[t] != need[t]:
-                inputs.append(_slice(nodes, inits, t, need[t], reads[t]))
-            else:
                 inputs.append(t)
+            elif t in reads and reads[t] != made[t]:
+                want = f"{t}@{tag}.rows{reads[t].lo}_{reads[t].hi}"
+                if not any(n.output[0] == want for n in nodes):
+                    _slice(nodes, inits, local(t), made[t], reads[t], want)
+                inputs.append(want)
+            else:
+                inputs.append(local(t) if t else t)
         attrs = _attrs(proto)
         if node.op_type in WINDOWED:
             attrs = _band_attrs(graph, proto, attrs, rows)
-        nodes.append(helper.make_node(proto.op_type, inputs, list(proto.output), name=proto.name,
-                                      domain=proto.domain, **attrs))  # fmt: skip
-    band = need[seg.input]
+        outs = [local(t) for t in proto.output]
+        nodes.append(
+            helper.make_node(
+                proto.op_type, inputs, outs, name=f"{proto.name}@{tag}", domain=proto.domain, **attrs
+            )
+        )
+        made[node.outputs[0]] = rows
+    return nodes, inits, band, local(seg.output)
+
+
+def row_piece(graph: ModelGraph, seg: RowSegment, out: Rows, name: str) -> tuple[onnx.ModelProto, Rows]:
+    """A stand-alone ONNX model of one piece: it takes the band of the segment's input that rows
+    ``out`` need (named as the segment's input) and writes those rows of its output (named as the
+    segment's output). Returns it with that band."""
+    nodes, inits, band, out_name = row_piece_nodes(graph, seg, out, "piece")
     x, y = graph.tensors[seg.input], graph.tensors[seg.output]
-    elem_x = helper.np_dtype_to_tensor_dtype(np.dtype(x.dtype))
-    elem_y = helper.np_dtype_to_tensor_dtype(np.dtype(y.dtype))
+    # the piece's own input is the band already: its first Slice (or Identity) reads the band whole
+    first = nodes[0]
+    nodes[0] = helper.make_node("Identity", [seg.input], [first.output[0]], name=first.name)
+    renamed = [helper.make_node("Identity", [out_name], [seg.output], name=f"{seg.output}.out")]
     shape_x = list(x.shape[:H_AXIS]) + [band.n] + list(x.shape[H_AXIS + 1 :])
     shape_y = list(y.shape[:H_AXIS]) + [out.n] + list(y.shape[H_AXIS + 1 :])
     g = helper.make_graph(
-        nodes, name, [helper.make_tensor_value_info(seg.input, elem_x, shape_x)],
-        [helper.make_tensor_value_info(seg.output, elem_y, shape_y)], list(inits.values()),
-    )  # fmt: skip
+        nodes + renamed,
+        name,
+        [helper.make_tensor_value_info(seg.input, _elem(x.dtype), shape_x)],
+        [helper.make_tensor_value_info(seg.output, _elem(y.dtype), shape_y)],
+        list(inits.values()),
+    )
     model = helper.make_model(g, opset_imports=list(graph.model.opset_import))
     model.ir_version = graph.model.ir_version
     return model, band
 
 
-def _slice(nodes: list, inits: dict, tensor: str, have: Rows, want: Rows) -> str:
-    """Append a Slice taking rows ``want`` of ``tensor`` (which holds rows ``have``)."""
-    out = f"{tensor}__rows{want.lo}_{want.hi}"
-    if any(n.output[0] == out for n in nodes):
-        return out
+def _elem(dtype: str) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _slice(nodes: list, inits: dict, tensor: str, have: Rows, want: Rows, out: str) -> str:
+    """Append a Slice writing ``out``: rows ``want`` of ``tensor`` (which holds rows ``have``)."""
     consts = {
         f"{out}__starts": [want.lo - have.lo], f"{out}__ends": [want.hi - have.lo],
         f"{out}__axes": [H_AXIS],
@@ -323,12 +361,14 @@ def _slice(nodes: list, inits: dict, tensor: str, have: Rows, want: Rows) -> str
 
 def _band_attrs(graph: ModelGraph, proto: onnx.NodeProto, attrs: dict, out: Rows) -> dict:
     """A windowed node's attributes for the band computing rows ``out``: padding top and bottom
-    only where the band reaches the image's edge (explicit pads, floor mode)."""
+    only where the band reaches the image's edge (explicit pads)."""
     w = window(proto, graph)
     assert w is not None
     _, top, bottom = w.needs(out, graph.tensors[proto.input[0]].shape[H_AXIS])
     pads = _explicit_pads(proto, graph, _kernel(proto, graph))
-    attrs = {k: v for k, v in attrs.items() if k not in ("auto_pad", "ceil_mode")}
+    # ceil_mode stays (the width may need it); the band's height fits the windows exactly, where
+    # ceil and floor agree
+    attrs = {k: v for k, v in attrs.items() if k != "auto_pad"}
     attrs["pads"] = [top, pads[1], bottom, pads[3]]
     return attrs
 

@@ -38,7 +38,8 @@ from edgesplit.runtime.breakdown import Breakdown, breakdown
 from edgesplit.runtime.executors import Executor
 from edgesplit.runtime.kernels import KernelTracer
 from edgesplit.runtime.trace import Trace, build_trace
-from edgesplit.throttle import busy
+from edgesplit.throttle import borrowed, busy
+from edgesplit.throttle import cycles as throttle_cycles
 
 _clock_ns = time.perf_counter_ns
 
@@ -92,10 +93,12 @@ class _Worker:
     def __init__(self, processor: str, part: PartArtifact | None, notes: list[str], locks=()):
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"edgesplit-{processor}")
         self.locks = tuple(locks)
+        self.cores: frozenset[int] | None = None  # what the thread is pinned to (None: not pinned)
+        self.cycles: tuple = ()  # the duty cycles serving it
+        self.idle = threading.Lock()  # held by a caller running this worker's part itself
         self.pool.submit(self._setup, processor, part, notes).result()
 
-    @staticmethod
-    def _setup(processor: str, part: PartArtifact | None, notes: list[str]) -> None:
+    def _setup(self, processor: str, part: PartArtifact | None, notes: list[str]) -> None:
         if part is None:
             return
         notes.extend(
@@ -107,6 +110,23 @@ class _Worker:
                 core_quotas=part.core_quotas,
             )
         )
+        if part.cores and hasattr(os, "sched_getaffinity"):
+            self.cores = frozenset(os.sched_getaffinity(0))
+        self.cycles = throttle_cycles()
+
+    @contextlib.contextmanager
+    def in_caller(self) -> Iterator[None]:
+        """Make the calling thread this worker for the block: pinned to its cores and served by
+        its duty cycles (its affinity restored after)."""
+        before = os.sched_getaffinity(0) if self.cores is not None else None
+        if self.cores is not None:
+            os.sched_setaffinity(0, self.cores)
+        try:
+            with borrowed(self.cycles):
+                yield
+        finally:
+            if before is not None:
+                os.sched_setaffinity(0, before)
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
@@ -238,14 +258,18 @@ class Session:
     def _launch(self, part: PartArtifact, req: _Request, ready_ns: int) -> None:
         self._workers[_worker_key(part)].pool.submit(self._work, part, req, ready_ns, _clock_ns())
 
-    def _work(self, part: PartArtifact, req: _Request, ready_ns: int, submit_ns: int) -> None:
-        """Run one part on its worker's thread, then launch the parts it made ready."""
+    def _work(
+        self, part: PartArtifact, req: _Request, ready_ns: int, submit_ns: int, *, here: bool = False
+    ) -> None:
+        """Run one part on its worker's thread (``here``: on the caller's, which holds the worker),
+        then launch the parts it made ready."""
         start_ns = _clock_ns()
         if req.done.done():  # an earlier part of this request failed
             return
+        worker = self._workers[_worker_key(part)]
         try:
             # a throttled processor's duty cycle runs while it works; a core group holds its cores
-            with self._workers[_worker_key(part)].holding(), busy():
+            with contextlib.nullcontext() if here else worker.idle, worker.holding(), busy():
                 self._run_part(part, req, ready_ns, submit_ns, start_ns)
         except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
             if not req.done.done():
@@ -314,8 +338,36 @@ class Session:
     def run(
         self, inputs: Mapping[str, np.ndarray], *, timeout_s: float | None = None
     ) -> dict[str, np.ndarray]:
-        """Run one request; returns the model's outputs by name."""
-        return self._submit(self._check_inputs(inputs)).result(timeout=timeout_s)
+        """Run one request; returns the model's outputs by name.
+
+        A bundle of one local part (plain ONNX Runtime, a whole model on one processor) is run on
+        the calling thread itself, pinned and throttled as that part's worker for the call, when
+        the worker is free and no ``timeout_s`` is asked for: the hand-off to the worker and back
+        cost 0.1-0.2 ms a request here, 4-5% of squeezenet over both cores."""
+        feeds = self._check_inputs(inputs)
+        solo = self._solo
+        if solo is not None and timeout_s is None and solo.idle.acquire(blocking=False):
+            try:
+                with solo.in_caller():
+                    return self._run_here(feeds)
+            finally:
+                solo.idle.release()
+        return self._submit(feeds).result(timeout=timeout_s)
+
+    @property
+    def _solo(self) -> _Worker | None:
+        """The worker of a bundle's only part, when it is local (None otherwise)."""
+        if len(self._copies) != 1 or len(self._copies[0]) != 1:
+            return None
+        part = self._parts[self._copies[0][0]]
+        return None if part.remote else self._workers[_worker_key(part)]
+
+    def _run_here(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        req = _Request(tensors=dict(feeds), waiting={}, done=Future(), number=next(self._request_numbers))
+        req.left = 1
+        part = self._parts[self._copies[0][0]]
+        self._work(part, req, req.start_ns, _clock_ns(), here=True)
+        return req.done.result()
 
     @property
     def stream_window(self) -> int:
