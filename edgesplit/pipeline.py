@@ -441,4 +441,10 @@ def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
         calibration_data=data,
         calibration_method=method,
     )
-    return resolve(graph, _recorded_spec(plan.device_path, plan.device), choices)
+    problem = resolve(graph, _recorded_spec(plan.device_path, plan.device), choices)
+    if not plan.splits:
+        return problem
+    from edgesplit.optimize.split import for_plan
+
+    split_graph, profile = for_plan(problem.graph, plan.splits, problem.profile)
+    return replace(problem, graph=split_graph, profile=profile)

@@ -72,6 +72,10 @@ def _graph_for(
         _check_plan_fits(plan, os.fspath(model), sha256_file(model))  # before the plan's shapes are applied
     graph = load_graph(model, input_shapes or plan.input_shapes or None, input_values)
     _check_plan_fits(plan, graph.path, graph.sha256)
+    if plan.splits and any(n.name not in plan.assignment for n in graph.nodes):  # not rewritten yet
+        from edgesplit.optimize.split import for_plan
+
+        graph = for_plan(graph, plan.splits)[0]
     return graph
 
 

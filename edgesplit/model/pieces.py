@@ -29,6 +29,9 @@ from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.model.rows import H_AXIS, Rows, RowSegment, join, row_piece_nodes, row_segments
 
+PIECE_MARK = "edgesplit: piece"
+JOIN_MARK = "edgesplit: joins the pieces of a split"
+
 CHANNEL_HEADS = frozenset({"Conv", "Gemm", "MatMul"})
 CHANNEL_FOLLOWERS = frozenset(
     {"BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish",
@@ -345,6 +348,8 @@ def _pieces(graph: ModelGraph, split: Split) -> tuple[list[onnx.NodeProto], list
         else:
             chain = [graph.index[n] for n in split.nodes]
             made, extra, out = channel_piece_nodes(graph, chain, band, split.tag(k))
+        for n in made:
+            n.doc_string = f"{PIECE_MARK} {split.tag(k)}"
         nodes += made
         inits += extra
         outs.append(out)
@@ -352,8 +357,29 @@ def _pieces(graph: ModelGraph, split: Split) -> tuple[list[onnx.NodeProto], list
         axis = H_AXIS
     else:
         axis = channel_axis(graph, graph.index[split.nodes[0]])
-    nodes.append(helper.make_node("Concat", outs, [split.output], name=f"{split.output}.join", axis=axis))
+    join_node = helper.make_node("Concat", outs, [split.output], name=f"{split.output}.join", axis=axis)
+    join_node.doc_string = JOIN_MARK
+    nodes.append(join_node)
     return nodes, inits
+
+
+def piece_layout(graph: ModelGraph) -> tuple[tuple[int, ...], frozenset[int]]:
+    """For a rewritten graph: each node's piece (numbered in graph order; -1 for a node in none)
+    and the join nodes. A part never mixes a piece with other nodes and never begins before a
+    join: a piece merged into the part before it would wait for that part's end, and a join in
+    the part of a piece would hold that piece's output back until the other pieces end; either way
+    the pieces would not run at the same time."""
+    ids: dict[str, int] = {}
+    piece = []
+    joins = set()
+    for i, n in enumerate(graph.model.graph.node):
+        if n.doc_string.startswith(PIECE_MARK):
+            piece.append(ids.setdefault(n.doc_string, len(ids)))
+        else:
+            piece.append(-1)
+            if n.doc_string == JOIN_MARK:
+                joins.add(i)
+    return tuple(piece), frozenset(joins)
 
 
 def piece_nodes(split: Split, rewritten: ModelGraph) -> list[list[int]]:

@@ -17,8 +17,10 @@ from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import fit_budget, with_precisions
 from edgesplit.optimize.costs import CostModel, build_costs
+from edgesplit.optimize.evaluate import sequential_cost
 from edgesplit.optimize.load import loaded_costs
 from edgesplit.optimize.objectives import objective
+from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.plan import Baseline, Part, Plan, Transfer
 from edgesplit.optimize.problem import Problem
 from edgesplit.optimize.schedule import schedule
@@ -78,9 +80,69 @@ def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int =
         plan = _fewest_backends(problem, run)
     else:
         plan = _loaded(problem, costs_of(problem), run)
+    if problem.objective == "latency" and not problem.pins and problem.split_operators:
+        plan = with_splits(problem, plan)
     plan = with_precisions(plan, problem.full_device)
     again = partial(solve_plan, time_limit_s=time_limit_s, max_evals=max_evals)
     return fit_budget(problem, plan, again)
+
+
+def with_splits(problem: Problem, plan: Plan) -> Plan:
+    """``plan`` with operators split between its busiest processor and another one
+    (:mod:`edgesplit.optimize.split`), when the part-level schedule predicts that faster by more
+    than the measured noise; else ``plan`` itself."""
+    from edgesplit.model.pieces import rewrite
+    from edgesplit.optimize.split import (
+        channel_candidates,
+        choose,
+        derived_profile,
+        pair,
+        piece_nodes,
+        row_candidates,
+    )
+
+    cm = costs_of(problem)
+    if any(p.remote for p in plan.parts) or any(n not in cm.nodes for n in plan.assignment):
+        return plan
+    assign = np.array([cm.proc_index(plan.assignment[n]["processor"]) for n in cm.nodes], dtype=np.int64)
+    ends = pair(cm, assign)
+    if ends is None:
+        return plan
+    base_ms = float(plan.predicted.get("latency_ms", 0.0))
+    chosen = choose(row_candidates(problem.graph, cm, *ends) + channel_candidates(problem.graph, cm, *ends),
+                    min_gain_ms=0.01 * base_ms)  # fmt: skip
+    if not chosen:
+        return plan
+    splits = [c.split for c in chosen]
+    graph = rewrite(problem.graph, splits)
+    split_problem = replace(
+        problem, graph=graph, profile=derived_profile(problem.profile, problem.graph, graph, splits)
+    )
+    cm2 = costs_of(split_problem)
+    x = np.array(
+        [cm2.proc_index(plan.assignment[n]["processor"]) if n in plan.assignment else -1 for n in cm2.nodes]
+    )
+    for s in splits:
+        for k, nodes in enumerate(piece_nodes(s, graph)):
+            x[nodes] = cm2.proc_index(s.processors[k])
+        x[graph.index[f"{s.output}.join"]] = cm2.proc_index(s.processors[0])
+    if (x < 0).any():
+        return plan
+    out = Outcome(
+        assign=x,
+        schedule=schedule(cm2, x),
+        period_ms=period_ms(cm2, x),
+        sequential_latency_ms=sequential_cost(cm2, x, "latency"),
+        solver=replace(
+            plan.solver, name=f"{plan.solver.name}+split-operators", detail=f"{len(splits)} split(s)"
+        ),
+        baselines=plan.baselines,
+        baseline_assign={},
+    )
+    if out.schedule.makespan_ms >= base_ms * (1 - cm.ov.noise_rel):
+        return plan
+    split_plan = make_plan(split_problem, cm2, out)
+    return replace(split_plan, splits=tuple(s.to_json() for s in splits), pareto=plan.pareto)
 
 
 def costs_of(problem: Problem, uniform: dict[str, str] | None = None) -> CostModel:

@@ -54,6 +54,7 @@ import numpy as np
 from edgesplit.device import DeviceSpec, NetworkLink, Processor, shares_cores
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
+from edgesplit.model.pieces import piece_layout
 from edgesplit.optimize.overheads import Overheads, build_overheads, none, whole_model_scale
 from edgesplit.profile.store import Profile
 
@@ -100,6 +101,9 @@ class CostModel:
         shared_cores: ``(P, P)`` True where two local processors run on a core in common (a core
             group and its members; the diagonal too): they never run parts at once, and a group's
             time counts as busy time of each member (None: only the diagonal).
+        piece_of: Per node, the piece of a split operator it is in (-1: none), and ``joins``, the
+            nodes that join pieces (:func:`edgesplit.model.pieces.piece_layout`): parts keep them
+            apart (:mod:`edgesplit.optimize.parts`).
     """
 
     nodes: tuple[str, ...]
@@ -125,6 +129,8 @@ class CostModel:
     overheads: Overheads | None = None
     shared_cores: np.ndarray | None = None
     is_group: np.ndarray | None = None
+    piece_of: tuple[int, ...] = ()
+    joins: frozenset[int] = frozenset()
 
     @cached_property
     def groups(self) -> np.ndarray:
@@ -497,6 +503,7 @@ def build_costs(
     limits, groups = _memory_limits(device, server)
     flows = _flows(graph)
     home = home_processor(device)
+    pieces = piece_layout(graph)
     overheads = build_overheads(profile, procs, backend, [n.name for n in graph.nodes], flows, home)
     return CostModel(
         nodes=tuple(n.name for n in graph.nodes),
@@ -522,4 +529,6 @@ def build_costs(
         overheads=overheads,
         shared_cores=np.array([[shares_cores(p, q) or p is q for q in procs] for p in procs]),
         is_group=np.array([p.is_group for p in procs]),
+        piece_of=pieces[0] if any(k >= 0 for k in pieces[0]) else (),
+        joins=pieces[1],
     )

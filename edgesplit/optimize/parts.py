@@ -116,7 +116,9 @@ def part_labels(
         codes: dict[tuple, int] = {}
         site = [codes.setdefault(s, len(codes)) for s in zip(x.tolist(), backends)]
     edges = cm.node_edges
-    label = _merge(_components(n, edges, _phase_keys(cm, site)), edges, site)
+    # split operators: a piece, and a join, never share a part with other nodes before them
+    joined = _apart(cm, edges) if cm.piece_of or cm.joins else edges
+    label = _merge(_components(n, joined, _phase_keys(cm, site)), edges, site, _fixed(cm))
     order = _topo(_part_graph(label, edges), _first_nodes(label))
     assert order is not None, "parts must form an acyclic graph"
     members: dict[int, list[int]] = {lab: [] for lab in order}
@@ -142,10 +144,25 @@ def _phase_keys(cm: CostModel, site: list[int]) -> list[int]:
     return [s * (n + 1) + f for s, f in zip(site, phase)]
 
 
-def _merge(label: list[int], edges: Sequence[tuple[int, int]], site: list) -> list[int]:
+def _apart(cm: CostModel, edges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The edges within one piece, or between nodes in none that do not end at a join: the only
+    ones along which nodes of one site join into a part (see :func:`edgesplit.model.pieces.piece_layout`)."""
+    piece = cm.piece_of or (-1,) * cm.n_nodes
+    return tuple((a, b) for a, b in edges if piece[a] == piece[b] and b not in cm.joins)
+
+
+def _fixed(cm: CostModel) -> frozenset[int]:
+    """Nodes whose parts are never merged with another (a piece's nodes, a join)."""
+    return frozenset(i for i, k in enumerate(cm.piece_of) if k >= 0) | cm.joins
+
+
+def _merge(
+    label: list[int], edges: Sequence[tuple[int, int]], site: list, fixed: frozenset[int] = frozenset()
+) -> list[int]:
     """Merge parts on one site along an edge ``u -> v`` wherever ``v`` is not reachable from ``u``
-    any other way, smallest ``u`` and ``v`` first, until none is left. The part graph is updated in
-    place at each merge (the same graph a recomputation would give)."""
+    any other way, smallest ``u`` and ``v`` first, until none is left; never a part that begins at
+    a node of ``fixed``. The part graph is updated in place at each merge (the same graph a
+    recomputation would give)."""
     succ = _part_graph(label, edges)
     pred: dict[int, set[int]] = {u: set() for u in succ}
     for u, vs in succ.items():
@@ -158,7 +175,11 @@ def _merge(label: list[int], edges: Sequence[tuple[int, int]], site: list) -> li
         changed = False
         for u in sorted(succ):
             for v in sorted(succ[u]):
-                if site_of[u] == site_of[v] and not _reaches(succ, u, v, skip_direct=True):
+                if (
+                    site_of[u] == site_of[v]
+                    and not ({u, v} & fixed)
+                    and not _reaches(succ, u, v, skip_direct=True)
+                ):
                     _absorb(succ, pred, u, v)
                     into[v] = u
                     changed = True

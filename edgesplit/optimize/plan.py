@@ -123,6 +123,10 @@ class Plan:
     came from (``measured``, ``predicted`` by the spec's roofline, ``calibrated``...), so that a
     reader sees which parts of a plan rest on measurements; empty in older plans.
 
+    ``splits``: operators split across processors (:class:`edgesplit.model.pieces.Split` as JSON):
+    the plan's nodes are those of the model with the splits written in
+    (:func:`edgesplit.model.pieces.rewrite`), which ``compile`` does again.
+
     ``replicas``: for a stream, other processors that each hold a whole copy of the plan's parts
     (a one-part plan: the whole model), so that requests taken from one queue run on whichever copy
     is free; empty for one copy. ``predicted["period_ms"]`` is then the copies' combined period.
@@ -157,6 +161,7 @@ class Plan:
     server_profile_path: str | None = None
     cost_sources: Mapping[str, str] = field(default_factory=dict)
     replicas: tuple[str, ...] = ()
+    splits: tuple[Mapping[str, Any], ...] = ()
     format_version: int = FORMAT_VERSION
 
     def part_of(self, node: str) -> Part:
@@ -198,6 +203,7 @@ class Plan:
             kw["predicted"] = dict(d.get("predicted", {}))
             kw["pins"] = dict(d.get("pins", {}))
             kw["replicas"] = tuple(d.get("replicas", ()))
+            kw["splits"] = tuple(dict(s) for s in d.get("splits", ()))
             acc = d.get("accuracy")  # anything but an object is named by check_plan_types
             kw["accuracy"] = dict(acc) if isinstance(acc, Mapping) else acc
             plan = Plan(**kw)

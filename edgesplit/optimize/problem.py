@@ -39,6 +39,8 @@ class Problem:
         server_load: Devices sharing the server, to price its queueing delay (None: this one alone).
         accuracy: The budget reduced-precision parts must meet and how to measure it
             (:mod:`edgesplit.optimize.accuracy`); None: no check (plans made in code).
+        split_operators: A latency plan may split operators between two processors
+            (:mod:`edgesplit.optimize.split`).
     """
 
     graph: ModelGraph
@@ -53,6 +55,7 @@ class Problem:
     server_load: ServerLoad | None = None
     server_profile_path: str | None = None
     accuracy: AccuracyCheck | None = None
+    split_operators: bool = True
 
     @property
     def full_device(self) -> DeviceSpec:
