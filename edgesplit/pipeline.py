@@ -100,6 +100,8 @@ class Choices:
         calibration_method: How int8 activation ranges are found, one of
             :data:`edgesplit.precision.CALIBRATION_METHODS` (default
             :data:`~edgesplit.precision.DEFAULT_CALIBRATION_METHOD`).
+        split_operators: A latency plan may split operators between two processors at once
+            (:mod:`edgesplit.optimize.split`).
     """
 
     objective: str = "latency"
@@ -119,6 +121,7 @@ class Choices:
     accuracy: AccuracyBudget | None = None
     calibration_data: str | os.PathLike | None = None
     calibration_method: str | None = None
+    split_operators: bool = False
 
 
 def accuracy_check(
@@ -342,6 +345,7 @@ def resolve(
         server_load=load,
         accuracy=check,
         server_profile_path=server_path,
+        split_operators=c.split_operators,
     )
 
 

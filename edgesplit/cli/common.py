@@ -105,6 +105,13 @@ objective_option = click.option(
 )
 
 
+split_option = click.option(
+    "--split-operators",
+    is_flag=True,
+    help="A latency plan may split operators across two processors at once (rows or channels).",
+)
+
+
 def backend_names() -> Iterable[str]:
     from edgesplit.device import BACKENDS
 

@@ -22,6 +22,7 @@ from edgesplit.cli.common import (
     runs_option,
     sign_key_option,
     slo_option,
+    split_option,
 )
 from edgesplit.cli.compile import tune_options, tune_per_task_option, verify_options
 
@@ -39,6 +40,7 @@ from edgesplit.cli.compile import tune_options, tune_per_task_option, verify_opt
 @force_option
 @sign_key_option
 @objective_option
+@split_option
 @slo_option
 @click.option(
     "--profile",
@@ -73,6 +75,7 @@ def command(
     force,
     sign_key,
     objective,
+    split_operators,
     slo_ms,
     profile_path,
     server,
@@ -106,6 +109,7 @@ def command(
 
     choices = dict(
         objective=objective,
+        split_operators=split_operators,
         slo_ms=slo_ms,
         profile=profile_path,
         server=server,

@@ -22,6 +22,7 @@ from edgesplit.cli.common import (
     progress_bar,
     runs_option,
     slo_option,
+    split_option,
 )
 
 
@@ -39,6 +40,7 @@ from edgesplit.cli.common import (
 @input_shape_option
 @input_values_option
 @objective_option
+@split_option
 @slo_option
 @link_options
 @pin_option
@@ -76,6 +78,7 @@ def command(
     input_shapes,
     input_values,
     objective,
+    split_operators,
     slo_ms,
     server,
     server_profile,
@@ -111,6 +114,7 @@ def command(
     onnx_path = _annotated_path(out, onnx_out, model)
     choices = Choices(
         objective=objective,
+        split_operators=split_operators,
         slo_ms=slo_ms,
         profile=profile_path,
         server=server,

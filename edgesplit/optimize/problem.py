@@ -40,7 +40,8 @@ class Problem:
         accuracy: The budget reduced-precision parts must meet and how to measure it
             (:mod:`edgesplit.optimize.accuracy`); None: no check (plans made in code).
         split_operators: A latency plan may split operators between two processors
-            (:mod:`edgesplit.optimize.split`).
+            (:mod:`edgesplit.optimize.split`); off by default: on this machine's big and little
+            cores such plans measured slower than the big core alone (README, "Split operators").
     """
 
     graph: ModelGraph
@@ -55,7 +56,7 @@ class Problem:
     server_load: ServerLoad | None = None
     server_profile_path: str | None = None
     accuracy: AccuracyCheck | None = None
-    split_operators: bool = True
+    split_operators: bool = False
 
     @property
     def full_device(self) -> DeviceSpec:

@@ -113,8 +113,45 @@ def derived_profile(
                 nodes[node.name] = replace(
                     cost, latency_ms=cost.latency_ms * scale, p90_ms=cost.p90_ms * scale
                 )
-        entries.append(replace(e, nodes=nodes, whole_model_ms=None, whole_model_p90_ms=None))
+        terms = _derived_terms(e.terms, rewritten, share) if e.terms is not None else None
+        entries.append(replace(e, nodes=nodes, whole_model_ms=None, whole_model_p90_ms=None, terms=terms))
     return replace(profile, entries=tuple(entries))
+
+
+def _origin(name: str) -> str:
+    """The original tensor or node a piece's one is made from (``<name>@<tag>...``)."""
+    return name.split("@", 1)[0]
+
+
+def _derived_terms(t, rewritten: ModelGraph, share: dict[str, tuple[str, float]]):
+    """The boundary terms for the pieces' tensors and nodes: a piece's tensor is blocked where its
+    original is, and its reorders cost the original's times the piece's share (its band's bytes);
+    a piece's node reads blocked inputs where its original does."""
+    blocked = set(t.blocked_tensors)
+    readers = set(t.blocked_readers)
+    frac_of = {name: f for name, (_, f) in share.items()}
+    new_in, new_out = dict(t.reorder_in_ms), dict(t.reorder_out_ms)
+    for node in rewritten.nodes:
+        if "@" not in node.name:
+            continue
+        orig = _origin(node.name)
+        frac = frac_of.get(node.name, 1.0)
+        if orig in readers:
+            readers.add(node.name)
+        for x in node.outputs:
+            src = _origin(x)
+            if src in blocked and x != src:
+                blocked.add(x)
+                for table in (new_in, new_out):
+                    if src in table:
+                        table[x] = table[src] * frac
+    return replace(
+        t,
+        blocked_tensors=tuple(sorted(blocked)),
+        blocked_readers=tuple(sorted(readers)),
+        reorder_in_ms=new_in,
+        reorder_out_ms=new_out,
+    )
 
 
 def _node_cost(node, e: ProcessorProfile, share, rate: float, graph: ModelGraph) -> NodeCost | None:
@@ -160,6 +197,18 @@ def _row_cost(graph: ModelGraph, cm: CostModel, seg: RowSegment, rows: Rows, p: 
     )
 
 
+IDLE_GAP_MS = 5.0
+"""How long the second processor is taken to have idled before each piece it is handed: its
+hand-off grows with the gap (0.06 ms at none to 0.27 ms at 20 ms for ``host-biglittle``'s little)."""
+
+
+def _join_ms(cm: CostModel, a: int, nbytes: int) -> float:
+    """The join on ``a``: a part of its own (fixed cost, the pieces' bytes in, their copy) and the
+    hand-off back to ``a``'s worker when the other piece ends last."""
+    c = cm.ov.cost(a, cm.backend[0][a])
+    return c.part_ms + nbytes * (c.in_ms_per_byte + COPY_MS_PER_MB / 1e6) + cm.ov.handoff(a, 0.0)
+
+
 def _best_cut(size: int, cost_a, cost_b, join_ms: float) -> tuple[int, float]:
     """The cut t (piece a: [0, t), piece b: [t, size)) of the least split cost."""
     best = (0, float("inf"))
@@ -190,10 +239,8 @@ def _row_candidate(graph: ModelGraph, cm: CostModel, seg: RowSegment, a: int, b:
     whole = float(cm.node_ms[list(seg.nodes), a].sum())
     if not np.isfinite(whole) or not np.isfinite(cm.node_ms[list(seg.nodes), b]).all():
         return None
-    handoff = cm.ov.handoff(b, 0.0)
-    join_ms = (
-        graph.tensors[seg.output].nbytes * COPY_MS_PER_MB / 1e6 + cm.ov.cost(a, cm.backend[0][a]).part_ms
-    )
+    handoff = cm.ov.handoff(b, IDLE_GAP_MS)
+    join_ms = _join_ms(cm, a, graph.tensors[seg.output].nbytes)
     t, ms = _best_cut(
         seg.out_height,
         lambda lo, hi: _row_cost(graph, cm, seg, Rows(lo, hi), a),
@@ -238,7 +285,7 @@ def _channel_candidate(
     whole = float(cm.node_ms[nodes, a].sum())
     x = graph.nodes[chain[0]].inputs[0]
     x_nbytes, y_nbytes = graph.tensors[x].nbytes, graph.tensors[y].nbytes
-    handoff = cm.ov.handoff(b, 0.0)
+    handoff = cm.ov.handoff(b, IDLE_GAP_MS)
 
     def cost(lo: int, hi: int, p: int) -> float:
         frac = (hi - lo) / size
@@ -246,7 +293,7 @@ def _channel_candidate(
             cm, p, x_nbytes, int(y_nbytes * frac)
         )
 
-    join_ms = y_nbytes * COPY_MS_PER_MB / 1e6 + cm.ov.cost(a, cm.backend[0][a]).part_ms
+    join_ms = _join_ms(cm, a, y_nbytes)
     t, ms = _best_cut(size, lambda lo, hi: cost(lo, hi, a), lambda lo, hi: cost(lo, hi, b) + handoff, join_ms)
     if not t:
         return None
