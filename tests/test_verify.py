@@ -221,7 +221,10 @@ def test_no_verify_skips_and_the_cli_prints_the_table(setup, tmp_path, capsys):
     code, out = run("--verify-budget-s", str(QUICK_BUDGET_S), "-o", str(tmp_path / "b"))
     assert code == 0, out
     assert "verification on this device" in out and "measured median ms" in out
-    assert "costs: measured big/ort, little/ort; predicted by the spec's roofline norelu/ort" in out
+    # the core group of the three CPU processors (plain ORT's) is predicted too: it was not profiled
+    costs = next(line for line in out.splitlines() if line.startswith("costs:"))
+    assert "measured big/ort, little/ort" in costs and "predicted by the spec's roofline" in costs
+    assert "norelu/ort" in costs.split("roofline")[1], costs
     # Which candidate wins is for the `measures` tests (another worker may load big's core here):
     # this one checks that the verdict the bundle records is printed.
     v = open_bundle(tmp_path / "b").verification
