@@ -91,15 +91,7 @@ def with_splits(problem: Problem, plan: Plan) -> Plan:
     """``plan`` with operators split between its busiest processor and another one
     (:mod:`edgesplit.optimize.split`), when the part-level schedule predicts that faster by more
     than the measured noise; else ``plan`` itself."""
-    from edgesplit.model.pieces import rewrite
-    from edgesplit.optimize.split import (
-        channel_candidates,
-        choose,
-        derived_profile,
-        pair,
-        piece_nodes,
-        row_candidates,
-    )
+    from edgesplit.optimize.split import channel_candidates, choose, pair, row_candidates
 
     cm = costs_of(problem)
     if any(p.remote for p in plan.parts) or any(n not in cm.nodes for n in plan.assignment):
@@ -109,40 +101,54 @@ def with_splits(problem: Problem, plan: Plan) -> Plan:
     if ends is None:
         return plan
     base_ms = float(plan.predicted.get("latency_ms", 0.0))
-    chosen = choose(row_candidates(problem.graph, cm, *ends) + channel_candidates(problem.graph, cm, *ends),
-                    min_gain_ms=0.01 * base_ms)  # fmt: skip
+    cands = row_candidates(problem.graph, cm, *ends) + channel_candidates(problem.graph, cm, *ends)
+    chosen = choose(cands, min_gain_ms=0.01 * base_ms)
     if not chosen:
         return plan
-    splits = [c.split for c in chosen]
+    split_plan = plan_with_splits(problem, plan, [c.split for c in chosen])
+    if split_plan.predicted["latency_ms"] >= base_ms * (1 - cm.ov.noise_rel):
+        return plan
+    return split_plan
+
+
+def plan_with_splits(problem: Problem, plan: Plan, splits) -> Plan:
+    """``plan`` with ``splits`` (:class:`edgesplit.model.pieces.Split`) written in: each piece on
+    its split's processor, each join on the first piece's, every other node where ``plan`` has it;
+    priced by the part-level schedule like any plan.
+
+    Raises:
+        PlanError: a split that does not fit the model, or a node ``plan`` does not place.
+    """
+    from edgesplit.model.pieces import rewrite
+    from edgesplit.optimize.split import derived_profile, piece_nodes
+
     graph = rewrite(problem.graph, splits)
     split_problem = replace(
         problem, graph=graph, profile=derived_profile(problem.profile, problem.graph, graph, splits)
     )
-    cm2 = costs_of(split_problem)
+    cm = costs_of(split_problem)
     x = np.array(
-        [cm2.proc_index(plan.assignment[n]["processor"]) if n in plan.assignment else -1 for n in cm2.nodes]
+        [cm.proc_index(plan.assignment[n]["processor"]) if n in plan.assignment else -1 for n in cm.nodes]
     )
     for s in splits:
         for k, nodes in enumerate(piece_nodes(s, graph)):
-            x[nodes] = cm2.proc_index(s.processors[k])
-        x[graph.index[f"{s.output}.join"]] = cm2.proc_index(s.processors[0])
+            x[nodes] = cm.proc_index(s.processors[k])
+        x[graph.index[f"{s.output}.join"]] = cm.proc_index(s.processors[0])
     if (x < 0).any():
-        return plan
+        raise PlanError(f"the plan places no processor for {cm.nodes[int(np.argmin(x))]}")
     out = Outcome(
         assign=x,
-        schedule=schedule(cm2, x),
-        period_ms=period_ms(cm2, x),
-        sequential_latency_ms=sequential_cost(cm2, x, "latency"),
+        schedule=schedule(cm, x),
+        period_ms=period_ms(cm, x),
+        sequential_latency_ms=sequential_cost(cm, x, "latency"),
         solver=replace(
             plan.solver, name=f"{plan.solver.name}+split-operators", detail=f"{len(splits)} split(s)"
         ),
         baselines=plan.baselines,
         baseline_assign={},
     )
-    if out.schedule.makespan_ms >= base_ms * (1 - cm.ov.noise_rel):
-        return plan
-    split_plan = make_plan(split_problem, cm2, out)
-    return replace(split_plan, splits=tuple(s.to_json() for s in splits), pareto=plan.pareto)
+    made = make_plan(split_problem, cm, out)
+    return replace(made, splits=tuple(s.to_json() for s in splits), pareto=plan.pareto)
 
 
 def costs_of(problem: Problem, uniform: dict[str, str] | None = None) -> CostModel:

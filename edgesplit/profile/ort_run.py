@@ -34,7 +34,10 @@ from edgesplit.throttle import busy, busy_call
 def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, backend: Backend, **extra):
     import onnxruntime as ort
 
-    so = ort_session_options(processor.threads, processor.cores, **extra)
+    # a core group's threads stop spinning when a run ends: they sit on its members' cores, whose
+    # own work (timed next, or in the same rounds) would otherwise lose the core to them (the
+    # little core's whole model measured 2x slower beside an idle group's session)
+    so = ort_session_options(processor.threads, processor.cores, spin=not processor.is_group, **extra)
     data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     providers = [(backend.provider, dict(backend.options))]
     if backend.provider != "CPUExecutionProvider":

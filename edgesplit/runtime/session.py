@@ -187,7 +187,8 @@ class Session:
         for p in self.manifest.parts:
             key = _worker_key(p)
             extra = dict(opts.get("remote" if p.remote else p.backend, {}))
-            extra.setdefault("shares_processor", not p.remote and per_proc[p.processor] > 1)
+            shares_cores = bool(core_locks) and bool(set(p.cores or ()) & set(core_locks))
+            extra.setdefault("shares_processor", not p.remote and (per_proc[p.processor] > 1 or shares_cores))
             if self._kernels is not None and not p.remote:  # executors that cannot profile ignore it
                 extra.update(self._kernels.executor_options(p.name))
             if key not in self._workers:
