@@ -465,7 +465,7 @@ def test_a_deployed_bundle_calibrates_without_profiling_again(conv_chain, tmp_pa
     assert f"and its profile {beside}" in " ".join(r.stdout.split())
     kept = load_profile(beside)
     assert kept.model_sha256 == conv_chain.sha256
-    assert {e.processor for e in kept.entries} == {"core0", "core1"}
+    assert {e.processor for e in kept.entries} == {"core0", "core1", "core0+core1"}
     plan = json.loads((out / "manifest.json").read_text())["plan"]
     assert plan["profile_path"] == str(beside)
     r = run_cli("calibrate", str(out), "-o", str(tmp_path / "cal.json"), "--runs", "3", "--rounds", "1")

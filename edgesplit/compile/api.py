@@ -251,20 +251,19 @@ def _compile_plan_parts(
 def _replicas(plan: Plan, spec: DeviceSpec, artifacts: list[PartArtifact]) -> list[PartArtifact]:
     """The plan's one part and a copy of it per processor in ``plan.replicas`` (appended to
     ``artifacts``): the same ONNX file, run there with that processor's threads, cores and quotas.
-    Only ORT parts are copied (a TVM library is built for one processor's target)."""
+    Only a part whose artifact is its ONNX model is copied (a compiled library is built for one
+    processor's target)."""
     if not plan.replicas:
         return []
     (first,) = artifacts
-    if first.backend != "ort":
-        raise CompileError(
-            f"replicas: part {first.name} is a {first.backend} part; only ORT parts are copied"
-        )
+    if first.file != first.onnx_file:  # a compiled library is built for one processor's target
+        raise CompileError(f"replicas: part {first.name} runs {first.file}; only ONNX parts are copied")
     copies = [first]
     for k, name in enumerate(plan.replicas, start=1):
         proc = spec.processor(name)
-        if not any(b.key == "ort" and b.precision == first.precision for b in proc.backends):
+        if not any(b.key == first.backend and b.precision == first.precision for b in proc.backends):
             raise CompileError(
-                f"replicas: {name} has no {first.precision} ORT backend for a copy of {first.name}"
+                f"replicas: {name} has no {first.precision} {first.backend} backend for {first.name}"
             )
         copies.append(
             replace(

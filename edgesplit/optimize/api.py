@@ -80,7 +80,7 @@ def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int =
         plan = _fewest_backends(problem, run)
     else:
         plan = _loaded(problem, costs_of(problem), run)
-    if problem.objective == "latency" and not problem.pins and problem.split_operators:
+    if objective(problem.objective).splits_operators and not problem.pins and problem.split_operators:
         plan = with_splits(problem, plan)
     plan = with_precisions(plan, problem.full_device)
     again = partial(solve_plan, time_limit_s=time_limit_s, max_evals=max_evals)
@@ -201,7 +201,14 @@ def _fewest_backends(problem: Problem, run) -> Plan:
     each the cheaper of their two pricings (:func:`_cheaper_baselines`).
     """
     cm, *other_pricing = pricings(problem)
-    out = run(cm)
+    try:
+        out = run(cm)
+    except PlanError:
+        if not other_pricing:
+            raise
+        # an SLO the one pricing's search misses, the other's may meet (it prices fewer parts)
+        (flat,) = other_pricing
+        return make_plan(problem, flat, run(flat))
     obj = objective(problem.objective)
     if not other_pricing:
         return make_plan(problem, cm, out)

@@ -81,7 +81,11 @@ def solve(
     obj = objective(objective_name)
     t0 = time.perf_counter()
     baselines, base_assign = _baselines(cm, obj.baseline_metric)
-    starts = tuple(a for a in base_assign.values() if feasible(cm, a))
+    seeds = list(base_assign.values())
+    if slo_ms is not None and obj.baseline_metric != "latency":
+        # under an SLO the search needs fast starts too: the baselines picked by latency
+        seeds += list(_baselines(cm, "latency")[1].values())
+    starts = tuple(a for a in seeds if feasible(cm, a))
     search = Search(cm, slo_ms, time_limit_s, max_evals, pareto_points, starts, t0)
     try:
         choice = obj.choose(search)

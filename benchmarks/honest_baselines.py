@@ -1,0 +1,331 @@
+"""Does the bundle ``deploy`` ships beat what a user would do instead? Issue 36's benchmark.
+
+For every case (device x model) it deploys the model (ORT backends, the verification's default
+budget) and then measures, in alternating rounds in one process, the shipped bundle against the
+honest baselines, each run as a user would run it, with the device's emulation applied:
+
+* ``plain-ort``: ``onnxruntime.InferenceSession(model)`` with its defaults, its threads over every
+  CPU core the device has (``host``, ``host-2core``, ``host-biglittle``: both cores; ``host-npu``:
+  core 0, its one CPU core). On ``host-biglittle`` core 1 keeps the little core's duty cycle
+  while ORT runs (the spec is the device: an unthrottled run measures another machine).
+* ``ort-big-cores``: where the cores are unequal (``host-biglittle``), ORT with one thread on the big
+  core only, the workaround users apply by hand.
+* for throughput (``host-2core``, ``--throughput``): ``plain-ort`` back to back, and ``replicas``:
+  one 1-thread session per core, each pinned to its core, taking requests from one queue.
+
+Each round gives every candidate one warm-up request and then ``--requests`` timed ones (latency:
+their median; throughput: the period of a stream). The ratio of the shipped bundle to the best
+baseline is taken per round (drift cancels) and reported as a median with its spread. The plan the
+optimiser made, when it was not shipped, is reported from the verification's own table (its
+measured median and ratio there), so a plan with split operators shows what it measured.
+
+Run: .venv/bin/python benchmarks/honest_baselines.py [--devices host-2core,host-biglittle]
+     [--models resnet18,googlenet] [--rounds 7] [--split-operators] [--throughput] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+import edgesplit
+from edgesplit.device import load_device, plain_cpu
+from edgesplit.model import zoo
+from edgesplit.throttle import DutyCycle
+
+DEVICES = ("host", "host-2core", "host-biglittle", "host-npu")
+MODELS = (*zoo.names(), "ppocr-det")
+LIMIT = 1.02
+
+
+def model_file(name: str, work: Path) -> tuple[Path, dict]:
+    """The model's file (a zoo model written once; PP-OCRv4 det from the rapidocr wheel) and its
+    input shapes."""
+    if name == "ppocr-det":
+        import importlib.util
+
+        spec = importlib.util.find_spec("rapidocr_onnxruntime")
+        assert spec is not None and spec.submodule_search_locations, "pip install rapidocr-onnxruntime"
+        models = Path(next(iter(spec.submodule_search_locations))) / "models"
+        return next(models.glob("*PP-OCRv4_det*.onnx")), {"x": (1, 3, 640, 640)}
+    path = work / f"{name}.onnx"
+    if not path.is_file():
+        zoo.save(name, path)
+    return path, {}
+
+
+class Emulation:
+    """The device's cores as its spec emulates them, for a plain ORT run: the cores its CPU
+    processors have, and the duty cycles of its throttled ones (entered around each run)."""
+
+    def __init__(self, device: str):
+        spec = load_device(device)
+        cpu = plain_cpu(spec)
+        self.cores = (
+            tuple(cpu.cores) if cpu is not None and cpu.cores else tuple(sorted(os.sched_getaffinity(0)))
+        )
+        quotas = cpu.core_quotas if cpu is not None and cpu.is_group else ()
+        if cpu is not None and not cpu.is_group and cpu.cpu_quota_pct:
+            quotas = tuple((c, cpu.cpu_quota_pct) for c in self.cores)
+        self.cycles = [DutyCycle((c,), pct / 100.0) for c, pct in quotas if pct < 100]
+        big = [p for p in spec.processors if p.kind == "cpu" and not p.is_group and not p.cpu_quota_pct]
+        unequal = any(p.cpu_quota_pct for p in spec.processors if p.kind == "cpu" and not p.is_group)
+        self.big_cores = tuple(c for p in big for c in (p.cores or ())) if unequal else ()
+
+    @contextlib.contextmanager
+    def busy(self):
+        for c in self.cycles:
+            c.enter()
+        try:
+            yield
+        finally:
+            for c in self.cycles:
+                c.leave()
+
+    def close(self) -> None:
+        for c in self.cycles:
+            c.close()
+
+
+def plain_session(path: Path, emu: Emulation, cores: tuple[int, ...] | None = None) -> ort.InferenceSession:
+    """ORT's defaults; on a subset of this machine's cores, one thread per core, pinned there."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    cores = cores or emu.cores
+    if set(cores) != set(os.sched_getaffinity(0)):
+        so.intra_op_num_threads = len(cores)
+        if len(cores) > 1:
+            so.add_session_config_entry(
+                "session.intra_op_thread_affinities", ";".join(str(c + 1) for c in cores[1:])
+            )
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+class Pinned:
+    """Calls made on a thread pinned to ``cores`` (the first one for a multi-thread session)."""
+
+    def __init__(self, cores: tuple[int, ...] | None):
+        self.q: queue.Queue = queue.Queue()
+        self.t = threading.Thread(target=self._loop, args=(cores,), daemon=True)
+        self.t.start()
+
+    def _loop(self, cores) -> None:
+        if cores and set(cores) != set(os.sched_getaffinity(0)):
+            os.sched_setaffinity(0, {cores[0]})
+        while (job := self.q.get()) is not None:
+            fn, box, done = job
+            try:
+                box.append(fn())
+            finally:
+                done.set()
+
+    def call(self, fn):
+        box: list = []
+        done = threading.Event()
+        self.q.put((fn, box, done))
+        done.wait()
+        return box[0]
+
+    def close(self) -> None:
+        self.q.put(None)
+
+
+def latency_runners(path: Path, bundle: Path, emu: Emulation, feeds: dict) -> dict[str, Callable[[], float]]:
+    """One timed request each (ms): the shipped bundle, plain ORT, ORT on the big cores only."""
+    sess = edgesplit.load(bundle)
+    out: dict[str, Callable[[], float]] = {}
+
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    out["shipped"] = lambda: timed(lambda: sess.run(feeds))
+    plain = plain_session(path, emu)
+    caller = Pinned(None)  # plain ORT from an unpinned thread, as a user's script
+
+    def plain_run():
+        with emu.busy():
+            plain.run(None, feeds)
+
+    out["plain-ort"] = lambda: caller.call(lambda: timed(plain_run))
+    if emu.big_cores:
+        big = Pinned(emu.big_cores)
+        big_sess = big.call(lambda: plain_session(path, emu, emu.big_cores))
+        out["ort-big-cores"] = lambda: big.call(lambda: timed(lambda: big_sess.run(None, feeds)))
+    return out
+
+
+def stream_period_ms(run_one: Callable[[], None], n: int, workers: int) -> float:
+    """ms per request of ``n`` requests from one queue served by ``workers`` callers of ``run_one``
+    (each its own thread)."""
+    jobs: queue.Queue = queue.Queue()
+    for _ in range(n):
+        jobs.put(1)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=lambda: _drain(jobs, run_one)) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return (time.perf_counter() - t0) * 1e3 / n
+
+
+def _drain(jobs: queue.Queue, run_one: Callable[[], None]) -> None:
+    with contextlib.suppress(queue.Empty):
+        while jobs.get_nowait():
+            run_one()
+
+
+def throughput_runners(
+    path: Path, bundle: Path, emu: Emulation, feeds: dict, n: int
+) -> dict[str, Callable[[], float]]:
+    sess = edgesplit.load(bundle)
+    plain = plain_session(path, emu)
+    replicas = []
+    for c in emu.cores:
+        pinned = Pinned((c,))
+        replicas.append((pinned, pinned.call(lambda c=c: plain_session(path, emu, (c,)))))
+    local = threading.local()
+
+    def replica_run() -> None:
+        if not hasattr(local, "k"):
+            local.k = len(getattr(replica_run, "seen", []))
+            replica_run.seen = [*getattr(replica_run, "seen", []), local.k]  # type: ignore[attr-defined]
+        pinned, s = replicas[local.k % len(replicas)]
+        pinned.call(lambda: s.run(None, feeds))
+
+    def shipped() -> float:
+        t0 = time.perf_counter()
+        for _ in sess.run_stream([feeds] * n):
+            pass
+        return (time.perf_counter() - t0) * 1e3 / n
+
+    return {
+        "shipped": shipped,
+        "plain-ort": lambda: stream_period_ms(lambda: plain.run(None, feeds), n, 1),
+        "replicas": lambda: stream_period_ms(replica_run, n, len(replicas)),
+    }
+
+
+def alternate(
+    runners: dict[str, Callable[[], float]], rounds: int, requests: int, stream: bool
+) -> dict[str, list[float]]:
+    """Per candidate, one figure per round; rounds rotate the order."""
+    names = list(runners)
+    for fn in runners.values():  # warm up
+        fn()
+    per: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            runners[k]()  # untimed: the first request after another candidate's
+            per[k].append(
+                runners[k]() if stream else float(np.median([runners[k]() for _ in range(requests)]))
+            )
+    return per
+
+
+def one_case(device: str, model: str, args, work: Path) -> dict:
+    path, shapes = model_file(model, work)
+    out = work / f"{model}.{device}.{'tput' if args.throughput else 'lat'}"
+    t0 = time.perf_counter()
+    from edgesplit.profile.run import ProfileOptions
+
+    manifest = edgesplit.deploy(
+        str(path), device, out, force=True, profiling=ProfileOptions(("ort",), runs=args.runs),
+        objective="throughput" if args.throughput else "latency", input_shapes=shapes or None,
+        split_operators=args.split_operators, verify_budget_s=args.budget_s,
+    )  # fmt: skip
+    deploy_s = time.perf_counter() - t0
+    emu = Emulation(device)
+    graph = edgesplit.load_model(str(path), shapes or None)
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(graph.tensors[n].shape).astype(np.float32) for n in graph.inputs}
+    try:
+        if args.throughput:
+            runners = throughput_runners(path, out, emu, feeds, args.stream)
+        else:
+            runners = latency_runners(path, out, emu, feeds)
+        per = alternate(runners, args.rounds, args.requests, args.throughput)
+    finally:
+        emu.close()
+    med = {k: float(np.median(v)) for k, v in per.items()}
+    baselines = [k for k in per if k != "shipped"]
+    best = min(baselines, key=lambda k: med[k])
+    ratios = np.array(per["shipped"]) / np.array(per[best])
+    v = manifest.verification
+    plan_row = v.candidate("plan") if v is not None else None
+    return {
+        "device": device,
+        "model": model,
+        "metric": "throughput" if args.throughput else "latency",
+        "shipped": v.shipped if v is not None else "plan",
+        "reason": v.reason if v is not None else "",
+        "median_ms": {k: round(x, 4) for k, x in med.items()},
+        "best_baseline": best,
+        "ratio_to_best": round(float(np.median(ratios)), 4),
+        "ratio_spread": [round(float(ratios.min()), 4), round(float(ratios.max()), 4)],
+        "within_limit": bool(np.median(ratios) <= LIMIT),
+        "plan_parts": plan_row.n_parts if plan_row is not None else None,
+        "plan_verified_ms": plan_row.measured_ms if plan_row is not None else None,
+        "plan_verified_ratio": plan_row.ratio_to_best if plan_row is not None else None,
+        "splits": len(manifest.plan.splits),
+        "rounds": args.rounds,
+        "deploy_s": round(deploy_s, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--devices", default=",".join(DEVICES))
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--requests", type=int, default=10, help="timed requests per turn (latency)")
+    ap.add_argument("--stream", type=int, default=30, help="requests per stream turn (throughput)")
+    ap.add_argument("--runs", type=int, default=10, help="profiling runs")
+    ap.add_argument("--budget-s", type=float, default=20.0, help="the verification's budget")
+    ap.add_argument("--split-operators", action="store_true")
+    ap.add_argument("--throughput", action="store_true", help="a stream on host-2core instead of latency")
+    ap.add_argument("--json", default="honest_baselines.json")
+    ap.add_argument("--work", default=None, help="where models and bundles go (default a temporary folder)")
+    args = ap.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="honest-"))
+    work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for device in args.devices.split(","):
+        for model in args.models.split(","):
+            try:
+                r = one_case(device, model, args, work)
+            except Exception as e:  # noqa: BLE001 - one failing case is reported, the rest go on
+                r = {"device": device, "model": model, "error": f"{type(e).__name__}: {e}"}
+            results.append(r)
+            print(json.dumps(r), flush=True)
+            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    ok = [r for r in results if "error" not in r]
+    print(
+        f"\n{'device':16s} {'model':18s} {'shipped':14s} {'shipped ms':>10s} {'best baseline':>26s} {'ratio':>7s} spread"
+    )
+    for r in ok:
+        b = r["best_baseline"]
+        print(
+            f"{r['device']:16s} {r['model']:18s} {r['shipped']:14s} {r['median_ms']['shipped']:10.3f} "
+            f"{b + ' ' + format(r['median_ms'][b], '.3f'):>26s} {r['ratio_to_best']:7.3f} "
+            f"{r['ratio_spread'][0]:.3f}-{r['ratio_spread'][1]:.3f}"
+        )
+    bad = [r for r in ok if not r["within_limit"]]
+    print(f"{len(ok)} cases, {len(bad)} over {LIMIT}x the best baseline; {len(results) - len(ok)} failed")
+
+
+if __name__ == "__main__":
+    main()
