@@ -361,13 +361,17 @@ def _slice(nodes: list, inits: dict, tensor: str, have: Rows, want: Rows, out: s
 
 def _band_attrs(graph: ModelGraph, proto: onnx.NodeProto, attrs: dict, out: Rows) -> dict:
     """A windowed node's attributes for the band computing rows ``out``: padding top and bottom
-    only where the band reaches the image's edge (explicit pads)."""
+    only where the band reaches the image's edge (explicit pads; ceil mode kept, for the width).
+    The band that ends with the output's last row keeps the node's own bottom padding: its length
+    differs from the image's by a multiple of the stride, so its last windows are the image's (a
+    ceil-mode pool's last window may hang over the edge, which ORT allows there but not as padding
+    as large as the kernel). Every other band's windows fit its rows exactly."""
     w = window(proto, graph)
     assert w is not None
     _, top, bottom = w.needs(out, graph.tensors[proto.input[0]].shape[H_AXIS])
     pads = _explicit_pads(proto, graph, _kernel(proto, graph))
-    # ceil_mode stays (the width may need it); the band's height fits the windows exactly, where
-    # ceil and floor agree
+    if out.hi == graph.tensors[proto.output[0]].shape[H_AXIS]:
+        bottom = pads[2]
     attrs = {k: v for k, v in attrs.items() if k != "auto_pad"}
     attrs["pads"] = [top, pads[1], bottom, pads[3]]
     return attrs

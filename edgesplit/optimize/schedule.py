@@ -246,10 +246,10 @@ def _simulate(cm: CostModel, lay: Layout, dur: np.ndarray, tail: dict[int, float
         end[t] = e = s + took[t]
         if t < n_parts:
             p = proc[t]
-            for q in blocked_by[p]:  # a core group and its members wait for each other
+            proc_free[p] = last_end[p] = e
+            for q in blocked_by[p][1:]:  # a core group and its members wait for each other
                 if proc_free.get(q, 0.0) < e:
                     proc_free[q] = e
-            last_end[p] = e
             handoffs += h
             made_by = p
         else:
