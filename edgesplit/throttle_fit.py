@@ -66,21 +66,10 @@ def _timed_ms(run: Callable[[], None], repeat: int, runs: int = 3) -> float:
 
 
 def _on_core(core: int, fn: Callable[[], float]) -> float:
-    box: dict[str, object] = {}
+    """``fn()`` on a fresh thread pinned to ``core``."""
+    from edgesplit.cpu import run_as_processor
 
-    def body() -> None:
-        try:
-            os.sched_setaffinity(0, {core})
-            box["v"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            box["e"] = e
-
-    t = threading.Thread(target=body, name=f"edgesplit-duty-fit-{core}")
-    t.start()
-    t.join()
-    if "e" in box:
-        raise box["e"]  # type: ignore[misc]
-    return float(box["v"])  # type: ignore[arg-type]
+    return float(run_as_processor(f"duty-fit-{core}", (core,), None, fn)[0])
 
 
 def measure_share(core: int, told: float, period_us: int, run: Callable[[], None], repeat: int) -> float:

@@ -54,6 +54,20 @@ def rand(*shape, seed=0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 0.1
 
 
+def conv_chain(path: Path, ch: int = 32, hw: int = 56, n: int = 4, scale: float = 1.0) -> str:
+    """Conv 3x3 / Relu x ``n`` on ``1 x ch x hw x hw`` (same shape throughout), saved at ``path``."""
+    nodes, weights, x = [], [], "x"
+    for i in range(n):
+        weights.append((f"w{i}", rand(ch, ch, 3, 3, seed=i) * scale))
+        nodes += [
+            helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+            helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        x = f"r{i}"
+    onnx.save(make_model(nodes, [("x", [1, ch, hw, hw])], [(x, [1, ch, hw, hw])], weights), path)
+    return str(path)
+
+
 @pytest.fixture
 def tiny_conv(tmp_path) -> Path:
     """Conv -> Relu -> (two branches) -> Add -> GlobalAveragePool -> Flatten -> Gemm."""

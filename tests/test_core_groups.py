@@ -7,12 +7,10 @@ import os
 import threading
 
 import numpy as np
-import onnx
 import pytest
-from conftest import make_model, rand
+from conftest import conv_chain
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import helper
 
 import edgesplit
 from edgesplit.compile.api import compile_bundle
@@ -170,16 +168,7 @@ def test_the_runtime_holds_the_cores_a_group_shares():
 
 
 def _conv_model(path, ch: int = 32, hw: int = 56, n: int = 4) -> str:
-    nodes, weights, x = [], [], "x"
-    for i in range(n):
-        weights.append((f"w{i}", rand(ch, ch, 3, 3, seed=i) * 0.1))
-        nodes += [
-            helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
-            helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
-        ]
-        x = f"r{i}"
-    onnx.save(make_model(nodes, [("x", [1, ch, hw, hw])], [(x, [1, ch, hw, hw])], weights), path)
-    return str(path)
+    return conv_chain(path, ch, hw, n)
 
 
 @pytest.mark.slow

@@ -4,10 +4,8 @@ core, ORT's own provider assignment, and for a stream whole-model replicas from 
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
-from conftest import make_model, rand
-from onnx import helper
+from conftest import conv_chain
 
 import edgesplit
 from edgesplit.compile.api import compile_bundle
@@ -21,16 +19,7 @@ from edgesplit.verify.candidates import PLAIN_ORT, REPLICAS, candidates
 
 def _chain(path, ch: int = 64, hw: int = 56, n: int = 4) -> str:
     """Conv/Relu x n: about 20 ms on one core here, and ORT's two threads nearly halve it."""
-    nodes, weights, x = [], [], "x"
-    for i in range(n):
-        weights.append((f"w{i}", rand(ch, ch, 3, 3, seed=i) * 0.3))
-        nodes += [
-            helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
-            helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
-        ]
-        x = f"r{i}"
-    onnx.save(make_model(nodes, [("x", [1, ch, hw, hw])], [(x, [1, ch, hw, hw])], weights), path)
-    return str(path)
+    return conv_chain(path, ch, hw, n, scale=3.0)
 
 
 @pytest.fixture(scope="module")

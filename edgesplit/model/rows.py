@@ -250,17 +250,21 @@ def _reads(graph: ModelGraph, proto: onnx.NodeProto, node, out: Rows) -> dict[st
     }
 
 
-def piece_flops(graph: ModelGraph, seg: RowSegment, out: Rows) -> float:
-    """The FLOPs of the piece that computes rows ``out``: each node's by its share of rows."""
+def row_shares(graph: ModelGraph, seg: RowSegment, out: Rows) -> dict[int, float]:
+    """Per node of the segment, the share of its output rows (its halo included) that the piece
+    computing rows ``out`` of the segment's output computes."""
     need = needed_rows(graph, seg, out)
-    total = 0.0
+    share = {}
     for k in seg.nodes:
         node = graph.nodes[k]
         rows = need.get(node.outputs[0])
-        if rows is not None:
-            h = graph.tensors[node.outputs[0]].shape[H_AXIS]
-            total += node.flops * rows.n / h
-    return total
+        share[k] = rows.n / graph.tensors[node.outputs[0]].shape[H_AXIS] if rows is not None else 0.0
+    return share
+
+
+def piece_flops(graph: ModelGraph, seg: RowSegment, out: Rows) -> float:
+    """The FLOPs of the piece that computes rows ``out``: each node's by its share of rows."""
+    return sum(graph.nodes[k].flops * f for k, f in row_shares(graph, seg, out).items())
 
 
 def row_piece_nodes(

@@ -28,7 +28,7 @@ import numpy as np
 
 from edgesplit.model.graph import ModelGraph
 from edgesplit.model.pieces import Split, channel_axis, channel_segment, piece_nodes, rewrite
-from edgesplit.model.rows import H_AXIS, Rows, RowSegment, join, needed_rows, row_segments
+from edgesplit.model.rows import H_AXIS, Rows, RowSegment, join, needed_rows, row_segments, row_shares
 from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.overheads import whole_model_scale
 from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile
@@ -66,17 +66,9 @@ def fractions(graph: ModelGraph, split: Split) -> list[dict[str, float]]:
         for lo, hi in split.bands:
             out.append(dict.fromkeys(split.nodes, (hi - lo) / size))
         return out
-    idx = [graph.index[n] for n in split.nodes]
-    seg = RowSegment(tuple(idx), split.input, split.output, 0, 0)
+    seg = RowSegment(tuple(graph.index[n] for n in split.nodes), split.input, split.output, 0, 0)
     for lo, hi in split.bands:
-        need = needed_rows(graph, seg, Rows(lo, hi))
-        share = {}
-        for k in idx:
-            node = graph.nodes[k]
-            rows = need.get(node.outputs[0])
-            h = graph.tensors[node.outputs[0]].shape[H_AXIS]
-            share[node.name] = rows.n / h if rows is not None else 0.0
-        out.append(share)
+        out.append({graph.nodes[k].name: f for k, f in row_shares(graph, seg, Rows(lo, hi)).items()})
     return out
 
 
@@ -183,15 +175,9 @@ def _part_extra_ms(cm: CostModel, p: int, in_nbytes: int, out_nbytes: int) -> fl
 
 
 def _row_cost(graph: ModelGraph, cm: CostModel, seg: RowSegment, rows: Rows, p: int) -> float:
-    need = needed_rows(graph, seg, rows)
-    total = 0.0
-    for k in seg.nodes:
-        node = graph.nodes[k]
-        r = need.get(node.outputs[0])
-        if r is not None:
-            total += float(cm.node_ms[k, p]) * r.n / graph.tensors[node.outputs[0]].shape[H_AXIS]
+    total = sum(float(cm.node_ms[k, p]) * f for k, f in row_shares(graph, seg, rows).items())
     x, y = graph.tensors[seg.input], graph.tensors[seg.output]
-    band = need[seg.input]
+    band = needed_rows(graph, seg, rows)[seg.input]
     return total + _part_extra_ms(
         cm, p, x.nbytes * band.n // x.shape[H_AXIS], y.nbytes * rows.n // y.shape[H_AXIS]
     )
