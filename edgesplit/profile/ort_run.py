@@ -37,7 +37,10 @@ def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, bac
     # a core group's threads stop spinning when a run ends: they sit on its members' cores, whose
     # own work (timed next, or in the same rounds) would otherwise lose the core to them (the
     # little core's whole model measured 2x slower beside an idle group's session)
-    so = ort_session_options(processor.threads, processor.cores, spin=not processor.is_group, **extra)
+    throttled = bool(processor.cpu_quota_pct) or bool(processor.core_quotas)
+    so = ort_session_options(
+        processor.threads, processor.cores, spin=not processor.is_group, throttled=throttled, **extra
+    )
     data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     providers = [(backend.provider, dict(backend.options))]
     if backend.provider != "CPUExecutionProvider":

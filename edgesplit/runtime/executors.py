@@ -66,7 +66,10 @@ class OrtExecutor:
         import onnxruntime as ort
 
         self.part = part
-        so = ort_session_options(part.threads, part.cores, spin=not shares_processor, **(session_attrs or {}))
+        throttled = bool(part.cpu_quota_pct) or bool(part.core_quotas)
+        so = ort_session_options(
+            part.threads, part.cores, spin=not shares_processor, throttled=throttled, **(session_attrs or {})
+        )
         if profile_prefix is not None:
             so.enable_profiling = True
             so.profile_file_prefix = profile_prefix

@@ -33,6 +33,7 @@ import numpy as np
 from edgesplit.compile.bundle import Manifest, PartArtifact, open_verified
 from edgesplit.cpu import configure_thread
 from edgesplit.errors import BundleError, RunInputError
+from edgesplit.hostinfo import usable_cores
 from edgesplit.runtime.backends import make_executor
 from edgesplit.runtime.breakdown import Breakdown, breakdown
 from edgesplit.runtime.executors import Executor
@@ -110,8 +111,8 @@ class _Worker:
                 core_quotas=part.core_quotas,
             )
         )
-        if part.cores and hasattr(os, "sched_getaffinity"):
-            self.cores = frozenset(os.sched_getaffinity(0))
+        if part.cores and hasattr(os, "sched_getaffinity") and os.sched_getaffinity(0) != set(usable_cores()):
+            self.cores = frozenset(os.sched_getaffinity(0))  # pinned (not the whole machine)
         self.cycles = throttle_cycles()
 
     @contextlib.contextmanager
