@@ -41,6 +41,7 @@ import onnxruntime as ort
 
 import edgesplit
 from edgesplit.device import load_device, plain_cpu
+from edgesplit.hostinfo import usable_cores
 from edgesplit.model import zoo
 from edgesplit.throttle import DutyCycle
 
@@ -103,7 +104,7 @@ def plain_session(path: Path, emu: Emulation, cores: tuple[int, ...] | None = No
     so = ort.SessionOptions()
     so.log_severity_level = 3
     cores = cores or emu.cores
-    if set(cores) != set(os.sched_getaffinity(0)):
+    if set(cores) != set(usable_cores()):  # ORT's default would start a thread per core of the machine
         so.intra_op_num_threads = len(cores)
         if len(cores) > 1:
             so.add_session_config_entry(
@@ -121,7 +122,7 @@ class Pinned:
         self.t.start()
 
     def _loop(self, cores) -> None:
-        if cores and set(cores) != set(os.sched_getaffinity(0)):
+        if cores and set(cores) != set(usable_cores()):
             os.sched_setaffinity(0, {cores[0]})
         while (job := self.q.get()) is not None:
             fn, box, done = job
@@ -286,6 +287,30 @@ def one_case(device: str, model: str, args, work: Path) -> dict:
     }
 
 
+def in_child(device: str, model: str, work: Path) -> dict:
+    """One case in a process of its own: nothing an earlier case left (sessions, their threads,
+    duty cycles) runs beside it (an earlier case's idle pinned session measured host-npu's shipped
+    bundle 2x slower than the same bundle alone)."""
+    import subprocess
+    import sys
+
+    argv, skip = [], False
+    for a in sys.argv[1:]:  # this run's arguments but its --work, which the child gets resolved
+        if skip or a.startswith("--work="):
+            skip = False
+            continue
+        skip = a == "--work"
+        if not skip:
+            argv.append(a)
+    cmd = [sys.executable, __file__, *argv, "--work", str(work), "--case", f"{device}:{model}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    why = (done.stderr.strip().splitlines() or ["no result"])[-1]
+    return {"device": device, "model": model, "error": why}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", default=",".join(DEVICES))
@@ -299,16 +324,18 @@ def main() -> None:
     ap.add_argument("--throughput", action="store_true", help="a stream on host-2core instead of latency")
     ap.add_argument("--json", default="honest_baselines.json")
     ap.add_argument("--work", default=None, help="where models and bundles go (default a temporary folder)")
+    ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # DEVICE:MODEL, in a child process
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="honest-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.case:
+        device, model = args.case.split(":", 1)
+        print("RESULT " + json.dumps(one_case(device, model, args, work)), flush=True)
+        return
     results = []
     for device in args.devices.split(","):
         for model in args.models.split(","):
-            try:
-                r = one_case(device, model, args, work)
-            except Exception as e:  # noqa: BLE001 - one failing case is reported, the rest go on
-                r = {"device": device, "model": model, "error": f"{type(e).__name__}: {e}"}
+            r = in_child(device, model, work)
             results.append(r)
             print(json.dumps(r), flush=True)
             Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
