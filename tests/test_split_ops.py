@@ -288,6 +288,11 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
     plan.save(tmp_path / "plan.json")
     plan = edgesplit.load_plan(tmp_path / "plan.json")
     assert plan.splits and {p.processor for p in plan.parts} == {"big", "little"}
+    from edgesplit.optimize.annotate import annotate_model
+    from edgesplit.optimize.split import for_plan
+
+    annotated = annotate_model(for_plan(problem.graph, plan.splits)[0].model, plan)  # partition's copy
+    assert {n.name for n in annotated.graph.node} == set(plan.assignment)
     problem.profile.save(tmp_path / "chain.profile.json")
     r = run_cli("compile", str(path), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "b"))
     assert r.returncode == 0, r.stderr
@@ -310,4 +315,7 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
         "partition", str(path), "-d", "host-biglittle", "--profile", str(tmp_path / "chain.profile.json"),
         "--split-operators", "-o", str(tmp_path / "auto.json"), "-q",
     )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stderr  # with or without splits (the prediction decides), annotated too
+    plan = edgesplit.load_plan(tmp_path / "auto.json")
+    annotated = onnx.load(tmp_path / "auto.onnx")
+    assert {n.name for n in annotated.graph.node} == set(plan.assignment)

@@ -145,7 +145,12 @@ def command(
     if measured:  # written only once there is a plan to go with it
         problem.profile.save(problem.profile_path)
     plan.save(out)
-    write_annotated(problem.graph.model, plan, onnx_path)
+    annotated = problem.graph
+    if plan.splits:  # the plan's nodes are those of the model with its splits written in
+        from edgesplit.optimize.split import for_plan
+
+        annotated = for_plan(problem.graph, plan.splits)[0]
+    write_annotated(annotated.model, plan, onnx_path)
     if plot_path:
         from edgesplit.optimize.plot import gantt
 

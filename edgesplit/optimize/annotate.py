@@ -1,7 +1,8 @@
 """Write the plan into a copy of the model: every node carries its processor and part.
 
 Netron shows node ``metadata_props``, so the assignment can be read off the graph. The copy is the
-simplified model the plan was made from (its node names are the plan's).
+simplified model the plan was made from (its node names are the plan's), with the plan's split
+operators written in where it has some.
 """
 
 from __future__ import annotations
