@@ -81,9 +81,11 @@ def read_npy(path: str | os.PathLike, spec: TensorSpec) -> np.ndarray:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise RunInputError(f"{path}: cannot read the input ({e.strerror})") from e
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which refuses a directory with an error naming the fd
+        os.close(fd)
+        raise RunInputError(f"{path}: " + ("is a directory, not a .npy file" if stat.S_ISDIR(mode) else "not a regular file"))
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RunInputError(f"{path}: not a regular file")
         try:
             version = np.lib.format.read_magic(f)
             read_header = getattr(np.lib.format, f"read_array_header_{version[0]}_{version[1]}")
