@@ -84,7 +84,9 @@ def read_npy(path: str | os.PathLike, spec: TensorSpec) -> np.ndarray:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):  # before fdopen, which refuses a directory with an error naming the fd
         os.close(fd)
-        raise RunInputError(f"{path}: " + ("is a directory, not a .npy file" if stat.S_ISDIR(mode) else "not a regular file"))
+        raise RunInputError(
+            f"{path}: " + ("is a directory, not a .npy file" if stat.S_ISDIR(mode) else "not a regular file")
+        )
     with os.fdopen(fd, "rb") as f:
         try:
             version = np.lib.format.read_magic(f)
