@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 def _spec(graph: ModelGraph, name: str) -> TensorSpec:
     t = graph.tensors[name]
-    return TensorSpec(name, t.shape, t.dtype)
+    return TensorSpec(name, t.shape, t.dtype, t.kind)
 
 
 def _check_plan_fits(plan: Plan, path: str, sha256: str) -> None:

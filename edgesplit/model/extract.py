@@ -3,7 +3,8 @@
 Like ``onnx.utils.Extractor``, but it walks the graph through ``Node.inputs``, which include
 the outer-scope tensors that control-flow subgraphs read: those become inputs of the part (or
 stay inside it), and the initializers that subgraphs read travel with the part. It also takes
-shapes from the ModelGraph, so every boundary tensor of a part is static.
+shapes from the ModelGraph, so every boundary tensor of a part is static; a sequence or optional
+value that crosses a boundary keeps the type inference gave it.
 """
 
 from __future__ import annotations
@@ -26,11 +27,21 @@ class PartExtractor:
         self._protos = {n.name: n for n in g.node}
         self._weights = {t.name: t for t in g.initializer}
         self._sparse = {t.values.name: t for t in g.sparse_initializer}
+        self._types = {vi.name: vi.type for vi in [*g.input, *g.value_info, *g.output]}
 
     def _value_info(self, name: str) -> onnx.ValueInfoProto:
         t = self.graph.tensors[name]
         elem = helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype))
-        return helper.make_tensor_value_info(name, elem, list(t.shape))
+        if t.kind == "tensor":
+            return helper.make_tensor_value_info(name, elem, list(t.shape))
+        vi = onnx.ValueInfoProto(name=name)
+        if name in self._types:  # a sequence's or an optional's type as inference gave it
+            vi.type.CopyFrom(self._types[name])
+        elif t.kind == "sequence":
+            vi.type.CopyFrom(helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None)))
+        else:
+            vi.type.CopyFrom(helper.make_optional_type_proto(helper.make_tensor_type_proto(elem, None)))
+        return vi
 
     def nodes_between(self, inputs: Sequence[str], outputs: Sequence[str]) -> list[int]:
         """Indices, in graph order, of the nodes needed for ``outputs`` given ``inputs``.

@@ -29,6 +29,7 @@ from edgesplit.model.read import first_line, read_model
 from edgesplit.model.scope import all_inputs
 from edgesplit.model.shapes import build_graph, check_sizes, value_infos
 from edgesplit.model.validate import quiet_ort, structure_problems, value_problems
+from edgesplit.model.values import as_value
 
 DEFAULT_MAX_MODEL_MB = 1024.0
 """Models over this size (external data included) are refused: past it, protobuf and a phone's
@@ -102,11 +103,11 @@ def load_model(
     """
     path = Path(path)
     where = str(path)
-    values = {k: np.asarray(v) for k, v in (input_values or {}).items()}
+    values = {k: as_value(v) for k, v in (input_values or {}).items()}
     shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
     model, sha256 = read_model(path, max_model_mb)
     problems = value_problems(model, values, shapes)
-    shapes.update({k: tuple(v.shape) for k, v in values.items() if k not in shapes})
+    shapes.update({k: tuple(v.shape) for k, v in values.items() if k not in shapes and hasattr(v, "shape")})
     problems += structure_problems(model, shapes, max_tensor_mb)
     if problems:
         raise ModelLoadError(where, problems)
@@ -259,7 +260,18 @@ def _slim(
             raise ModelLoadError(where, f"cannot fold shape computations ({first_line(e)})") from e
         notes.append(f"onnxslim failed ({first_line(e)}); loaded without folding (nothing to fold)")
         return None
+    _keep_value_types(model.graph, slim.graph)
     return slim
+
+
+def _keep_value_types(before: onnx.GraphProto, after: onnx.GraphProto) -> None:
+    """Give the values that were sequences or optionals before onnxslim their types back: it
+    writes a graph output that is a sequence as a tensor (onnxslim 0.1.98)."""
+    types = {vi.name: vi.type for vi in [*before.input, *before.value_info, *before.output]}
+    for vi in [*after.input, *after.value_info, *after.output]:
+        was = types.get(vi.name)
+        if was is not None and was.WhichOneof("value") != vi.type.WhichOneof("value"):
+            vi.type.CopyFrom(was)
 
 
 # onnxslim spends about 8 ms per node here (10,000 nodes: 80 s, on a shared machine) and is

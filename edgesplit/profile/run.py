@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from edgesplit.device import Backend, DeviceSpec, Processor, shares_cores
-from edgesplit.errors import InputError
+from edgesplit.errors import EdgesplitError, InputError
+from edgesplit.model.feeds import run_failure
 from edgesplit.model.graph import ModelGraph
+from edgesplit.model.validate import ort_message
 from edgesplit.profile.predict import predict
 from edgesplit.profile.store import ProcessorProfile, Profile
 from edgesplit.util import Progress
@@ -191,8 +193,16 @@ def profile_model(
 
     opts = options or ProfileOptions()
     entries: list[ProcessorProfile] = []
-    for proc, backend in selected(device, opts):
-        kept = previous.entry(proc.name, backend.key) if previous is not None else None
-        entries.append(kept or profile_pair(graph, device, proc, backend, opts, progress))
-    leveled = level(graph, device, entries, opts.runs, progress)
+    what = "profiling"
+    try:
+        for proc, backend in selected(device, opts):
+            kept = previous.entry(proc.name, backend.key) if previous is not None else None
+            what = f"profiling on {proc.name} ({backend.key})"
+            entries.append(kept or profile_pair(graph, device, proc, backend, opts, progress))
+        what = "profiling the whole model"
+        leveled = level(graph, device, entries, opts.runs, progress)
+    except EdgesplitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a run that fails (ORT's errors are bare), on made-up inputs?
+        raise run_failure(graph, what, ort_message(e)) from e
     return dataclasses.replace(empty_profile(graph, device), entries=leveled)

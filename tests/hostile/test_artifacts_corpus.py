@@ -311,7 +311,7 @@ BUNDLES = {
     ),
     "object_dtype": (
         _edit_manifest(lambda d, b: d["inputs"][0].update(dtype="object")),
-        "is not a numeric type",
+        "here but object",
     ),
     "huge_tensor": (
         _edit_manifest(lambda d, b: d["inputs"][0].update(shape=[1 << 20, 1 << 20])),
