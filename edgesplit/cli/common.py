@@ -158,6 +158,42 @@ def link_options(f):
     return click.option("--server", help="A server spec whose processors may take parts.")(f)
 
 
+_STAGE_HELP = {
+    "load": "reading, checking and shaping the model, simplifying included",
+    "simplify": "folding its shape computations (onnxslim) and inferring shapes",
+    "profile": "measuring every processor",
+    "compile": "extracting, checking and building the parts",
+}
+
+
+def _set_stage_limit(ctx: click.Context, param: click.Parameter, value: float | None) -> None:
+    if value is not None and not ctx.resilient_parsing:
+        from dataclasses import replace
+
+        from edgesplit import limits
+
+        before = limits.current()
+        limits.configure(replace(before, **{f"{param.name.removesuffix('_timeout_s')}_s": value}))
+        ctx.call_on_close(lambda: limits.configure(before))  # for a command run in-process
+
+
+def stage_limit_options(f):
+    """``--load-timeout-s``, ``--simplify-timeout-s``, ``--profile-timeout-s``,
+    ``--compile-timeout-s``: each stage's time limit for this command (:mod:`edgesplit.limits`)."""
+    from edgesplit.limits import STAGES, StageLimits
+
+    for stage in reversed(STAGES):
+        f = click.option(
+            f"--{stage}-timeout-s",
+            type=FiniteFloat(minimum=0, open_min=True),
+            default=None,
+            expose_value=False,
+            callback=_set_stage_limit,
+            help=f"Time limit for {_STAGE_HELP[stage]} [default: {getattr(StageLimits(), f'{stage}_s'):g}].",
+        )(f)
+    return f
+
+
 def remote_options(remote_help: str) -> Callable:
     """``--remote USER@HOST[:PORT]`` and the flags that say how to reach it over SSH (``profile``,
     ``tune``, ``devices detect``): the command receives ``remote`` and ``ssh``, an

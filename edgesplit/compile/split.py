@@ -18,6 +18,7 @@ import onnx
 
 from edgesplit.cpu import ort_session_options
 from edgesplit.errors import CompileError
+from edgesplit.limits import run_options
 from edgesplit.model.extract import PartExtractor
 from edgesplit.model.feeds import random_inputs, run_failure
 from edgesplit.model.graph import ModelGraph
@@ -75,7 +76,7 @@ def reference_tensors(graph: ModelGraph, names: Sequence[str], seed: int = 0) ->
     feeds = random_inputs(graph, seed)
     wanted = [o.name for o in sess.get_outputs()]
     try:
-        got = sess.run(wanted, feeds)
+        got = sess.run(wanted, feeds, run_options())
     except Exception as e:  # noqa: BLE001 - ORT's run errors: on made-up inputs, say which
         raise run_failure(graph, "running the whole model to check the parts", ort_message(e)) from e
     return {**feeds, **dict(zip(wanted, got))}
@@ -110,7 +111,7 @@ def check_parts(
         tol = REDUCED_RTOL if p.name in reduced else rtol
         so = ort_session_options(None, None)
         sess = ort.InferenceSession(p.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        got = sess.run(list(p.outputs), {t: ref[t] for t in p.inputs})
+        got = sess.run(list(p.outputs), {t: ref[t] for t in p.inputs}, run_options())
         worst = 0.0
         for t, value in zip(p.outputs, got):
             expected = ref[t]

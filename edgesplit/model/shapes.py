@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from edgesplit import limits
 from edgesplit.errors import ModelLoadError
 from edgesplit.model.flops import control_flow_flops, count_flops
 from edgesplit.model.graph import ModelGraph, Node, TensorInfo
@@ -171,9 +172,7 @@ def _shapes_by_running(
         shape, elem, _ = infos[name]  # the inputs' types are checked before: static tensors
         info = TensorInfo(name, shape or (), np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name, 0)
         feeds[name] = random_tensor(info, rng, bounds.get(name))
-    import onnxruntime as ort
-
-    stop = ort.RunOptions()
+    stop = limits.run_options()  # stopped at the load stage's deadline too
     timer = threading.Timer(PROBE_TIMEOUT_S, lambda: setattr(stop, "terminate", True))
     timer.start()
     try:

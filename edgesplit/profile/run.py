@@ -17,6 +17,7 @@ from typing import Any
 
 from edgesplit.device import Backend, DeviceSpec, Processor, shares_cores
 from edgesplit.errors import EdgesplitError, InputError
+from edgesplit.limits import stage_limit
 from edgesplit.model.feeds import run_failure
 from edgesplit.model.graph import ModelGraph
 from edgesplit.model.validate import ort_message
@@ -187,11 +188,27 @@ def profile_model(
         previous: Entries of an earlier profile of the same model to keep (``--resume``).
 
     The processors' whole-model times are then leveled against one another
-    (:func:`~edgesplit.profile.level.level`).
+    (:func:`~edgesplit.profile.level.level`). It all runs under the ``profile`` stage's time limit
+    (:mod:`edgesplit.limits`).
+
+    Raises:
+        RunInputError: a run failed on made-up inputs (it names them; give their values).
+        StageTimeout: past the ``profile`` stage's time limit.
     """
+    opts = options or ProfileOptions()
+    with stage_limit("profile", graph.path):
+        return _profile_model(graph, device, opts, progress, previous)
+
+
+def _profile_model(
+    graph: ModelGraph,
+    device: DeviceSpec,
+    opts: ProfileOptions,
+    progress: Progress | None,
+    previous: Profile | None,
+) -> Profile:
     from edgesplit.profile.level import level
 
-    opts = options or ProfileOptions()
     entries: list[ProcessorProfile] = []
     what = "profiling"
     try:
