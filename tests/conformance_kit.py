@@ -23,6 +23,7 @@ import math
 import os
 import pkgutil
 import random
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -138,21 +139,30 @@ def node_modules() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__))
 
 
+_BY_MODULE: dict[str, list] = {}  # node case module -> the onnx TestCases its import registered
+
+
 def _node_cases(modules: Sequence[str] | None) -> list[Case]:
     """Node cases as ONNX's runner builds them: importing a module registers its cases."""
     import warnings
 
     import onnx.backend.test.case.node as pkg
+    from onnx.backend.test.case.utils import import_recursive
 
-    before = len(pkg._NodeTestCases)
+    wanted = list(modules) if modules is not None else node_modules()
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        for m in modules if modules is not None else node_modules():
-            importlib.import_module(f"{pkg.__name__}.{m}")
-    found = pkg._NodeTestCases if modules is None else pkg._NodeTestCases[before:]
+        for m in wanted:
+            if m in _BY_MODULE:
+                continue
+            before = len(pkg._NodeTestCases)
+            mod = importlib.import_module(f"{pkg.__name__}.{m}")
+            if hasattr(mod, "__path__"):  # a package (ai_onnx_ml): its modules hold the cases
+                import_recursive(mod)
+            _BY_MODULE[m] = pkg._NodeTestCases[before:]
     out = []
     seen = set()
-    for tc in found:
+    for tc in (tc for m in wanted for tc in _BY_MODULE[m]):
         if tc.name in seen:
             continue
         seen.add(tc.name)
@@ -169,6 +179,44 @@ def _node_cases(modules: Sequence[str] | None) -> list[Case]:
             )
         )
     return out
+
+
+def data_case(folder: str, name: str) -> Case:
+    """One case of a data folder (``simple``, ``pytorch-*``, ``real``) by name."""
+    case = _real_case(DATA / folder / name) if folder == "real" else _data_case(folder, DATA / folder / name)
+    if case is None:
+        raise ValueError(f"{folder}/{name}: no model shipped")
+    return case
+
+
+def units(folder: str) -> list[str]:
+    """What a sample picks from: node case modules, or the cases of a data folder."""
+    if folder == "node":
+        return node_modules()
+    return sorted(d.name for d in (DATA / folder).iterdir() if d.is_dir())
+
+
+_SUFFIX = re.compile(r"(_expanded)?(_ver\d+)?$")
+
+
+def node_module_of(case_name: str) -> str | None:
+    """The node case module that defines ``case_name``, from the modules' sources (no import):
+    the one naming it in a string, or the longest ``"test_..."`` string it starts with (names
+    built from parts; ``_expanded`` cases come with the case they expand)."""
+    import onnx.backend.test.case.node as pkg
+
+    base = _SUFFIX.sub("", case_name)
+    best: tuple[int, str] | None = None
+    root = Path(pkg.__path__[0])
+    for m in node_modules():
+        files = [root / f"{m}.py"] if (root / f"{m}.py").is_file() else sorted((root / m).rglob("*.py"))
+        text = "".join(f.read_text() for f in files)
+        for lit in re.findall(r'"(test_[A-Za-z0-9_]*)"', text):
+            if lit == base or lit == case_name:
+                return m
+            if base.startswith(lit) and (best is None or len(lit) > best[0]):
+                best = (len(lit), m)
+    return best[1] if best else None
 
 
 def cases(folder: str, node_module_names: Sequence[str] | None = None) -> list[Case]:
@@ -251,8 +299,31 @@ def _load_and_partition(case: Case, path: Path, runs: int, stage: list[str], val
     return graph, partition(graph, DEVICE, pins=pins_for(graph), profiling=profiling)
 
 
-def run_edgesplit(case: Case, workdir: Path, runs: int = 1) -> tuple[str, str]:
-    """Load, profile, partition, compile and run ``case``; ``("pass", "")`` or (stage, why).
+@dataclass(frozen=True)
+class Outcome:
+    """What edgesplit did with a case: ``stage`` ``"pass"`` or the stage that failed, and why; the
+    plan's parts, and the op types of the nodes that read or write a tensor crossing a part boundary."""
+
+    stage: str
+    reason: str = ""
+    parts: int = 0
+    crossing: tuple[str, ...] = ()
+
+
+def boundary_ops(graph, plan) -> tuple[str, ...]:
+    """Op types of the nodes that write a tensor another part reads, or read one another part wrote."""
+    part_of = {n: k for k, p in enumerate(plan.parts) for n in p.nodes}
+    ops = set()
+    for d_node in graph.nodes:
+        for t in d_node.inputs:
+            src = graph.producer.get(t)
+            if src is not None and part_of.get(graph.nodes[src].name) != part_of.get(d_node.name):
+                ops.update((graph.nodes[src].op_type, d_node.op_type))
+    return tuple(sorted(ops))
+
+
+def run_edgesplit(case: Case, workdir: Path, runs: int = 1) -> Outcome:
+    """Load, profile, partition, compile and run ``case``, and compare its outputs.
 
     The inputs' values are given (``--input``) only when edgesplit asks for them: an input whose
     values decide shapes, a sequence, or one that made-up values do not fill."""
@@ -263,6 +334,7 @@ def run_edgesplit(case: Case, workdir: Path, runs: int = 1) -> tuple[str, str]:
     path = workdir / "model.onnx"
     onnx.save(case.model, path)
     stage = ["load"]
+    plan = None
     try:
         try:
             graph, plan = _load_and_partition(case, path, runs, stage, values=False)
@@ -279,8 +351,32 @@ def run_edgesplit(case: Case, workdir: Path, runs: int = 1) -> tuple[str, str]:
         stage[0] = "compare"
         assert_similar(case, got)
     except Exception as e:  # noqa: BLE001
-        return stage[0], first_line(e)
-    return "pass", ""
+        return Outcome(stage[0], first_line(e), len(plan.parts) if plan else 0)
+    return Outcome("pass", "", len(plan.parts), boundary_ops(graph, plan))
+
+
+KNOWN_FAILURES = Path(__file__).with_name("conformance_known_failures.txt")
+
+
+def known_failures(path: Path = KNOWN_FAILURES) -> dict[str, tuple[str, str]]:
+    """``folder/case -> (stage, reason)`` from the known-failures file: one line per model,
+    ``folder/case  stage  reason``; ``#`` starts a comment.
+
+    Raises:
+        ValueError: a line that is not of that form, names an unknown stage, or a model twice.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(None, 2)
+        if len(parts) < 3 or "/" not in parts[0] or parts[1] not in STAGES or parts[0] in out:
+            raise ValueError(
+                f"{path}:{n}: not 'folder/case stage reason' (stages: {', '.join(STAGES)}): {line}"
+            )
+        out[parts[0]] = (parts[1], parts[2])
+    return out
 
 
 def sample(all_cases: Sequence[Case], n: int, seed: int) -> list[Case]:

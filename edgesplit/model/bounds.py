@@ -103,6 +103,27 @@ def _split_size(node: onnx.NodeProto, shape: Lookup, _const: Const) -> Bounds | 
     return Bounds(1, np.asarray(data[_attr(node, "axis", 0) % len(data)] + 1))
 
 
+def _classes(node: onnx.NodeProto, shape: Lookup, _const: Const) -> Bounds | None:
+    """Class labels of a loss (``NegativeLogLikelihoodLoss``, ``SoftmaxCrossEntropyLoss``): below
+    the scores' class dimension (axis 1)."""
+    scores = shape(node.input[0])
+    return None if scores is None or len(scores) < 2 else Bounds(0, np.asarray(scores[1]))
+
+
+def _axes(node: onnx.NodeProto, shape: Lookup, _const: Const) -> Bounds | None:
+    """Axes of the first input (``Pad``'s ``axes``)."""
+    data = shape(node.input[0])
+    return None if data is None else Bounds(0, np.asarray(max(len(data), 1)))
+
+
+def _sequence_lens(node: onnx.NodeProto, shape: Lookup, _const: Const) -> Bounds | None:
+    """``LSTM``/``GRU``/``RNN`` sequence lengths: 1 to the input's time steps."""
+    x = shape(node.input[0])
+    if x is None or len(x) < 2:
+        return None
+    return Bounds(1, np.asarray(x[1 if _attr(node, "layout", 0) else 0] + 1))
+
+
 def _nonzero(_node: onnx.NodeProto, _shape: Lookup, _const: Const) -> Bounds:
     return Bounds(1, np.asarray(8))
 
@@ -124,6 +145,12 @@ RULES: dict[tuple[str, int], Callable[[onnx.NodeProto, Lookup, Const], Bounds | 
     ("ReverseSequence", 1): _time_steps,
     ("RoiAlign", 2): _batch,
     ("SplitToSequence", 1): _split_size,
+    ("NegativeLogLikelihoodLoss", 1): _classes,
+    ("SoftmaxCrossEntropyLoss", 1): _classes,
+    ("Pad", 3): _axes,
+    ("LSTM", 4): _sequence_lens,
+    ("GRU", 4): _sequence_lens,
+    ("RNN", 4): _sequence_lens,
     ("Div", 1): _nonzero,
     ("Mod", 1): _nonzero,
     ("Dropout", 1): _probability,

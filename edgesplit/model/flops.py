@@ -63,6 +63,12 @@ def _conv(node: onnx.NodeProto, ins: list[Shape | None], outs: list[Shape]) -> i
     return 2 * macs + bias
 
 
+def _qlinear_conv(node: onnx.NodeProto, ins: list[Shape | None], outs: list[Shape]) -> int:
+    """``QLinearConv``: x, x_scale, x_zero_point, w, ..., then the bias at 8."""
+    bias = [ins[8]] if len(ins) > 8 else []
+    return _conv(node, [ins[0], ins[3], *bias], outs)
+
+
 def _conv_transpose(node: onnx.NodeProto, ins: list[Shape | None], outs: list[Shape]) -> int:
     x, w = ins[0], ins[1]
     assert x is not None and w is not None
@@ -121,7 +127,7 @@ def _einsum(node: onnx.NodeProto, ins: list[Shape | None], outs: list[Shape]) ->
 _COUNTERS: dict[str, Callable[[onnx.NodeProto, list, list], int]] = {
     "Conv": _conv,
     "ConvInteger": _conv,
-    "QLinearConv": _conv,
+    "QLinearConv": _qlinear_conv,
     "ConvTranspose": _conv_transpose,
     "MatMul": _matmul,
     "MatMulInteger": _matmul,

@@ -116,13 +116,10 @@ def _load(
     problems += structure_problems(model, shapes, max_tensor_mb)
     if problems:
         raise ModelLoadError(where, problems)
-    try:
-        onnx.checker.check_model(model, full_check=True)
-    except Exception as e:  # noqa: BLE001 - onnx raises several types; all mean "invalid"
-        raise ModelLoadError(where, f"invalid model: {first_line(e)}") from e
+    notes: list[str] = []
+    _check(where, model, notes)
     _check_sizes_before_folding(where, model, shapes, max_tensor_mb)
     limits.check()
-    notes: list[str] = []
     original = model
     model, not_upgraded = upgrade.upgrade(original, shapes, notes)
 
@@ -135,6 +132,22 @@ def _load(
     model = kept.simplified(model, shapes, not_upgraded, notes, make)
     limits.check()
     return build_graph(where, sha256, model, values, max_tensor_mb, tuple(notes))
+
+
+def _check(where: str, model: onnx.ModelProto, notes: list[str]) -> None:
+    """onnx's checker, with shape inference; where only the inference fails (it fails on some of
+    onnx's own function expansions that ONNX Runtime runs), the structure is checked alone, and
+    ORT's session, built later, has the last word."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.shape_inference.InferenceError as e:
+        try:
+            onnx.checker.check_model(model)
+        except Exception as e2:  # noqa: BLE001 - onnx raises several types; all mean "invalid"
+            raise ModelLoadError(where, f"invalid model: {first_line(e2)}") from e2
+        notes.append(f"onnx's shape inference failed ({first_line(e)[:120]}); ONNX Runtime runs it")
+    except Exception as e:  # noqa: BLE001 - onnx raises several types; all mean "invalid"
+        raise ModelLoadError(where, f"invalid model: {first_line(e)}") from e
 
 
 def _check_feeds(

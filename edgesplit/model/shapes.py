@@ -116,30 +116,37 @@ def _itemsize(elem: int) -> int:
         return 1
 
 
+SHAPE_INPUTS = frozenset({("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1)})
+"""Float inputs whose values decide the output's shape (integer and bool ones are suspected anyway)."""
+
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+
+
 def _value_dependent_inputs(
     model: onnx.ModelProto, missing: list[str], have: Mapping[str, object]
 ) -> list[str]:
-    """Integer or bool graph inputs (without sample values) upstream of the tensors left open."""
+    """Graph inputs (without sample values) upstream of the tensors left open whose values may
+    decide shapes: integers, bools, sequences, and floats read as Resize scales."""
     g = model.graph
     weights = {t.name for t in g.initializer}
     inputs = {i.name: i for i in g.input if i.name not in weights}
     producer = {o: n for n in g.node for o in n.output if o}
-    seen: set[str] = set()
-    stack = list(missing)
+    seen: set[tuple[str, bool]] = set()
+    stack = [(t, False) for t in missing]
     found: dict[str, None] = {}
     while stack:
-        t = stack.pop()
-        if t in seen:
+        t, as_shape = stack.pop()
+        if (t, as_shape) in seen:
             continue
-        seen.add(t)
+        seen.add((t, as_shape))
         if t in inputs:
             tt = inputs[t].type
             elem = tt.tensor_type.elem_type if tt.HasField("tensor_type") else None
-            if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
-                if t not in have:
-                    found[t] = None
+            if (elem not in _FLOATS or as_shape) and t not in have:
+                found[t] = None
         elif t in producer:
-            stack.extend(all_inputs(producer[t]))
+            n = producer[t]
+            stack.extend((x, (n.op_type, k) in SHAPE_INPUTS) for k, x in enumerate(all_inputs(n)))
     return sorted(found)
 
 

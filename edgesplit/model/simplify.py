@@ -3,9 +3,10 @@
 onnxslim folds what depends only on constants and the input shapes. It runs in a child process
 (:mod:`edgesplit.model.slim_worker`) under the ``simplify`` stage's time limit
 (:mod:`edgesplit.limits`): it folds by running ONNX Runtime, which a model can keep busy for ever.
-Where there is nothing to fold (and onnxslim fails, cannot take the model, or would take long on a
-large graph), the model keeps its graph and only gets its input shapes. Strict shape inference
-follows, then a topological order with unique node names.
+Where onnxslim fails, or there is nothing to fold and it cannot take the model or would take long
+on a large graph, the model keeps its graph and only gets its input shapes (shape inference, and
+one run at load for what it leaves open, still give every shape). Strict shape inference follows,
+then a topological order with unique node names.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from edgesplit.errors import ModelLoadError
 from edgesplit.model import slim_worker
 from edgesplit.model.read import first_line
 from edgesplit.model.scope import all_inputs
+from edgesplit.model.validate import ort_session
 
 
 def topological(g: onnx.GraphProto) -> list[onnx.NodeProto]:
@@ -71,9 +73,9 @@ def simplify(
     cannot_fold: str | None,
     notes: list[str],
 ) -> onnx.ModelProto:
-    """Fold shape computations with onnxslim; or, where there is nothing to fold, fix the input
-    shapes and leave the graph as it is (onnxslim failed or could not take it, or it is too big
-    for onnxslim to be worth its time).
+    """Fold shape computations with onnxslim; or fix the input shapes and leave the graph as it
+    is (onnxslim failed, or there is nothing to fold and onnxslim could not take it or is not
+    worth its time on a graph this big).
 
     Raises:
         ModelLoadError: folding or shape inference failed.
@@ -105,8 +107,15 @@ def _simplify(
         slim = with_input_shapes(model, shapes)
     try:
         slim = onnx.shape_inference.infer_shapes(slim, strict_mode=True, data_prop=True)
-    except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(where, f"shape inference failed ({first_line(e)})") from e
+    except Exception as e:  # noqa: BLE001 - onnx's inference errors
+        # it fails on some of onnx's own function expansions (a Div whose input it cannot type)
+        # that ONNX Runtime runs: without strict mode it types what it can, and one run at load
+        # finds the rest, or ORT's session refuses the model, naming the node
+        try:
+            slim = onnx.shape_inference.infer_shapes(slim, data_prop=True)
+        except Exception:  # noqa: BLE001
+            raise ModelLoadError(where, f"shape inference failed ({first_line(e)})") from e
+        notes.append(f"strict shape inference failed ({first_line(e)[:120]}); shapes it left open are run")
     sort_and_name(slim.graph)
     return slim
 
@@ -114,8 +123,7 @@ def _simplify(
 def _slim(
     where: str, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], notes: list[str]
 ) -> onnx.ModelProto | None:
-    """onnxslim's result (in the child process, by the stage's deadline), or None where it fails
-    on a model with nothing to fold."""
+    """onnxslim's result (in the child process, by the stage's deadline), or None where it fails."""
     declared = {i.name: _static_dims(i) for i in model.graph.input}
     # shapes the model declares already are not given: onnxslim, given input shapes, infers every
     # shape again and drops the value infos it cannot infer (a Loop's carried values)
@@ -126,14 +134,20 @@ def _slim(
         raise limits.nearest_error() or ModelLoadError(where, "onnxslim gave no answer") from None
     except slim_worker.SlimCrashed as e:
         error = str(e)
-    if error is None:
-        slim = onnx.load_model_from_string(data)
-    elif not _nothing_to_fold(model):
-        raise ModelLoadError(where, f"cannot fold shape computations ({error})")
-    else:
-        notes.append(f"onnxslim failed ({error}); loaded without folding (nothing to fold)")
+    if error is not None:
+        # shape inference (and one run, for what it leaves open) still gives every shape
+        notes.append(f"onnxslim failed ({error}); loaded without folding")
         return None
-    _keep_value_types(model.graph, slim.graph)
+    slim = onnx.load_model_from_string(data)
+    _keep_interface(model.graph, slim.graph)
+    try:
+        ort_session(where, slim)
+    except ModelLoadError as e:
+        # onnxslim can break a model (an If branch whose output it removed): where ORT runs the
+        # model as it was, it loads without folding
+        ort_session(where, with_input_shapes(model, shapes))
+        notes.append(f"onnxslim's result does not run ({e.problems[0][:120]}); loaded without folding")
+        return None
     return slim
 
 
@@ -144,14 +158,23 @@ def _static_dims(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
     return tuple(d.dim_value for d in t.shape.dim)
 
 
-def _keep_value_types(before: onnx.GraphProto, after: onnx.GraphProto) -> None:
-    """Give the values that were sequences or optionals before onnxslim their types back: it
-    writes a graph output that is a sequence as a tensor (onnxslim 0.1.98)."""
+def _keep_interface(before: onnx.GraphProto, after: onnx.GraphProto) -> None:
+    """The model's inputs as they were: onnxslim drops inputs that nothing reads (a ``CastLike``'s
+    ``like`` in a function's expansion), and writes a graph output that is a sequence as a tensor
+    (onnxslim 0.1.98). The values that were sequences or optionals get their types back, and a
+    dropped input comes back, read by no node."""
     types = {vi.name: vi.type for vi in [*before.input, *before.value_info, *before.output]}
     for vi in [*after.input, *after.value_info, *after.output]:
         was = types.get(vi.name)
         if was is not None and was.WhichOneof("value") != vi.type.WhichOneof("value"):
             vi.type.CopyFrom(was)
+    weights = {t.name for t in before.initializer}
+    kept = {i.name for i in after.input}
+    inputs = [i for i in before.input if i.name not in weights]
+    if any(i.name not in kept for i in inputs):
+        now = {i.name: i for i in after.input}
+        del after.input[:]
+        after.input.extend(now.get(i.name, i) for i in inputs)
 
 
 # onnxslim spends about 8 ms per node here (10,000 nodes: 80 s, on a shared machine) and is

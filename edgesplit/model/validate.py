@@ -62,12 +62,17 @@ def type_name(elem: int) -> str:
 
 
 def opset_problems(model: onnx.ModelProto) -> list[str]:
-    """Unknown domains, and opset versions this ONNX does not define (0, or newer than released)."""
+    """Unknown domains that nodes use, and opset versions this ONNX does not define (0, or newer
+    than released). A domain imported and not used (a function's expansion that keeps its import)
+    is no problem."""
     known = onnx.defs.C.schema_version_map()
+    used = {n.domain for g in all_graphs(model.graph) for n in g.node}
+    used |= {n.domain for f in model.functions for n in f.node}
     out = []
     for o in model.opset_import:
         if o.domain not in KNOWN_DOMAINS:
-            out.append(f"unknown domain '{o.domain}'")
+            if o.domain in used:
+                out.append(f"unknown domain '{o.domain}'")
             continue
         lo, hi = known.get("" if o.domain == "ai.onnx" else o.domain, (1, None))
         if o.version < lo or (hi is not None and o.version > hi):
