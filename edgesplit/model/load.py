@@ -28,7 +28,7 @@ from edgesplit.model import kept, simplify, upgrade
 from edgesplit.model.graph import ModelGraph
 from edgesplit.model.read import first_line, read_model
 from edgesplit.model.shapes import build_graph, check_sizes, value_infos
-from edgesplit.model.validate import structure_problems, value_problems
+from edgesplit.model.validate import ort_session, structure_problems, value_problems
 from edgesplit.model.values import as_value
 
 DEFAULT_MAX_MODEL_MB = 1024.0
@@ -135,16 +135,17 @@ def _load(
 
 
 def _check(where: str, model: onnx.ModelProto, notes: list[str]) -> None:
-    """onnx's checker, with shape inference; where only the inference fails (it fails on some of
-    onnx's own function expansions that ONNX Runtime runs), the structure is checked alone, and
-    ORT's session, built later, has the last word."""
+    """onnx's checker, with shape inference; where only the inference fails and ONNX Runtime
+    runs the model anyway (onnx's inference fails on some of its own function expansions), the
+    model goes on with a note."""
     try:
         onnx.checker.check_model(model, full_check=True)
     except onnx.shape_inference.InferenceError as e:
         try:
             onnx.checker.check_model(model)
-        except Exception as e2:  # noqa: BLE001 - onnx raises several types; all mean "invalid"
-            raise ModelLoadError(where, f"invalid model: {first_line(e2)}") from e2
+            ort_session(where, model)
+        except Exception:  # noqa: BLE001 - onnx's and ORT's errors: the inference error says it best
+            raise ModelLoadError(where, f"invalid model: {first_line(e)}") from e
         notes.append(f"onnx's shape inference failed ({first_line(e)[:120]}); ONNX Runtime runs it")
     except Exception as e:  # noqa: BLE001 - onnx raises several types; all mean "invalid"
         raise ModelLoadError(where, f"invalid model: {first_line(e)}") from e
