@@ -33,7 +33,8 @@ input_values_option = click.option(
     "input_values",
     multiple=True,
     metavar="NAME=FILE.npy",
-    help="A sample value for an input whose values decide shapes (repeatable).",
+    help="A sample value for an input (repeatable): profiling and checks run on it instead of "
+    "made-up data; needed for an input whose values decide shapes, and one made-up values do not fill.",
 )
 device_option = click.option(
     "--device",

@@ -207,6 +207,22 @@ def draw(bounds: Bounds, shape: Shape, dtype: np.dtype, rng: np.random.Generator
     return rng.integers(int(bounds.low), np.broadcast_to(high, shape).astype(np.int64)).astype(dtype)
 
 
+def model_bounds(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, Bounds | None]:
+    """:func:`input_bounds` in ``model``, from the shapes it declares and its constants (a model
+    with inferred shapes: a bundle's part, a model loaded and simplified)."""
+    from onnx import numpy_helper
+
+    from edgesplit.model.flops import static_shapes
+
+    shapes, consts = static_shapes(model.graph), constants(model)
+    return input_bounds(
+        model.graph.node,
+        names,
+        shapes.get,
+        lambda t: numpy_helper.to_array(consts[t]) if t in consts else None,
+    )
+
+
 def constants(model: onnx.ModelProto) -> Mapping[str, onnx.TensorProto]:
     """Initializers and ``Constant`` outputs of the top-level graph, by name."""
     g = model.graph

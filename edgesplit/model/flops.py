@@ -168,7 +168,8 @@ def count_flops(node: onnx.NodeProto, in_shapes: list[Shape | None], out_shapes:
     return 0
 
 
-def _static_shapes(g: onnx.GraphProto) -> dict[str, Shape]:
+def static_shapes(g: onnx.GraphProto) -> dict[str, Shape]:
+    """The static shapes a graph declares: its inputs', outputs', value infos' and weights'."""
     out: dict[str, Shape] = {}
     for vi in [*g.input, *g.value_info, *g.output]:
         tt = vi.type.tensor_type
@@ -194,7 +195,7 @@ def _elementwise_shape(node: onnx.NodeProto, ins: list[Shape | None]) -> Shape |
 
 def _graph_flops(g: onnx.GraphProto, outer: Mapping[str, Shape]) -> int:
     """FLOPs of one run of a subgraph; nodes whose shapes inference left open count 0."""
-    shapes = {**outer, **_static_shapes(g)}
+    shapes = {**outer, **static_shapes(g)}
     total = 0
     for n in g.node:
         if n.op_type in ("If", "Loop", "Scan"):

@@ -59,16 +59,34 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 
 def parse_input_values(specs: Sequence[str]) -> dict[str, np.ndarray]:
-    """Parse ``NAME=FILE.npy`` strings (the CLI's ``--input``) into sample input values."""
+    """Parse ``NAME=FILE.npy`` strings (the CLI's ``--input``) into sample input values.
+
+    Raises:
+        ModelLoadError: naming the flag or the file: not ``NAME=FILE``, a file that is not a
+            regular file (a directory, a FIFO, which would block) or not a ``.npy`` array
+            (pickles are never loaded).
+    """
+    import stat
+
     out: dict[str, np.ndarray] = {}
     for spec in specs:
         name, sep, file = spec.partition("=")
         if not sep or not name or not file:
             raise ModelLoadError("--input", f"'{spec}' is not NAME=FILE.npy")
         try:
-            out[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise ModelLoadError(file, f"cannot read a .npy array ({first_line(e)})") from e
+            fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise ModelLoadError(file, f"cannot read the input ({e.strerror})") from e
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            why = "is a directory, not a .npy file" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ModelLoadError(file, why)
+        with os.fdopen(fd, "rb") as f:
+            try:
+                out[name] = np.load(f, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as e:
+                raise ModelLoadError(file, f"cannot read a .npy array ({first_line(e)})") from e
     return out
 
 
@@ -120,12 +138,12 @@ def _load(
     _check(where, model, notes)
     _check_sizes_before_folding(where, model, shapes, max_tensor_mb)
     limits.check()
-    original = model
-    model, not_upgraded = upgrade.upgrade(original, shapes, notes)
+    up = upgrade.upgrade(model, shapes, notes)
+    model, not_upgraded = up.model, up.failed
 
     def make(made: list[str]) -> onnx.ModelProto:
-        if model is not original:
-            note = upgrade.check_upgrade(where, original, model, _check_feeds(model, shapes, values))
+        if model is not up.original:
+            note = upgrade.check_upgrade(where, up.original, model, _check_feeds(model, shapes, values))
             made.extend([note] if note else [])
         return simplify.simplify(where, model, shapes, cannot_fold=not_upgraded, notes=made)
 
@@ -155,19 +173,14 @@ def _check_feeds(
     model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], values: Mapping[str, object]
 ) -> dict[str, object]:
     """Inputs to check an upgrade on: the sample values given, made-up data for the others."""
-    from edgesplit.model.bounds import constants, input_bounds
+    from edgesplit.model.bounds import model_bounds
     from edgesplit.model.feeds import random_tensor
     from edgesplit.model.graph import TensorInfo
 
-    inferred = value_infos(onnx.shape_inference.infer_shapes(simplify.with_input_shapes(model, shapes)))
+    shaped = onnx.shape_inference.infer_shapes(simplify.with_input_shapes(model, shapes))
+    inferred = value_infos(shaped)
     made = [i.name for i in model.graph.input if i.name not in values]
-    consts = constants(model)
-    bounds = input_bounds(
-        model.graph.node,
-        made,
-        lambda t: inferred[t].shape if t in inferred else None,
-        lambda t: onnx.numpy_helper.to_array(consts[t]) if t in consts else None,
-    )
+    bounds = model_bounds(shaped, made)
     rng = np.random.default_rng(0)
     feeds: dict[str, object] = dict(values)
     for name in made:

@@ -116,8 +116,9 @@ def _itemsize(elem: int) -> int:
         return 1
 
 
-SHAPE_INPUTS = frozenset({("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1)})
-"""Float inputs whose values decide the output's shape (integer and bool ones are suspected anyway)."""
+SHAPE_INPUTS = frozenset({("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1), ("OneHot", 1)})
+"""Float inputs whose values decide the output's shape (Resize scales, a OneHot depth; integer and
+bool ones are suspected anyway)."""
 
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
 
@@ -154,7 +155,7 @@ def _shapes_by_running(
     where: str, model: onnx.ModelProto, names: list[str], values: Mapping[str, np.ndarray]
 ) -> Infos:
     """Shapes that inference could not find, read off one ORT run (sample values where given)."""
-    from edgesplit.model.bounds import constants, input_bounds
+    from edgesplit.model.bounds import model_bounds
     from edgesplit.model.feeds import random_tensor
 
     probe = onnx.ModelProto()
@@ -165,14 +166,9 @@ def _shapes_by_running(
             probe.graph.output.append(helper.make_empty_tensor_value_info(name))
     sess = ort_session(where, probe)
     weights = {t.name for t in model.graph.initializer}
-    infos, consts = value_infos(model), constants(model)
+    infos = value_infos(model)
     made_up = [vi.name for vi in model.graph.input if vi.name not in weights and vi.name not in values]
-    bounds = input_bounds(
-        model.graph.node,
-        made_up,
-        lambda t: infos[t].shape if t in infos and infos[t].kind == "tensor" else None,
-        lambda t: numpy_helper.to_array(consts[t]) if t in consts else None,
-    )
+    bounds = model_bounds(model, made_up)
     rng = np.random.default_rng(0)
     feeds: dict[str, object] = {n: values[n] for n in values}
     for name in made_up:

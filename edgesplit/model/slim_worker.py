@@ -2,11 +2,11 @@
 
 onnxslim folds constant subgraphs by running them in ONNX Runtime; a ``Loop`` of constants with
 a trip count of ``10**15`` never ends there, and a call into ORT cannot be interrupted from
-another thread. So it runs in a child process (``python -m edgesplit.model.slim_worker``), started
-on first use and kept for the next model; at the stage's deadline the child is killed and a new
-one is started the next time. Importing onnxslim there rather than here costs about the same
-(0.4 s in a fresh process, measured), and a model that was simplified before comes from the cache
-(:mod:`edgesplit.model.kept`) without the child.
+another thread. So it runs in a child process, started on first use and kept for the next model;
+at the stage's deadline the child is killed, and a new one starts the next time. The child runs
+this module's source and needs no edgesplit package (the profiling agent runs from a zipapp).
+Importing onnxslim there rather than here costs about the same (0.4 s in a fresh process), and a
+model that was simplified before comes from the cache (:mod:`edgesplit.model.kept`) without it.
 
 Protocol, over the child's stdin and stdout: each message is a JSON header then a payload, each
 preceded by its length (8 bytes, little-endian). Request ``{"input_shapes": [...]}`` + the model's
@@ -54,8 +54,11 @@ class SlimWorker:
 
     def _start(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
+            # this module's own source, run as the child's main: it needs no edgesplit package
+            # (the profiling agent runs from a zipapp that a ``-m`` could not find)
+            source = __loader__.get_data(__file__).decode()  # type: ignore[name-defined]
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "edgesplit.model.slim_worker"],
+                [sys.executable, "-c", source],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,

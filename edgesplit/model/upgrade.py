@@ -7,15 +7,17 @@ PRelu-6 ...), and onnxslim cannot import older models, so they are upgraded to
 opset 7 it broadcasts numpy-style, against the last axis. So such slopes get an ``Unsqueeze`` to
 ``(C, 1, ..., 1)`` first.
 
-Then the upgraded model and the original are run on the same made-up inputs, and must agree: the
-original in ONNX Runtime where ORT still runs it, else in onnx's reference evaluator
-(``onnx.reference``). An upgrade that changes the outputs is refused, naming the output.
+Then the upgraded model and the original (its PRelu slopes per channel already) are run on the
+same made-up inputs, and must agree: the original in ONNX Runtime where ORT still runs it, else in
+onnx's reference evaluator (``onnx.reference``). An upgrade that changes the outputs is refused,
+naming the output.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -40,30 +42,40 @@ def default_opset(model: onnx.ModelProto) -> int | None:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
-def upgrade(
-    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], notes: list[str]
-) -> tuple[onnx.ModelProto, str | None]:
-    """Upgrade an old-opset model; returns (model, why the upgrade failed, or None). ``shapes``:
-    the input shapes given (the PRelu rewrite needs the rank and channels of its input)."""
+class Upgrade(NamedTuple):
+    """What :func:`upgrade` made: the model to load, why the upgrade failed (None: it did not),
+    and the model to check the upgrade against (the original, its PRelu slopes per channel)."""
+
+    model: onnx.ModelProto
+    failed: str | None
+    original: onnx.ModelProto
+
+
+def upgrade(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], notes: list[str]) -> Upgrade:
+    """Upgrade an old-opset model. ``shapes``: the input shapes given (the PRelu rewrite needs
+    the rank and channels of its input)."""
     opset = default_opset(model)
     if opset is None or opset >= UPGRADE_BELOW_OPSET:
-        return model, None
+        return Upgrade(model, None, model)
     from onnx import version_converter
 
+    # the check runs this, not the file: onnx.reference broadcasts a (C,) slope numpy-style where
+    # it can (the last axis when that is C wide too), not per channel as opset 6 meant
+    meant = _per_channel_prelu(model, shapes)
     try:
-        new = version_converter.convert_version(_per_channel_prelu(model, shapes), UPGRADE_TO_OPSET)
+        new = version_converter.convert_version(meant, UPGRADE_TO_OPSET)
         onnx.checker.check_model(new)
     except Exception as e:  # noqa: BLE001 - the converter raises bare errors per adapter
         no_schema = sorted({n.op_type for n in model.graph.node if not onnx.defs.has(n.op_type, n.domain)})
         why = f"no onnx schema for {', '.join(no_schema)}" if no_schema else _ASSERTION.sub("", first_line(e))
-        return model, f"opset {opset} could not be upgraded to {UPGRADE_TO_OPSET} ({why})"
+        return Upgrade(model, f"opset {opset} could not be upgraded to {UPGRADE_TO_OPSET} ({why})", model)
     weights = {t.name for t in new.graph.initializer}
     keep = [i for i in new.graph.input if i.name not in weights]  # IR < 4 listed weights as inputs
     del new.graph.input[:]
     new.graph.input.extend(keep)
     new.ir_version = max(new.ir_version, helper.find_min_ir_version_for(list(new.opset_import)))
     notes.append(f"upgraded from opset {opset} to {UPGRADE_TO_OPSET} with onnx.version_converter")
-    return new, None
+    return Upgrade(new, None, meant)
 
 
 def _per_channel_prelu(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:

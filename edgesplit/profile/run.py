@@ -9,10 +9,11 @@ For each processor of the device and each of its backends:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from edgesplit.device import Backend, DeviceSpec, Processor, shares_cores
@@ -195,31 +196,30 @@ def profile_model(
         RunInputError: a run failed on made-up inputs (it names them; give their values).
         StageTimeout: past the ``profile`` stage's time limit.
     """
-    opts = options or ProfileOptions()
-    with stage_limit("profile", graph.path):
-        return _profile_model(graph, device, opts, progress, previous)
-
-
-def _profile_model(
-    graph: ModelGraph,
-    device: DeviceSpec,
-    opts: ProfileOptions,
-    progress: Progress | None,
-    previous: Profile | None,
-) -> Profile:
     from edgesplit.profile.level import level
 
+    opts = options or ProfileOptions()
     entries: list[ProcessorProfile] = []
-    what = "profiling"
-    try:
+    with profiling_stage(graph) as doing:
         for proc, backend in selected(device, opts):
             kept = previous.entry(proc.name, backend.key) if previous is not None else None
-            what = f"profiling on {proc.name} ({backend.key})"
+            doing[0] = f"profiling on {proc.name} ({backend.key})"
             entries.append(kept or profile_pair(graph, device, proc, backend, opts, progress))
-        what = "profiling the whole model"
+        doing[0] = "profiling the whole model"
         leveled = level(graph, device, entries, opts.runs, progress)
-    except EdgesplitError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a run that fails (ORT's errors are bare), on made-up inputs?
-        raise run_failure(graph, what, ort_message(e)) from e
     return dataclasses.replace(empty_profile(graph, device), entries=leveled)
+
+
+@contextlib.contextmanager
+def profiling_stage(graph: ModelGraph) -> Iterator[list[str]]:
+    """The ``profile`` stage of ``graph``: under its time limit, and a run that fails (ORT raises
+    bare errors) becomes the error that names the inputs made up (:func:`run_failure`). The caller
+    keeps what it is doing in the list it gets (its one item), for that error."""
+    doing = ["profiling"]
+    with stage_limit("profile", graph.path):
+        try:
+            yield doing
+        except EdgesplitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - ORT's run errors are of its own bare types
+            raise run_failure(graph, doing[0], ort_message(e)) from e
