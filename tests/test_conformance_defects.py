@@ -30,7 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from edgesplit.compile.api import compile_bundle
-from edgesplit.errors import ModelLoadError, RunInputError
+from edgesplit.errors import ModelLoadError, PlanError, RunInputError
 from edgesplit.model.load import load_model
 from edgesplit.pipeline import partition
 from edgesplit.profile.run import ProfileOptions
@@ -114,10 +114,10 @@ def test_defect_onnx_sequence_models_run_split(case, tmp_path):
 # ---- strings
 
 
-def test_defect_a_string_tensor_crosses_a_part_boundary(tmp_path):
-    """StringNormalizer on core0, StringConcat and Equal on core1, the strings in between."""
+def _strings() -> onnx.ModelProto:
+    """StringNormalizer (lower case), then StringConcat with "!" and Equal to a second input."""
     s = TensorProto.STRING
-    m = _model(
+    return _model(
         [
             helper.make_node("StringNormalizer", ["text"], ["low"], case_change_action="LOWER", name="norm"),
             helper.make_node("StringConcat", ["low", "bang"], ["loud"], name="concat"),
@@ -131,6 +131,11 @@ def test_defect_a_string_tensor_crosses_a_part_boundary(tmp_path):
         [numpy_helper.from_array(np.array(["!"], dtype=object), "bang")],
         opset=20,
     )
+
+
+def test_defect_a_string_tensor_crosses_a_part_boundary(tmp_path):
+    """StringNormalizer on core0, StringConcat and Equal on core1, the strings in between."""
+    m = _strings()
     text = np.array([["Monday", "EDGE", "split"]], dtype=object)
     want = np.array([["monday", "edge", "Split"]], dtype=object)
     feeds = {"text": text, "want": want}  # also as sample values: StringNormalizer's width depends on them
@@ -138,6 +143,24 @@ def test_defect_a_string_tensor_crosses_a_part_boundary(tmp_path):
     assert len(plan.parts) >= 2 and "low" in _crossing(g, plan) and g.tensors["low"].dtype == "object"
     np.testing.assert_array_equal(got["loud"], np.array([["monday!", "edge!", "split!"]], dtype=object))
     np.testing.assert_array_equal(got["same"], [[True, True, False]])
+
+
+def test_strings_stay_on_the_device_with_a_server(tmp_path):
+    """The offload server's protocol carries no strings (nor sequences): a string node is never
+    priced on a server's processor, so a pin there is refused, and a plan keeps them home."""
+    p = tmp_path / "m.onnx"
+    onnx.save(_strings(), p)
+    values = {
+        "text": np.array([["A", "b", "C"]], dtype=object),
+        "want": np.array([["a", "b", "c"]], dtype=object),
+    }
+    g = load_model(p, input_values=values)
+    plan = partition(g, "raspberry-pi5", server="server-a100")
+    assert all(not part.remote for part in plan.parts if {"norm", "concat", "eq"} & set(part.nodes))
+    with pytest.raises(
+        PlanError, match="--pin concat=server-a100.gpu: server-a100.gpu cannot run StringConcat"
+    ):
+        partition(g, "raspberry-pi5", server="server-a100", pins={"concat": "server-a100.gpu"})
 
 
 @pytest.mark.slow
