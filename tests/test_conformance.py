@@ -24,8 +24,9 @@ import pytest
 
 SEED = 37
 PER_MODULE = 3
-QUICK = {"node": 3, "simple": 2, "pytorch-converted": 2, "pytorch-operator": 2}
-SLOW = {"node": 12, "simple": 6, "pytorch-converted": 8, "pytorch-operator": 4, "real": 1}
+QUICK = {"node": 1, "simple": 1, "pytorch-converted": 1, "pytorch-operator": 1}
+SLOW = {"node": 14, "simple": 7, "pytorch-converted": 9, "pytorch-operator": 5}
+REAL = ("test_squeezenet",)  # the other real models take 5 to 60 s each here
 
 
 def _known_units() -> dict[tuple[str, str], None]:
@@ -41,6 +42,9 @@ def _sample() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     rng = random.Random(SEED)
     quick, slow = [], []
     for folder in kit.FOLDERS:
+        if folder == "real":
+            slow += [(folder, u) for u in REAL]
+            continue
         units = kit.units(folder)
         picked = rng.sample(units, min(len(units), QUICK.get(folder, 0) + SLOW.get(folder, 0)))
         n = QUICK.get(folder, 0)
@@ -95,10 +99,24 @@ def test_backend_models_match_onnx_quick(unit, tmp_path):
     _check(*unit, tmp_path)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("unit", SLOW_UNITS, ids=_id)
-def test_backend_models_match_onnx(unit, tmp_path):
-    _check(*unit, tmp_path)
+def _slow_suite(units: list[tuple[str, str]]) -> type:
+    """A class of slow tests over ``units``: pytest-xdist (``--dist loadscope``) hands out each class
+    as a unit of its own, so the sample spreads over the workers instead of holding one."""
+
+    class Suite:
+        @pytest.mark.slow
+        @pytest.mark.parametrize("unit", units, ids=_id)
+        def test_backend_models_match_onnx(self, unit, tmp_path):
+            _check(*unit, tmp_path)
+
+    return Suite
+
+
+_NODE = [u for u in SLOW_UNITS if u[0] == "node"]
+TestNodeModelsA = _slow_suite(_NODE[: len(_NODE) // 2])
+TestNodeModelsB = _slow_suite(_NODE[len(_NODE) // 2 :])
+TestOtherModels = _slow_suite([u for u in SLOW_UNITS if u[0] not in ("node", "real")])
+TestRealModels = _slow_suite([u for u in SLOW_UNITS if u[0] == "real"])
 
 
 def test_the_known_failures_file_names_real_models_stages_and_reasons():
