@@ -70,9 +70,10 @@ def _check_dtype(where: str, value: object, dtype: str) -> None:
 
 
 def rel_error(got: object, expected: object) -> float:
-    """The largest absolute difference over the largest magnitude of ``expected``; for integers,
-    bools and strings 1.0 where any element differs; for sequences the worst of their tensors (1.0
-    for another length); for optionals 1.0 where one is empty and the other not."""
+    """The largest absolute difference over the largest finite magnitude of ``expected`` (NaN
+    against NaN and an infinity against the same one are equal; against a number, ``inf``); for
+    integers, bools and strings 1.0 where any element differs; for sequences the worst of their
+    tensors (1.0 for another length); for optionals 1.0 where one is empty and the other not."""
     if isinstance(got, list) or isinstance(expected, list):
         if not (isinstance(got, list) and isinstance(expected, list)) or len(got) != len(expected):
             return 1.0
@@ -86,5 +87,12 @@ def rel_error(got: object, expected: object) -> float:
         return 0.0
     if got.dtype.kind not in "fc":
         return float(np.any(got != expected))
-    scale = max(float(np.max(np.abs(expected))), 1e-12)
-    return float(np.max(np.abs(got.astype(np.float64) - expected.astype(np.float64)))) / scale
+    wide = np.complex128 if "c" in (got.dtype.kind, expected.dtype.kind) else np.float64
+    g, e = got.astype(wide), expected.astype(wide)
+    same = (g == e) | (np.isnan(g) & np.isnan(e))  # NaN where both are NaN, inf where both are inf
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(g - e))
+    if np.isnan(diff).any():  # a NaN or an infinity against a number
+        return float("inf")
+    finite = np.abs(e[np.isfinite(e)])
+    return float(diff.max()) / max(float(finite.max(initial=0.0)), 1e-12)
