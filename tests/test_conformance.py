@@ -24,8 +24,8 @@ import pytest
 
 SEED = 37
 PER_MODULE = 3
-QUICK = {"node": 1, "simple": 1, "pytorch-converted": 1, "pytorch-operator": 1}
-SLOW = {"node": 14, "simple": 7, "pytorch-converted": 9, "pytorch-operator": 5}
+QUICK = {"simple": 1, "pytorch-operator": 1}
+SLOW = {"node": 15, "simple": 7, "pytorch-converted": 10, "pytorch-operator": 5}
 REAL = ("test_squeezenet",)  # the other real models take 5 to 60 s each here
 
 

@@ -75,6 +75,7 @@ def _crossing(g, plan) -> set[str]:
 # ---- sequences
 
 
+@pytest.mark.slow
 def test_defect_a_sequence_crosses_a_part_boundary(tmp_path):
     """SplitToSequence on core0, SequenceAt and ConcatFromSequence on core1: the sequence is an
     output of one part and an input of the next; the outputs are ORT's on the whole model."""
@@ -133,6 +134,7 @@ def _strings() -> onnx.ModelProto:
     )
 
 
+@pytest.mark.slow
 def test_defect_a_string_tensor_crosses_a_part_boundary(tmp_path):
     """StringNormalizer on core0, StringConcat and Equal on core1, the strings in between."""
     m = _strings()
@@ -145,6 +147,7 @@ def test_defect_a_string_tensor_crosses_a_part_boundary(tmp_path):
     np.testing.assert_array_equal(got["same"], [[True, True, False]])
 
 
+@pytest.mark.slow
 def test_strings_stay_on_the_device_with_a_server(tmp_path):
     """The offload server's protocol carries no strings (nor sequences): a string node is never
     priced on a server's processor, so a pin there is refused, and a plan keeps them home."""
@@ -219,6 +222,7 @@ def test_defect_onnx_index_models_profile_without_their_values(case):
     partition(g, "host-2core", profiling=QUICK)
 
 
+@pytest.mark.slow
 def test_defect_run_makes_up_indices_within_the_table(tmp_path):
     """``edgesplit run`` without ``--input`` draws the ids within the table of the bundle's part."""
     _split_run(
@@ -257,6 +261,7 @@ def _segments() -> onnx.ModelProto:
     )
 
 
+@pytest.mark.slow
 def test_defect_an_input_no_rule_fills_is_named_with_the_flag_that_fills_it(tmp_path):
     p = tmp_path / "segments.onnx"
     onnx.save(_segments(), p)
@@ -302,6 +307,7 @@ def _prelu6(height: int) -> onnx.ModelProto:
     )
 
 
+@pytest.mark.slow
 def test_defect_opset6_prelu_per_channel_slope_matches_the_original(tmp_path):
     m = _prelu6(5)
     x = np.random.default_rng(3).standard_normal((1, 3, 5, 6)).astype(np.float32)

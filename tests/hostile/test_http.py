@@ -297,6 +297,7 @@ def test_defect3_idle_keepalive_connections_are_closed(server, tiny):
     silent.close()
 
 
+@pytest.mark.slow
 def test_stalled_connections_are_closed_by_the_header_deadline(tiny):
     """200 connections stall: 100 never send a byte, 100 send a part of a request's headers. With a
     1 s header deadline and a 30 s idle timeout, every one is answered 408 and closed within the

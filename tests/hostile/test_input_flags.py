@@ -67,9 +67,10 @@ def _refused(r, needle: str) -> None:
     assert needle in lines[0], (needle, lines[0])
 
 
-CASES = [("profile", case) for case in INPUTS] + [
-    ("partition", "a directory"),
-    ("deploy", "a FIFO (must not hang)"),
+QUICK = ("a directory", "a FIFO (must not hang)")  # the quick subset's share; the suite runs them all
+CASES = [pytest.param("profile", c, marks=[] if c in QUICK else [pytest.mark.slow]) for c in INPUTS] + [
+    pytest.param("partition", "a directory", marks=pytest.mark.slow),
+    pytest.param("deploy", "a FIFO (must not hang)", marks=pytest.mark.slow),
 ]
 
 
@@ -83,6 +84,7 @@ def test_a_hostile_model_input_is_one_line(model, tmp_path, command, case):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["a directory", "a FIFO (must not hang)", "no equals sign"])
 def test_a_hostile_calibrate_input_is_one_line(tmp_path, case):
     files = _files(tmp_path)
@@ -92,8 +94,15 @@ def test_a_hostile_calibrate_input_is_one_line(tmp_path, case):
     _refused(r, needle)
 
 
-LIMITS = [(stage, "0") for stage in ("load", "simplify", "profile", "compile")] + [
-    ("profile", v) for v in ("-1", "nan", "inf", "soon")
+LIMITS = [("profile", "0")] + [
+    pytest.param(stage, v, marks=pytest.mark.slow)
+    for stage, v in [
+        ("load", "0"),
+        ("simplify", "nan"),
+        ("compile", "inf"),
+        ("profile", "-1"),
+        ("profile", "soon"),
+    ]
 ]
 
 

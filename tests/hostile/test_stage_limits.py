@@ -136,11 +136,13 @@ def test_a_model_that_would_hang_simplify_stops_at_the_simplify_limit(tmp_path):
     _stopped(["profile", str(p), "-q", "-o", str(tmp_path / "p.json")], p, "simplify", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_model_that_would_hang_load_stops_at_the_load_limit(tmp_path):
     p = endless_for_load(tmp_path)
     _stopped(["profile", str(p), "-q", "-o", str(tmp_path / "p.json")], p, "load", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_model_that_would_hang_profile_stops_at_the_profile_limit(tmp_path):
     p = endless_for_runs(tmp_path)
     _stopped(
@@ -162,6 +164,7 @@ def test_a_model_that_would_hang_compile_stops_at_the_compile_limit(tmp_path):
     assert not (tmp_path / "bundle").exists()
 
 
+@pytest.mark.slow
 def test_in_python_a_stage_stops_with_stage_timeout(tmp_path, monkeypatch):
     """The same limits in the Python API: ``stage_limits`` sets them for a block."""
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
