@@ -123,8 +123,8 @@ def main() -> None:
         print(f"  not used: {note}")
     head = f"{'model':<13}{'ORT ms':>9}{'TVM ms':>9}{'TVM/ORT':>9}{'kernels':>9}{'trials':>8}{'tune s':>8}"
     print(head + ("  untuned ms" if args.untuned else "") + "  max rel err")
-    from edgesplit.compile.split import rel_error
     from edgesplit.compile.tvm_build import build_library
+    from edgesplit.model.values import rel_error
 
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,13 +146,15 @@ def measure_alternating(
     turns: int = TURNS,
     trust_key: str | os.PathLike | None = None,
     server_url: str | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Measured]:
     """Per bundle (by ``str`` of its path): its ``runs`` reduced for the fit, as :func:`measure`
     does, run in ``turns`` turns that alternate between the bundles, all loaded at once and warmed
     up first. Each turn starts with one untimed request, which lets the previous bundle's runtime
     threads go quiet (as deploy's verification does); its records are not kept. With
     ``server_url``, server parts are called there, and each bundle's calls are kept
-    (:func:`remote_calls`)."""
+    (:func:`remote_calls`). ``inputs``: values of inputs to run with (the others are made up).
+    """
     from edgesplit.runtime.api import random_feeds
 
     names = [str(b) for b in bundles]
@@ -163,7 +165,7 @@ def measure_alternating(
         sessions = {
             b: stack.enter_context(load(b, trust_key=trust_key, executor_options=opts)) for b in names
         }
-        feeds = {b: random_feeds(s) for b, s in sessions.items()}
+        feeds = {b: random_feeds(s, given=inputs) for b, s in sessions.items()}
         for b, sess in sessions.items():
             for _ in range(warmup):
                 sess.run(feeds[b])
@@ -193,6 +195,7 @@ def measure_stream(
     *,
     trust_key: str | os.PathLike | None = None,
     server_url: str | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
 ) -> Streamed | None:
     """Run ``bundle`` as a pipelined stream of ``requests`` after it filled (and a stream to warm
     up): its period and each part's run in it. None for a plan on fewer than two local processors
@@ -204,7 +207,7 @@ def measure_stream(
         if len({p.processor for p in parts if not p.remote}) < 2:
             return None
         fill = sess.stream_window
-        feeds = random_feeds(sess)
+        feeds = random_feeds(sess, given=inputs)
         for _ in sess.run_stream(feeds for _ in range(2 * fill)):
             pass
         sess.reset_stats()
@@ -400,11 +403,13 @@ def calibrate(
     progress: Progress | None = None,
     trust_key: str | os.PathLike | None = None,
     server_url: str | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
 ) -> Calibration:
     """Calibrate the profile of the bundles' plans against their measured runs (see the module doc).
 
     ``server_url``: a server that serves the bundles' server parts (``edgesplit serve``); their
     calls there fit the cost of a call (:func:`~edgesplit.optimize.calibrate.fit_remote_call`).
+    ``inputs``: values of inputs to run the bundles with (``--input``); the others are made up.
 
     Raises:
         InputError: no profile to calibrate, one of another model, bundles that differ in model
@@ -424,9 +429,11 @@ def calibrate(
     for number in range(1, max_rounds + 1):
         order = list(plans)[(number - 1) % len(plans) :] + list(plans)[: (number - 1) % len(plans)]
         cases = []
-        single = measure_alternating(order, runs, warmup, trust_key=trust_key, server_url=server_url)
+        single = measure_alternating(
+            order, runs, warmup, trust_key=trust_key, server_url=server_url, inputs=inputs
+        )
         for b in order:
-            stream = measure_stream(b, runs, trust_key=trust_key, server_url=server_url)
+            stream = measure_stream(b, runs, trust_key=trust_key, server_url=server_url, inputs=inputs)
             fresh = dataclasses.replace(single[b], stream=stream)
             cases += _cases(b, priced[b], fresh)
             measured[b] = fresh if b not in measured else measured[b].merged(fresh)

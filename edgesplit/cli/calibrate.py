@@ -41,8 +41,16 @@ from edgesplit.cli.common import FiniteFloat, console, trust_key_option
     help="A server (edgesplit serve URL) that serves the bundles' server parts: their calls there "
     "fit the cost of a call beyond the link and the compute.",
 )
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="NAME=FILE.npy",
+    help="A value to run the bundles with (repeatable; default: made up within the bounds of "
+    "the ops that read it).",
+)
 @trust_key_option
-def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, trust_key, server_url):
+def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, inputs, trust_key, server_url):
     """Run BUNDLES, fit the cost terms of their profile to the measured part runs, and write them.
 
     BUNDLES are of one model on one device: a plan and its baselines (the whole model on each
@@ -52,6 +60,7 @@ def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, trus
     ``partition --profile OUTPUT``.
     """
     from edgesplit.calibrate import calibrate
+    from edgesplit.model.load import parse_input_values
 
     result = calibrate(
         list(bundles),
@@ -63,6 +72,7 @@ def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, trus
         progress=lambda msg: console.print(msg),
         trust_key=trust_key,
         server_url=server_url,
+        inputs=parse_input_values(inputs) or None,
     )
     result.profile.save(output)
     print_result(result)

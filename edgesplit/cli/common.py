@@ -33,7 +33,8 @@ input_values_option = click.option(
     "input_values",
     multiple=True,
     metavar="NAME=FILE.npy",
-    help="A sample value for an input whose values decide shapes (repeatable).",
+    help="A sample value for an input (repeatable): profiling and checks run on it instead of "
+    "made-up data; needed for an input whose values decide shapes, and one made-up values do not fill.",
 )
 device_option = click.option(
     "--device",
@@ -156,6 +157,42 @@ def link_options(f):
         "run there): prices the server's processors instead of its spec's roofline.",
     )(f)
     return click.option("--server", help="A server spec whose processors may take parts.")(f)
+
+
+_STAGE_HELP = {
+    "load": "reading, checking and shaping the model, simplifying included",
+    "simplify": "folding its shape computations (onnxslim) and inferring shapes",
+    "profile": "measuring every processor",
+    "compile": "extracting, checking and building the parts",
+}
+
+
+def _set_stage_limit(ctx: click.Context, param: click.Parameter, value: float | None) -> None:
+    if value is not None and not ctx.resilient_parsing:
+        from dataclasses import replace
+
+        from edgesplit import limits
+
+        before = limits.current()
+        limits.configure(replace(before, **{f"{param.name.removesuffix('_timeout_s')}_s": value}))
+        ctx.call_on_close(lambda: limits.configure(before))  # for a command run in-process
+
+
+def stage_limit_options(f):
+    """``--load-timeout-s``, ``--simplify-timeout-s``, ``--profile-timeout-s``,
+    ``--compile-timeout-s``: each stage's time limit for this command (:mod:`edgesplit.limits`)."""
+    from edgesplit.limits import STAGES, StageLimits
+
+    for stage in reversed(STAGES):
+        f = click.option(
+            f"--{stage}-timeout-s",
+            type=FiniteFloat(minimum=0, open_min=True),
+            default=None,
+            expose_value=False,
+            callback=_set_stage_limit,
+            help=f"Time limit for {_STAGE_HELP[stage]} [default: {getattr(StageLimits(), f'{stage}_s'):g}].",
+        )(f)
+    return f
 
 
 def remote_options(remote_help: str) -> Callable:

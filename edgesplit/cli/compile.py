@@ -12,6 +12,7 @@ from edgesplit.cli.common import (
     model_inputs,
     progress_bar,
     sign_key_option,
+    stage_limit_options,
 )
 
 tune_per_task_option = click.option(
@@ -77,6 +78,7 @@ def verify_options(f):
 )
 @input_shape_option
 @input_values_option
+@stage_limit_options
 @click.option(
     "--tune-trials",
     default=0,

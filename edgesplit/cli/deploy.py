@@ -23,6 +23,7 @@ from edgesplit.cli.common import (
     sign_key_option,
     slo_option,
     split_option,
+    stage_limit_options,
 )
 from edgesplit.cli.compile import tune_options, tune_per_task_option, verify_options
 
@@ -53,6 +54,7 @@ from edgesplit.cli.compile import tune_options, tune_per_task_option, verify_opt
 @accuracy_options
 @input_shape_option
 @input_values_option
+@stage_limit_options
 @runs_option
 @backend_option
 @click.option(

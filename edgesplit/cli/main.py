@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     args, debug = take_debug_flag(list(sys.argv[1:] if argv is None else argv))
     if debug:
         os.environ["EDGESPLIT_DEBUG"] = "1"
+    from edgesplit import limits
+
+    limits.on_overrun(_overrun)
     try:
         cli.main(args=args, prog_name="edgesplit", standalone_mode=False)
     except click.exceptions.Abort:
@@ -111,6 +114,14 @@ def main(argv: list[str] | None = None) -> None:
         _traceback_if_debug()
         abort(f"{type(e).__name__}: {e} (run with --debug for the traceback)".replace("\n", " "), 1)
     sys.exit(0)
+
+
+def _overrun(e: EdgesplitError) -> None:
+    """A stage still running past its time limit and a grace period, in a call that could not be
+    stopped (a TVM build, say): the command ends here, with the stage's one-line error."""
+    click.echo(f"edgesplit: error: {e}", err=True)
+    sys.stderr.flush()
+    os._exit(e.exit_code)
 
 
 def _traceback_if_debug() -> None:

@@ -23,6 +23,7 @@ from edgesplit.cli.common import (
     runs_option,
     slo_option,
     split_option,
+    stage_limit_options,
 )
 
 
@@ -39,6 +40,7 @@ from edgesplit.cli.common import (
 @runs_option
 @input_shape_option
 @input_values_option
+@stage_limit_options
 @objective_option
 @split_option
 @slo_option

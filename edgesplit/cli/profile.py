@@ -16,6 +16,7 @@ from edgesplit.cli.common import (
     model_inputs,
     progress_bar,
     remote_options,
+    stage_limit_options,
 )
 
 
@@ -24,6 +25,7 @@ from edgesplit.cli.common import (
 @device_option
 @input_shape_option
 @input_values_option
+@stage_limit_options
 @backend_option
 @click.option("--processor", "processors", multiple=True, help="Only these processors (repeatable).")
 @click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs.")

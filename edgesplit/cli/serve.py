@@ -67,7 +67,8 @@ from edgesplit.cli.common import FiniteFloat
     default=10.0,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
-    help="Time for a request's headers to arrive, from their first byte (408 and close after).",
+    help="Time for a request's headers to arrive: the first request's from the connection's start, "
+    "a kept-alive connection's next one's from its first byte (408 and close after).",
 )
 @click.option(
     "--body-timeout-s",

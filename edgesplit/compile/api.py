@@ -33,6 +33,7 @@ from edgesplit.compile.split import PartModel, check_parts, extract_parts
 from edgesplit.compile.tune import TuneOptions
 from edgesplit.device import DeviceSpec, Processor
 from edgesplit.errors import BundleError, CompileError, PlanError
+from edgesplit.limits import stage_limit
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import backend_precision
 from edgesplit.optimize.plan import Part, Plan, check_plan, check_plan_types
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 def _spec(graph: ModelGraph, name: str) -> TensorSpec:
     t = graph.tensors[name]
-    return TensorSpec(name, t.shape, t.dtype)
+    return TensorSpec(name, t.shape, t.dtype, t.kind)
 
 
 def _check_plan_fits(plan: Plan, path: str, sha256: str) -> None:
@@ -185,7 +186,7 @@ def compile_bundle(
     analysis = band_plans_for(plan, problem) if bands else None
     if analysis is not None and analysis.table is None and plan.server:
         notes.append(f"no band table: {analysis.reason}")
-    with atomic_dir(out) as tmp:
+    with stage_limit("compile", graph.path), atomic_dir(out) as tmp:  # edgesplit.limits
         (tmp / "parts").mkdir()
         tuning = {"tune_trials": tune_trials, "tune": tune, "progress": progress}  # CompileJob fields
         artifacts = _compile_plan_parts(graph, tmp, plan, spec, local_cpu, tuning, progress, notes)

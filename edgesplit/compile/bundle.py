@@ -44,18 +44,21 @@ MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, static shape and numpy dtype name of a tensor crossing a part boundary."""
+    """Name, static shape and numpy dtype name of a value crossing a part boundary; ``kind``
+    ``"sequence"`` or ``"optional"`` for those (their tensors' dtype; see ``TensorInfo``)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    kind: str = "tensor"
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        return d if self.kind == "tensor" else {**d, "kind": self.kind}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> TensorSpec:
-        return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"])
+        return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d.get("kind", "tensor"))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ from edgesplit.util import check_identifier, short
 if TYPE_CHECKING:
     from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec
 
+VALUE_KINDS = ("tensor", "sequence", "optional")
+"""What crosses a part boundary: tensors, sequences of tensors, optional values (``TensorSpec.kind``)."""
+
 MAX_TENSOR_NBYTES = 1 << 32
 """Largest tensor a manifest may declare (4 GiB): a larger claim is an edited manifest."""
 
@@ -30,10 +33,12 @@ def _check_spec(t: TensorSpec, where: str) -> None:
         dtype = np.dtype(t.dtype)
     except (TypeError, ValueError, SyntaxError) as e:
         raise BundleError(f"{where}: tensor {short(t.name, 60)}: unknown dtype {short(t.dtype, 40)}") from e
-    if dtype.kind not in "biuf" or dtype.shape != () or dtype.names is not None:
+    if dtype.kind not in "biufO" or dtype.shape != () or dtype.names is not None:
         raise BundleError(
-            f"{where}: tensor {short(t.name, 60)}: dtype {short(t.dtype, 40)} is not a numeric type"
+            f"{where}: tensor {short(t.name, 60)}: dtype {short(t.dtype, 40)} is not a numeric type or strings"
         )
+    if t.kind not in VALUE_KINDS:
+        raise BundleError(f"{where}: tensor {short(t.name, 60)}: unknown kind {short(str(t.kind), 40)}")
     nbytes = dtype.itemsize
     for d in t.shape:
         nbytes *= d

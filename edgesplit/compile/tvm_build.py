@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgesplit.compile.split import rel_error
 from edgesplit.compile.tune import Progress, TuneOptions, tune_module
 from edgesplit.errors import CompileError
+from edgesplit.model.values import rel_error
 from edgesplit.profile.kept_libs import kept_library
 from edgesplit.profile.tvm import GPU_KINDS, host_arch, target_arch, target_device
 from edgesplit.profile.tvmdb import (

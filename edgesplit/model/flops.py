@@ -63,6 +63,12 @@ def _conv(node: onnx.NodeProto, ins: list[Shape | None], outs: list[Shape]) -> i
     return 2 * macs + bias
 
 
+def _qlinear_conv(node: onnx.NodeProto, ins: list[Shape | None], outs: list[Shape]) -> int:
+    """``QLinearConv``: x, x_scale, x_zero_point, w, ..., then the bias at 8."""
+    bias = [ins[8]] if len(ins) > 8 else []
+    return _conv(node, [ins[0], ins[3], *bias], outs)
+
+
 def _conv_transpose(node: onnx.NodeProto, ins: list[Shape | None], outs: list[Shape]) -> int:
     x, w = ins[0], ins[1]
     assert x is not None and w is not None
@@ -121,7 +127,7 @@ def _einsum(node: onnx.NodeProto, ins: list[Shape | None], outs: list[Shape]) ->
 _COUNTERS: dict[str, Callable[[onnx.NodeProto, list, list], int]] = {
     "Conv": _conv,
     "ConvInteger": _conv,
-    "QLinearConv": _conv,
+    "QLinearConv": _qlinear_conv,
     "ConvTranspose": _conv_transpose,
     "MatMul": _matmul,
     "MatMulInteger": _matmul,
@@ -162,7 +168,8 @@ def count_flops(node: onnx.NodeProto, in_shapes: list[Shape | None], out_shapes:
     return 0
 
 
-def _static_shapes(g: onnx.GraphProto) -> dict[str, Shape]:
+def static_shapes(g: onnx.GraphProto) -> dict[str, Shape]:
+    """The static shapes a graph declares: its inputs', outputs', value infos' and weights'."""
     out: dict[str, Shape] = {}
     for vi in [*g.input, *g.value_info, *g.output]:
         tt = vi.type.tensor_type
@@ -188,7 +195,7 @@ def _elementwise_shape(node: onnx.NodeProto, ins: list[Shape | None]) -> Shape |
 
 def _graph_flops(g: onnx.GraphProto, outer: Mapping[str, Shape]) -> int:
     """FLOPs of one run of a subgraph; nodes whose shapes inference left open count 0."""
-    shapes = {**outer, **_static_shapes(g)}
+    shapes = {**outer, **static_shapes(g)}
     total = 0
     for n in g.node:
         if n.op_type in ("If", "Loop", "Scan"):

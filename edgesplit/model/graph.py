@@ -12,14 +12,18 @@ import onnx
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """A tensor of the graph with a static shape.
+    """A value of the graph: a tensor with a static shape, or a sequence or optional value.
 
     Attributes:
         name: The ONNX value name.
-        shape: Static shape (every dimension known).
-        dtype: numpy dtype name, e.g. ``"float32"``.
-        nbytes: Size in bytes.
+        shape: Static shape (every dimension known); for a sequence ``()``, for an optional the
+            shape of the tensor it may hold (``()`` when it holds a sequence).
+        dtype: numpy dtype name, e.g. ``"float32"``; ``"object"`` for strings; for a sequence or an
+            optional, the dtype of its tensors.
+        nbytes: Size in bytes (a string counts as a reference, 8 bytes; a sequence as 0: its length
+            is not static, and it only moves between parts in one process, by reference).
         is_weight: True for initializers (they live with the part that reads them).
+        kind: ``"tensor"``, ``"sequence"`` (of tensors) or ``"optional"``.
     """
 
     name: str
@@ -27,6 +31,7 @@ class TensorInfo:
     dtype: str
     nbytes: int
     is_weight: bool = False
+    kind: str = "tensor"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,13 @@ MAX_NBYTES = KINDS["simplified"].max_nbytes
 @functools.cache
 def _code_tag() -> str:
     """The versions and sources whose change makes a different simplified model."""
-    return code_tag("edgesplit.model.load", __name__, versions=("onnx", "onnxslim", "onnxruntime"))
+    return code_tag(
+        "edgesplit.model.load",
+        "edgesplit.model.simplify",
+        "edgesplit.model.upgrade",
+        __name__,
+        versions=("onnx", "onnxslim", "onnxruntime"),
+    )
 
 
 def kept_path(

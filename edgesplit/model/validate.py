@@ -43,6 +43,9 @@ FEEDABLE_TYPES = frozenset(
 )
 """Element types edgesplit can generate, move between parts and send to a server."""
 
+MOVABLE_TYPES = FEEDABLE_TYPES | {TensorProto.STRING}
+"""Element types parts may take and return: strings too (they stay on the CPU, in ORT)."""
+
 
 def human_bytes(n: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -59,12 +62,17 @@ def type_name(elem: int) -> str:
 
 
 def opset_problems(model: onnx.ModelProto) -> list[str]:
-    """Unknown domains, and opset versions this ONNX does not define (0, or newer than released)."""
+    """Unknown domains that nodes use, and opset versions this ONNX does not define (0, or newer
+    than released). A domain imported and not used (a function's expansion that keeps its import)
+    is no problem."""
     known = onnx.defs.C.schema_version_map()
+    used = {n.domain for g in all_graphs(model.graph) for n in g.node}
+    used |= {n.domain for f in model.functions for n in f.node}
     out = []
     for o in model.opset_import:
         if o.domain not in KNOWN_DOMAINS:
-            out.append(f"unknown domain '{o.domain}'")
+            if o.domain in used:
+                out.append(f"unknown domain '{o.domain}'")
             continue
         lo, hi = known.get("" if o.domain == "ai.onnx" else o.domain, (1, None))
         if o.version < lo or (hi is not None and o.version > hi):
@@ -140,27 +148,48 @@ def structure_problems(
     for name, vi in graph_inputs.items():
         problems.extend(_input_problems(name, vi, shapes.get(name), max_tensor_mb))
     for vi in g.output:
-        if not vi.type.HasField("tensor_type"):
-            problems.append(f"output '{vi.name}' is not a tensor")
-        elif vi.type.tensor_type.elem_type not in FEEDABLE_TYPES | {TensorProto.UNDEFINED}:
+        elem = _elem_type(vi.type)
+        if elem is None:
+            problems.append(f"output '{vi.name}' is not a tensor, a sequence of tensors or an optional")
+        elif elem not in MOVABLE_TYPES | {TensorProto.UNDEFINED}:
             problems.append(
-                f"output '{vi.name}' has element type {type_name(vi.type.tensor_type.elem_type)}; "
-                "edgesplit moves numeric and bool tensors only"
+                f"output '{vi.name}' has element type {type_name(elem)}; edgesplit moves numbers, bools "
+                "and strings only"
             )
     return problems
+
+
+def _elem_type(t: onnx.TypeProto) -> int | None:
+    """The element type of a tensor, a sequence of tensors, or an optional of either; None for
+    any other type (maps, sequences of sequences)."""
+    which = t.WhichOneof("value")
+    if which == "tensor_type":
+        return t.tensor_type.elem_type
+    if which == "sequence_type" and t.sequence_type.elem_type.HasField("tensor_type"):
+        return t.sequence_type.elem_type.tensor_type.elem_type
+    if which == "optional_type" and t.optional_type.elem_type.WhichOneof("value") != "optional_type":
+        return _elem_type(t.optional_type.elem_type)
+    return None
 
 
 def _input_problems(
     name: str, vi: onnx.ValueInfoProto, given: Sequence[int] | None, max_tensor_mb: float
 ) -> list[str]:
-    if not vi.type.HasField("tensor_type"):
-        return [f"input '{name}' is not a tensor"]
-    tt = vi.type.tensor_type
-    if tt.elem_type not in FEEDABLE_TYPES:
+    elem = _elem_type(vi.type)
+    if elem is None:
+        return [f"input '{name}' is not a tensor, a sequence of tensors or an optional"]
+    if elem not in MOVABLE_TYPES:
         return [
-            f"input '{name}' has element type {type_name(tt.elem_type)}; "
-            "edgesplit feeds numeric and bool tensors only"
+            f"input '{name}' has element type {type_name(elem)}; edgesplit feeds numbers, bools and "
+            "strings only"
         ]
+    if not vi.type.HasField("tensor_type"):  # a sequence or an optional: its value gives its size
+        return (
+            [f"--input-shape {name}: a sequence or optional input, whose value gives its size"]
+            if given
+            else []
+        )
+    tt = vi.type.tensor_type
     # exporters write -1 for a dynamic dimension (PP-OCR's cls model does)
     dims: list[int | str] = [
         d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
@@ -221,8 +250,24 @@ def cycle_nodes(g: onnx.GraphProto) -> list[str]:
     return [g.node[i].name or f"#{i}" for i in sorted(stuck)]
 
 
+def _value_problem(name: str, value: object, t: onnx.TypeProto) -> str | None:
+    """Why ``value`` cannot be a value of ONNX type ``t`` (None when it can)."""
+    which = t.WhichOneof("value")
+    if which == "optional_type":
+        return None if value is None else _value_problem(name, value, t.optional_type.elem_type)
+    if which == "sequence_type":
+        if not isinstance(value, list):
+            return f"--input {name}: the model takes a sequence, not {type(value).__name__}"
+        wrong = (_value_problem(name, v, t.sequence_type.elem_type) for v in value)
+        return next((w for w in wrong if w), None)
+    if not isinstance(value, np.ndarray):
+        return f"--input {name}: the model takes a tensor, not {type(value).__name__}"
+    want = np.dtype(helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type))
+    return None if value.dtype == want else f"--input {name} is {value.dtype}, the model takes {want}"
+
+
 def value_problems(
-    model: onnx.ModelProto, values: Mapping[str, np.ndarray], shapes: Mapping[str, Sequence[int]]
+    model: onnx.ModelProto, values: Mapping[str, object], shapes: Mapping[str, Sequence[int]]
 ) -> list[str]:
     """Sample input values (``--input``) that name no input or do not fit its type or shape."""
     weights = {t.name for t in model.graph.initializer}
@@ -233,13 +278,14 @@ def value_problems(
         if vi is None:
             out.append(f"--input names '{name}', not an input (inputs: {', '.join(inputs)})")
             continue
-        want = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
-        if value.dtype != want:
-            out.append(f"--input {name} is {value.dtype}, the model takes {want}")
-        if name in shapes and tuple(shapes[name]) != value.shape:
-            out.append(
-                f"--input {name} has shape {list(value.shape)}, --input-shape says {list(shapes[name])}"
-            )
+        if _elem_type(vi.type) is None:
+            continue  # a type edgesplit does not take: structure_problems names it
+        problem = _value_problem(name, value, vi.type)
+        if problem:
+            out.append(problem)
+        shape = getattr(value, "shape", None)
+        if name in shapes and shape is not None and tuple(shapes[name]) != shape:
+            out.append(f"--input {name} has shape {list(shape)}, --input-shape says {list(shapes[name])}")
     return out
 
 

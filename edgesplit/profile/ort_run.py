@@ -19,6 +19,7 @@ import onnx
 
 from edgesplit.cpu import configure_as, ort_session_options
 from edgesplit.device import Backend, Processor
+from edgesplit.limits import StoppableSession
 from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.terms import (
@@ -45,7 +46,9 @@ def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, bac
     providers = [(backend.provider, dict(backend.options))]
     if backend.provider != "CPUExecutionProvider":
         providers.append(("CPUExecutionProvider", {}))
-    return ort.InferenceSession(data, so, providers=providers)
+    return StoppableSession(
+        ort.InferenceSession(data, so, providers=providers)
+    )  # stops at the stage's deadline
 
 
 class _RunKernels(NamedTuple):

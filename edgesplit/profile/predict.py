@@ -90,6 +90,12 @@ def calibration_for(
     return cal.lookup(processor.name, run_precision(processor, backend)) if cal else None
 
 
+def _stays_home(graph: ModelGraph, name: str) -> bool:
+    """A value the offload server's protocol cannot carry: a sequence, an optional, strings."""
+    t = graph.tensors.get(name)
+    return t is not None and (t.kind != "tensor" or t.dtype == "object")
+
+
 def predict(
     graph: ModelGraph, processor: Processor, backend: Backend, *, device: str | None = None
 ) -> ProcessorProfile:
@@ -116,6 +122,11 @@ def predict(
             continue
         if not backend.supports(node.op_type):
             unsupported[node.name] = f"{node.op_type} is not supported by {processor.name}/{backend.key}"
+            continue
+        if processor.is_remote and any(_stays_home(graph, t) for t in (*node.inputs, *node.outputs)):
+            unsupported[node.name] = (
+                f"{node.op_type} reads or writes a sequence or strings, which stay on the device"
+            )
             continue
         ms = roofline_ms(node, processor, graph, calibration)
         nodes[node.name] = NodeCost(

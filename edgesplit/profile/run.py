@@ -9,15 +9,19 @@ For each processor of the device and each of its backends:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from edgesplit.device import Backend, DeviceSpec, Processor, shares_cores
-from edgesplit.errors import InputError
+from edgesplit.errors import EdgesplitError, InputError
+from edgesplit.limits import stage_limit
+from edgesplit.model.feeds import run_failure
 from edgesplit.model.graph import ModelGraph
+from edgesplit.model.validate import ort_message
 from edgesplit.profile.predict import predict
 from edgesplit.profile.store import ProcessorProfile, Profile
 from edgesplit.util import Progress
@@ -185,14 +189,37 @@ def profile_model(
         previous: Entries of an earlier profile of the same model to keep (``--resume``).
 
     The processors' whole-model times are then leveled against one another
-    (:func:`~edgesplit.profile.level.level`).
+    (:func:`~edgesplit.profile.level.level`). It all runs under the ``profile`` stage's time limit
+    (:mod:`edgesplit.limits`).
+
+    Raises:
+        RunInputError: a run failed on made-up inputs (it names them; give their values).
+        StageTimeout: past the ``profile`` stage's time limit.
     """
     from edgesplit.profile.level import level
 
     opts = options or ProfileOptions()
     entries: list[ProcessorProfile] = []
-    for proc, backend in selected(device, opts):
-        kept = previous.entry(proc.name, backend.key) if previous is not None else None
-        entries.append(kept or profile_pair(graph, device, proc, backend, opts, progress))
-    leveled = level(graph, device, entries, opts.runs, progress)
+    with profiling_stage(graph) as doing:
+        for proc, backend in selected(device, opts):
+            kept = previous.entry(proc.name, backend.key) if previous is not None else None
+            doing[0] = f"profiling on {proc.name} ({backend.key})"
+            entries.append(kept or profile_pair(graph, device, proc, backend, opts, progress))
+        doing[0] = "profiling the whole model"
+        leveled = level(graph, device, entries, opts.runs, progress)
     return dataclasses.replace(empty_profile(graph, device), entries=leveled)
+
+
+@contextlib.contextmanager
+def profiling_stage(graph: ModelGraph) -> Iterator[list[str]]:
+    """The ``profile`` stage of ``graph``: under its time limit, and a run that fails (ORT raises
+    bare errors) becomes the error that names the inputs made up (:func:`run_failure`). The caller
+    keeps what it is doing in the list it gets (its one item), for that error."""
+    doing = ["profiling"]
+    with stage_limit("profile", graph.path):
+        try:
+            yield doing
+        except EdgesplitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - ORT's run errors are of its own bare types
+            raise run_failure(graph, doing[0], ort_message(e)) from e

@@ -25,7 +25,7 @@ from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.detect import emulation
 from edgesplit.profile.level import level
 from edgesplit.profile.power import PowerSampler, Rails, find_rails
-from edgesplit.profile.run import ProfileOptions, empty_profile, profile_pair, selected
+from edgesplit.profile.run import ProfileOptions, empty_profile, profile_pair, profiling_stage, selected
 from edgesplit.profile.store import MEASURED, MODELLED, ProcessorProfile, Profile, load_profile
 from edgesplit.util import Progress, atomic_write_text
 
@@ -73,19 +73,23 @@ def profile_steps(
     rails = find_rails(sysfs_root) if rails is None else rails
     kept = {e.key: e for e in done}
     entries: list[ProcessorProfile] = []
-    for proc, backend in selected(device, opts):
-        key = f"{proc.name}/{backend.key}"
-        if key in kept:
-            entries.append(kept[key])
-            continue
-        entry = _measure_pair(graph, device, proc, backend, opts, rails, progress)
-        entries.append(entry)
-        if on_entry is not None:
-            on_entry(entry)
+    with profiling_stage(graph) as doing:  # the time limit; failed runs name the made-up inputs
+        for proc, backend in selected(device, opts):
+            key = f"{proc.name}/{backend.key}"
+            if key in kept:
+                entries.append(kept[key])
+                continue
+            doing[0] = f"profiling on {proc.name} ({backend.key})"
+            entry = _measure_pair(graph, device, proc, backend, opts, rails, progress)
+            entries.append(entry)
+            if on_entry is not None:
+                on_entry(entry)
+        doing[0] = "profiling the whole model"
+        leveled = level(graph, device, entries, opts.runs, progress)
     measured = any(e.energy == MEASURED for e in entries)
     return dataclasses.replace(
         empty_profile(graph, device),
-        entries=level(graph, device, entries, opts.runs, progress),
+        entries=leveled,
         energy=MEASURED if measured else MODELLED,
         emulated=emulation(),
     )

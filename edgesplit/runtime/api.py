@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,16 +20,40 @@ from edgesplit.util import atomic_write_bytes
 __all__ = ["load", "read_inputs", "random_feeds", "benchmark", "RunReport"]
 
 
-def random_feeds(sess: Session, seed: int = 0) -> dict[str, np.ndarray]:
+def random_feeds(
+    sess: Session, seed: int = 0, given: Mapping[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """The bundle's inputs: those ``given`` (``--input``), the others made up (seeded), within the
+    bounds of the ops that read them in its parts (indices within an axis ...:
+    :mod:`edgesplit.model.bounds`).
+
+    Raises:
+        RunInputError: for an input no value can be made up for (a sequence); pass its value.
+    """
+    import onnx
+
+    from edgesplit.model.bounds import model_bounds
+    from edgesplit.model.feeds import random_tensor
+    from edgesplit.model.graph import TensorInfo
+
+    given = dict(given or {})
+    names = {t.name for t in sess.input_specs} - set(given)
+    bounds: dict = {}
+    for part in sess.manifest.parts:
+        reads = [t.name for t in part.inputs if t.name in names]
+        if reads:
+            found = model_bounds(onnx.load_model_from_string(sess.bundle.read(part.onnx_file)), reads)
+            for t, b in found.items():  # None: a rule no value meets, in any part
+                bounds[t] = (
+                    b if t not in bounds else None if b is None or bounds[t] is None else bounds[t].meet(b)
+                )
     rng = np.random.default_rng(seed)
-    out = {}
-    for spec in sess.input_specs:
-        dtype = np.dtype(spec.dtype)
-        if dtype.kind == "f":
-            out[spec.name] = rng.standard_normal(spec.shape).astype(dtype)
-        else:
-            out[spec.name] = rng.integers(0, 8, size=spec.shape).astype(dtype)
-    return out
+    made = {
+        t.name: random_tensor(TensorInfo(t.name, t.shape, t.dtype, 0, kind=t.kind), rng, bounds.get(t.name))
+        for t in sess.input_specs
+        if t.name in names
+    }
+    return {**made, **given}
 
 
 def stream_period_ms(sess: Session, feeds: dict[str, np.ndarray], k: int) -> float:
@@ -81,9 +105,13 @@ def read_npy(path: str | os.PathLike, spec: TensorSpec) -> np.ndarray:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise RunInputError(f"{path}: cannot read the input ({e.strerror})") from e
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which refuses a directory with an error naming the fd
+        os.close(fd)
+        raise RunInputError(
+            f"{path}: " + ("is a directory, not a .npy file" if stat.S_ISDIR(mode) else "not a regular file")
+        )
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RunInputError(f"{path}: not a regular file")
         try:
             version = np.lib.format.read_magic(f)
             read_header = getattr(np.lib.format, f"read_array_header_{version[0]}_{version[1]}")

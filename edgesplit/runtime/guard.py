@@ -5,9 +5,11 @@ for ``keepalive_timeout`` (about an hour by default); it has no cap on connectio
 for the headers of a request, and no budget for the bodies held in memory. This module adds them
 at the socket, below the application:
 
-* :class:`GuardedHandler` is aiohttp's HTTP protocol with a header deadline: from the first byte
-  of a request, its headers must be complete within ``header_timeout_s``, else it is answered
-  ``408`` and closed (a slow-loris client holds a socket for that long, not an hour).
+* :class:`GuardedHandler` is aiohttp's HTTP protocol with a header deadline: a connection's first
+  request must have its headers complete within ``header_timeout_s`` of the connection opening, and
+  each later one (on a kept-alive connection) within ``header_timeout_s`` of its first byte, else it
+  is answered ``408`` and closed. A client that connects and sends nothing, or a part of its
+  headers, holds a socket for that long, not for the idle timeout or an hour.
 * :class:`ConnectionGuard` counts connections. At ``max_connections``, a new connection closes the
   oldest one that has no request in progress (idle keep-alive, or still sending its headers), as
   nginx drains idle connections; when every connection is busy, the new one is answered ``503``
@@ -186,11 +188,16 @@ class GuardedHandler(RequestHandler):
             return
         self._admitted = True
         super().connection_made(transport)
+        self._start_header_timer()  # the first request's headers are due from the connection's start
 
     def data_received(self, data: bytes) -> None:
-        if data and self._header_timer is None and not self._guard.busy(self) and self.transport is not None:
-            self._header_timer = self._loop.call_later(self._guard.header_timeout_s, self._headers_too_slow)
+        if data and not self._guard.busy(self):
+            self._start_header_timer()
         super().data_received(data)
+
+    def _start_header_timer(self) -> None:
+        if self._header_timer is None and self.transport is not None:
+            self._header_timer = self._loop.call_later(self._guard.header_timeout_s, self._headers_too_slow)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.cancel_header_timer()

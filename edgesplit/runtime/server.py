@@ -9,12 +9,13 @@ a new connection does not wait for the loop at all: a front door thread answers 
 (:mod:`edgesplit.runtime.frontdoor`).
 
 Limits (all in :class:`ServeOptions`, all ``serve`` flags): request headers complete within
-``header_timeout_s`` of their first byte, the body within ``body_timeout_s`` (408 after), an
-answer sent within ``body_timeout_s``; idle keep-alive connections closed after
-``idle_timeout_s``; at most ``max_connections`` sockets (see :mod:`edgesplit.runtime.guard`);
-bodies up to ``max_request_nbytes`` (413), all bodies together up to ``max_inflight_nbytes``
-(503 with ``Retry-After``; JSON counts :data:`JSON_WEIGHT` times its size, what decoding it
-costs); at most ``max_queue`` requests waiting for compute (503 with ``Retry-After``).
+``header_timeout_s`` of the connection's start (of their first byte on a kept-alive connection),
+the body within ``body_timeout_s`` (408 after), an answer sent within ``body_timeout_s``; idle
+keep-alive connections closed after ``idle_timeout_s``; at most ``max_connections`` sockets (see
+:mod:`edgesplit.runtime.guard`); bodies up to ``max_request_nbytes`` (413), all bodies together up
+to ``max_inflight_nbytes`` (503 with ``Retry-After``; JSON counts :data:`JSON_WEIGHT` times its
+size, what decoding it costs); at most ``max_queue`` requests waiting for compute (503 with
+``Retry-After``). A request line without an HTTP version (HTTP/0.9) is refused with 400.
 
 Batching (``max_batch``, ``max_queue_delay_ms``): requests for one part are stacked along the
 first dimension and run once, for parts that have a batch-free form (checked by running it when
@@ -45,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
+from aiohttp import HttpVersion10, web
 
 from edgesplit.compile.bundle import open_verified
 from edgesplit.errors import BundleError, InputError, RunInputError
@@ -214,6 +215,13 @@ class OffloadServer:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        if request.version < HttpVersion10:
+            # A request line without a version (HTTP/0.9): aiohttp's C parser takes it, its Python
+            # parser refuses it with 400. Refused here whichever parser runs.
+            line = f"{request.method} {request.raw_path}"[:100]
+            resp = _error(400, f"bad request: no HTTP version in the request line {line!r}")
+            resp.force_close()
+            return resp
         self.connections.request_started(request.protocol)
         try:
             return await self._answer(request, handler)

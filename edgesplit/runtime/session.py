@@ -34,6 +34,7 @@ from edgesplit.compile.bundle import Manifest, PartArtifact, open_verified
 from edgesplit.cpu import configure_thread
 from edgesplit.errors import BundleError, RunInputError
 from edgesplit.hostinfo import usable_cores
+from edgesplit.model.values import check_value
 from edgesplit.runtime.backends import make_executor
 from edgesplit.runtime.breakdown import Breakdown, breakdown
 from edgesplit.runtime.executors import Executor
@@ -212,15 +213,7 @@ class Session:
                 + (f"unknown {', '.join(unknown)}; " if unknown else "")
                 + (f"missing {', '.join(missing)}" if missing else "")
             )
-        out = {}
-        for name, spec in expected.items():
-            arr = np.asarray(inputs[name])
-            if tuple(arr.shape) != spec.shape:
-                raise RunInputError(f"input '{name}': shape {tuple(arr.shape)}, expected {spec.shape}")
-            if arr.dtype != np.dtype(spec.dtype):
-                raise RunInputError(f"input '{name}': dtype {arr.dtype}, expected {spec.dtype}")
-            out[name] = arr
-        return out
+        return {name: check_value(spec, inputs[name]) for name, spec in expected.items()}
 
     # ---- scheduling
 

@@ -311,7 +311,7 @@ BUNDLES = {
     ),
     "object_dtype": (
         _edit_manifest(lambda d, b: d["inputs"][0].update(dtype="object")),
-        "is not a numeric type",
+        "here but object",
     ),
     "huge_tensor": (
         _edit_manifest(lambda d, b: d["inputs"][0].update(shape=[1 << 20, 1 << 20])),
@@ -381,6 +381,7 @@ def _input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "unknown_name": ([f"nope={npy(tmp / 'n.npy', x)}"], "the bundle has no input 'nope' (inputs: x)"),
         "no_equals": (["x"], "--input 'x' is not NAME=FILE.npy"),
         "fifo": ([f"x={tmp / 'fifo.npy'}"], "not a regular file"),
+        "directory": ([f"x={tmp}"], f"{tmp}: is a directory, not a .npy file"),
         "huge_header": ([f"x={huge}"], "shape (1048576, 1048576), expected (1, 3, 8, 8)"),
         "truncated": ([f"x={tmp / 't.npy'}"], "not a readable .npy array"),
     }
@@ -395,6 +396,7 @@ INPUTS = [
     "unknown_name",
     "no_equals",
     "fifo",
+    "directory",
     "huge_header",
     "truncated",
 ]

@@ -55,6 +55,7 @@ CASES: dict[str, tuple[list[bytes | float], list[int | str], bool]] = {
         False,
     ),
     "a path that parts from health late": ([b"GET /v2/health/readyz HTTP/1.0\r\n\r\n"], [404], False),
+    "a request line without a version": ([b"GET /v2/health/ready\r\n\r\n"], [400, CLOSED], False),
     "HTTP/1.1 without Host": ([b"GET /v2/health/ready HTTP/1.1\r\n\r\n"], [400, CLOSED], False),
     "two Host headers": ([READY[:-2] + b"Host: y\r\n\r\n"], [400, CLOSED], False),
     "a folded header line": ([READY[:-2] + b" y: z\r\n\r\n"], [400, CLOSED], False),

@@ -297,6 +297,31 @@ def test_defect3_idle_keepalive_connections_are_closed(server, tiny):
     silent.close()
 
 
+@pytest.mark.slow
+def test_stalled_connections_are_closed_by_the_header_deadline(tiny):
+    """200 connections stall: 100 never send a byte, 100 send a part of a request's headers. With a
+    1 s header deadline and a 30 s idle timeout, every one is answered 408 and closed within the
+    deadline and a margin (the silent ones used to stay for the idle timeout), and real requests
+    are served meanwhile."""
+    with serving(tiny["bundle"], header_timeout_s=1.0, idle_timeout_s=30) as srv:
+        port = port_of(srv)
+        crowd = [Raw(port, timeout_s=6) for _ in range(200)]
+        t0 = time.monotonic()
+        for c in crowd[1::2]:
+            c.send(b"POST /v2/models/p1/infer HTTP/1.1\r\nHost: x\r\nContent-Le")
+        try:
+            assert_serves(srv, tiny)
+            for c in crowd:
+                a = c.answer()
+                assert a.status == 408 and "not complete within 1 s" in a.error()
+                assert c.closed()
+            assert time.monotonic() - t0 < 6
+        finally:
+            for c in crowd:
+                c.close()
+        assert srv.server.stats().header_timeouts >= 200
+
+
 def test_slow_body_gets_408_and_is_closed(server, tiny):
     c = Raw(port_of(server), timeout_s=10)
     c.send(request("POST", INFER, b"", {"Content-Length": "100000"}, length=False) + b"{" * 100)
