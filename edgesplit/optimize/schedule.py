@@ -19,7 +19,8 @@ schedule a plan is priced by:
   contention (applied to the overlaps of a first pass, then scheduled again);
 * a request adds the Session's own work and the caller's wake-up at its end. Requests are taken
   to come back to back: a worker's idle gap before its first part includes the previous request's
-  tail after its last part.
+  tail after its last part. A plan of one local part is run on the caller's own thread
+  (:meth:`edgesplit.runtime.session.Session.run`): neither a hand-off nor a wake-up.
 
 No resource idles while work it could do waits, so the latency never exceeds the sum of all part,
 hand-off, crossing and request terms (:func:`sequential_latency_ms`).
@@ -294,8 +295,12 @@ def _timed(
     between = ov.wake(first.parts_end_ms) + ov.session_ms
     tail = {p: first.parts_end_ms - e + between for p, e in first.last_end.items()}
     run = _simulate(cm, lay, dur, tail)
-    latency = ov.session_ms + run.parts_end_ms + ov.wake(run.parts_end_ms) if lay.parts else 0.0
-    return lay, dur, run, float(latency)
+    if not lay.parts:
+        return lay, dur, run, 0.0
+    if len(lay.parts) == 1 and not cm.remote[int(lay.proc[0])]:
+        # one local part runs on the caller's own thread (Session.run): no hand-off, no wake-up
+        return lay, dur, run, float(ov.session_ms + run.parts_end_ms - run.handoffs_ms)
+    return lay, dur, run, float(ov.session_ms + run.parts_end_ms + ov.wake(run.parts_end_ms))
 
 
 def makespan_ms(cm: CostModel, assign: np.ndarray) -> float:
@@ -358,7 +363,7 @@ def sequential_latency_ms(cm: CostModel, assign: np.ndarray) -> float:
 
 def makespan_lower_bound(cm: CostModel) -> float:
     """A lower bound on any plan's latency, the larger of two relaxations, plus the request's
-    Session work and the least caller wake-up.
+    Session work (a plan of one local part, run on the caller's thread, has no wake-up).
 
     * The communication-aware critical path without contention: ``est[n, p]`` is the earliest node
       n can end on p if every input came from its producer's best processor over a free link
@@ -388,4 +393,4 @@ def makespan_lower_bound(cm: CostModel) -> float:
             path = max(path, float((est[f.src] + xfer[i][:, cm.home]).min()))
     work = float(ms.min(axis=1).sum()) / max(n_procs, 1)
     ov = cm.ov
-    return max(path, work) + ov.session_ms + float(np.min(ov.return_ms))
+    return max(path, work) + ov.session_ms  # a plan of one local part has no wake-up
