@@ -32,6 +32,7 @@ def chain(tmp_path_factory):
     return model, prof, problem
 
 
+@pytest.mark.slow  # its fixture profiles a model on three processors
 def test_the_candidates_are_the_baselines_a_user_would_pick(chain):
     model, _, problem = chain
     plan = solve_plan(problem)
@@ -47,6 +48,7 @@ def test_the_candidates_are_the_baselines_a_user_would_pick(chain):
     assert rep.predicted["period_ms"] < one  # two copies take requests from one queue
 
 
+@pytest.mark.slow  # its fixture profiles a model on three processors
 def test_a_bundle_of_replicas_runs_each_request_on_one_copy(chain, tmp_path):
     model, _, problem = chain
     plan = next(c for c in candidates(problem, solve_plan(problem), "throughput") if c.name == REPLICAS).plan
@@ -66,6 +68,7 @@ def test_a_bundle_of_replicas_runs_each_request_on_one_copy(chain, tmp_path):
     assert runs["p0"] + runs["p0_r1"] == 12 and min(runs.values()) >= 2, runs  # both copies served
 
 
+@pytest.mark.slow  # its fixture profiles a model on three processors
 def test_a_manifest_of_broken_replicas_is_refused(chain, tmp_path):
     import json
 
