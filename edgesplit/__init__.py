@@ -63,6 +63,10 @@ _EXPORTS: dict[str, str] = {
     "MeasuredCandidate": "edgesplit.compile.verdict",
     "VerifyOptions": "edgesplit.verify.api",
     "verify_plan": "edgesplit.verify.api",
+    # stage time limits
+    "StageLimits": "edgesplit.limits",
+    "stage_limits": "edgesplit.limits",
+    "StageTimeout": "edgesplit.limits",
     # errors
     "EdgesplitError": "edgesplit.errors",
     "InputError": "edgesplit.errors",
@@ -126,6 +130,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
         RemoteHostError,
         RunInputError,
     )
+    from edgesplit.limits import StageLimits, StageTimeout, stage_limits
     from edgesplit.model.calibration_data import calibration_set
     from edgesplit.model.graph import ModelGraph, Node, TensorInfo
     from edgesplit.model.load import load_model

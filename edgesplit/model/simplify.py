@@ -129,7 +129,8 @@ def _slim(
     # shape again and drops the value infos it cannot infer (a Loop's carried values)
     spec = [f"{k}:{','.join(map(str, v))}" for k, v in shapes.items() if declared.get(k) != tuple(v)]
     try:
-        data, error = slim_worker.slim(model.SerializeToString(), spec, limits.remaining_s() or 1e9)
+        left = limits.remaining_s()  # (None outside a stage: no deadline)
+        data, error = slim_worker.slim(model.SerializeToString(), spec, 1e9 if left is None else left)
     except slim_worker.SlimTimeout:
         raise limits.nearest_error() or ModelLoadError(where, "onnxslim gave no answer") from None
     except slim_worker.SlimCrashed as e:
