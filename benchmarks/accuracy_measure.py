@@ -24,14 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgesplit.cpu import ort_session_options
-from edgesplit.device import load_device, network_link
+from edgesplit.device.cpu import ort_session_options
+from edgesplit.device.spec import load_device, network_link
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.optimize.accuracy import _alone, reduced, units
-from edgesplit.pipeline import partition
 from edgesplit.precision import measure
 from edgesplit.precision.metrics import SNR_CAP_DB, AccuracyBudget, compare
+from edgesplit.workflows.resolve import partition
 
 
 def main() -> None:

@@ -115,10 +115,10 @@ class Device:
 def build(args, tmp: Path, quota: CpuQuota):
     """The lab's specs, the measured profile, and the adaptive bundle; returns (bundle, manifest)."""
     from edgesplit.compile.api import compile_bundle
-    from edgesplit.device import load_device, network_link
+    from edgesplit.device.spec import load_device, network_link
     from edgesplit.model import zoo
     from edgesplit.optimize.api import solve_plan
-    from edgesplit.pipeline import Choices, resolve
+    from edgesplit.workflows.resolve import Choices, resolve
 
     peak, bw, launch = ROOFLINE["peak_gflops"], ROOFLINE["mem_bandwidth_gbps"], ROOFLINE["launch_overhead_ms"]
     (tmp / "lab-device.yaml").write_text(

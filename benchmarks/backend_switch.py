@@ -25,8 +25,8 @@ import json, os, sys, time
 import numpy as np
 os.sched_setaffinity(0, {0})
 from edgesplit.model.load import load_model
-from edgesplit.cpu import ort_session_options
-from edgesplit.profile.tvm import build_vm
+from edgesplit.device.cpu import ort_session_options
+from edgesplit.backends.tvm.profile import build_vm
 import onnxruntime as ort, tvm
 g = load_model(sys.argv[1]); runs = int(sys.argv[2])
 x = np.random.default_rng(0).standard_normal(g.tensors[g.inputs[0]].shape).astype(np.float32)

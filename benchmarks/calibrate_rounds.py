@@ -24,16 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.calibrate import calibrate, plan_costs
 from edgesplit.compile.api import compile_bundle
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.pipeline import partition
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
 from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.session import load
+from edgesplit.workflows.calibrate import calibrate, plan_costs
+from edgesplit.workflows.resolve import partition
 
 
 def measure_all(bundles: dict[str, Path], rounds: int, block: int) -> dict[str, float]:

@@ -30,8 +30,8 @@ import edgesplit
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions, profile_model
-from edgesplit.verify import VerifyOptions
-from edgesplit.verify.measure import measure
+from edgesplit.workflows.verify import VerifyOptions
+from edgesplit.workflows.verify.measure import measure
 
 LIMIT = 1.02
 

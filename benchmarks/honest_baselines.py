@@ -40,10 +40,10 @@ import numpy as np
 import onnxruntime as ort
 
 import edgesplit
-from edgesplit.device import load_device, plain_cpu
-from edgesplit.hostinfo import usable_cores
+from edgesplit.device.host import usable_cores
+from edgesplit.device.spec import load_device, plain_cpu
+from edgesplit.device.throttle import DutyCycle
 from edgesplit.model import zoo
-from edgesplit.throttle import DutyCycle
 
 DEVICES = ("host", "host-2core", "host-biglittle", "host-npu")
 MODELS = (*zoo.names(), "ppocr-det")

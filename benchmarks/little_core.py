@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from edgesplit.cpu import configure_thread, ort_session_options
-from edgesplit.profile.ort import time_runs
-from edgesplit.throttle import busy_call
+from edgesplit.backends.ort.profile import time_runs
+from edgesplit.device.cpu import configure_thread, ort_session_options
+from edgesplit.device.throttle import busy_call
 
 CORE = 1
 

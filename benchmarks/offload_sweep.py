@@ -132,15 +132,15 @@ def profiles(model: Path, tmp: Path, quota: CpuQuota):
 
 
 def pinned(graph, dev, srv, link, prof, assign: dict[str, str]):
-    from edgesplit.pipeline import partition
+    from edgesplit.workflows.resolve import partition
 
     return partition(graph, dev, profile=prof, server=srv, link=link, pins=assign)
 
 
 def plans_at(graph, dev, srv, prof, mbps: float) -> dict[str, tuple[object, float]]:
     """name -> (plan, predicted ms) for edgesplit's plan and the three baselines, at ``mbps``."""
-    from edgesplit.device import network_link
-    from edgesplit.pipeline import partition
+    from edgesplit.device.spec import network_link
+    from edgesplit.workflows.resolve import partition
 
     link = network_link(None, bandwidth_mbps=mbps, rtt_ms=RTT_MS)
     plan = partition(graph, dev, profile=prof, server=srv, link=link)
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.10, help="measurement noise allowed in the verdict")
     args = ap.parse_args()
     from edgesplit.compile.api import compile_bundle
-    from edgesplit.device import load_device
+    from edgesplit.device.spec import load_device
     from edgesplit.model import zoo
     from edgesplit.model.load import load_model
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.device import load_device, network_link
+from edgesplit.device.spec import load_device, network_link
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.optimize import schedule as schedule_module
-from edgesplit.pipeline import partition
+from edgesplit.workflows.resolve import partition
 
 BANDWIDTHS = (1, 3, 10, 30, 100, 300, 1000)
 

@@ -36,17 +36,17 @@ from pathlib import Path
 import numpy as np
 
 from edgesplit.compile.api import compile_bundle
-from edgesplit.cpu import CGROUP_CPU
-from edgesplit.device import load_device
+from edgesplit.device.cpu import CGROUP_CPU
+from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.optimize.plan import Plan
-from edgesplit.pipeline import partition
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
 from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.breakdown import breakdown
 from edgesplit.runtime.session import load
+from edgesplit.workflows.resolve import partition
 
 
 def med(values) -> float:

@@ -5,8 +5,8 @@ Cases: each model (every zoo model and PP-OCRv4 det by default) on each device (
 ``host-2core``; with ``--offload`` also the offload lab at 5, 50 and 200 Mbit/s) under each plan
 (the optimiser's latency, energy and throughput plans) and every baseline ``deploy`` verifies
 against (each single processor with each backend worth trying, and with a server the best single
-cut and server-only). Candidates are built and measured by :mod:`edgesplit.verify`'s own code
-(:func:`~edgesplit.verify.candidates.candidates`, :func:`~edgesplit.verify.measure.measure`): real
+cut and server-only). Candidates are built and measured by :mod:`edgesplit.workflows.verify`'s own code
+(:func:`~edgesplit.workflows.verify.candidates.candidates`, :func:`~edgesplit.workflows.verify.measure.measure`): real
 bundles, measured in rotating order for ``--rounds`` rounds so that drift of the machine cancels.
 
 Latency and energy plans, and the baselines, are measured on single requests (energy is not
@@ -44,10 +44,10 @@ import edgesplit
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model, parse_input_shapes
 from edgesplit.optimize.api import solve_plan
-from edgesplit.pipeline import Choices, resolve
 from edgesplit.profile.run import ProfileOptions, profile_model
-from edgesplit.verify.candidates import Candidate, candidates, compile_candidates, signature
-from edgesplit.verify.measure import measure
+from edgesplit.workflows.resolve import Choices, resolve
+from edgesplit.workflows.verify.candidates import Candidate, candidates, compile_candidates, signature
+from edgesplit.workflows.verify.measure import measure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import truth_lab  # noqa: E402 (the offload lab and the worker that measures inside its quota)
@@ -210,7 +210,7 @@ def print_row(r: Row) -> None:
 
 def shipped(plan: Row, rows: list[Row]) -> tuple[str, float] | None:
     """What ``deploy`` ships instead of ``plan`` on these measurements (its rule,
-    :mod:`edgesplit.verify.decide`: the plan only when faster than the best measured baseline in
+    :mod:`edgesplit.workflows.verify.decide`: the plan only when faster than the best measured baseline in
     every round, paired by round) and its median over that baseline's; None if unmeasured."""
     base = [
         r

@@ -8,7 +8,7 @@ mechanism) and PP-OCRv4 det (trained weights, from the rapidocr-onnxruntime whee
 - ``int8-max``: every node the allowlist allows on ``npu`` in int8, the rest on ``cpu``;
 - ``plan-loose`` / ``plan-tight``: edgesplit's latency plan under a loose and a tight SNR budget;
 - ``shipped-loose`` / ``shipped-tight``: what ``deploy`` ships for that plan: its verification
-  (:func:`edgesplit.verify.verify_plan`, the same candidates, accuracy check and measurement)
+  (:func:`edgesplit.workflows.verify.verify_plan`, the same candidates, accuracy check and measurement)
   holds every candidate with int8 parts to the budget and ships the best measured one that meets
   it (the plan, ``only:cpu``, or ``only:npu`` where every op runs there). The row names it.
 
@@ -42,11 +42,11 @@ import edgesplit
 from edgesplit.model import zoo
 from edgesplit.model.calibration_data import calibration_set
 from edgesplit.optimize.api import solve_plan
-from edgesplit.pipeline import Choices, resolve
 from edgesplit.precision import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 from edgesplit.precision.metrics import SNR_CAP_DB, AccuracyBudget
 from edgesplit.runtime.accuracy import bundle_accuracy
-from edgesplit.verify import VerifyOptions, verify_plan
+from edgesplit.workflows.resolve import Choices, resolve
+from edgesplit.workflows.verify import VerifyOptions, verify_plan
 
 DEVICE = "host-npu"
 BUDGETS = {"loose": AccuracyBudget(min_snr_db=15.0), "tight": AccuracyBudget(min_snr_db=30.0)}

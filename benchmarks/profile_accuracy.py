@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions, profile_model

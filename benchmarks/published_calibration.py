@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.profile.fit import calibration_document, fit_group, groups, leave_one_out, write_calibration
 from edgesplit.profile.published import calibration_path, load_published, published_devices
 

@@ -34,7 +34,7 @@ def main() -> None:
 
     from sshd import start_sshd
 
-    from edgesplit.device import load_device
+    from edgesplit.device.spec import load_device
     from edgesplit.model import zoo
     from edgesplit.model.load import load_model
     from edgesplit.profile.remote import RemoteOptions, profile_remote

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.profile.ort import time_runs
+from edgesplit.backends.ort.profile import time_runs
 
 MODELS = ("tiny_dag", "squeezenet", "mobilenetv2", "resnet18")
 SPEC = """\

@@ -203,7 +203,7 @@ def with_big_part(bundle: Path, big_mb: int) -> Path:
 
     from onnx import TensorProto, helper
 
-    from edgesplit.compile.bundle import PartArtifact, TensorSpec, checksums, open_bundle, write_manifest
+    from edgesplit.bundle.format import PartArtifact, TensorSpec, checksums, open_bundle, write_manifest
 
     n = big_mb * (1 << 20) // 4
     g = helper.make_graph(

@@ -3,7 +3,7 @@
 The lab is ``offload_sweep.py``'s (``tests/netlab.py``): the device is this CPU on one thread in a
 cgroup v1 CPU quota, the server ``edgesplit serve`` in a network namespace behind a veth pair
 shaped by ``tc``, with 10 ms of RTT added by a relay. The candidates are measured by
-:func:`edgesplit.verify.measure.measure` in a worker process that runs inside the quota
+:func:`edgesplit.workflows.verify.measure.measure` in a worker process that runs inside the quota
 (:func:`worker`), each remote candidate through its own server in the namespace.
 """
 
@@ -21,7 +21,7 @@ _ports = itertools.count(8100)
 
 def worker() -> None:
     """Measure jobs read as JSON lines on stdin; one JSON line of results per job on stdout."""
-    from edgesplit.verify.measure import measure
+    from edgesplit.workflows.verify.measure import measure
 
     for line in sys.stdin:
         job = json.loads(line)
@@ -77,7 +77,7 @@ def _specs(tmp: Path):
     """The lab's device and server specs (offload_sweep's), written once into ``tmp``."""
     from offload_sweep import DEVICE_SPEC, ROOFLINE, SERVER_SPEC
 
-    from edgesplit.device import load_device
+    from edgesplit.device.spec import load_device
 
     peak, bw, launch = ROOFLINE["peak_gflops"], ROOFLINE["mem_bandwidth_gbps"], ROOFLINE["launch_overhead_ms"]
     (tmp / "lab-device.yaml").write_text(
@@ -92,7 +92,7 @@ def _offload_model(name, args, run_group, model_file, quota, dev, srv, tmp) -> l
     from netlab import NetLab, stop_process
     from offload_sweep import RTT_MS, profiles
 
-    from edgesplit.device import network_link
+    from edgesplit.device.spec import network_link
     from edgesplit.model.load import load_model
 
     path, shapes = model_file(name, Path(args.work))

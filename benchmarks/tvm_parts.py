@@ -2,7 +2,7 @@
 
 Per zoo model, on ``host-biglittle``'s big core (one thread; the shipped tuning databases are for
 that target): profile ORT and TVM (TVM's entries measured per fused kernel with the tuned
-schedules, :mod:`edgesplit.profile.tvm`), then print each TVM kernel (a node and its fused
+schedules, :mod:`edgesplit.backends.tvm.profile`), then print each TVM kernel (a node and its fused
 elementwise chain) beside ORT's time for the same nodes, which is faster and why, and the plan the
 planner makes with every node on the big core: the backend of each part, and how many nodes run
 on TVM. With ``--run``, the plan is compiled and timed against whole-model ORT (part boundaries
@@ -25,11 +25,11 @@ os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 
 import numpy as np  # noqa: E402
 
-from edgesplit.device import load_device  # noqa: E402
+from edgesplit.backends.tvm.profile import fusion_groups  # noqa: E402
+from edgesplit.device.spec import load_device  # noqa: E402
 from edgesplit.model import zoo  # noqa: E402
 from edgesplit.model.load import load_model  # noqa: E402
 from edgesplit.profile.store import load_profile  # noqa: E402
-from edgesplit.profile.tvm import fusion_groups  # noqa: E402
 
 DEVICE, PROC = "host-biglittle", "big"
 SMALL_MFLOP = 2.0  # below this, a kernel's fixed per-call cost is a large share of its time
@@ -94,7 +94,7 @@ def report(graph, prof) -> None:
 
 
 def plan_and_run(graph, prof, work: Path, run: bool, runs: int) -> None:
-    from edgesplit.pipeline import partition
+    from edgesplit.workflows.resolve import partition
 
     pins = {n.name: PROC for n in graph.nodes}
     plan = partition(graph, load_device(DEVICE), objective="latency", profile=prof, pins=pins)

@@ -1,7 +1,7 @@
 """Tuned TVM against ONNX Runtime, side by side, one thread on one core, with the shipped databases.
 
 Per model: ORT's latency, TVM's with the tuning databases for this CPU's target (``profiles/tvm/``
-and the cache: :mod:`edgesplit.profile.tvmdb`), their ratio, how many of the model's kernels the
+and the cache: :mod:`edgesplit.backends.tvm.database`), their ratio, how many of the model's kernels the
 databases cover, and what tuning them cost (trials and wall time, from the database's
 ``target.json``). Nothing is tuned here: run ``edgesplit tune`` first (the README says how the
 shipped databases were made). ``--untuned`` adds TVM without any database (slow: seconds per run).
@@ -35,18 +35,18 @@ os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 
 import numpy as np  # noqa: E402
 
-from edgesplit.hostinfo import llvm_target  # noqa: E402
+from edgesplit.backends.tvm.database import find_databases, read_target_file  # noqa: E402
+from edgesplit.device.host import llvm_target  # noqa: E402
 from edgesplit.model import zoo  # noqa: E402
 from edgesplit.model.feeds import random_inputs  # noqa: E402
 from edgesplit.model.load import load_model  # noqa: E402
-from edgesplit.profile.tvmdb import find_databases, read_target_file  # noqa: E402
 
 
 def ort_runner(graph, feeds):
     """(a call that runs the model once, its outputs) on ORT, one thread on CORE."""
     import onnxruntime as ort
 
-    from edgesplit.cpu import ort_session_options
+    from edgesplit.device.cpu import ort_session_options
 
     so = ort_session_options(1, (CORE,))
     sess = ort.InferenceSession(graph.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -55,8 +55,8 @@ def ort_runner(graph, feeds):
 
 def tvm_runner(graph, feeds, lib: Path):
     """(a call that runs the model once, its outputs) on the TVM library ``lib`` (the runtime's
-    :class:`~edgesplit.compile.tvm_build.TvmLibrary`)."""
-    from edgesplit.compile.tvm_build import TvmLibrary
+    :class:`~edgesplit.backends.tvm.build.TvmLibrary`)."""
+    from edgesplit.backends.tvm.build import TvmLibrary
 
     vm = TvmLibrary(lib, llvm_target())
     args = vm.tensors([feeds[n] for n in graph.inputs])
@@ -84,7 +84,7 @@ def coverage(graph, tuning, paths) -> tuple[int, int]:
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.s_tir import meta_schedule as ms
 
-    from edgesplit.profile.tvmdb import lower_for_tuning, open_database
+    from edgesplit.backends.tvm.database import lower_for_tuning, open_database
 
     with contextlib.redirect_stdout(io.StringIO()):
         mod = lower_for_tuning(from_onnx(graph.model, keep_params_in_input=False), tuning)
@@ -123,7 +123,7 @@ def main() -> None:
         print(f"  not used: {note}")
     head = f"{'model':<13}{'ORT ms':>9}{'TVM ms':>9}{'TVM/ORT':>9}{'kernels':>9}{'trials':>8}{'tune s':>8}"
     print(head + ("  untuned ms" if args.untuned else "") + "  max rel err")
-    from edgesplit.compile.tvm_build import build_library
+    from edgesplit.backends.tvm.build import build_library
     from edgesplit.model.values import rel_error
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,11 +20,11 @@ _EXPORTS: dict[str, str] = {
     "TensorInfo": "edgesplit.model.graph",
     "zoo_save": "edgesplit.model.zoo",
     # devices
-    "load_device": "edgesplit.device",
-    "load_links": "edgesplit.device",
-    "DeviceSpec": "edgesplit.device",
-    "Processor": "edgesplit.device",
-    "NetworkLink": "edgesplit.device",
+    "load_device": "edgesplit.device.spec",
+    "load_links": "edgesplit.device.spec",
+    "DeviceSpec": "edgesplit.device.spec",
+    "Processor": "edgesplit.device.spec",
+    "NetworkLink": "edgesplit.device.spec",
     # profiles
     "profile_model": "edgesplit.profile.run",
     "ProfileOptions": "edgesplit.profile.run",
@@ -42,14 +42,14 @@ _EXPORTS: dict[str, str] = {
     "calibration_set": "edgesplit.model.calibration_data",
     "bundle_accuracy": "edgesplit.runtime.accuracy",
     # partition
-    "partition": "edgesplit.pipeline",
+    "partition": "edgesplit.workflows.resolve",
     "Plan": "edgesplit.optimize",
     "load_plan": "edgesplit.optimize",
     # compile and run
     "compile_bundle": "edgesplit.compile.api",
-    "open_bundle": "edgesplit.compile.bundle",
-    "Manifest": "edgesplit.compile.bundle",
-    "PartArtifact": "edgesplit.compile.bundle",
+    "open_bundle": "edgesplit.bundle.format",
+    "Manifest": "edgesplit.bundle.format",
+    "PartArtifact": "edgesplit.bundle.format",
     "load": "edgesplit.runtime.session",
     "Session": "edgesplit.runtime.session",
     "SessionStats": "edgesplit.runtime.session",
@@ -58,11 +58,11 @@ _EXPORTS: dict[str, str] = {
     "RequestRun": "edgesplit.runtime.trace",
     "Breakdown": "edgesplit.runtime.breakdown",
     "write_chrome_trace": "edgesplit.runtime.chrome",
-    "deploy": "edgesplit.deployment",
-    "Verification": "edgesplit.compile.verdict",
-    "MeasuredCandidate": "edgesplit.compile.verdict",
-    "VerifyOptions": "edgesplit.verify.api",
-    "verify_plan": "edgesplit.verify.api",
+    "deploy": "edgesplit.workflows.deploy",
+    "Verification": "edgesplit.bundle.verdict",
+    "MeasuredCandidate": "edgesplit.bundle.verdict",
+    "VerifyOptions": "edgesplit.workflows.verify.api",
+    "verify_plan": "edgesplit.workflows.verify.api",
     # stage time limits
     "StageLimits": "edgesplit.limits",
     "stage_limits": "edgesplit.limits",
@@ -112,11 +112,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is used
+    from edgesplit.bundle.format import Manifest, PartArtifact, open_bundle
+    from edgesplit.bundle.verdict import MeasuredCandidate, Verification
     from edgesplit.compile.api import compile_bundle
-    from edgesplit.compile.bundle import Manifest, PartArtifact, open_bundle
-    from edgesplit.compile.verdict import MeasuredCandidate, Verification
-    from edgesplit.deployment import deploy
-    from edgesplit.device import DeviceSpec, NetworkLink, Processor, load_device, load_links
+    from edgesplit.device.spec import DeviceSpec, NetworkLink, Processor, load_device, load_links
     from edgesplit.errors import (
         BundleError,
         CompileError,
@@ -136,7 +135,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
     from edgesplit.model.load import load_model
     from edgesplit.model.zoo import save as zoo_save
     from edgesplit.optimize import Plan, load_plan
-    from edgesplit.pipeline import partition
     from edgesplit.precision.metrics import Accuracy, AccuracyBudget
     from edgesplit.profile.fleet import profile_fleet
     from edgesplit.profile.remote import RemoteOptions, detect_remote, profile_remote
@@ -147,4 +145,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
     from edgesplit.runtime.chrome import write_chrome_trace
     from edgesplit.runtime.session import Session, SessionStats, load
     from edgesplit.runtime.trace import PartRun, RequestRun, Trace
-    from edgesplit.verify.api import VerifyOptions, verify_plan
+    from edgesplit.workflows.deploy import deploy
+    from edgesplit.workflows.resolve import partition
+    from edgesplit.workflows.verify.api import VerifyOptions, verify_plan

@@ -1,4 +1,4 @@
-"""What edgesplit keeps between runs: one folder per kind under :func:`~edgesplit.util.cache_root`
+"""What edgesplit keeps between runs: one folder per kind under :func:`~edgesplit.cache.cache_root`
 (``EDGESPLIT_CACHE``, else ``~/.cache/edgesplit``), listed in :data:`KINDS`, shown and cleared by
 ``edgesplit cache``.
 
@@ -10,15 +10,18 @@ are the exception in cost (hours of MetaSchedule trials), so they are cleared on
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgesplit.errors import InputError
-from edgesplit.util import cache_root
+from edgesplit.util import atomic_write_bytes, atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class CacheKind:
 
 KEPT_MAX_NBYTES = 2 << 30
 """The most the kept models, and the kept libraries, each take on disk; beyond it the least recently
-used go first (:func:`~edgesplit.util.prune`)."""
+used go first (:func:`~edgesplit.cache.prune`)."""
 
 KINDS: dict[str, CacheKind] = {
     k.name: k
@@ -176,3 +179,83 @@ def _empty(folder: Path) -> None:
     """Delete what ``folder`` holds (links in it deleted, not followed), not the folder."""
     for entry in folder.iterdir():
         _remove(entry)
+
+
+def cache_root() -> Path:
+    """Where results worth keeping between runs live (measured accuracy, calibration ranges,
+    simplified models, tuning records): ``EDGESPLIT_CACHE``, else ``~/.cache/edgesplit``."""
+    return Path(os.environ.get("EDGESPLIT_CACHE") or os.path.join(Path.home(), ".cache", "edgesplit"))
+
+
+def touch(*paths: str | os.PathLike) -> None:
+    """Mark kept files as just used (their modification time), so :func:`prune` keeps them longest."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+
+def read_kept(path: Path) -> tuple[bytes, dict[str, Any]] | None:
+    """A kept file's bytes and the facts beside it (``path`` with ``.json``), or None when either is
+    missing or unreadable, or the bytes are not those the facts were written with (their sha256:
+    a truncated or edited file is not used). A file read is touched (:func:`prune`)."""
+    try:
+        facts = json.loads(path.with_suffix(".json").read_text())
+        data = path.read_bytes()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(facts, dict) or facts.get("sha256") != hashlib.sha256(data).hexdigest():
+        return None
+    touch(path, path.with_suffix(".json"))
+    return data, facts
+
+
+def keep(path: Path, data: bytes, facts: Mapping[str, Any], max_nbytes: int) -> None:
+    """Keep ``data`` at ``path`` with ``facts`` and its sha256 beside it (written last: they mark
+    the pair complete), then :func:`prune` the folder to ``max_nbytes``. A cache that cannot be
+    written (read-only, full, a file where a folder goes) keeps nothing."""
+    try:
+        atomic_write_bytes(path, data)
+        atomic_write_text(
+            path.with_suffix(".json"), json.dumps({**facts, "sha256": hashlib.sha256(data).hexdigest()})
+        )
+    except (OSError, TypeError, ValueError):
+        return
+    prune(path.parent, max_nbytes)
+
+
+def prune(folder: str | os.PathLike, max_nbytes: int) -> list[Path]:
+    """Delete the least recently used files of a cache folder (by modification time: :func:`touch`
+    on use) until what is left is at most ``max_nbytes``; returns what was deleted. Files that
+    vanish or cannot be deleted meanwhile (another process pruning) are passed over."""
+    entries = []
+    for f in Path(folder).iterdir() if Path(folder).is_dir() else ():
+        with contextlib.suppress(OSError):
+            st = f.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                entries.append((st.st_mtime_ns, st.st_size, f))
+    total = sum(size for _, size, _ in entries)
+    gone = []
+    for _, size, f in sorted(entries):
+        if total <= max_nbytes:
+            break
+        with contextlib.suppress(OSError):
+            f.unlink()
+            gone.append(f)
+            total -= size
+    return gone
+
+
+def code_tag(*modules: str, versions: Collection[str] = ()) -> str:
+    """A hash of the ``versions`` of packages and the sources of ``modules`` (by name): what a kept
+    result is keyed by besides its inputs. A source is read through its module's loader, so it is
+    found where edgesplit runs from a zip archive (the profiling agent)."""
+    import importlib
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    for package in versions:
+        h.update(f"{package}={metadata.version(package)};".encode())
+    for name in modules:
+        module = importlib.import_module(name)
+        h.update(module.__loader__.get_data(module.__file__))  # type: ignore[union-attr]
+    return h.hexdigest()

@@ -289,8 +289,8 @@ def _shapes(case: Case) -> dict[str, tuple[int, ...]]:
 
 def _load_and_partition(case: Case, path: Path, runs: int, stage: list[str], values: bool):
     from edgesplit.model.load import load_model
-    from edgesplit.pipeline import partition
     from edgesplit.profile.run import ProfileOptions
+    from edgesplit.workflows.resolve import partition
 
     stage[0] = "load"
     graph = load_model(path, _shapes(case), input_values=case.feeds() if values else None)

@@ -405,7 +405,7 @@ def make_bundle(
     """Write a bundle of ``len(cuts) + 1`` chained parts cut at ``cuts``; ``remote[i]`` marks server parts."""
     from onnx import helper, shape_inference, utils
 
-    from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec, checksums, write_manifest
+    from edgesplit.bundle.format import Manifest, PartArtifact, TensorSpec, checksums, write_manifest
     from edgesplit.optimize.plan import Part, Plan
     from edgesplit.util import sha256_file
 

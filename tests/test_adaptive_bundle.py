@@ -21,15 +21,15 @@ from netlab import (
     wait_ready,
 )
 
+from edgesplit.bundle.format import open_bundle
 from edgesplit.compile.bands import part_key
-from edgesplit.compile.bundle import open_bundle
-from edgesplit.deployment import deploy
 from edgesplit.errors import BundleError
 from edgesplit.model import zoo
 from edgesplit.runtime.adaptive import LinkEstimator
 from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.bands import BandSelector, ProbeClock, load_bands
 from edgesplit.runtime.session import load
+from edgesplit.workflows.deploy import deploy
 
 # A slow board (predicted: nothing is measured) and a fast server, so that the best plan runs from
 # device-only at low bandwidth through a cut to server-only at high bandwidth.

@@ -221,7 +221,7 @@ def test_java_core_reports_server_errors(core, served, tmp_path):
 
 
 def test_demo_assets_bundle_is_valid_for_both_runtimes(core):
-    from edgesplit.compile.bundle import open_bundle
+    from edgesplit.bundle.format import open_bundle
 
     manifest = open_bundle(ASSETS / "bundle")  # every checksum, as the Python runtime checks it
     assert any(p.remote and p.fallback for p in manifest.parts)

@@ -14,9 +14,9 @@ from conftest import run_cli
 
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
+from edgesplit.device.detect import emulation
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.profile.detect import emulation
 from edgesplit.profile.remote import detect_remote
 from edgesplit.profile.ssh import SshOptions
 from edgesplit.profile.store import Profile, load_profile

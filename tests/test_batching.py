@@ -16,12 +16,12 @@ from model_builders import mlp_graph
 from netlab import make_bundle, single_tensor_cuts
 from onnx import TensorProto, helper, numpy_helper
 
+from edgesplit.bundle.format import open_verified
 from edgesplit.compile.batching import BATCH_DIM, free_batch
-from edgesplit.compile.bundle import open_verified
-from edgesplit.runtime.compute import ComputeQueue
-from edgesplit.runtime.guard import ByteBudget
 from edgesplit.runtime.served import ServedModel
-from edgesplit.runtime.server import ServeOptions, ServerThread
+from edgesplit.serve.compute import ComputeQueue
+from edgesplit.serve.guard import ByteBudget
+from edgesplit.serve.server import ServeOptions, ServerThread
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
 

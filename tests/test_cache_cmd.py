@@ -37,8 +37,8 @@ def test_kept_work_is_shown_by_kind_and_cleared_by_kind(cache, tmp_path, capsys)
     from conftest import make_model
     from onnx import helper
 
-    from edgesplit.compile.tvm_build import build_library
-    from edgesplit.hostinfo import llvm_target
+    from edgesplit.backends.tvm.build import build_library
+    from edgesplit.device.host import llvm_target
 
     assert {k: r["n_files"] for k, r in shown(capsys).items()} == dict.fromkeys(KINDS, 0)  # nothing yet
     path = zoo.save("squeezenet", tmp_path / "sq.onnx")  # 66 nodes: its simplified model is kept

@@ -13,10 +13,9 @@ from conftest import make_model, rand, run_cli
 from onnx import helper
 from test_cost_terms import hand_model, with_terms
 
-from edgesplit.calibrate import TURNS, calibrate, measure, measure_alternating, plan_costs
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
-from edgesplit.device import load_device, read_spec
+from edgesplit.device.spec import load_device, read_spec
 from edgesplit.model.load import load_model
 from edgesplit.optimize.calibrate import (
     Measured,
@@ -31,9 +30,10 @@ from edgesplit.optimize.calibrate import (
 from edgesplit.optimize.overheads import PairCost
 from edgesplit.optimize.schedule import layout, schedule
 from edgesplit.optimize.synthetic import random_costs
-from edgesplit.pipeline import partition
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import NodeCost, Profile, RunTerms, load_profile
+from edgesplit.workflows.calibrate import TURNS, calibrate, measure, measure_alternating, plan_costs
+from edgesplit.workflows.resolve import partition
 
 # ---- the pure fit
 
@@ -217,11 +217,11 @@ def test_a_stream_s_gap_before_a_queued_part_is_fitted_and_priced():
     ``uncalibrated`` takes it out. little's runs were never queued: its hand-off stands."""
     from types import SimpleNamespace
 
-    from edgesplit.calibrate import queued_gaps_ms
     from edgesplit.optimize.calibrate import Streamed
     from edgesplit.optimize.overheads import build_overheads
     from edgesplit.optimize.pipeline import period_ms
     from edgesplit.profile.store import ProcessorProfile
+    from edgesplit.workflows.calibrate import queued_gaps_ms
 
     def run(lane, start_ms, collected_ms, submit_ms):
         ns = [int(v * 1e6) for v in (start_ms, collected_ms, submit_ms)]
@@ -441,7 +441,7 @@ def test_calibrate_command(conv_chain, tmp_path):
         # each bundle's latency; m (core0 then core1) streamed too, its period predicted
         assert {("b", "latency"), ("m", "latency"), ("m", "period")} <= cases, cases
     # the bundle must be signed by --trust-key, as for run; a tolerance must be a finite number
-    from edgesplit.compile.signing import generate_key
+    from edgesplit.bundle.signing import generate_key
 
     _, public, _ = generate_key(tmp_path / "k")
     r = run_cli("calibrate", str(tmp_path / "m"), "-o", str(tmp_path / "y.json"), "--trust-key", str(public))
@@ -517,7 +517,7 @@ def test_a_server_call_is_fitted_from_calls_to_a_real_server(conv_chain, tmp_pat
     call costs more than the link's time and the part's compute (this client and the server's HTTP
     handling). ``calibrate --server`` fits that cost from the calls, and the call is then priced as
     a fresh measurement of it finds it, where the profile as measured prices it short."""
-    from edgesplit.runtime.server import ServeOptions, ServerThread
+    from edgesplit.serve.server import ServeOptions, ServerThread
 
     (tmp_path / "srv.yaml").write_text(LAB_SERVER)
     quick = ProfileOptions(["ort"], runs=5, warmup=2)

@@ -186,8 +186,8 @@ def test_a_tvm_library_is_kept_and_built_again_only_when_its_inputs_change(tmp_p
     the same facts) without compiling; another thread count or a changed model is built again."""
     import tvm
 
-    from edgesplit.compile.tvm_build import build_library
-    from edgesplit.hostinfo import llvm_target
+    from edgesplit.backends.tvm.build import build_library
+    from edgesplit.device.host import llvm_target
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     w = np.arange(8, dtype=np.float32).reshape(1, 8)
@@ -342,8 +342,8 @@ def test_a_tuning_database_is_kept_per_target_and_reused(tmp_path, monkeypatch):
     """Builds apply the database in the target's cache folder, even with 0 trials, unless told not to."""
     from tvm.s_tir import meta_schedule as ms
 
-    from edgesplit.compile.tvm_build import build_library, tuning_dir
-    from edgesplit.hostinfo import llvm_target
+    from edgesplit.backends.tvm.build import build_library, tuning_dir
+    from edgesplit.device.host import llvm_target
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     target = llvm_target()
@@ -363,8 +363,8 @@ TUNE_AND_REBUILD = """
 import json, sys
 from pathlib import Path
 import onnx
-from edgesplit.compile.tvm_build import build_library
-from edgesplit.hostinfo import llvm_target
+from edgesplit.backends.tvm.build import build_library
+from edgesplit.device.host import llvm_target
 m, out = onnx.load(sys.argv[1]), Path(sys.argv[2])
 first = build_library(m, llvm_target(), out / "tuned.so", tune_trials=1)
 again = build_library(m, llvm_target(), out / "again.so")
@@ -384,8 +384,8 @@ def test_metaschedule_tuning_writes_the_database_a_later_build_reuses(tmp_path, 
     import os
     import subprocess
 
-    from edgesplit.compile.tvm_build import tuning_dir
-    from edgesplit.hostinfo import llvm_target
+    from edgesplit.backends.tvm.build import tuning_dir
+    from edgesplit.device.host import llvm_target
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     model = _matmul(tmp_path / "mm.onnx")

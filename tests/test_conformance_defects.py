@@ -32,9 +32,9 @@ from onnx.reference import ReferenceEvaluator
 from edgesplit.compile.api import compile_bundle
 from edgesplit.errors import ModelLoadError, PlanError, RunInputError
 from edgesplit.model.load import load_model
-from edgesplit.pipeline import partition
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.runtime.session import load
+from edgesplit.workflows.resolve import partition
 
 QUICK = ProfileOptions(runs=1, warmup=0)
 
@@ -120,7 +120,14 @@ def _strings() -> onnx.ModelProto:
     s = TensorProto.STRING
     return _model(
         [
-            helper.make_node("StringNormalizer", ["text"], ["low"], case_change_action="LOWER", name="norm"),
+            helper.make_node(
+                "StringNormalizer",
+                ["text"],
+                ["low"],
+                case_change_action="LOWER",
+                locale="C.UTF-8",
+                name="norm",
+            ),
             helper.make_node("StringConcat", ["low", "bang"], ["loud"], name="concat"),
             helper.make_node("Equal", ["low", "want"], ["same"], name="eq"),
         ],

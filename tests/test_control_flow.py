@@ -17,15 +17,15 @@ import onnxruntime as ort
 import pytest
 from model_builders import control_flow_model, nested_model
 
+from edgesplit.backends.ort.profile import _kernel_times, map_regions, profile_ort
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan, part_boundaries
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.model.load import load_model
 from edgesplit.optimize.plan import Part
-from edgesplit.pipeline import partition
-from edgesplit.profile.ort import _kernel_times, map_regions, profile_ort
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.runtime.session import load
+from edgesplit.workflows.resolve import partition
 
 BRANCH_INPUTS = {
     "then": np.abs(np.random.default_rng(1).standard_normal((1, 8))).astype(np.float32) + 0.1,

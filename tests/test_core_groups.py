@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import edgesplit
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
-from edgesplit.device import load_device, plain_cpu
+from edgesplit.device.spec import load_device, plain_cpu
 from edgesplit.errors import DeviceSpecError
 from edgesplit.optimize.costs import CostModel, Flow
 from edgesplit.optimize.pipeline import period_ms
@@ -158,9 +158,9 @@ def test_a_stream_charges_a_group_to_each_member():
 
 def test_the_runtime_holds_the_cores_a_group_shares():
     parts = [
-        edgesplit.compile.bundle.PartArtifact("p0", "a", "ort", "f", "f", (), (), cores=(0,)),
-        edgesplit.compile.bundle.PartArtifact("p1", "a+b", "ort", "f", "f", (), (), cores=(0, 1)),
-        edgesplit.compile.bundle.PartArtifact("p2", "c", "ort", "f", "f", (), (), cores=(2,)),
+        edgesplit.bundle.format.PartArtifact("p0", "a", "ort", "f", "f", (), (), cores=(0,)),
+        edgesplit.bundle.format.PartArtifact("p1", "a+b", "ort", "f", "f", (), (), cores=(0, 1)),
+        edgesplit.bundle.format.PartArtifact("p2", "c", "ort", "f", "f", (), (), cores=(2,)),
     ]
     locks = _core_locks(parts)
     assert set(locks) == {0}  # core 1 is the group's alone here; core 2 is c's alone

@@ -19,7 +19,7 @@ from onnx import helper
 
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.model.load import load_model
 from edgesplit.optimize.costs import CostModel, Flow, build_costs
 from edgesplit.optimize.exact import solve_sequential
@@ -596,7 +596,7 @@ def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
     on big at 11.06 ms predicted against 9.30 for ORT alone, before). A trade-off (pareto) keeps it
     too, on both figures (squeezenet's point on big: 17.94 ms and 71.1 mJ against 11.86 and 46.9)."""
     from edgesplit.optimize.api import solve_plan
-    from edgesplit.pipeline import Choices, resolve
+    from edgesplit.workflows.resolve import Choices, resolve
 
     ort_only, both = _twin_backends(chain_profile)
 
@@ -628,7 +628,7 @@ def test_band_plans_do_not_cut_a_processor_into_parts_for_a_backend_faster_on_on
     7.04 ms predicted, against 5.66 for ORT alone). With the TVM twin, no band plan is worse than
     the table without it, and none runs a TVM part."""
     from edgesplit.optimize.bands import band_plans, curves, problem_band_table, problem_pricings
-    from edgesplit.pipeline import Choices, resolve
+    from edgesplit.workflows.resolve import Choices, resolve
 
     ort_only, both = _twin_backends(chain_profile)
     grid = np.logspace(-1, 3, 17)

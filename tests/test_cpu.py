@@ -11,8 +11,8 @@ import threading
 from conftest import make_model, rand
 from onnx import helper
 
-from edgesplit.cpu import configure_thread, present_cores
-from edgesplit.hostinfo import usable_cores
+from edgesplit.device.cpu import configure_thread, present_cores
+from edgesplit.device.host import usable_cores
 
 ABSENT = (4096, 4097)  # no machine here has them
 
@@ -50,7 +50,7 @@ def test_a_thread_configured_with_absent_cores_runs_on_the_others_and_says_so():
 
 RUN_SESSION = """
 import sys, numpy as np, onnxruntime as ort
-from edgesplit.cpu import ort_session_options
+from edgesplit.device.cpu import ort_session_options
 so = ort_session_options(3, (0, 4096, 4097))
 s = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
 s.run(None, {"x": np.ones((1, 8, 16, 16), np.float32)})

@@ -11,9 +11,9 @@ import yaml
 from conftest import run_cli
 from sshd import remote_tmp, sshd  # noqa: F401 - fixtures
 
-from edgesplit.device import load_device, validate
-from edgesplit.profile.detect import probe
-from edgesplit.profile.devspec import draft_spec, install_hint, to_yaml
+from edgesplit.device.detect import probe
+from edgesplit.device.draft import draft_spec, install_hint, to_yaml
+from edgesplit.device.spec import load_device, validate
 
 BARE_PYTHON = Path("/usr/bin/python3")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgesplit.device import (
+from edgesplit.device.spec import (
     BACKENDS,
     DEVICES_DIR,
     DeviceSpec,

@@ -1,4 +1,4 @@
-"""The server's front door (``edgesplit/runtime/frontdoor.py``): which first bytes it answers, and a
+"""The server's front door (``edgesplit/serve/frontdoor.py``): which first bytes it answers, and a
 real listening socket in front of a real event loop: health answered from the readiness flag,
 everything else handed to the loop with its bytes unchanged."""
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from edgesplit.runtime.frontdoor import MAX_HEAD_NBYTES, MAX_PEEKING, WAIT, FrontDoor, classify, health_answer
+from edgesplit.serve.frontdoor import MAX_HEAD_NBYTES, MAX_PEEKING, WAIT, FrontDoor, classify, health_answer
 
 H = "GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
 

@@ -8,13 +8,13 @@ import pytest
 from conftest import conv_chain
 
 import edgesplit
+from edgesplit.bundle.format import open_bundle
 from edgesplit.compile.api import compile_bundle
-from edgesplit.compile.bundle import open_bundle
 from edgesplit.errors import BundleError
 from edgesplit.optimize.api import solve_plan
-from edgesplit.pipeline import Choices, resolve
 from edgesplit.profile.run import ProfileOptions
-from edgesplit.verify.candidates import PLAIN_ORT, REPLICAS, candidates
+from edgesplit.workflows.resolve import Choices, resolve
+from edgesplit.workflows.verify.candidates import PLAIN_ORT, REPLICAS, candidates
 
 
 def _chain(path, ch: int = 64, hw: int = 56, n: int = 4) -> str:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile import level as leveling

@@ -313,8 +313,8 @@ def test_a_simplified_model_is_kept_and_read_back_by_the_next_load(tmp_path, mon
 def test_kept_models_past_the_cap_go_least_recently_used_first(tmp_path, monkeypatch):
     """The cache folder holds at most ``MAX_NBYTES``: a model read from it counts as used, and
     the model used longest ago goes first."""
+    from edgesplit.cache import prune, touch
     from edgesplit.model import kept, zoo
-    from edgesplit.util import prune, touch
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "cache" / "simplified"

@@ -16,8 +16,8 @@ from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, st
 
 from edgesplit.errors import RemoteError
 from edgesplit.runtime.adaptive import LinkEstimator, OffloadPolicy
-from edgesplit.runtime.server import ServeOptions, ServerThread
 from edgesplit.runtime.session import load
+from edgesplit.serve.server import ServeOptions, ServerThread
 
 
 @pytest.fixture(scope="module")

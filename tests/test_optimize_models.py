@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from edgesplit.device import DeviceSpec, load_device, network_link
+from edgesplit.device.spec import DeviceSpec, load_device, network_link
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.optimize.evaluate import violations
-from edgesplit.pipeline import partition
+from edgesplit.workflows.resolve import partition
 
 # Plans for real zoo models on the Snapdragon spec: seconds each (the solvers' property tests,
 # tests/test_optimize_exact.py, are in the quick subset).

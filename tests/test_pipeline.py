@@ -117,8 +117,8 @@ def test_link_flags_without_a_server_are_refused_everywhere(capsys, tiny, board,
 
 def test_api_and_cli_measure_the_same_way_without_a_profile(capsys, tiny, local, tmp_path):
     """The API predicted every cost when given no profile, while the CLI measured."""
-    from edgesplit.pipeline import Choices, resolve
     from edgesplit.profile.run import ProfileOptions
+    from edgesplit.workflows.resolve import Choices, resolve
 
     labels: list[str] = []
     few = ProfileOptions(runs=3)  # and --runs 3: how many runs is not what differed
@@ -190,7 +190,7 @@ def test_pins_have_one_parser_and_one_error(capsys, tiny, board, tmp_path):
         assert code == 2
         errors.add(err.strip())
     assert errors == {"edgesplit: error: --pin 'oops' is not NODE=PROC"}
-    from edgesplit.pipeline import parse_pins
+    from edgesplit.workflows.resolve import parse_pins
 
     assert parse_pins(["a=b=cpu", "c=gpu"]) == {"a=b": "cpu", "c": "gpu"}  # node names may hold "="
     assert parse_pins({"x": "cpu"}) == {"x": "cpu"}
@@ -225,7 +225,7 @@ def test_the_agent_reads_its_spec_like_load_device(tmp_path, tiny):
 
 def test_resolve_checks_cheap_things_before_loading(tmp_path):
     """Bad flags fail before the model is read (the model path here does not exist)."""
-    from edgesplit.pipeline import Choices, resolve
+    from edgesplit.workflows.resolve import Choices, resolve
 
     missing = tmp_path / "nope.onnx"
     with pytest.raises(PlanError, match="unknown objective"):
@@ -241,13 +241,13 @@ def test_resolve_checks_cheap_things_before_loading(tmp_path):
 def test_a_pin_on_an_unknown_node_or_processor_is_refused_before_measuring(tiny, local, monkeypatch):
     """An unknown node or processor in the pins was found when the cost model was built, after
     the local processors had been measured (seconds to minutes on a real model)."""
-    import edgesplit.pipeline
-    from edgesplit.pipeline import Choices, resolve
+    import edgesplit.workflows.resolve
+    from edgesplit.workflows.resolve import Choices, resolve
 
     def measured(*a, **k):
         raise AssertionError("measured before the pins were checked")
 
-    monkeypatch.setattr(edgesplit.pipeline, "profile_model", measured)
+    monkeypatch.setattr(edgesplit.workflows.resolve, "profile_model", measured)
     for pins, words in (
         (["nosuchnode=cpu"], "unknown node 'nosuchnode'"),
         ([f"{_first_node(tiny)}=npu"], "unknown processor 'npu'"),
@@ -271,7 +271,7 @@ def test_commands_check_flags_before_loading(capsys, tmp_path):
 
 
 def test_a_server_must_be_a_server_and_a_link_gets_its_overrides(tiny, board):
-    from edgesplit.pipeline import Choices, resolve
+    from edgesplit.workflows.resolve import Choices, resolve
 
     with pytest.raises(PlanError, match="'host' is a device spec, not a server"):
         resolve(tiny, board, Choices(server="host"))
@@ -282,7 +282,7 @@ def test_a_server_must_be_a_server_and_a_link_gets_its_overrides(tiny, board):
 
 
 def test_problem_from_plan_loads_what_the_plan_recorded(tiny, board, tmp_path):
-    from edgesplit.pipeline import problem_from_plan, resolve
+    from edgesplit.workflows.resolve import problem_from_plan, resolve
 
     prof = resolve(tiny, board).profile
     prof.save(tmp_path / "p.json")

@@ -9,7 +9,7 @@ import pytest
 from conftest import run_cli
 from sshd import remote_tmp, sshd  # noqa: F401 - fixtures
 
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile.power import ENERGY, POWER, PowerSampler, find_rails

@@ -25,12 +25,12 @@ from edgesplit.errors import DeviceSpecError, InputError, PlanError
 from edgesplit.model.calibration_data import calibration_set, image_layout
 from edgesplit.optimize.accuracy import with_precisions
 from edgesplit.optimize.api import solve_plan
-from edgesplit.pipeline import Choices, resolve
 from edgesplit.precision.convert import calibrate, convert
 from edgesplit.precision.measure import PlanMeasurer
 from edgesplit.precision.metrics import SNR_CAP_DB, AccuracyBudget, compare
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile, Profile
 from edgesplit.runtime.accuracy import bundle_accuracy
+from edgesplit.workflows.resolve import Choices, resolve
 
 ALLOWED = {"Conv", "Relu", "GlobalAveragePool", "Flatten", "Gemm", "Add"}
 
@@ -473,7 +473,7 @@ def test_verification_never_ships_a_plan_that_misses_the_accuracy_budget(problem
     budget 5 dB over what the plan measures, the plan is not shipped, the all-fp32 baseline is, and
     the table says why. Under the budget it was made for, it meets it."""
     from edgesplit.cli.compile import print_verification
-    from edgesplit.verify import VerifyOptions, verify_plan
+    from edgesplit.workflows.verify import VerifyOptions, verify_plan
 
     def held_to(budget):
         return dataclasses.replace(problem, accuracy=dataclasses.replace(problem.accuracy, budget=budget))
@@ -507,9 +507,9 @@ def test_verification_never_ships_an_int8_baseline_that_misses_the_budget(split_
     baselines, priced 4x faster than the CPU. Under a budget no int8 part meets, the plan is all
     fp32; the baseline's accuracy is measured like the plan's, and it is never shipped, however
     fast it measures. The rule alone says the same on given figures."""
-    from edgesplit.compile.verdict import MeasuredCandidate
-    from edgesplit.verify import VerifyOptions, verify_plan
-    from edgesplit.verify.decide import decide
+    from edgesplit.bundle.verdict import MeasuredCandidate
+    from edgesplit.workflows.verify import VerifyOptions, verify_plan
+    from edgesplit.workflows.verify.decide import decide
 
     graph, _ = split_net
     (tmp_path / "all.yaml").write_text(
@@ -725,7 +725,7 @@ def test_int8_part_edges_cost_what_the_profiler_measured(tmp_path):
     transposes were missing: measured alone, QuantizeLinear and DequantizeLinear priced det's part
     edges at about half of what they cost); a real int8 part compiled from a conv chain has the same
     kernels at its edges, and the profile predicts their time there within a generous factor."""
-    from edgesplit.cpu import ort_session_options
+    from edgesplit.device.cpu import ort_session_options
     from edgesplit.precision.measure import part_model
 
     nodes, weights, prev = [], [], "x"
@@ -761,7 +761,7 @@ def test_int8_part_edges_cost_what_the_profiler_measured(tmp_path):
     out_of = [made[dq_out.input[0]], dq_out] if made[dq_out.input[0]].op_type == "Transpose" else [dq_out]
     assert [n.op_type for n in into] == ["QuantizeLinear", "Transpose"]
     assert [n.op_type for n in out_of] == ["Transpose", "DequantizeLinear"]
-    from edgesplit.profile.ort import _kernel_times
+    from edgesplit.backends.ort.profile import _kernel_times
 
     kernels = _kernel_times(sess.end_profiling())
     measured = sum(float(np.median(kernels[n.name][4:])) for n in into + out_of)

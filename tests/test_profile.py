@@ -9,7 +9,7 @@ import pytest
 from conftest import PPOCR_SHAPES, gpu_spec, has_cuda_gpu, make_model, ppocr_model, rand, run_cli
 from onnx import helper
 
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.errors import ProfileError
 from edgesplit.model.load import load_model, parse_input_shapes
 from edgesplit.profile.run import ProfileOptions, profile_model

@@ -9,10 +9,10 @@ import pytest
 from conftest import make_model
 from onnx import helper
 
-import edgesplit.profile.tvm as tvm_profiler
-from edgesplit.device import load_device
+import edgesplit.backends.tvm.profile as tvm_profiler
+from edgesplit.backends.tvm.profile import profile_tvm
+from edgesplit.device.spec import load_device
 from edgesplit.model.load import load_model
-from edgesplit.profile.tvm import profile_tvm
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_without_a_c_compiler_the_profile_is_made_and_nothing_kept(cpu_tvm, tmp_
 
 def test_the_profiler_and_the_compiler_keep_their_builds_apart(cpu_tvm, tmp_path):
     """The same model built by each: two kept libraries (their builders' sources key them)."""
-    from edgesplit.compile.tvm_build import build_library
+    from edgesplit.backends.tvm.build import build_library
 
     cpu, _ = cpu_tvm
     relu = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])
@@ -88,7 +88,7 @@ def test_a_code_tag_reads_a_source_inside_a_zip_archive(tmp_path, monkeypatch):
     import sys
     import zipfile
 
-    from edgesplit.util import code_tag
+    from edgesplit.cache import code_tag
 
     archive = tmp_path / "agent.pyz"
     with zipfile.ZipFile(archive, "w") as z:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.errors import ProfileError
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model

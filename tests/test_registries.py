@@ -75,7 +75,7 @@ def test_a_toy_backend_runs_end_to_end(toy, tmp_path):
 
 def test_an_unregistered_backend_is_refused_by_the_spec_schema(tmp_path):
     """The schema's runtime enum is the backend table: without the entry, the spec is invalid."""
-    from edgesplit.device import BACKENDS
+    from edgesplit.device.spec import BACKENDS
 
     (tmp_path / "toy.yaml").write_text(TOY_DEVICE)
     known = re.escape(str(list(BACKENDS)))

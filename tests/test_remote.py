@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli
 from sshd import keygen, remote_tmp, sshd, start_sshd  # noqa: F401 - fixtures
 
-from edgesplit.device import load_device
+from edgesplit.device.spec import load_device
 from edgesplit.errors import RemoteError
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model

@@ -13,8 +13,8 @@ from conftest import max_examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec
-from edgesplit.device import (
+from edgesplit.bundle.format import Manifest, PartArtifact, TensorSpec
+from edgesplit.device.spec import (
     BACKENDS,
     device_from_mapping,
     device_to_mapping,

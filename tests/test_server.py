@@ -28,7 +28,7 @@ from netlab import (
 
 from edgesplit.runtime import oip
 from edgesplit.runtime.client import OipClient
-from edgesplit.runtime.server import ServeOptions, ServerThread
+from edgesplit.serve.server import ServeOptions, ServerThread
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
 

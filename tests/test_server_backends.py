@@ -14,7 +14,7 @@ from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.model.load import load_model
 from edgesplit.runtime.client import OipClient
-from edgesplit.runtime.server import ServeOptions, ServerThread
+from edgesplit.serve.server import ServeOptions, ServerThread
 
 
 def _bundle(tmp_path, target: str):

@@ -9,13 +9,13 @@ from dataclasses import replace
 import pytest
 from conftest import run_cli
 
-from edgesplit.device import load_device, read_spec
+from edgesplit.device.spec import load_device, read_spec
 from edgesplit.errors import PlanError
 from edgesplit.model.load import load_model
 from edgesplit.optimize.plan import load_plan
-from edgesplit.pipeline import Choices, partition, problem_from_plan, resolve
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
+from edgesplit.workflows.resolve import Choices, partition, problem_from_plan, resolve
 
 # A server whose spec claims 10 MFLOP/s and 10 MB/s: its roofline prices a conv at milliseconds, a
 # hundred times what the core measures.

@@ -259,8 +259,8 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
     from conftest import run_cli
 
     from edgesplit.optimize.api import plan_with_splits, solve_plan
-    from edgesplit.pipeline import Choices, resolve
     from edgesplit.profile.run import ProfileOptions
+    from edgesplit.workflows.resolve import Choices, resolve
 
     nodes, weights, x = [], [], "x"
     for i in range(4):

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from edgesplit import throttle
-from edgesplit.cpu import configure_thread
+from edgesplit.device import throttle
+from edgesplit.device.cpu import configure_thread
 
 # netlab: root, for real-time scheduling and cgroup quotas, like tests/netlab.py
 pytestmark = [pytest.mark.netlab, pytest.mark.measures]
@@ -86,7 +86,7 @@ def test_an_unserved_thread_is_not_throttled_and_busy_is_a_no_op():
 def test_refused_real_time_priority_falls_back_to_the_cgroup_quota():
     # A process without CAP_SYS_NICE really is refused SCHED_FIFO: the worker says so and uses the quota.
     code = (
-        "import threading; from edgesplit.cpu import configure_thread; notes = []; "
+        "import threading; from edgesplit.device.cpu import configure_thread; notes = []; "
         "t = threading.Thread(target=lambda: notes.extend(configure_thread('little', (1,), 40))); "
         "t.start(); t.join(); print(' | '.join(notes))"
     )

@@ -17,12 +17,12 @@ from conftest import run_cli
 from edgesplit.compile.api import compile_bundle
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.pipeline import partition
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.runtime.api import benchmark, random_feeds
 from edgesplit.runtime.chrome import chrome_trace, trace_event_problems
 from edgesplit.runtime.session import load
 from edgesplit.runtime.trace import build_trace
+from edgesplit.workflows.resolve import partition
 
 # tiny_dag's two branches on core1 as two parts that become ready together (one must queue),
 # the stem and the merge on core0: 4 parts on host-2core's two processors.
@@ -87,7 +87,7 @@ def test_two_parts_ready_at_once_on_one_processor_queue(report):
 
 
 def test_worker_idle_is_derived_from_the_lane_timeline():
-    from edgesplit.compile.bundle import PartArtifact
+    from edgesplit.bundle.format import PartArtifact
 
     parts = [PartArtifact(n, "cpu", "ort", f"{n}.onnx", f"{n}.onnx", (), ()) for n in ("a", "b", "c")]
     raw = [  # (request, part, run_index, ready, submit, start, run_start, run_end, collected, done, cpu)

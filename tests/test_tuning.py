@@ -18,8 +18,8 @@ from conftest import make_model, rand, run_cli
 from onnx import helper
 from sshd import remote_tmp, sshd  # noqa: F401 - fixtures
 
-from edgesplit.hostinfo import llvm_target
-from edgesplit.profile.tvmdb import RECORDS, TARGET_FILE, find_databases, tuning_target
+from edgesplit.backends.tvm.database import RECORDS, TARGET_FILE, find_databases, tuning_target
+from edgesplit.device.host import llvm_target
 
 PER_TASK = 2
 # The evolutionary search's population: these tests are of budgets, databases and reuse, not of what
@@ -73,7 +73,7 @@ def first(cache, tmp_path_factory):
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.s_tir import meta_schedule as ms
 
-    from edgesplit.compile.tune import TuneOptions, tune_module
+    from edgesplit.backends.tvm.tune import TuneOptions, tune_module
 
     seen: list[tuple[str, int, int]] = []
     searches: list[int] = []  # the population each search was made with
@@ -118,7 +118,7 @@ def test_a_kernel_shared_with_another_model_is_not_tuned_again(first):
     """Model B shares model A's conv+relu: B's run tunes only its own second conv."""
     from tvm.relax.frontend.onnx import from_onnx
 
-    from edgesplit.compile.tune import TuneOptions, tune_module
+    from edgesplit.backends.tvm.tune import TuneOptions, tune_module
 
     _, _, db, _ = first
     before = records_per_workload(db)
@@ -133,7 +133,7 @@ def test_a_kernel_shared_with_another_model_is_not_tuned_again(first):
 
 @pytest.mark.slow
 def test_builds_and_profiles_apply_the_database_of_their_target_only(first, tmp_path):
-    from edgesplit.compile.tvm_build import build_library
+    from edgesplit.backends.tvm.build import build_library
 
     _, _, db, _ = first
     model = conv_model("matmul")
@@ -157,9 +157,9 @@ def test_builds_and_profiles_apply_the_database_of_their_target_only(first, tmp_
 
 @pytest.mark.slow
 def test_the_tvm_profile_measures_fused_kernels_with_the_tuned_schedules(first, tmp_path):
-    from edgesplit.device import load_device
+    from edgesplit.backends.tvm.profile import profile_tvm
+    from edgesplit.device.spec import load_device
     from edgesplit.model.load import load_model
-    from edgesplit.profile.tvm import profile_tvm
 
     onnx.save(conv_model("matmul"), tmp_path / "a.onnx")
     graph = load_model(tmp_path / "a.onnx")
@@ -171,8 +171,8 @@ def test_the_tvm_profile_measures_fused_kernels_with_the_tuned_schedules(first, 
 
 
 def test_fusion_groups_follow_elementwise_chains(tiny_conv):
+    from edgesplit.backends.tvm.profile import fusion_groups
     from edgesplit.model.load import load_model
-    from edgesplit.profile.tvm import fusion_groups
 
     graph = load_model(tiny_conv)
     groups = [[n.name for n in g] for g in fusion_groups(graph, list(graph.nodes))]
@@ -253,7 +253,7 @@ def test_tune_is_registered():
 
 
 def test_the_record_of_tuning_runs_survives_a_new_run(tmp_path):
-    from edgesplit.profile.tvmdb import read_target_file, write_target_file
+    from edgesplit.backends.tvm.database import read_target_file, write_target_file
 
     tuning = tuning_target(llvm_target(), 1)
     write_target_file(tmp_path, tuning, runs=[{"model": "a"}])
@@ -264,7 +264,7 @@ def test_the_record_of_tuning_runs_survives_a_new_run(tmp_path):
 def test_the_shipped_databases_are_found_for_their_own_target_only():
     """Each ``profiles/tvm/NAME`` is found for the tuning target its target.json names (and for no
     other thread count), and every record points at a workload the folder holds."""
-    from edgesplit.profile.tvmdb import WORKLOADS, read_target_file, shipped_root
+    from edgesplit.backends.tvm.database import WORKLOADS, read_target_file, shipped_root
 
     folders = [p for p in shipped_root().iterdir() if (p / TARGET_FILE).is_file()]
     assert folders, f"no shipped database under {shipped_root()}"
@@ -280,7 +280,7 @@ def test_the_shipped_databases_are_found_for_their_own_target_only():
 def test_a_database_is_parsed_once_until_tuning_writes_to_it(tmp_path):
     """Profiling builds one module per fused group, each applying the databases: they are opened
     once per process, and again only once a folder's files change (a tuning run added records)."""
-    from edgesplit.profile.tvmdb import WORKLOADS, open_database, shipped_root
+    from edgesplit.backends.tvm.database import WORKLOADS, open_database, shipped_root
 
     shipped = next(p for p in shipped_root().iterdir() if (p / TARGET_FILE).is_file())
     folder = tmp_path / "db"

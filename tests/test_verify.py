@@ -18,13 +18,13 @@ from conftest import make_model, rand
 from onnx import helper
 
 import edgesplit
+from edgesplit.bundle.format import Manifest, open_bundle
+from edgesplit.bundle.verdict import MeasuredCandidate, Verification
 from edgesplit.cli.main import main
-from edgesplit.compile.bundle import Manifest, open_bundle
-from edgesplit.compile.verdict import MeasuredCandidate, Verification
-from edgesplit.deployment import verify_options_for
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions, profile_model
-from edgesplit.verify.measure import MIN_ROUNDS
+from edgesplit.workflows.deploy import verify_options_for
+from edgesplit.workflows.verify.measure import MIN_ROUNDS
 
 SPEC = """\
 name: verifyboard
@@ -182,7 +182,7 @@ def test_a_tiny_budget_keeps_the_plan_and_says_so(setup_big, tmp_path):
 
 
 def test_rounds_and_turns_fit_the_budget():
-    from edgesplit.verify.measure import _Bench, _choose
+    from edgesplit.workflows.verify.measure import _Bench, _choose
 
     class _Sess:
         class manifest:  # noqa: N801 - a stand-in with the one attribute read
@@ -254,7 +254,7 @@ def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_on
     assert row.error is None and row.measured and row.n_parts == 1
     # a running server at a URL: measured where it serves the candidate's parts (bundle "a" is the
     # whole model as one part p0, as server-only's is), else listed with the reason
-    from edgesplit.runtime.server import ServeOptions, ServerThread
+    from edgesplit.serve.server import ServeOptions, ServerThread
 
     with ServerThread(tmp_path / "a", ServeOptions(port=0, all_parts=True)) as srv:
         m = deploy("c", server_url=srv.url)
@@ -338,7 +338,7 @@ def test_compile_verify_measures_a_saved_plan(setup, tmp_path, capsys):
 
 def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
     """The decision on given figures (no measuring): paired per-round ratios against the best other."""
-    from edgesplit.verify.decide import decide
+    from edgesplit.workflows.verify.decide import decide
 
     def row(name, rounds, **kw):
         return MeasuredCandidate(
@@ -370,8 +370,8 @@ def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
 def test_a_verified_bundle_is_signed_with_its_verdict_and_refuses_a_foreign_output(setup, tmp_path):
     """Main's hardening holds with verification: ``-o`` onto a folder of other files is refused
     before anything is measured, and ``--sign-key`` signs the manifest the verdict is in."""
-    from edgesplit.compile.bundle import open_verified
-    from edgesplit.compile.signing import generate_key
+    from edgesplit.bundle.format import open_verified
+    from edgesplit.bundle.signing import generate_key
     from edgesplit.errors import BundleError
 
     foreign = tmp_path / "photos"
@@ -408,7 +408,7 @@ def test_one_slow_warm_up_is_looked_at_again_before_giving_up(monkeypatch, tmp_p
     """A candidate's first timed run was slow (the machine was busy for a moment): its estimate says
     no round fits the budget. The verifier times it once more and takes the faster, and measures,
     rather than giving up with most of the budget left."""
-    import edgesplit.verify.measure as vm
+    import edgesplit.workflows.verify.measure as vm
 
     class Busy:
         """A Session whose first timed run (its second) takes 0.3 s, and every other 1 ms."""

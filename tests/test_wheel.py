@@ -96,12 +96,12 @@ def installed(tmp_path_factory) -> Installed:
 
 def test_the_package_comes_from_the_wheel_with_its_data(installed):
     code = (
-        "import edgesplit, json; from edgesplit.device import load_device, load_links; "
+        "import edgesplit, json; from edgesplit.device.spec import load_device, load_links; "
         "from edgesplit.profile.published import data_dir, load_calibration, load_published; "
         "print(json.dumps([edgesplit.__file__, str(load_device('snapdragon-8gen2').path), "
         "sorted(load_links()), str(data_dir()), load_calibration('snapdragon-8gen2') is not None, "
         "len(load_published('snapdragon-8gen2').figures)]));"
-        "from edgesplit.profile.tvmdb import shipped_root; print(shipped_root())"
+        "from edgesplit.backends.tvm.database import shipped_root; print(shipped_root())"
     )
     import json
 

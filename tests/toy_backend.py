@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import onnxruntime as ort
 
-from edgesplit.compile.backends import OrtCompiler
-from edgesplit.device import BackendKind
-from edgesplit.profile.ort import OrtProfiler
-from edgesplit.runtime.executors import OrtExecutor
+from edgesplit.backends.ort.compiler import OrtCompiler
+from edgesplit.backends.ort.executor import OrtExecutor
+from edgesplit.backends.ort.profile import OrtProfiler
+from edgesplit.device.spec import BackendKind
 
 NAME = "ort-noopt"
 UNOPTIMISED = {"graph_optimization_level": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
@@ -34,7 +34,7 @@ class NoOptExecutor(OrtExecutor):
 def register() -> list[tuple[dict, str]]:
     """Add the backend to every table; returns (table, key) pairs for ``unregister``."""
     from edgesplit.compile.backends import COMPILERS
-    from edgesplit.device import BACKENDS
+    from edgesplit.device.spec import BACKENDS
     from edgesplit.profile.backends import PROFILERS
     from edgesplit.runtime.backends import EXECUTORS
 

@@ -35,8 +35,7 @@ def command(kinds: tuple[str, ...], as_json: bool) -> None:
 
     from rich.table import Table
 
-    from edgesplit.cache import clear, others, usage
-    from edgesplit.util import cache_root
+    from edgesplit.cache import cache_root, clear, others, usage
 
     if kinds:
         rows = clear(kinds)  # an unknown kind is refused before anything is deleted

@@ -59,8 +59,8 @@ def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, inpu
     the terms again on every round's runs of every bundle. Plan with the result:
     ``partition --profile OUTPUT``.
     """
-    from edgesplit.calibrate import calibrate
     from edgesplit.model.load import parse_input_values
+    from edgesplit.workflows.calibrate import calibrate
 
     result = calibrate(
         list(bundles),

@@ -114,7 +114,7 @@ split_option = click.option(
 
 
 def backend_names() -> Iterable[str]:
-    from edgesplit.device import BACKENDS
+    from edgesplit.device.spec import BACKENDS
 
     return BACKENDS
 
@@ -292,7 +292,7 @@ pin_option = click.option(
 
 def model_inputs(input_shapes: tuple[str, ...], input_values: tuple[str, ...]) -> dict:
     """``--input-shape`` and ``--input`` parsed, as the ``input_shapes`` and ``input_values`` fields
-    of :class:`edgesplit.pipeline.Choices`."""
+    of :class:`edgesplit.workflows.resolve.Choices`."""
     from edgesplit.model.load import parse_input_shapes, parse_input_values
 
     return {
@@ -308,7 +308,7 @@ def load_graph(
 ) -> ModelGraph:
     """Load MODEL for a subcommand with the pipeline's loader, and print what loading changed (an
     opset upgrade, folding skipped ...) before anything long starts."""
-    from edgesplit.pipeline import load_graph as load
+    from edgesplit.workflows.resolve import load_graph as load
 
     graph = load(model, input_shapes, input_values)
     for note in graph.notes:
@@ -413,7 +413,7 @@ def accuracy_choices(
     calibration_method: str | None = None,
 ) -> dict:
     """The ``accuracy``, ``calibration_data`` and ``calibration_method`` fields of
-    :class:`edgesplit.pipeline.Choices` (no flag: the default budget)."""
+    :class:`edgesplit.workflows.resolve.Choices` (no flag: the default budget)."""
     from edgesplit.precision.metrics import AccuracyBudget
 
     given = (min_snr_db, min_top1_agreement, max_accuracy_drop)

@@ -27,7 +27,7 @@ tune_per_task_option = click.option(
 
 def tune_options(total: int, per_task: int):
     """The tuning asked for by --tune-trials / --tune-trials-per-task (None: per-task not given)."""
-    from edgesplit.compile.tune import TuneOptions
+    from edgesplit.backends.tvm.tune import TuneOptions
 
     if not per_task:
         return None
@@ -119,7 +119,7 @@ def command(
     inputs = model_inputs(input_shapes, input_values)
     tune = tune_options(tune_trials, tune_trials_per_task)
     if verify:
-        from edgesplit.deployment import verify_options_for
+        from edgesplit.workflows.deploy import verify_options_for
 
         options = verify_options_for(verify_budget_s, server_url, token)
         manifest = _verified(
@@ -164,8 +164,8 @@ def _verified(model, plan_path, output, device, inputs, tune_trials, tune, optio
 
     from edgesplit.cli.common import progress_bar
     from edgesplit.compile.api import check_output
-    from edgesplit.pipeline import as_plan, load_graph, load_spec, problem_from_plan
-    from edgesplit.verify import verify_plan
+    from edgesplit.workflows.resolve import as_plan, load_graph, load_spec, problem_from_plan
+    from edgesplit.workflows.verify import verify_plan
 
     check_output(output, force, [model, plan_path])  # before the slow steps
     plan = as_plan(plan_path)

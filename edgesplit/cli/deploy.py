@@ -105,9 +105,9 @@ def command(
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
     from edgesplit.compile.api import check_output
-    from edgesplit.deployment import deploy, profile_beside
-    from edgesplit.pipeline import Choices, check_choices, load_spec
     from edgesplit.profile.run import ProfileOptions
+    from edgesplit.workflows.deploy import deploy, profile_beside
+    from edgesplit.workflows.resolve import Choices, check_choices, load_spec
 
     choices = dict(
         objective=objective,

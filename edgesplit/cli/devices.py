@@ -20,7 +20,7 @@ def list_cmd() -> None:
     """List device, server and link specs with their processors."""
     from rich.table import Table
 
-    from edgesplit.device import list_specs, load_device, load_links
+    from edgesplit.device.spec import list_specs, load_device, load_links
 
     table = Table(title="device specs")
     for col in ("name", "kind", "processors", "description"):
@@ -44,7 +44,7 @@ def show_cmd(name: str) -> None:
     """Show one spec's processors and figures."""
     from rich.table import Table
 
-    from edgesplit.device import load_device
+    from edgesplit.device.spec import load_device
 
     spec = load_device(name)
     table = Table(title=f"{spec.name} ({spec.path})")
@@ -87,7 +87,7 @@ def detect_cmd(
 
     from rich.table import Table
 
-    from edgesplit.profile.devspec import draft_spec, to_yaml
+    from edgesplit.device.draft import draft_spec, to_yaml
     from edgesplit.util import atomic_write_text
 
     if remote:
@@ -95,7 +95,7 @@ def detect_cmd(
 
         facts = detect_remote(remote, ssh)
     else:
-        from edgesplit.profile.detect import probe
+        from edgesplit.device.detect import probe
 
         facts = probe()
     draft = draft_spec(facts, name or (Path(output).stem if output else None))

@@ -40,7 +40,7 @@ def command(plan_path, bandwidth_sweep, per_decade, bands, plot_path):
         return
     from edgesplit.optimize.sweep import bandwidth_sweep as sweep
     from edgesplit.optimize.sweep import log_bandwidths, needs_network
-    from edgesplit.pipeline import problem_from_plan
+    from edgesplit.workflows.resolve import problem_from_plan
 
     needs_network(bool(plan.server and plan.link))  # before the problem is loaded (and measured)
     rows = sweep(problem_from_plan(plan), log_bandwidths(0.1, 1000.0, per_decade))
@@ -78,7 +78,7 @@ def explain_bands(plan, per_decade: int, plot_path: str | None) -> None:
     from edgesplit.optimize.bands import curves, problem_band_table, problem_pricings
     from edgesplit.optimize.objectives import OBJECTIVES
     from edgesplit.optimize.sweep import log_bandwidths, needs_network
-    from edgesplit.pipeline import problem_from_plan
+    from edgesplit.workflows.resolve import problem_from_plan
 
     needs_network(bool(plan.server and plan.link))
     problem = problem_from_plan(plan)

@@ -16,7 +16,7 @@ def command(key: str, force: bool) -> None:
     Sign with 'compile/deploy --sign-key KEY'; load only signed bundles with
     'run/serve --trust-key KEY.pub' or edgesplit.load(bundle, trust_key="KEY.pub").
     """
-    from edgesplit.compile.signing import generate_key
+    from edgesplit.bundle.signing import generate_key
 
     private, public, kid = generate_key(key, force=force)
     console.print(f"wrote {private} (private: keep it secret) and {public} (public); key id {kid}")

@@ -109,8 +109,8 @@ def command(
 
     from edgesplit.optimize.annotate import write_annotated
     from edgesplit.optimize.api import solve_plan
-    from edgesplit.pipeline import Choices, check_choices, load_spec, resolve
     from edgesplit.profile.run import ProfileOptions
+    from edgesplit.workflows.resolve import Choices, check_choices, load_spec, resolve
 
     out = Path(output)
     onnx_path = _annotated_path(out, onnx_out, model)

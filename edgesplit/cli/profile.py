@@ -87,7 +87,7 @@ def command(
     With --remote, MODEL is profiled on that host over SSH (the device spec, by default the
     host as detected there, describes it); with --hosts, on every host of a fleet file.
     """
-    from edgesplit.device import read_spec
+    from edgesplit.device.spec import read_spec
     from edgesplit.errors import InputError
     from edgesplit.profile.run import ProfileOptions
 

@@ -117,7 +117,7 @@ def command(
 
 
 def has_bands(bundle) -> bool:
-    from edgesplit.compile.bundle import open_bundle
+    from edgesplit.bundle.format import open_bundle
 
     return open_bundle(bundle, verify=False).bands is not None
 

@@ -142,7 +142,7 @@ def command(
     import math
 
     from edgesplit.cli.common import err_console
-    from edgesplit.runtime.server import MB, OffloadServer, ServeOptions
+    from edgesplit.serve.server import MB, OffloadServer, ServeOptions
 
     for flag, value in (("--max-request-mb", max_request_mb), ("--max-inflight-mb", max_inflight_mb)):
         if not math.isfinite(value):

@@ -70,7 +70,7 @@ def command(
     """
     from pathlib import Path
 
-    from edgesplit.compile.tune import TuneOptions, tune_model
+    from edgesplit.backends.tvm.tune import TuneOptions, tune_model
     from edgesplit.model.load import parse_input_shapes
 
     options = TuneOptions(

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from edgesplit.compile.backends import COMPILERS, CompileJob
-from edgesplit.compile.bands import BandAnalysis, band_plans_for, bundle_bands, compile_band_parts, part_key
-from edgesplit.compile.bundle import (
+from edgesplit.backends.tvm.tune import TuneOptions
+from edgesplit.bundle.format import (
     BundleBands,
     Manifest,
     PartArtifact,
@@ -27,20 +26,22 @@ from edgesplit.compile.bundle import (
     is_bundle_dir,
     write_manifest,
 )
+from edgesplit.bundle.signing import load_private_key
+from edgesplit.compile.backends import COMPILERS
+from edgesplit.compile.bands import BandAnalysis, band_plans_for, bundle_bands, compile_band_parts, part_key
+from edgesplit.compile.job import CompileJob
 from edgesplit.compile.precision_check import check_precision, plan_budget, require
-from edgesplit.compile.signing import load_private_key
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
-from edgesplit.compile.tune import TuneOptions
-from edgesplit.device import DeviceSpec, Processor
+from edgesplit.device.spec import DeviceSpec, Processor
 from edgesplit.errors import BundleError, CompileError, PlanError
 from edgesplit.limits import stage_limit
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import backend_precision
 from edgesplit.optimize.plan import Part, Plan, check_plan, check_plan_types
 from edgesplit.optimize.problem import Problem
-from edgesplit.pipeline import as_plan, load_graph, plan_device
 from edgesplit.precision import recorded_calibration
 from edgesplit.util import Progress, atomic_dir, refuse_to_replace, sha256_file, short
+from edgesplit.workflows.resolve import as_plan, load_graph, plan_device
 
 if TYPE_CHECKING:
     import numpy as np

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgesplit.compile.bundle import BandPlan, BundleBands, PartArtifact
+from edgesplit.bundle.format import BandPlan, BundleBands, PartArtifact
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
 from edgesplit.errors import EdgesplitError
 from edgesplit.model.graph import ModelGraph
@@ -39,7 +39,7 @@ def band_plans_for(plan: Plan, problem: Problem | None = None, **options) -> Ban
     ``options``: ``lo_mbps``, ``hi_mbps``, ``per_decade``, ``max_evals`` (see ``band_table``).
     """
     from edgesplit.optimize.bands import band_plans, plan_assignment, problem_band_table, problem_costs
-    from edgesplit.pipeline import problem_from_plan
+    from edgesplit.workflows.resolve import problem_from_plan
 
     if not (plan.server and plan.link):
         return BandAnalysis(None, (), "the plan has no server, so bandwidth changes nothing")

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from edgesplit.compile.bundle import TensorSpec
+from edgesplit.bundle.format import TensorSpec
 
 BATCH_DIM = "batch"
 RTOL = 1e-4

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgesplit.compile.split import probe_session
-from edgesplit.cpu import ort_session_options
+from edgesplit.device.cpu import ort_session_options
 from edgesplit.errors import CompileError
 from edgesplit.model.calibration_data import calibration_set
 from edgesplit.model.graph import ModelGraph
@@ -34,7 +34,7 @@ from edgesplit.optimize.plan import Part, Plan
 from edgesplit.precision.metrics import DEFAULT_BUDGET, Accuracy, AccuracyBudget, compare
 
 if TYPE_CHECKING:
-    from edgesplit.compile.bundle import PartArtifact
+    from edgesplit.bundle.format import PartArtifact
 
 
 @dataclass(frozen=True)

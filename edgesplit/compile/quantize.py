@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import onnx
 
-from edgesplit.compile.backends import Compiled, CompileJob
-from edgesplit.device import Backend, Processor
+from edgesplit.compile.job import Compiled, CompileJob
+from edgesplit.device.spec import Backend, Processor
 from edgesplit.model.calibration_data import calibration_set
 from edgesplit.precision.convert import calibrate, convert
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from edgesplit.cpu import ort_session_options
+from edgesplit.device.cpu import ort_session_options
 from edgesplit.errors import CompileError
 from edgesplit.limits import run_options
 from edgesplit.model.extract import PartExtractor

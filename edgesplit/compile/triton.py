@@ -30,7 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from edgesplit.compile.bundle import Manifest, PartArtifact, TensorSpec, VerifiedBundle, open_verified
+from edgesplit.bundle.format import Manifest, PartArtifact, TensorSpec, VerifiedBundle, open_verified
 from edgesplit.errors import BundleError, CompileError
 from edgesplit.util import atomic_dir
 

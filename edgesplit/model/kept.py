@@ -7,7 +7,7 @@ the code that makes it, so it is kept, keyed by all three: the model's bytes (ex
 opset upgrade included), the input shapes, and the versions of onnx, onnxslim and onnxruntime
 with the source of the loader. A kept file that cannot be read is made again and replaced; a cache
 that cannot be written keeps nothing, and loading goes on. The folder holds at most
-:data:`MAX_NBYTES`; past it the least recently used files go (:func:`~edgesplit.util.prune`).
+:data:`MAX_NBYTES`; past it the least recently used files go (:func:`~edgesplit.cache.prune`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import Any
 import onnx
 from google.protobuf.message import DecodeError, EncodeError
 
-from edgesplit.cache import KINDS, cache_folder
-from edgesplit.util import code_tag, keep, read_kept
+from edgesplit.cache import KINDS, cache_folder, code_tag, keep, read_kept
 
 MAX_NBYTES = KINDS["simplified"].max_nbytes
 """The most the kept models take on disk; beyond it the least recently used go first."""

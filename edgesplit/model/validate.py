@@ -322,7 +322,7 @@ def ort_session(path: str, model: onnx.ModelProto | bytes):
     """
     import onnxruntime as ort
 
-    from edgesplit.cpu import ort_session_options
+    from edgesplit.device.cpu import ort_session_options
 
     so = ort_session_options(
         None,

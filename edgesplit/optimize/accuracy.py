@@ -1,6 +1,6 @@
 """The accuracy budget of a plan: reduced-precision parts only where the whole plan meets it.
 
-Pure: the measuring is handed in (:class:`AccuracyCheck`, built by :mod:`edgesplit.pipeline` on
+Pure: the measuring is handed in (:class:`AccuracyCheck`, built by :mod:`edgesplit.workflows.resolve` on
 :class:`edgesplit.precision.measure.PlanMeasurer`); nothing here runs a model.
 
 :func:`fit_budget` starts from the plan the objective chose and measures it whole. While it
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from edgesplit.device import DeviceSpec
+from edgesplit.device.spec import DeviceSpec
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph, part_boundaries
 from edgesplit.optimize.plan import Part, Plan

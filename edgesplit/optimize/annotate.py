@@ -42,7 +42,7 @@ def annotate_model(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         ):
             node.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
     meta = {e.key: e for e in out.metadata_props}
-    for key, value in (("edgesplit.device", plan.device), ("edgesplit.objective", plan.objective)):
+    for key, value in (("edgesplit.device.spec", plan.device), ("edgesplit.objective", plan.objective)):
         if key in meta:
             meta[key].value = value
         else:

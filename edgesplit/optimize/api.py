@@ -1,6 +1,6 @@
 """From a resolved :class:`Problem` to a :class:`Plan`: costs, solve, and the plan's parts.
 
-The public ``partition`` (paths and names in, a plan out) is :func:`edgesplit.pipeline.partition`,
+The public ``partition`` (paths and names in, a plan out) is :func:`edgesplit.workflows.resolve.partition`,
 which resolves and checks the problem once and then calls :func:`solve_plan` here.
 """
 
@@ -12,7 +12,7 @@ from functools import partial
 
 import numpy as np
 
-from edgesplit.device import DeviceSpec
+from edgesplit.device.spec import DeviceSpec
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import fit_budget, with_precisions
@@ -53,8 +53,8 @@ def complete_profile(graph: ModelGraph, device: DeviceSpec, profile: Profile | N
 def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int = 300) -> Plan:
     """Split ``problem.graph`` over its device's processors (and the server's) for its objective.
 
-    Pure: the problem is resolved and checked already (:func:`edgesplit.pipeline.resolve`); the
-    public entry point from paths and names is :func:`edgesplit.pipeline.partition`.
+    Pure: the problem is resolved and checked already (:func:`edgesplit.workflows.resolve.resolve`); the
+    public entry point from paths and names is :func:`edgesplit.workflows.resolve.partition`.
 
     With ``problem.server_load``, server nodes are priced with the queueing delay of that many
     devices sharing the server (:mod:`edgesplit.optimize.load`); the plan's ``predicted`` records

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from edgesplit.device import NetworkLink
+from edgesplit.device.spec import NetworkLink
 from edgesplit.errors import PlanError
 from edgesplit.optimize.api import costs_of, make_plan, pricings
 from edgesplit.optimize.costs import CostModel

@@ -1,6 +1,6 @@
 """The cost model: what each node costs on each processor and what each crossing tensor costs.
 
-Built from a :class:`~edgesplit.profile.store.Profile` and a :class:`~edgesplit.device.DeviceSpec`
+Built from a :class:`~edgesplit.profile.store.Profile` and a :class:`~edgesplit.device.spec.DeviceSpec`
 (the server's processors appended with ``with_server``), plus a network link when a server is in
 play. Everything the solvers need is in plain numpy arrays indexed by node (``n``) and processor
 (``p``); the solvers never look at the profile, the device or the ONNX model again.
@@ -51,7 +51,7 @@ from functools import cached_property
 
 import numpy as np
 
-from edgesplit.device import DeviceSpec, NetworkLink, Processor, shares_cores
+from edgesplit.device.spec import DeviceSpec, NetworkLink, Processor, shares_cores
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.model.pieces import piece_layout

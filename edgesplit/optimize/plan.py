@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from edgesplit.device_schema import PRECISIONS
+from edgesplit.device.schema import PRECISIONS
 from edgesplit.errors import PlanError
 from edgesplit.precision.metrics import check_record
 from edgesplit.util import (

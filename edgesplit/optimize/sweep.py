@@ -1,7 +1,7 @@
 """Re-solve a plan's problem at other network bandwidths, to see where the decision changes.
 
 The plan records where its inputs came from (model path and shapes, device and server specs, the
-profile path, the link and the pins), so :func:`edgesplit.pipeline.problem_from_plan` can load its
+profile path, the link and the pins), so :func:`edgesplit.workflows.resolve.problem_from_plan` can load its
 :class:`Problem` again; only the link's up and down rates change from one row to the next.
 """
 
@@ -64,7 +64,7 @@ def bandwidth_sweep(
 ) -> list[SweepRow]:
     """Re-solve ``problem`` at each bandwidth (up and down set alike).
 
-    ``problem`` is usually a plan's own, loaded again by :func:`edgesplit.pipeline.problem_from_plan`.
+    ``problem`` is usually a plan's own, loaded again by :func:`edgesplit.workflows.resolve.problem_from_plan`.
 
     Raises:
         PlanError: for a problem without a server (nothing crosses a network).

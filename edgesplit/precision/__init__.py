@@ -17,7 +17,7 @@ Calibration inputs come from :mod:`edgesplit.model.calibration_data`.
 from collections.abc import Mapping
 from typing import Any
 
-from edgesplit.device_schema import PRECISIONS
+from edgesplit.device.schema import PRECISIONS
 
 REDUCED = ("fp16", "int8")
 """The precisions that change a part's numbers (and so are checked against the budget)."""

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 
 from edgesplit.cache import cache_folder
-from edgesplit.cpu import ort_session_options
+from edgesplit.device.cpu import ort_session_options
 from edgesplit.model.calibration_data import CalibrationSet, calibration_set
 from edgesplit.model.extract import PartExtractor
 from edgesplit.model.graph import ModelGraph

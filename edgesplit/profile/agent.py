@@ -43,7 +43,7 @@ import time
 import traceback
 from typing import Any, BinaryIO
 
-from edgesplit.profile.detect import PROFILE_MODULES, module_versions
+from edgesplit.device.detect import PROFILE_MODULES, module_versions
 
 HEARTBEAT_S = 5.0
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
@@ -75,7 +75,7 @@ class Agent:
     def cleanup(self) -> bool:
         """Stop the RPC server and remove the work folder (idempotent); True when it is gone."""
         if self._rpc is not None:
-            from edgesplit.profile.rpc import stop_server
+            from edgesplit.backends.tvm.rpc import stop_server
 
             stop_server(self._rpc)
             self._rpc = None
@@ -157,7 +157,7 @@ class Agent:
                 elif op == "detect":
                     self.detect(msg)
                 elif op in ("rpc_start", "rpc_stats"):
-                    from edgesplit.profile.rpc import agent_request
+                    from edgesplit.backends.tvm.rpc import agent_request
 
                     self._rpc = agent_request(self, op, msg, self._rpc)
                 else:
@@ -186,7 +186,7 @@ class Agent:
                 message=f"the remote Python lacks {', '.join(missing)}",
             )
             return
-        from edgesplit.device import device_from_mapping
+        from edgesplit.device.spec import device_from_mapping
         from edgesplit.model.load import load_model
         from edgesplit.profile.power import find_rails
         from edgesplit.profile.run import ProfileOptions
@@ -235,7 +235,7 @@ class Agent:
         self.send("result", profile=prof.to_json())
 
     def detect(self, msg: dict[str, Any]) -> None:
-        from edgesplit.profile.detect import probe
+        from edgesplit.device.detect import probe
 
         self.send("detected", facts=probe(os.environ.get("EDGESPLIT_SYSFS_ROOT", "/")))
 

@@ -2,7 +2,7 @@
 
 The zipapp holds the pure-Python parts of edgesplit that profiling needs (``edgesplit/*.py``,
 ``model/``, ``profile/``) and, under ``_vendor/`` (searched last), PyYAML's pure-Python package,
-which ``edgesplit.device`` imports. Its ``__main__`` installs ``edgesplit`` as a bare package
+which ``edgesplit.device.spec`` imports. Its ``__main__`` installs ``edgesplit`` as a bare package
 (without running ``edgesplit/__init__.py``, which imports the whole public API) and runs
 :func:`edgesplit.profile.agent.main`. The remote needs only Python 3.11+ with numpy, onnx,
 onnxruntime and onnxslim; the device probe needs nothing beyond the standard library.
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # edgesplit/
-SUBPACKAGES = ("model", "profile", "precision")  # the int8 profiler lives in precision
+SUBPACKAGES = ("model", "profile", "precision", "device", "backends")  # the int8 profiler lives in precision
 _STAMP = (2020, 1, 1, 0, 0, 0)  # fixed times: the same sources give the same bytes
 
 MAIN = """\

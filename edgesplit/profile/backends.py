@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from edgesplit.profile.ort import OrtProfiler
-from edgesplit.profile.ort_quantized import OrtQuantizedProfiler
-from edgesplit.profile.tvm import TvmProfiler
+from edgesplit.backends.ort.profile import OrtProfiler
+from edgesplit.backends.ort.quantized import OrtQuantizedProfiler
+from edgesplit.backends.tvm.profile import TvmProfiler
 from edgesplit.util import Progress
 
 if TYPE_CHECKING:
-    from edgesplit.device import Backend, Processor
+    from edgesplit.device.spec import Backend, Processor
     from edgesplit.model.graph import ModelGraph
     from edgesplit.profile.run import ProfileOptions
     from edgesplit.profile.store import ProcessorProfile

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.device import DeviceSpec, Processor
+from edgesplit.device.spec import DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.predict import _ELEMENT_NBYTES, _MEMORY_EFFICIENCY, conv_efficiency, plain_efficiency
 from edgesplit.profile.published import ProcessorCalibration, PublishedFigure, PublishedSet, data_dir

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgesplit.device import SpecSource
+from edgesplit.device.spec import SpecSource
 from edgesplit.errors import EdgesplitError, InputError, RemoteError
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.ssh import SshOptions, Target, parse_target
@@ -108,7 +108,7 @@ def load_fleet(path: str | Path, base: SshOptions | None = None) -> Fleet:
     """
     import jsonschema
 
-    from edgesplit.device_schema import load_yaml
+    from edgesplit.device.schema import load_yaml
     from edgesplit.util import short
 
     p = Path(path)

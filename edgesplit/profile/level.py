@@ -23,7 +23,7 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from edgesplit.device import DeviceSpec
+from edgesplit.device.spec import DeviceSpec
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.store import MEASURED, ProcessorProfile
 from edgesplit.util import Progress

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from edgesplit.device import Backend, Processor
+from edgesplit.device.spec import Backend, Processor
 from edgesplit.model.graph import ModelGraph, Node
 from edgesplit.profile.published import ProcessorCalibration, load_calibration
 from edgesplit.profile.store import PREDICTED, NodeCost, ProcessorProfile

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgesplit.device import SpecSource
+from edgesplit.device.spec import SpecSource
 from edgesplit.errors import EdgesplitError, RemoteError, RemoteHostError
 from edgesplit.profile.agentzip import EXIT_MKTEMP, EXIT_NO_PYTHON, HELLO, build_agent, remote_command
 from edgesplit.profile.run import ProfileOptions
@@ -428,7 +428,7 @@ def remote_spec(device: SpecSource | str | os.PathLike | None = None) -> SpecSou
     Raises:
         DeviceSpecError: for a spec that cannot be read, or is not a device spec.
     """
-    from edgesplit.device import read_spec
+    from edgesplit.device.spec import read_spec
     from edgesplit.errors import DeviceSpecError
 
     spec = device if isinstance(device, SpecSource) else read_spec(device or "host")
@@ -438,7 +438,7 @@ def remote_spec(device: SpecSource | str | os.PathLike | None = None) -> SpecSou
 
 
 def detect_remote(target: str | Target, opts: SshOptions | None = None) -> dict[str, Any]:
-    """The remote host's facts (:func:`edgesplit.profile.detect.probe`, run there)."""
+    """The remote host's facts (:func:`edgesplit.device.detect.probe`, run there)."""
     tgt = parse_target(target) if isinstance(target, str) else target
     with AgentSession(tgt, opts or SshOptions()) as s:
         s.stage = "probing the device"

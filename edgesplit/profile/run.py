@@ -16,7 +16,7 @@ import platform
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from edgesplit.device import Backend, DeviceSpec, Processor, shares_cores
+from edgesplit.device.spec import Backend, DeviceSpec, Processor, shares_cores
 from edgesplit.errors import EdgesplitError, InputError
 from edgesplit.limits import stage_limit
 from edgesplit.model.feeds import run_failure
@@ -47,7 +47,7 @@ class ProfileOptions:
     warmup: int = 5
 
     def __post_init__(self) -> None:
-        from edgesplit.device import BACKENDS
+        from edgesplit.device.spec import BACKENDS
 
         for name in ("backends", "processors"):
             value = getattr(self, name)
@@ -73,7 +73,7 @@ class ProfileOptions:
 def versions() -> dict[str, str]:
     """Python's version and the installed versions of the runtimes, read without importing them
     (importing TVM takes seconds, and a profile of predictions only needs neither)."""
-    from edgesplit.profile.detect import module_versions
+    from edgesplit.device.detect import module_versions
 
     found = module_versions(("onnx", "onnxruntime", "tvm"))
     return {"python": platform.python_version(), **{k: v for k, v in found.items() if v is not None}}

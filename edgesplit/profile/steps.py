@@ -20,9 +20,9 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from edgesplit.device import Backend, DeviceSpec, Processor
+from edgesplit.device.detect import emulation
+from edgesplit.device.spec import Backend, DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph
-from edgesplit.profile.detect import emulation
 from edgesplit.profile.level import level
 from edgesplit.profile.power import PowerSampler, Rails, find_rails
 from edgesplit.profile.run import ProfileOptions, empty_profile, profile_pair, profiling_stage, selected

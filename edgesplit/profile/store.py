@@ -263,7 +263,7 @@ def check_profile(prof: Profile, source: str) -> None:
     Raises:
         ProfileError: naming ``source``, the entry, the node and the field.
     """
-    from edgesplit.device_schema import BACKENDS
+    from edgesplit.device.schema import BACKENDS
 
     check_fields(prof, source, ProfileError)
     for name, shape in prof.input_shapes.items():

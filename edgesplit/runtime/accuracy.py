@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from edgesplit.compile.bundle import Manifest, open_bundle
+from edgesplit.bundle.format import Manifest, open_bundle
 from edgesplit.model.graph import ModelGraph
 from edgesplit.precision import recorded_calibration
 from edgesplit.precision.measure import PlanMeasurer
@@ -31,7 +31,7 @@ def bundle_accuracy(
         calibration_data: Default the data the plan's accuracy was measured on.
         load_options: For :func:`edgesplit.load` (executor options, ``trust_key``, ...).
     """
-    from edgesplit.pipeline import load_graph
+    from edgesplit.workflows.resolve import load_graph
 
     with load(bundle, **load_options) as session:
         manifest: Manifest = session.manifest

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.bundle import TensorSpec
+from edgesplit.bundle.format import TensorSpec
 from edgesplit.errors import RunInputError
 from edgesplit.runtime.breakdown import Breakdown, breakdown, plan_value
 from edgesplit.runtime.session import Session, SessionStats, load

@@ -15,9 +15,11 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from edgesplit.compile.bundle import PartArtifact
+from edgesplit.backends.ort.executor import OrtExecutor
+from edgesplit.backends.tvm.executor import TvmExecutor
+from edgesplit.bundle.format import PartArtifact
 from edgesplit.errors import BundleError
-from edgesplit.runtime.executors import Executor, OrtExecutor, TvmExecutor
+from edgesplit.runtime.executors import Executor
 from edgesplit.runtime.remote import RemoteExecutor
 
 # factory(part, bundle_dir, *, shares_processor=False, **options) -> Executor; ``options`` are

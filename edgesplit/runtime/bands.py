@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgesplit.compile.bundle import BundleBands, open_bundle
+from edgesplit.bundle.format import BundleBands, open_bundle
 from edgesplit.errors import BundleError
 from edgesplit.runtime.session import Session
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edgesplit.compile.bundle import Manifest
+from edgesplit.bundle.format import Manifest
 from edgesplit.runtime.trace import PartRun, ProcessorBusy, Trace, median_ms
 
 

@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from edgesplit.compile.bundle import Manifest
+from edgesplit.bundle.format import Manifest
 from edgesplit.runtime.breakdown import plan_value
 from edgesplit.runtime.trace import Trace, is_reorder
 from edgesplit.util import atomic_write_text

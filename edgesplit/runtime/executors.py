@@ -12,7 +12,6 @@ An executor may also offer ``run`` in three phases, which the Session then times
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,11 +19,8 @@ from typing import Protocol
 
 import numpy as np
 
-from edgesplit.compile.bundle import PartArtifact, VerifiedBundle, as_verified
-from edgesplit.compile.tvm_build import TvmLibrary
-from edgesplit.cpu import ort_session_options
+from edgesplit.bundle.format import PartArtifact
 from edgesplit.errors import BundleError
-from edgesplit.util import short
 
 
 class Executor(Protocol):
@@ -37,133 +33,6 @@ class Executor(Protocol):
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
-
-
-class OrtExecutor:
-    """An ONNX Runtime session on the part's ONNX file with its provider and thread count.
-
-    The model is loaded from the bytes checked against the manifest as they were read.
-    """
-
-    thread_safe = True  # ORT's InferenceSession.run may be called concurrently
-
-    def __init__(
-        self,
-        part: PartArtifact,
-        bundle: VerifiedBundle | Path,
-        *,
-        file: str | None = None,
-        provider: str | None = None,
-        options: Mapping | None = None,
-        shares_processor: bool = False,
-        profile_prefix: str | None = None,
-        session_attrs: Mapping[str, object] | None = None,
-    ):
-        """``shares_processor`` when other parts run on the same processor: the session's threads
-        then stop spinning after each run (see ``ort_session_options``). ``profile_prefix`` turns
-        on ORT's profiler, writing there (see ``end_profiling``). ``session_attrs`` are
-        ``SessionOptions`` attributes (a backend that runs ORT differently sets them)."""
-        import onnxruntime as ort
-
-        self.part = part
-        throttled = bool(part.cpu_quota_pct) or bool(part.core_quotas)
-        so = ort_session_options(
-            part.threads, part.cores, spin=not shares_processor, throttled=throttled, **(session_attrs or {})
-        )
-        if profile_prefix is not None:
-            so.enable_profiling = True
-            so.profile_file_prefix = profile_prefix
-        provider = provider or part.provider
-        available = ort.get_available_providers()
-        if provider not in available:
-            raise BundleError(
-                f"part {part.name}: this onnxruntime has no {provider} (has {', '.join(available)})"
-            )
-        providers: list = [(provider, dict(options if options is not None else part.provider_options))]
-        if provider != "CPUExecutionProvider":
-            providers.append(("CPUExecutionProvider", {}))
-        bundle = as_verified(bundle)
-        rel = file or part.onnx_file
-        try:  # from the very bytes that were checked, never by path again
-            self._sess = ort.InferenceSession(bundle.read(rel), so, providers=providers)
-        except BundleError:
-            raise
-        except Exception as e:  # noqa: BLE001 - ORT's errors are bare RuntimeErrors
-            raise BundleError(f"{bundle / rel}: ONNX Runtime cannot load it ({short(str(e), 200)})") from e
-        check_io(part, bundle / rel, self._sess.get_inputs(), self._sess.get_outputs())
-        self._outputs = [o.name for o in part.outputs]
-        self._inputs = [i.name for i in part.inputs]
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.collect(self.call(self.gather(feeds)))
-
-    def gather(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: feeds[k] for k in self._inputs}
-
-    def call(self, args: dict[str, np.ndarray]) -> list:
-        return self._sess.run(self._outputs, args)
-
-    def collect(self, raw: list) -> dict[str, np.ndarray]:
-        return dict(zip(self._outputs, raw))
-
-    def end_profiling(self) -> tuple[str, int] | None:
-        """Stop ORT's profiler: (its JSON file, its start on the wall clock in ns), or None if off."""
-        if not self._sess.get_session_options().enable_profiling:
-            return None
-        start_ns = self._sess.get_profiling_start_time_ns()
-        return self._sess.end_profiling(), start_ns
-
-    def close(self) -> None:
-        self._sess = None
-
-
-class TvmExecutor:
-    """A TVM Relax VM over the part's compiled library, loaded from a checked private copy."""
-
-    thread_safe = False  # a VM holds its call frames: one call at a time
-
-    def __init__(
-        self,
-        part: PartArtifact,
-        bundle: VerifiedBundle | Path,
-        *,
-        shares_processor: bool = False,
-        profile_prefix: str | None = None,
-    ):
-        """``shares_processor``: other parts run on this processor, so TVM's pool threads must not
-        spin after a call (``TVM_THREAD_POOL_SPIN_COUNT=0``, read once per process when the pool
-        starts; it stops the pool stealing the core from the next part, ORT's or TVM's). TVM has no
-        per-kernel profiler here, so ``profile_prefix`` does not apply."""
-        self.part = part
-        if shares_processor:
-            os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-        bundle = as_verified(bundle)
-        # A checked private copy is what gets mapped: the bundle's own file could change after
-        # the check, the copy cannot (and it is removed once loaded; the mapping stays).
-        with bundle.private_copy(part.file) as copy:
-            try:
-                self._lib = TvmLibrary(copy, part.target)
-            except LookupError as e:
-                raise BundleError(f"part {part.name}: {e}") from e
-            except Exception as e:  # noqa: BLE001 - TVM's errors are its own, or bare RuntimeErrors
-                raise BundleError(f"{bundle / part.file}: TVM cannot load it ({short(str(e), 200)})") from e
-        self._inputs = [i.name for i in part.inputs]
-        self._outputs = [o.name for o in part.outputs]
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.collect(self.call(self.gather(feeds)))
-
-    def gather(self, feeds: Mapping[str, np.ndarray]) -> list:
-        return self._lib.tensors([feeds[k] for k in self._inputs])
-
-    def call(self, args: list):
-        return self._lib.call(args)
-
-    def collect(self, raw) -> dict[str, np.ndarray]:
-        return dict(zip(self._outputs, self._lib.outputs(raw)))
-
-    def close(self) -> None:
-        self._lib.close()
 
 
 _ORT_DTYPES = {

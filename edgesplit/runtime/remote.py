@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgesplit.compile.bundle import PartArtifact
+from edgesplit.bundle.format import PartArtifact
 from edgesplit.errors import RemoteError, RemoteHostError
 from edgesplit.runtime.adaptive import LinkEstimator, OffloadPolicy
 from edgesplit.runtime.client import OipClient

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from edgesplit.compile.bundle import PartArtifact, VerifiedBundle
+from edgesplit.bundle.format import PartArtifact, VerifiedBundle
 from edgesplit.errors import BundleError, RunInputError
 from edgesplit.runtime import oip
 
@@ -71,7 +71,7 @@ class ServedModel:
         be); returns the notes."""
         import onnxruntime as ort
 
-        from edgesplit.cpu import ort_session_options
+        from edgesplit.device.cpu import ort_session_options
 
         # the server processor's threads, as planned. A batching server runs batches large
         # enough for ORT to use its pool; several compute threads then share the cores, and an

@@ -30,18 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.bundle import Manifest, PartArtifact, open_verified
-from edgesplit.cpu import configure_thread
+from edgesplit.bundle.format import Manifest, PartArtifact, open_verified
+from edgesplit.device.cpu import configure_thread
+from edgesplit.device.host import usable_cores
+from edgesplit.device.throttle import borrowed, busy
+from edgesplit.device.throttle import cycles as throttle_cycles
 from edgesplit.errors import BundleError, RunInputError
-from edgesplit.hostinfo import usable_cores
 from edgesplit.model.values import check_value
 from edgesplit.runtime.backends import make_executor
 from edgesplit.runtime.breakdown import Breakdown, breakdown
 from edgesplit.runtime.executors import Executor
 from edgesplit.runtime.kernels import KernelTracer
 from edgesplit.runtime.trace import Trace, build_trace
-from edgesplit.throttle import borrowed, busy
-from edgesplit.throttle import cycles as throttle_cycles
 
 _clock_ns = time.perf_counter_ns
 
@@ -529,7 +529,7 @@ def load(bundle: str | os.PathLike, **kwargs) -> Session:
     ``adaptive`` (remote parts pick server or fallback by measurement), ``detailed`` (ORT's
     profiler on the ORT parts, read with :meth:`Session.end_detailed_trace`), ``max_records``,
     ``trust_key`` (an ed25519 public key file: the bundle must be signed by it, see
-    :mod:`edgesplit.compile.signing`),
+    :mod:`edgesplit.bundle.signing`),
     ``band_plan`` (in an adaptive bundle, run that band plan instead of the default plan; see
     :mod:`edgesplit.runtime.bands` for switching between them), ``verify`` (check checksums).
     """

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgesplit.compile.bundle import PartArtifact
+from edgesplit.bundle.format import PartArtifact
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ import pytest
 from conftest import make_model, rand
 from onnx import helper
 
+from edgesplit.bundle.signing import generate_key
 from edgesplit.cli.main import main
 from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
-from edgesplit.compile.signing import generate_key
 from edgesplit.model.load import load_model
 from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile
 

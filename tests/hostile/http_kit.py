@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from netlab import make_bundle, single_tensor_cuts
 
-from edgesplit.runtime.server import MB, ServeOptions, ServerThread
+from edgesplit.serve.server import MB, ServeOptions, ServerThread
 
 TOKEN = "hostile-test-token"
 AUTH = f"Bearer {TOKEN}"

@@ -40,8 +40,8 @@ from artifact_kit import (  # noqa: F401 - the fixtures bundle, tvm_bundle, w
 )
 from onnx import helper
 
+from edgesplit.bundle.format import open_verified
 from edgesplit.compile.api import compile_bundle
-from edgesplit.compile.bundle import open_verified
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.errors import BundleError, DeviceSpecError, EdgesplitError, PlanError
 
@@ -103,7 +103,7 @@ def test_defect4_yaml_alias_bomb_is_refused_at_once(w, tmp_path):
     assert spec.stat().st_size < 700
     refused(partition(w, tmp_path, spec=spec), "anchors and aliases", file=spec)
     with pytest.raises(DeviceSpecError, match="anchors and aliases"):
-        from edgesplit.device import load_device
+        from edgesplit.device.spec import load_device
 
         load_device(spec)
 
@@ -200,7 +200,7 @@ def test_defect9_every_float_flag_is_finite(w, bundle, tmp_path):
 
 
 def test_defect9_non_finite_api_arguments_are_refused(w):
-    from edgesplit.pipeline import partition as api_partition
+    from edgesplit.workflows.resolve import partition as api_partition
 
     with pytest.raises(DeviceSpecError, match="finite"):
         api_partition(
@@ -304,7 +304,7 @@ def test_defect11_an_edited_and_rehashed_manifest_is_refused_with_a_trust_key(w,
 
 def test_defect11_unsigned_or_other_key_is_refused_with_a_trust_key(w, bundle, tmp_path):
     refused(run(bundle, "--trust-key", w["pub"]), "not signed", file=bundle)
-    from edgesplit.compile.bundle import sign_bundle
+    from edgesplit.bundle.format import sign_bundle
 
     sign_bundle(bundle, w["other"])
     refused(run(bundle, "--trust-key", w["pub"]), "signature does not verify", "signed by key", file=bundle)
@@ -326,7 +326,7 @@ def test_keygen_then_deploy_signed_then_trusted(w, tmp_path):
     assert run(b, "--trust-key", f"{key}.pub")[0] == 0
     from cryptography.hazmat.primitives import serialization as s
 
-    from edgesplit.compile.signing import load_private_key
+    from edgesplit.bundle.signing import load_private_key
 
     ssh_pub = load_private_key(key).public_key().public_bytes(s.Encoding.OpenSSH, s.PublicFormat.OpenSSH)
     (tmp_path / "id.pub").write_bytes(ssh_pub + b" release\n")
@@ -398,7 +398,8 @@ def test_defect11_a_tampered_library_is_never_mapped_with_a_trust_key(w, tvm_bun
 def test_defect11_the_bytes_loaded_are_the_bytes_checked(w, tvm_bundle, tmp_path):
     """A file swapped after the bundle was verified (time of check to time of use) is refused
     when it is loaded: ORT parts load from the bytes hashed, TVM libraries from a private copy."""
-    from edgesplit.runtime.executors import OrtExecutor, TvmExecutor
+    from edgesplit.backends.ort.executor import OrtExecutor
+    from edgesplit.backends.tvm.executor import TvmExecutor
 
     b = tmp_path / "b"
     shutil.copytree(tvm_bundle, b)
@@ -522,7 +523,7 @@ def test_calibrate_refuses_a_bundle_with_server_parts(w, tmp_path):
 def test_an_unknown_calibration_method_is_a_usage_error(w, tmp_path, value):
     """``--calibration-method`` takes minmax, percentile or entropy; anything else is refused before
     anything is loaded or measured (CLI and API alike), and no plan is written."""
-    from edgesplit.pipeline import partition as api_partition
+    from edgesplit.workflows.resolve import partition as api_partition
 
     refused(partition(w, tmp_path, "--calibration-method", value), "--calibration-method")
     assert not (tmp_path / "plan.json").exists()

@@ -78,8 +78,8 @@ def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkey
     from conftest import make_model
     from onnx import helper
 
-    from edgesplit.compile.tvm_build import build_library
-    from edgesplit.hostinfo import llvm_target
+    from edgesplit.backends.tvm.build import build_library
+    from edgesplit.device.host import llvm_target
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])
@@ -104,15 +104,15 @@ def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkey
 
 
 def test_a_spoiled_kernel_library_kept_by_the_profiler_is_built_again_and_replaced(tmp_path, monkeypatch):
-    """The profiler loads the libraries it kept (:func:`edgesplit.profile.tvm.build_vm`): one cut
+    """The profiler loads the libraries it kept (:func:`edgesplit.backends.tvm.profile.build_vm`): one cut
     in half, emptied, or no library at all under a matching sha256, is compiled again, runs, and
     is replaced by a good one."""
     import numpy as np
     from conftest import make_model
     from onnx import helper
 
-    from edgesplit.profile.tvm import build_vm, tvm_tensor
-    from edgesplit.util import keep
+    from edgesplit.backends.tvm.profile import build_vm, tvm_tensor
+    from edgesplit.cache import keep
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])

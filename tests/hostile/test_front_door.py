@@ -1,4 +1,4 @@
-"""Hostile first bytes at the server's front door (``edgesplit/runtime/frontdoor.py``), the thread
+"""Hostile first bytes at the server's front door (``edgesplit/serve/frontdoor.py``), the thread
 that answers health probes on new connections off the event loop and hands every other connection
 to aiohttp.
 

@@ -36,7 +36,7 @@ from http_kit import (  # noqa: F401 - the fixtures tiny, server
 )
 from netlab import free_port, serve_command, stop_process, wait_ready
 
-from edgesplit.runtime.server import MB
+from edgesplit.serve.server import MB
 
 pytestmark = pytest.mark.timeout(90)
 

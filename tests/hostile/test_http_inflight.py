@@ -27,7 +27,7 @@ from http_kit import (
 from netlab import make_bundle
 from onnx import TensorProto, helper, numpy_helper
 
-from edgesplit.runtime.server import MB, ServeOptions, ServerThread
+from edgesplit.serve.server import MB, ServeOptions, ServerThread
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -302,8 +302,8 @@ def test_defect10_a_500_names_an_id_and_no_internals(tmp_path, caplog):
 
 
 def test_body_buffers_are_reused_and_stay_within_the_in_flight_limit():
-    from edgesplit.runtime.guard import ByteBudget
-    from edgesplit.runtime.transfer import BufferPool
+    from edgesplit.serve.guard import ByteBudget
+    from edgesplit.serve.transfer import BufferPool
 
     budget = ByteBudget(8 * MB)
     pool = BufferPool(budget)

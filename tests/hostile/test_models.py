@@ -268,7 +268,11 @@ def string_input(d):
     x = helper.make_tensor_value_info("text", TensorProto.STRING, [1, 2])
     y = helper.make_tensor_value_info("y", TensorProto.STRING, [1, 2])
     m = make_model(
-        [helper.make_node("StringNormalizer", ["text"], ["y"], case_change_action="LOWER", name="norm")],
+        [
+            helper.make_node(
+                "StringNormalizer", ["text"], ["y"], case_change_action="LOWER", locale="C.UTF-8", name="norm"
+            )
+        ],
         [x],
         [y],
     )
@@ -717,8 +721,8 @@ def test_sample_inputs_travel_in_the_pipeline_choices(tmp_path):
     import onnxruntime as ort
 
     import edgesplit
-    from edgesplit.pipeline import Choices, resolve
     from edgesplit.runtime.session import load
+    from edgesplit.workflows.resolve import Choices, resolve
 
     p = value_dependent(_case_dir(tmp_path))
     shape = np.array([3, 4], np.int64)

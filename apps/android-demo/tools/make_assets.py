@@ -37,7 +37,7 @@ def plan_for(graph):
     from dataclasses import asdict
 
     from edgesplit.compile.manual import contiguous_plan, part_boundaries
-    from edgesplit.device import load_device, network_link
+    from edgesplit.device.spec import load_device, network_link
     from edgesplit.optimize.plan import Plan
     from edgesplit.profile.predict import roofline_ms
 

@@ -12,7 +12,7 @@ import java.util.regex.Pattern;
 
 /**
  * A bundle's {@code manifest.json}, parsed and checked (format version 1, as written by
- * edgesplit/compile/bundle.py). Parsing reports every problem it finds in one
+ * edgesplit/bundle/format.py). Parsing reports every problem it finds in one
  * {@link EdgesplitException} of kind BUNDLE; a manifest that parses is internally consistent:
  * every file a part names has a checksum, every part input has a producer the part depends on,
  * and the parts form an acyclic graph.

@@ -6,7 +6,7 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * One part of a bundle, as {@code manifest.json} describes it (see edgesplit/compile/bundle.py).
+ * One part of a bundle, as {@code manifest.json} describes it (see edgesplit/bundle/format.py).
  * Fields keep the manifest's meaning: {@code file} is what the backend runs, {@code onnxFile} the
  * part's ONNX model (always there), {@code fallback} what runs it locally when the server fails.
  */

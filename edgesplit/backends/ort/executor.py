@@ -1,0 +1,92 @@
+"""ONNX Runtime's executor: a part's ONNX model in an InferenceSession with its provider."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from edgesplit.bundle.format import PartArtifact, VerifiedBundle, as_verified
+from edgesplit.device.cpu import ort_session_options
+from edgesplit.errors import BundleError
+from edgesplit.runtime.executors import check_io
+from edgesplit.util import short
+
+
+class OrtExecutor:
+    """An ONNX Runtime session on the part's ONNX file with its provider and thread count.
+
+    The model is loaded from the bytes checked against the manifest as they were read.
+    """
+
+    thread_safe = True  # ORT's InferenceSession.run may be called concurrently
+
+    def __init__(
+        self,
+        part: PartArtifact,
+        bundle: VerifiedBundle | Path,
+        *,
+        file: str | None = None,
+        provider: str | None = None,
+        options: Mapping | None = None,
+        shares_processor: bool = False,
+        profile_prefix: str | None = None,
+        session_attrs: Mapping[str, object] | None = None,
+    ):
+        """``shares_processor`` when other parts run on the same processor: the session's threads
+        then stop spinning after each run (see ``ort_session_options``). ``profile_prefix`` turns
+        on ORT's profiler, writing there (see ``end_profiling``). ``session_attrs`` are
+        ``SessionOptions`` attributes (a backend that runs ORT differently sets them)."""
+        import onnxruntime as ort
+
+        self.part = part
+        throttled = bool(part.cpu_quota_pct) or bool(part.core_quotas)
+        so = ort_session_options(
+            part.threads, part.cores, spin=not shares_processor, throttled=throttled, **(session_attrs or {})
+        )
+        if profile_prefix is not None:
+            so.enable_profiling = True
+            so.profile_file_prefix = profile_prefix
+        provider = provider or part.provider
+        available = ort.get_available_providers()
+        if provider not in available:
+            raise BundleError(
+                f"part {part.name}: this onnxruntime has no {provider} (has {', '.join(available)})"
+            )
+        providers: list = [(provider, dict(options if options is not None else part.provider_options))]
+        if provider != "CPUExecutionProvider":
+            providers.append(("CPUExecutionProvider", {}))
+        bundle = as_verified(bundle)
+        rel = file or part.onnx_file
+        try:  # from the very bytes that were checked, never by path again
+            self._sess = ort.InferenceSession(bundle.read(rel), so, providers=providers)
+        except BundleError:
+            raise
+        except Exception as e:  # noqa: BLE001 - ORT's errors are bare RuntimeErrors
+            raise BundleError(f"{bundle / rel}: ONNX Runtime cannot load it ({short(str(e), 200)})") from e
+        check_io(part, bundle / rel, self._sess.get_inputs(), self._sess.get_outputs())
+        self._outputs = [o.name for o in part.outputs]
+        self._inputs = [i.name for i in part.inputs]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.collect(self.call(self.gather(feeds)))
+
+    def gather(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: feeds[k] for k in self._inputs}
+
+    def call(self, args: dict[str, np.ndarray]) -> list:
+        return self._sess.run(self._outputs, args)
+
+    def collect(self, raw: list) -> dict[str, np.ndarray]:
+        return dict(zip(self._outputs, raw))
+
+    def end_profiling(self) -> tuple[str, int] | None:
+        """Stop ORT's profiler: (its JSON file, its start on the wall clock in ns), or None if off."""
+        if not self._sess.get_session_options().enable_profiling:
+            return None
+        start_ns = self._sess.get_profiling_start_time_ns()
+        return self._sess.end_profiling(), start_ns
+
+    def close(self) -> None:
+        self._sess = None

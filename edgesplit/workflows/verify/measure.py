@@ -1,0 +1,231 @@
+"""Measure bundles against each other on this device, alternating between them to cancel drift.
+
+Every bundle is loaded once into a real :class:`~edgesplit.runtime.session.Session` and warmed
+up. Then, in rounds, each bundle takes one *turn*: one untimed request (it also lets the previous
+bundle's runtime threads go quiet: an idle ONNX Runtime or TVM pool spins for a while after a
+call), then ``k`` timed requests, whose median is the turn's figure. The order rotates from round
+to round (ABC, BCA, CAB ...), so no bundle always follows the same other one. For ``throughput`` a
+turn is a pipelined stream of ``k`` timed requests after the stream has filled, and its figure is
+the period (ms per request).
+
+The budget covers the warm-up and the rounds (loading the bundles comes before, like compiling
+them: a bundle of hundreds of parts takes a while to load, and a budget spent on loading would keep
+exactly the plans most worth checking unverified). The rounds and ``k`` are chosen from the warm-up
+times to fit it, and no round starts that would not end within it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesplit.runtime.api import random_feeds, stream_period_ms, stream_requests
+from edgesplit.runtime.session import Session, load
+
+MIN_ROUNDS = 3
+MAX_ROUNDS = 9
+# Timed requests per turn: latency (single requests), throughput (a stream, after it has filled).
+TURN_REQUESTS = {"latency": (1, 5, 10), "throughput": (4, 10, 20)}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Per bundle, the figure of each completed round (ms), and the bundles that failed.
+
+    Attributes:
+        rounds_ms: name -> one figure per completed round (every bundle has the same count).
+        errors: name -> why it could not be loaded or run.
+        requests_per_turn: Timed requests per turn (0 when no round ran).
+        elapsed_s: Measuring time (warm-up and rounds: what the budget bounds).
+        load_s: Loading the bundles into Sessions, before (not in the budget, like compiling).
+        short: Why no round ran (None when at least one did; fewer than the minimum count as
+            weaker evidence, see :func:`edgesplit.workflows.verify.decide.decide`).
+    """
+
+    rounds_ms: Mapping[str, list[float]]
+    errors: Mapping[str, str]
+    requests_per_turn: int
+    elapsed_s: float
+    short: str | None = None
+    load_s: float = 0.0
+
+    @property
+    def rounds(self) -> int:
+        return min((len(v) for v in self.rounds_ms.values()), default=0)
+
+
+@dataclass
+class _Bench:
+    """One loaded bundle and its turn."""
+
+    name: str
+    session: Session
+    metric: str
+    warm_ms: float = 0.0
+    rounds_ms: list[float] = field(default_factory=list)
+
+    def turn(self, feeds: dict[str, Any], k: int) -> float:
+        """One turn: the median of ``k`` timed requests, or a stream's period (ms per request)."""
+        if self.metric == "throughput":
+            return self._stream(feeds, k)
+        self.session.run(feeds)
+        times = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            self.session.run(feeds)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(times))
+
+    def _stream(self, feeds: dict[str, Any], k: int) -> float:
+        return stream_period_ms(self.session, feeds, k)
+
+    def turn_cost_ms(self, k: int) -> float:
+        """What one turn should take, from the warm-up."""
+        if self.metric == "throughput":
+            return self.warm_ms * stream_requests(self.session, k)
+        return self.warm_ms * (k + 1)
+
+
+def _load(
+    bundles: Mapping[str, Path], metric: str, options: Callable[[str], Mapping | None]
+) -> tuple[list[_Bench], dict[str, str]]:
+    benches, errors = [], {}
+    for name, path in bundles.items():
+        try:
+            sess = load(path, executor_options=options(name))
+        except Exception as e:  # noqa: BLE001 - any failure disqualifies the candidate, with its reason
+            errors[name] = f"cannot be loaded: {e}"
+            continue
+        benches.append(_Bench(name, sess, metric))
+    return benches, errors
+
+
+def _warm(
+    benches: list[_Bench], feeds: dict[str, Any], errors: dict[str, str], *, again: bool = False
+) -> list[_Bench]:
+    """One untimed request each (first-run costs), then one timed as the estimate of its cost (for
+    throughput, a short stream's period). ``again``: the timed one only, and the estimate is the
+    faster of the two."""
+    ok = []
+    for b in benches:
+        try:
+            if not again:
+                b.session.run(feeds)
+            if b.metric == "throughput":
+                warm_ms = b.turn(feeds, 4)
+            else:
+                t0 = time.perf_counter()
+                b.session.run(feeds)
+                warm_ms = (time.perf_counter() - t0) * 1e3
+            b.warm_ms = min(b.warm_ms, warm_ms) if again else warm_ms
+        except Exception as e:  # noqa: BLE001
+            errors[b.name] = f"cannot run: {e}"
+            b.session.close()
+            continue
+        ok.append(b)
+    return ok
+
+
+def _choose(benches: list[_Bench], left_s: float, metric: str, min_rounds: int, max_rounds: int):
+    """(rounds, requests per turn) that fit ``left_s``: as many rounds as fit up to ``max_rounds``
+    at the preferred turn, else fewer requests per turn, else fewer than ``min_rounds`` rounds of
+    the fewest requests; (0, 0) when not even one round fits."""
+    lo, preferred, hi = TURN_REQUESTS[metric]
+
+    def per_round_s(k: int) -> float:
+        return sum(b.turn_cost_ms(k) for b in benches) / 1e3
+
+    rounds = min(max_rounds, int(left_s / max(per_round_s(preferred), 1e-9)))
+    if rounds >= min_rounds:
+        k = preferred
+        while k < hi and per_round_s(k + 1) * rounds <= left_s:
+            k += 1
+        return rounds, k
+    for k in range(preferred - 1, lo - 1, -1):
+        if per_round_s(k) * min_rounds <= left_s:
+            return min_rounds, k
+    rounds = min(min_rounds - 1, int(left_s / max(per_round_s(lo), 1e-9)))
+    return (rounds, lo) if rounds >= 1 else (0, 0)
+
+
+def measure(
+    bundles: Mapping[str, Path],
+    metric: str,
+    budget_s: float,
+    *,
+    executor_options: Callable[[str], Mapping | None] = lambda name: None,
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Measurement:
+    """Measure ``bundles`` (name -> bundle folder) in alternating rounds within ``budget_s``.
+
+    Args:
+        bundles: Loaded in this order, before the budget's clock starts.
+        metric: ``latency`` (single-request medians) or ``throughput`` (stream periods).
+        executor_options: Per bundle name, ``executor_options`` for :func:`edgesplit.load`.
+    """
+    t_load = time.perf_counter()
+    benches, errors = _load(bundles, metric, executor_options)
+    t0 = time.perf_counter()
+    load_s = t0 - t_load
+
+    def result(rounds_ms, k, short):
+        return Measurement(rounds_ms, errors, k, time.perf_counter() - t0, short, load_s)
+
+    try:
+        if not benches:
+            return result({}, 0, "nothing could be loaded")
+        feeds = random_feeds(benches[0].session)
+        benches = _warm(benches, feeds, errors)
+        rounds, k = _choose(benches, budget_s - (time.perf_counter() - t0), metric, min_rounds, max_rounds)
+        if not rounds and time.perf_counter() - t0 < budget_s:
+            # one slow warm-up (a busy moment of the machine) says too little: look again
+            benches = _warm(benches, feeds, errors, again=True)
+            left_s = budget_s - (time.perf_counter() - t0)
+            rounds, k = _choose(benches, left_s, metric, min_rounds, max_rounds)
+        if not rounds:
+            need = sum(b.turn_cost_ms(TURN_REQUESTS[metric][0]) for b in benches) / 1e3
+            short = (
+                f"not enough time to verify: warming up and one round need about "
+                f"{need + time.perf_counter() - t0:.1f} s, the budget is {budget_s:g} s"
+            )
+            return result({}, 0, short)
+        _rounds(benches, feeds, rounds, k, t0 + budget_s, errors, progress)
+        done = {b.name: b.rounds_ms for b in benches if b.name not in errors}
+        n = min((len(v) for v in done.values()), default=0)
+        short = None if n else "not enough time to verify: no round ended within the budget"
+        return result({m: v[:n] for m, v in done.items()}, k, short)
+    finally:
+        for b in benches:
+            b.session.close()
+
+
+def _rounds(
+    benches: list[_Bench],
+    feeds: dict[str, Any],
+    rounds: int,
+    k: int,
+    deadline: float,
+    errors: dict[str, str],
+    progress: Callable[[str, int, int], None] | None,
+) -> None:
+    """Up to ``rounds`` rounds in rotating order; none starts that would end after ``deadline``."""
+    for r in range(rounds):
+        live = [b for b in benches if b.name not in errors]
+        round_s = sum(b.turn_cost_ms(k) for b in live) / 1e3
+        if time.perf_counter() + round_s > deadline:
+            break
+        shift = r % max(1, len(live))
+        for b in live[shift:] + live[:shift]:
+            try:
+                b.rounds_ms.append(b.turn(feeds, k))
+            except Exception as e:  # noqa: BLE001
+                errors[b.name] = f"failed in round {r + 1}: {e}"
+        if progress:
+            progress("verify: measure", r + 1, rounds)
