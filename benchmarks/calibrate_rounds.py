@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
@@ -33,6 +32,7 @@ from edgesplit.profile.store import load_profile
 from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.session import load
 from edgesplit.workflows.calibrate import calibrate, plan_costs
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import partition
 
 

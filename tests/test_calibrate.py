@@ -13,7 +13,6 @@ from conftest import make_model, rand, run_cli
 from onnx import helper
 from test_cost_terms import hand_model, with_terms
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device.spec import load_device, read_spec
 from edgesplit.model.load import load_model
@@ -33,6 +32,7 @@ from edgesplit.optimize.synthetic import random_costs
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import NodeCost, Profile, RunTerms, load_profile
 from edgesplit.workflows.calibrate import TURNS, calibrate, measure, measure_alternating, plan_costs
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import partition
 
 # ---- the pure fit

@@ -14,13 +14,13 @@ import onnxruntime as ort
 import pytest
 from conftest import PPOCR_SHAPES, has_cuda_gpu, make_model, ppocr_model, run_cli
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.errors import BundleError, PlanError, RunInputError
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model, parse_input_shapes
 from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 
 ZOO = [
     "mobilenetv2",

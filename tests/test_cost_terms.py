@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device.spec import load_device
 from edgesplit.model.load import load_model
@@ -33,6 +32,7 @@ from edgesplit.profile.store import ProcessorProfile, Profile
 from edgesplit.profile.terms import IDLE_GAPS_MS, contention_factor
 from edgesplit.runtime.api import benchmark, random_feeds
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 
 # ---- the part-level schedule, on cost models made by hand
 

@@ -136,7 +136,7 @@ def command(
             not no_bands,
         )
     else:
-        from edgesplit.compile.api import compile_bundle
+        from edgesplit.workflows.compile import compile_bundle
 
         with progress_bar(bool(tune_trials or tune_trials_per_task)) as update:
             manifest = compile_bundle(

@@ -445,3 +445,29 @@ def band_plans(problem: Problem, table: BandTable) -> tuple[Plan, ...]:
         )
         plans.append(make_plan(replace(problem, link=link_at(problem.link, bw)), cm, out))
     return tuple(plans)
+
+
+@dataclass(frozen=True)
+class BandAnalysis:
+    """A plan's band table and one :class:`Plan` per plan of it (``None`` table: why there is none)."""
+
+    table: BandTable | None
+    plans: tuple[Plan, ...]
+    reason: str = ""
+
+
+def band_analysis(plan: Plan, problem: Problem | None, **options) -> BandAnalysis:
+    """The band table of ``plan``'s problem, seeded with the plan itself, and a plan per band.
+
+    A plan without a server gets no table, and the reason; so does one whose ``problem`` could not
+    be had (``None``: the caller says why in ``options["reason"]``).
+    ``options``: ``lo_mbps``, ``hi_mbps``, ``per_decade``, ``max_evals`` (see :func:`band_table`).
+    """
+    reason = options.pop("reason", "the plan's problem is not at hand")
+    if not (plan.server and plan.link):
+        return BandAnalysis(None, (), "the plan has no server, so bandwidth changes nothing")
+    if problem is None:
+        return BandAnalysis(None, (), reason)
+    seed = plan_assignment(problem_costs(problem), plan)
+    table = problem_band_table(problem, seeds=[seed], **options)
+    return BandAnalysis(table, band_plans(problem, table))

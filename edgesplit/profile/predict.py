@@ -14,11 +14,12 @@ precision's element size, and the fitted per-call cost becomes the part dispatch
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
-from edgesplit.device.spec import Backend, Processor
+from edgesplit.device.spec import Backend, DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph, Node
 from edgesplit.profile.published import ProcessorCalibration, load_calibration
-from edgesplit.profile.store import PREDICTED, NodeCost, ProcessorProfile
+from edgesplit.profile.store import PREDICTED, NodeCost, ProcessorProfile, Profile
 
 # Share of peak FLOPs reached, by op type and processor kind.
 _COMPUTE_EFFICIENCY = {
@@ -147,3 +148,23 @@ def predict(
         elapsed_s=time.perf_counter() - started,
         dispatch_ms=call_ms,
     )
+
+
+def complete_profile(graph: ModelGraph, device: DeviceSpec, profile: Profile | None) -> Profile:
+    """``profile`` with roofline predictions added for the processors it lacks.
+
+    With no profile at all every entry is predicted; measure the local processors first
+    (``edgesplit profile``) for a plan worth running.
+    """
+    if profile is None:
+        profile = Profile(graph.sha256, graph.name, device.name, graph.input_shapes(), ())
+    entries = list(profile.entries)
+    for proc in device.processors:
+        measured = any(e.source == "measured" for e in profile.for_processor(proc.name))
+        for backend in proc.backends:
+            # A backend left out when the processor itself was measured is not a candidate:
+            # a roofline guess must not outbid measurements (untuned TVM is 3.5-35x slower than
+            # ORT here, DESIGN.md, while the roofline model knows nothing of tuning).
+            if profile.entry(proc.name, backend.key) is None and not measured:
+                entries.append(predict(graph, proc, backend, device=device.name))
+    return replace(profile, entries=tuple(entries))

@@ -28,7 +28,6 @@ import numpy as np
 from edgesplit.bundle.format import open_bundle
 from edgesplit.device.spec import NetworkLink, load_device
 from edgesplit.errors import InputError, PlanError
-from edgesplit.optimize.api import complete_profile
 from edgesplit.optimize.calibrate import (
     Measured,
     Observed,
@@ -42,6 +41,7 @@ from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.plan import Plan
 from edgesplit.optimize.schedule import schedule
+from edgesplit.profile.predict import complete_profile
 from edgesplit.profile.store import Profile, load_profile
 from edgesplit.runtime.session import load
 from edgesplit.runtime.trace import PartRun, Trace

@@ -63,7 +63,8 @@ def deploy(
     """
     from edgesplit.bundle.format import sign_bundle
     from edgesplit.bundle.signing import load_private_key
-    from edgesplit.compile.api import check_output, compile_bundle
+    from edgesplit.compile.api import check_output
+    from edgesplit.workflows.compile import compile_bundle
 
     key = load_private_key(sign_key) if sign_key is not None else None
     options = (verify_options or verify_options_for(verify_budget_s, server_url, token)) if verify else None

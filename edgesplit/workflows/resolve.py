@@ -11,7 +11,7 @@ with one-line errors; every entry point comes through it, so they cannot drift a
 - :func:`partition` (the Python API) and :func:`edgesplit.workflows.deploy.deploy`;
 - the ``partition``, ``deploy`` and ``compile`` commands;
 - the bandwidth sweep (:func:`problem_from_plan` loads a plan's problem again);
-- :func:`edgesplit.compile.api.compile_bundle` (:func:`as_plan`, :func:`plan_device`).
+- :func:`edgesplit.workflows.compile.compile_bundle` (:func:`as_plan`, :func:`plan_device`).
 
 Layering: this module sits after ``optimize/`` (it builds the optimiser's :class:`Problem` and
 checks the objective against its table) and before ``compile/``; ``optimize/`` stays pure because
@@ -30,7 +30,7 @@ from edgesplit.device.spec import DeviceSpec, NetworkLink, load_device, network_
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import AccuracyCheck
-from edgesplit.optimize.api import complete_profile, solve_plan
+from edgesplit.optimize.api import solve_plan
 from edgesplit.optimize.costs import pin_indices
 from edgesplit.optimize.load import ServerLoad
 from edgesplit.optimize.objectives import objective as objective_named
@@ -38,6 +38,7 @@ from edgesplit.optimize.plan import Plan, load_plan
 from edgesplit.optimize.problem import Problem, combined
 from edgesplit.precision import CALIBRATION_METHODS, recorded_calibration
 from edgesplit.precision.metrics import DEFAULT_BUDGET, AccuracyBudget
+from edgesplit.profile.predict import complete_profile
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import Profile, load_profile
 from edgesplit.util import Progress, check_number, short

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.device.spec import Processor, plain_cpu
 from edgesplit.errors import EdgesplitError
 from edgesplit.optimize.accuracy import with_precisions
@@ -42,6 +41,7 @@ from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.plan import Baseline, Plan, SolverInfo
 from edgesplit.optimize.schedule import schedule
 from edgesplit.optimize.solve import Outcome
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import Problem
 
 PLAN = "plan"
