@@ -355,7 +355,7 @@ def test_a_tuning_database_is_kept_per_target_and_reused(tmp_path, monkeypatch):
     db.mkdir(parents=True)
     ms.database.JSONDatabase(work_dir=str(db))  # the files a tuning run leaves, as TVM writes them
     assert build_library(m, target, tmp_path / "b.so")["tuning_database"] == str(db)
-    assert "tuning_database" not in build_library(m, target, tmp_path / "c.so", use_database=False)
+    assert "tuning_database" not in build_library(m, target, tmp_path / "c.so", databases=None)
     assert all((tmp_path / f"{n}.so").stat().st_size > 0 for n in "abc")
 
 

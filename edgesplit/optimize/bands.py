@@ -41,6 +41,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -266,37 +267,54 @@ def _bands(env: _Envelope, points: list[float]) -> list[tuple[float, float, int]
     return out
 
 
+class BandSearch(TypedDict, total=False):
+    """Where and how finely :func:`band_table` looks (every key optional)."""
+
+    lo_mbps: float
+    """The lowest uplink rate (default 0.1 Mbit/s)."""
+    hi_mbps: float
+    """The highest uplink rate (default 1000 Mbit/s)."""
+    per_decade: int
+    """Grid points a decade where the solver runs first (default 4)."""
+    slo_ms: float | None
+    """Plans over it rank after every plan under it (where none meets it, the fastest)."""
+    rel_tol: float
+    """How exact a breakpoint is: it lies within a relative ``rel_tol`` of the crossing (1e-6)."""
+    tol: float
+    """A plan must be better by this relative margin to count as a different optimum (1e-9)."""
+    max_evals: int
+    """Solver evaluations per pricing (default 150)."""
+
+
 def band_table(
     cm: CostModel,
     objective_name: str = "latency",
     *,
-    lo_mbps: float = 0.1,
-    hi_mbps: float = 1000.0,
-    per_decade: int = 4,
-    slo_ms: float | None = None,
-    rel_tol: float = 1e-6,
-    tol: float = 1e-9,
-    max_evals: int = 150,
     seeds: Iterable[np.ndarray] = (),
     alternatives: Sequence[CostModel] = (),
+    **search: Unpack[BandSearch],
 ) -> BandTable:
     """The best plan for every uplink rate from ``lo_mbps`` to ``hi_mbps`` (see the module doc).
 
     Args:
         cm: The cost model at any rate (its link is rescaled; see :func:`with_rate`).
         objective_name: What the plans minimise, judged by ``Objective.value``.
-        per_decade: Grid points a decade where the solver runs first.
-        slo_ms: Plans over it rank after every plan under it (where none meets it, the fastest).
-        rel_tol: How exact a breakpoint is: it lies within a relative ``rel_tol`` of the crossing.
-        tol: A plan must be better by this relative margin to count as a different optimum.
         seeds: Plans to consider besides the solver's (a plan already made, say), in every pricing.
         alternatives: The same problem priced otherwise (one backend per processor, say): plans
             are solved and valued in each pricing too, and :attr:`BandTable.pricing` records the
             one each plan of the table is priced in.
+        search: :class:`BandSearch`: the range of rates, how finely, and the SLO.
 
     Raises:
         PlanError: for a cost model without a network link, or a range that is not positive.
     """
+    lo_mbps, hi_mbps = search.get("lo_mbps", 0.1), search.get("hi_mbps", 1000.0)
+    per_decade, slo_ms = search.get("per_decade", 4), search.get("slo_ms")
+    rel_tol, tol, max_evals = (
+        search.get("rel_tol", 1e-6),
+        search.get("tol", 1e-9),
+        search.get("max_evals", 150),
+    )
     if not 0 < lo_mbps < hi_mbps:
         raise PlanError(f"the bandwidth range must be 0 < lo < hi, got {lo_mbps:g} to {hi_mbps:g} Mbit/s")
     t0 = time.perf_counter()

@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from edgesplit.device.spec import DeviceSpec, NetworkLink, load_device, network_link
 from edgesplit.errors import PlanError
@@ -123,6 +123,30 @@ class Choices:
     calibration_data: str | os.PathLike | None = None
     calibration_method: str | None = None
     split_operators: bool = False
+
+
+class ChoiceFields(TypedDict, total=False):
+    """:class:`Choices` as keyword arguments (``partition(..., objective="energy")``): the same
+    fields, each optional (``tests/test_house.py`` holds the two to the same names)."""
+
+    objective: str
+    slo_ms: float | None
+    profile: Profile | str | os.PathLike | None
+    server: SpecLike | None
+    server_profile: Profile | str | os.PathLike | None
+    link: NetworkLink | str | None
+    bandwidth_mbps: float | None
+    rtt_ms: float | None
+    pins: Mapping[str, str] | Iterable[str] | None
+    input_shapes: Mapping[str, Sequence[int]] | None
+    input_values: Mapping[str, np.ndarray] | None
+    profiling: ProfileOptions | None
+    server_load: int | None
+    server_slots: int
+    accuracy: AccuracyBudget | None
+    calibration_data: str | os.PathLike | None
+    calibration_method: str | None
+    split_operators: bool
 
 
 def accuracy_check(
@@ -357,7 +381,7 @@ def partition(
     time_limit_s: float = 60.0,
     max_evals: int = 300,
     progress: Progress | None = None,
-    **choices,
+    **choices: Unpack[ChoiceFields],
 ) -> Plan:
     """Split a model over a device's processors (and a server's) for an objective.
 
