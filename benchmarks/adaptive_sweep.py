@@ -116,7 +116,7 @@ def build(args, tmp: Path, quota: CpuQuota):
     """The lab's specs, the measured profile, and the adaptive bundle; returns (bundle, manifest)."""
     from edgesplit.device.spec import load_device, network_link
     from edgesplit.model import zoo
-    from edgesplit.optimize.api import solve_plan
+    from edgesplit.optimize.planner import solve_plan
     from edgesplit.workflows.compile import compile_bundle
     from edgesplit.workflows.resolve import Choices, resolve
 

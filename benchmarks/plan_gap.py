@@ -42,8 +42,8 @@ from edgesplit.model.load import load_model
 from edgesplit.optimize.plan import Plan
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
-from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.breakdown import breakdown
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
 from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import partition

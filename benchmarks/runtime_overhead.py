@@ -19,7 +19,7 @@ from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
 from edgesplit.workflows.compile import compile_bundle
 

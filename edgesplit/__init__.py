@@ -61,8 +61,8 @@ _EXPORTS: dict[str, str] = {
     "deploy": "edgesplit.workflows.deploy",
     "Verification": "edgesplit.bundle.verdict",
     "MeasuredCandidate": "edgesplit.bundle.verdict",
-    "VerifyOptions": "edgesplit.workflows.verify.api",
-    "verify_plan": "edgesplit.workflows.verify.api",
+    "VerifyOptions": "edgesplit.workflows.verify.ship",
+    "verify_plan": "edgesplit.workflows.verify.ship",
     # stage time limits
     "StageLimits": "edgesplit.limits",
     "stage_limits": "edgesplit.limits",
@@ -147,4 +147,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
     from edgesplit.workflows.compile import compile_bundle
     from edgesplit.workflows.deploy import deploy
     from edgesplit.workflows.resolve import partition
-    from edgesplit.workflows.verify.api import VerifyOptions, verify_plan
+    from edgesplit.workflows.verify.ship import VerifyOptions, verify_plan

@@ -18,7 +18,7 @@ from edgesplit.compile.manual import contiguous_plan
 from edgesplit.errors import BundleError, PlanError, RunInputError
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model, parse_input_shapes
-from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
 from edgesplit.workflows.compile import compile_bundle
 

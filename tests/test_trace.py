@@ -17,8 +17,8 @@ from conftest import run_cli
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions
-from edgesplit.runtime.api import benchmark, random_feeds
 from edgesplit.runtime.chrome import chrome_trace, trace_event_problems
+from edgesplit.runtime.harness import benchmark, random_feeds
 from edgesplit.runtime.session import load
 from edgesplit.runtime.trace import build_trace
 from edgesplit.workflows.compile import compile_bundle

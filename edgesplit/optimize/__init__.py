@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     # entry points
-    "solve_plan": "edgesplit.optimize.api",
+    "solve_plan": "edgesplit.optimize.planner",
     "solve": "edgesplit.optimize.solve",
     "Problem": "edgesplit.optimize.problem",
     # objectives
@@ -52,9 +52,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is used
-    from edgesplit.optimize.api import solve_plan  # noqa: F401
     from edgesplit.optimize.costs import CostModel, Flow, build_costs  # noqa: F401
     from edgesplit.optimize.objectives import OBJECTIVES, Objective, objective  # noqa: F401
     from edgesplit.optimize.plan import Baseline, Part, Plan, SolverInfo, Transfer, load_plan  # noqa: F401
+    from edgesplit.optimize.planner import solve_plan  # noqa: F401
     from edgesplit.optimize.problem import Problem  # noqa: F401
     from edgesplit.optimize.solve import solve  # noqa: F401

@@ -26,7 +26,7 @@ plans found, and checked against the solver on both sides of each breakpoint.
 
 A processor with two backends (ORT and TVM) can be priced two ways: each node on its fastest
 backend, or one backend for the whole processor (which saves the hand-offs between them; see
-:func:`edgesplit.optimize.api._fewest_backends`). The table takes both pricings as candidates, so a
+:func:`edgesplit.optimize.planner._fewest_backends`). The table takes both pricings as candidates, so a
 band's plan is never one that cuts a processor's run into ORT and TVM parts where one runtime alone
 is faster (squeezenet on ``host`` with an H200 server: at 0.1 Mbit/s the first pricing's best plan,
 12 parts on the CPU, was predicted at 7.04 ms, ORT alone at 5.66 ms).
@@ -47,12 +47,12 @@ import numpy as np
 
 from edgesplit.device.spec import NetworkLink
 from edgesplit.errors import PlanError
-from edgesplit.optimize.api import costs_of, make_plan, pricings
 from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.evaluate import sequential_cost
 from edgesplit.optimize.objectives import objective
 from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.plan import Plan, SolverInfo
+from edgesplit.optimize.planner import costs_of, make_plan, pricings
 from edgesplit.optimize.problem import Problem
 from edgesplit.optimize.schedule import makespan_ms, schedule
 from edgesplit.optimize.solve import Outcome, solve
@@ -392,7 +392,7 @@ def problem_costs(problem: Problem) -> CostModel:
 
 
 def problem_pricings(problem: Problem) -> list[CostModel]:
-    """The pricings a band table weighs (:func:`~edgesplit.optimize.api.pricings`), indexed as
+    """The pricings a band table weighs (:func:`~edgesplit.optimize.planner.pricings`), indexed as
     :attr:`BandTable.pricing`.
 
     Raises:

@@ -1,5 +1,5 @@
 """``compile`` as the public API takes it: a model and a plan as paths or objects, resolved here
-into the loaded graph, the plan and the device spec that :func:`edgesplit.compile.api.build_bundle`
+into the loaded graph, the plan and the device spec that :func:`edgesplit.compile.build.build_bundle`
 compiles, with the band plans of a plan that offloads over a link."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
 from edgesplit.bundle.format import Manifest
-from edgesplit.compile.api import CompileOptions, build_bundle, check_output, check_plan_fits
+from edgesplit.compile.build import CompileOptions, build_bundle, check_output, check_plan_fits
 from edgesplit.errors import EdgesplitError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.bands import BandAnalysis, band_analysis
@@ -59,7 +59,7 @@ def compile_bundle(
 
     Raises:
         PlanError: the plan was made for another model, or names unknown processors or nodes.
-        CompileError: see :func:`edgesplit.compile.api.build_bundle`.
+        CompileError: see :func:`edgesplit.compile.build.build_bundle`.
     """
     source = "plan" if isinstance(plan, Plan) else os.fspath(plan)
     model_path = "" if isinstance(model, ModelGraph) else os.fspath(model)

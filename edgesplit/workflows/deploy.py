@@ -77,7 +77,7 @@ def deploy(
     """
     from edgesplit.bundle.format import sign_bundle
     from edgesplit.bundle.signing import load_private_key
-    from edgesplit.compile.api import check_output
+    from edgesplit.compile.build import check_output
     from edgesplit.workflows.compile import compile_bundle
 
     choices = {k: v for k, v in options.items() if k not in _DEPLOY_KEYS}
@@ -136,7 +136,7 @@ def _planned(
     """The problem and its plan. With no profile file (measured here, or given as an object), the
     profile planned with is kept beside the bundle (:func:`profile_beside`), as ``partition`` keeps
     it beside the plan: written once there is a plan, and kept should compiling or verifying fail."""
-    from edgesplit.optimize.api import solve_plan
+    from edgesplit.optimize.planner import solve_plan
     from edgesplit.workflows.resolve import Choices, resolve
 
     problem = resolve(model, device, Choices(**choices), progress=progress)

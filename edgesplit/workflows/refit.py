@@ -156,7 +156,7 @@ def measure_alternating(
     ``server_url``, server parts are called there, and each bundle's calls are kept
     (:func:`remote_calls`). ``inputs``: values of inputs to run with (the others are made up).
     """
-    from edgesplit.runtime.api import random_feeds
+    from edgesplit.runtime.harness import random_feeds
 
     names = [str(b) for b in bundles]
     per_turn = [runs // turns + (i < runs % turns) for i in range(turns)]
@@ -201,7 +201,7 @@ def measure_stream(
     """Run ``bundle`` as a pipelined stream of ``requests`` after it filled (and a stream to warm
     up): its period and each part's run in it. None for a plan on fewer than two local processors
     (nothing overlaps)."""
-    from edgesplit.runtime.api import random_feeds, stream_period_ms
+    from edgesplit.runtime.harness import random_feeds, stream_period_ms
 
     with load(bundle, trust_key=trust_key, executor_options=_options(server_url)) as sess:
         parts = sess.manifest.parts

@@ -30,11 +30,11 @@ from edgesplit.device.spec import DeviceSpec, NetworkLink, load_device, network_
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import AccuracyCheck
-from edgesplit.optimize.api import solve_plan
 from edgesplit.optimize.costs import pin_indices
 from edgesplit.optimize.load import ServerLoad
 from edgesplit.optimize.objectives import objective as objective_named
 from edgesplit.optimize.plan import Plan, load_plan
+from edgesplit.optimize.planner import solve_plan
 from edgesplit.optimize.problem import Problem, combined
 from edgesplit.precision import CALIBRATION_METHODS, recorded_calibration
 from edgesplit.precision.metrics import DEFAULT_BUDGET, AccuracyBudget

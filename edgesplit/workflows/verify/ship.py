@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Unpack
 from edgesplit.bundle.format import Manifest, open_bundle, write_manifest
 from edgesplit.bundle.signing import load_private_key
 from edgesplit.bundle.verdict import Verification
-from edgesplit.compile.api import CompileOptions, check_output
+from edgesplit.compile.build import CompileOptions, check_output
 from edgesplit.errors import EdgesplitError
 from edgesplit.optimize.plan import Plan
 from edgesplit.util import Progress, atomic_dir
@@ -268,7 +268,7 @@ def verify_plan(
     ``out`` is refused as ``compile`` refuses it (an existing folder that is neither empty nor a
     bundle, unless ``force``); with ``sign_key`` the shipped manifest, verdict included, is signed.
 
-    ``compiling``: :class:`~edgesplit.compile.api.CompileOptions` (tuning, ``progress``, ``force``,
+    ``compiling``: :class:`~edgesplit.compile.build.CompileOptions` (tuning, ``progress``, ``force``,
     ``sign_key``; the accuracy is measured here, not by the compile).
 
     Returns:
