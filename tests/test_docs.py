@@ -1,0 +1,48 @@
+"""The docs site: every public name is in the API reference, every page is in the nav."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+import edgesplit
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def _nav_pages(entries: list) -> list[str]:
+    """Every page file named in mkdocs.yml's nav, sections walked."""
+    pages: list[str] = []
+    for entry in entries:
+        values = entry.values() if isinstance(entry, dict) else [entry]
+        for value in values:
+            if isinstance(value, list):
+                pages += _nav_pages(value)
+            elif isinstance(value, str) and value.endswith(".md"):
+                pages.append(value)
+    return pages
+
+
+def test_the_api_reference_lists_every_public_name():
+    text = (DOCS / "api.md").read_text()
+    listed = re.findall(r"^::: edgesplit\.(\w+)\s*$", text, flags=re.M)
+    missing = [name for name in edgesplit.__all__ if name not in listed]
+    assert not missing, f"docs/api.md lacks ::: edgesplit.NAME for {missing}"
+    unknown = [name for name in listed if name not in edgesplit.__all__]
+    assert not unknown, f"docs/api.md documents names outside edgesplit.__all__: {unknown}"
+
+
+def test_every_page_is_in_the_nav():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    nav = _nav_pages(config["nav"])
+    pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+    assert sorted(set(nav)) == pages, f"nav {sorted(nav)} against docs/ {pages}"
+
+
+def test_docs_python_examples_compile():
+    for page in DOCS.rglob("*.md"):
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S):
+            compile(block, str(page), "exec")
