@@ -1,7 +1,9 @@
-"""The docs site: every public name is in the API reference, every page is in the nav."""
+"""The docs site: every public name is in the API reference, every page is in the nav, and every
+file and module the pages name exists (a module that moves must take its mentions along)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import edgesplit
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+PAGES = [*sorted(DOCS.rglob("*.md")), ROOT / "README.md"]
 
 
 def _nav_pages(entries: list) -> list[str]:
@@ -46,3 +49,43 @@ def test_docs_python_examples_compile():
     for page in DOCS.rglob("*.md"):
         for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S):
             compile(block, str(page), "exec")
+
+
+def test_the_files_the_docs_name_exist():
+    path = re.compile(
+        r"(?<![\w./-])((?:edgesplit|tests|benchmarks|scripts|devices|profiles|apps)/[\w./-]*\w)"
+    )
+    missing = [
+        f"{page.name}: {name}"
+        for page in PAGES
+        for name in path.findall(page.read_text())
+        if not name.startswith("edgesplit/_data") and not (ROOT / name).exists()
+    ]
+    assert not missing, missing
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_the_modules_and_names_the_docs_name_exist():
+    dotted = re.compile(r"(?<![\w./-])(edgesplit(?:\.[a-z_]\w*)+)")
+    missing = [
+        f"{page.name}: {name}"
+        for page in PAGES
+        for name in set(dotted.findall(page.read_text()))
+        if not _resolves(name)
+    ]
+    assert not missing, missing
