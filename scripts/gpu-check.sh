@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, for a GPU machine that has none of our packages and takes at most
-# 64 MiB of files per command (the lent H200 of README "A server GPU": Python 3.12, CUDA 13,
+# 64 MiB of files per command (the lent H200 of docs/real-targets.md, "A server GPU": Python 3.12, CUDA 13,
 # cuda-bindings, numpy, onnx, onnxruntime and pytest there; nothing can be downloaded there).
 #
 #   bash scripts/gpu-check.sh prepare     # here: fills .gpucheck/A and .gpucheck/B (about 4 min)
@@ -12,11 +12,11 @@
 #
 # Why two: TVM's compiler library alone is 57 MiB xz-compressed (259 MB as it is), and loading a
 # CUDA part built on a machine without a GPU needs it (TVM keeps such kernels as CUDA source and
-# compiles them with NVRTC when the part loads; README "A server GPU").
+# compiles them with NVRTC when the part loads; docs/real-targets.md, "A server GPU").
 # `run` profiles squeezenet and mobilenetv2 (resnet18 is over the 64 MiB a call carries) on devices/server-h200.yaml (--here; the
 # measured profiles are what profiles/server-h200/ ships), runs the tests marked cuda, and plans an
 # offload with a measured server profile. `bundles` builds and runs benchmarks/server_gpu.py's
-# bundles (README "A server GPU").
+# bundles (docs/real-targets.md, "A server GPU").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=.gpucheck

@@ -13,9 +13,16 @@ bash scripts/setup.sh
 # The stages never import the workflows layer or the CLI; the runtime never imports the compiler
 # (pyproject.toml, [tool.importlinter]).
 .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
+# The docs site (mkdocs.yml, docs/): a broken link or anchor, a page left out of the nav, or an API
+# name that does not resolve fails the build. The site goes to a temporary folder, never the tree.
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
+trap - EXIT
 # With no arguments, the whole suite on three workers (pytest-xdist) on the two cores: the tests
 # marked `measures` run alone first (tests/measuring.py holds a lock), the others side by side, a
 # third worker filling the time a test waits on sockets, sshd, shaped links and the emulated board
-# (README "Tests"). Pass -p no:xdist to run serially.
+# (docs/testing.md). Pass -n 0 to run serially.
 [ $# -gt 0 ] || set -- -n 3
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

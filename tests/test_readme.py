@@ -41,3 +41,23 @@ def test_readme_commands_exist():
     text = README.read_text()
     for cmd in re.findall(r"^\$E (\S+)", text, flags=re.M):
         assert cmd in SUBCOMMANDS, cmd
+
+
+def test_readme_command_table_names_every_subcommand():
+    from edgesplit.cli.main import SUBCOMMANDS
+
+    table = set(re.findall(r"^\| `([\w-]+)` \|", README.read_text(), flags=re.M))
+    assert set(SUBCOMMANDS) <= table, sorted(set(SUBCOMMANDS) - table)
+
+
+def test_readme_is_a_front_door():
+    """At most 250 lines: the rest lives in docs/ (STYLE.md, "Docs are a product")."""
+    lines = README.read_text().count("\n")
+    assert lines <= 250, f"README.md has {lines} lines; move the detail to docs/"
+
+
+def test_readme_links_resolve():
+    root = README.parent
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text()):
+        if "://" not in target:
+            assert (root / target).is_file(), target

@@ -2,7 +2,7 @@
 
 :func:`edgesplit.compile.build.build_bundle` writes every part's ONNX model into the bundle, then
 hands the part to ``COMPILERS[part.backend]``, which returns the artifact that runs it. A new
-backend adds one line here (and one in ``device_schema.BACKENDS``, ``profile/backends.py`` and
+backend adds one line here (and one in ``device/schema.py: BACKENDS``, ``profile/backends.py`` and
 ``runtime/backends.py``); tests may add an entry at run time and remove it after.
 """
 

@@ -2,7 +2,7 @@
 
 :func:`edgesplit.profile.run.profile_model` looks every (processor, backend) pair up here; a
 backend with no entry, or whose profiler says it cannot measure here, gets roofline predictions.
-A new backend adds one line (and one in ``device_schema.BACKENDS``, ``compile/backends.py`` and
+A new backend adds one line (and one in ``device/schema.py: BACKENDS``, ``compile/backends.py`` and
 ``runtime/backends.py``); tests may add an entry at run time and remove it after.
 """
 

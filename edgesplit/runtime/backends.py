@@ -2,7 +2,7 @@
 
 A part with ``remote=True`` runs under ``remote`` (an OIP v2 client, whose local fallback is
 built from this same table); any other part under its own backend. A new backend adds one line
-here (and one in ``device_schema.BACKENDS``, ``profile/backends.py`` and ``compile/backends.py``);
+here (and one in ``device/schema.py: BACKENDS``, ``profile/backends.py`` and ``compile/backends.py``);
 tests may add an entry at run time and remove it after.
 
 Kept apart from :mod:`edgesplit.runtime.executors` and :mod:`edgesplit.runtime.remote` so that
