@@ -8,6 +8,7 @@ its outputs are compared with the fp32 model's on the same samples.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from edgesplit.bundle.format import Manifest, open_bundle
 from edgesplit.model.graph import ModelGraph
@@ -22,7 +23,7 @@ def bundle_accuracy(
     model: ModelGraph | str | os.PathLike | None = None,
     *,
     calibration_data: str | os.PathLike | None = None,
-    **load_options,
+    **load_options: Any,
 ) -> Accuracy:
     """Run the bundle on held-out calibration samples and compare its outputs with fp32's.
 
