@@ -82,42 +82,33 @@ def simplify(
         StageTimeout: past the ``simplify`` stage's time limit.
     """
     with limits.stage_limit("simplify", where):
-        return _simplify(where, model, shapes, cannot_fold=cannot_fold, notes=notes)
-
-
-def _simplify(
-    where: str,
-    model: onnx.ModelProto,
-    shapes: dict[str, tuple[int, ...]],
-    *,
-    cannot_fold: str | None,
-    notes: list[str],
-) -> onnx.ModelProto:
-    sort_and_name(model.graph)
-    slim = None
-    if cannot_fold is not None:
-        if not _nothing_to_fold(model):
-            raise ModelLoadError(where, f"{cannot_fold}, and it has shape computations to fold")
-        notes.append(f"{cannot_fold}; loaded without folding (nothing to fold)")
-    elif _too_big_for_onnxslim(model.graph) and _nothing_to_fold(model):
-        notes.append(f"not simplified: nothing to fold in {len(model.graph.node)} nodes")
-    else:
-        slim = _slim(where, model, shapes, notes)
-    if slim is None:
-        slim = with_input_shapes(model, shapes)
-    try:
-        slim = onnx.shape_inference.infer_shapes(slim, strict_mode=True, data_prop=True)
-    except Exception as e:  # noqa: BLE001 - onnx's inference errors
-        # it fails on some of onnx's own function expansions (a Div whose input it cannot type)
-        # that ONNX Runtime runs: without strict mode it types what it can, and one run at load
-        # finds the rest, or ORT's session refuses the model, naming the node
+        sort_and_name(model.graph)
+        slim = None
+        if cannot_fold is not None:
+            if not _nothing_to_fold(model):
+                raise ModelLoadError(where, f"{cannot_fold}, and it has shape computations to fold")
+            notes.append(f"{cannot_fold}; loaded without folding (nothing to fold)")
+        elif _too_big_for_onnxslim(model.graph) and _nothing_to_fold(model):
+            notes.append(f"not simplified: nothing to fold in {len(model.graph.node)} nodes")
+        else:
+            slim = _slim(where, model, shapes, notes)
+        if slim is None:
+            slim = with_input_shapes(model, shapes)
         try:
-            slim = onnx.shape_inference.infer_shapes(slim, data_prop=True)
-        except Exception:  # noqa: BLE001
-            raise ModelLoadError(where, f"shape inference failed ({first_line(e)})") from e
-        notes.append(f"strict shape inference failed ({first_line(e)[:120]}); shapes it left open are run")
-    sort_and_name(slim.graph)
-    return slim
+            slim = onnx.shape_inference.infer_shapes(slim, strict_mode=True, data_prop=True)
+        except Exception as e:  # noqa: BLE001 - onnx's inference errors
+            # it fails on some of onnx's own function expansions (a Div whose input it cannot type)
+            # that ONNX Runtime runs: without strict mode it types what it can, and one run at load
+            # finds the rest, or ORT's session refuses the model, naming the node
+            try:
+                slim = onnx.shape_inference.infer_shapes(slim, data_prop=True)
+            except Exception:  # noqa: BLE001
+                raise ModelLoadError(where, f"shape inference failed ({first_line(e)})") from e
+            notes.append(
+                f"strict shape inference failed ({first_line(e)[:120]}); shapes it left open are run"
+            )
+        sort_and_name(slim.graph)
+        return slim
 
 
 def _slim(

@@ -80,15 +80,20 @@ def mobilenetv2(seed: int = 0) -> onnx.ModelProto:
     return b.model({"input": _IMAGE}, {"logits": (1, 1000)}, "MobileNetV2 1.0, random weights")
 
 
+def _resnet_stem(name: str, seed: int) -> tuple[_Builder, str]:
+    """The builder of a ResNet and its stem: 7x7 conv (stride 2), BN, ReLU, 3x3 max pool."""
+    b = _Builder(name, seed)
+    x = b.conv("input", "conv1", 3, 64, 7, 2, bias=False)
+    x = b.relu(b.bn(x, "bn1", 64), "relu")
+    return b, b.maxpool(x, "maxpool", 3, 2, pad=1)
+
+
 def resnet18(seed: int = 0) -> onnx.ModelProto:
     """ResNet-18: four stages of two basic blocks with identity or 1x1-conv skips.
 
     About 1.82 G multiply-adds; input ``input`` 1x3x224x224, output ``logits`` 1x1000.
     """
-    b = _Builder("resnet18", seed)
-    x = b.conv("input", "conv1", 3, 64, 7, 2, bias=False)
-    x = b.relu(b.bn(x, "bn1", 64), "relu")
-    x = b.maxpool(x, "maxpool", 3, 2, pad=1)
+    b, x = _resnet_stem("resnet18", seed)
     cin = 64
     for stage, cout in enumerate((64, 128, 256, 512), start=1):
         for block in range(2):
@@ -112,10 +117,7 @@ def resnet50(seed: int = 0) -> onnx.ModelProto:
 
     About 4.1 G multiply-adds; input ``input`` 1x3x224x224, output ``logits`` 1x1000.
     """
-    b = _Builder("resnet50", seed)
-    x = b.conv("input", "conv1", 3, 64, 7, 2, bias=False)
-    x = b.relu(b.bn(x, "bn1", 64), "relu")
-    x = b.maxpool(x, "maxpool", 3, 2, pad=1)
+    b, x = _resnet_stem("resnet50", seed)
     cin = 64
     for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3)), start=1):
         cout = width * 4

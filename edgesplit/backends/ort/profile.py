@@ -12,18 +12,21 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from edgesplit.backends.ort.graph import blocked_layout, map_regions
-from edgesplit.backends.ort.run import make_session, micro_runner, ort_contention, whole_model_timer
-from edgesplit.device.cpu import configure_as
+from edgesplit.backends.ort.run import (
+    make_session,
+    micro_runner,
+    ort_contention,
+    processor_worker,
+    whole_model_timer,
+)
 from edgesplit.device.spec import Backend, Processor
 from edgesplit.device.throttle import busy_call
 from edgesplit.model.feeds import random_inputs
@@ -125,17 +128,7 @@ def profile_ort(
         return ProcessorProfile(processor.name, backend.key, MEASURED, {}, unsupported, note=note)
     total = runs * 2 + warmup * 2
     tick = _ticker(progress, f"{processor.name}/ort", total)
-    notes: list[str] = []
-    # The processor's worker thread, set up like the runtime's (pinned, throttled): the sessions
-    # are built on it, so ORT's threads inherit its setup, and whole-model runs are timed from
-    # this thread through a hand-off to it, as a bundle's part is.
-    with (
-        ThreadPoolExecutor(
-            1,
-            initializer=lambda: notes.extend(configure_as(processor)),
-        ) as worker,
-        tempfile.TemporaryDirectory(prefix="edgesplit-ort-") as tmp,
-    ):
+    with processor_worker(processor, "edgesplit-ort-") as (worker, tmp, notes):
         opt_path = os.path.join(tmp, "optimized.onnx")
         sess, trivial, psess = worker.submit(
             _sessions, graph, processor, backend, attrs, tmp, opt_path

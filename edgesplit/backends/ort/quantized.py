@@ -27,7 +27,6 @@ edge cost they were priced at.
 from __future__ import annotations
 
 import re
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,7 +42,7 @@ from edgesplit.backends.ort.profile import (
     make_session,
     time_runs,
 )
-from edgesplit.device.cpu import configure_as
+from edgesplit.backends.ort.run import processor_worker
 from edgesplit.device.spec import Backend, Processor
 from edgesplit.device.throttle import busy_call
 from edgesplit.model.calibration_data import calibration_set
@@ -167,14 +166,7 @@ def profile_quantized(
     ranges = calibrate(graph, data) if backend.precision == "int8" else None
     model = convert(graph.model, backend.precision, ranges, runnable)
     feeds = random_inputs(graph)
-    notes: list[str] = []
-    with (
-        ThreadPoolExecutor(
-            1,
-            initializer=lambda: notes.extend(configure_as(processor)),
-        ) as worker,
-        tempfile.TemporaryDirectory(prefix="edgesplit-q-") as tmp,
-    ):
+    with processor_worker(processor, "edgesplit-q-") as (worker, tmp, notes):
         opt = str(Path(tmp) / "optimized.onnx")
         sess, psess, trivial = worker.submit(_sessions, model, processor, backend, tmp, opt).result()
         whole = time_runs(lambda: worker.submit(busy_call, sess.run, None, feeds).result(), runs, warmup)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -209,3 +210,18 @@ def ort_contention(
             with BackgroundLoad(setup) as load:
                 out[other.name] = contention_factor(timed, load, rounds, min_s)
     return out
+
+
+@contextlib.contextmanager
+def processor_worker(
+    processor: Processor, prefix: str
+) -> Iterator[tuple[ThreadPoolExecutor, str, list[str]]]:
+    """The processor's worker thread, set up like the runtime's (pinned, throttled), a private
+    temporary folder, and the notes the setup left: sessions built on the worker inherit its setup
+    in ORT's threads, and runs timed from here go through a hand-off to it, as a bundle's part does."""
+    notes: list[str] = []
+    with (
+        ThreadPoolExecutor(1, initializer=lambda: notes.extend(configure_as(processor))) as worker,
+        tempfile.TemporaryDirectory(prefix=prefix) as tmp,
+    ):
+        yield worker, tmp, notes
