@@ -15,6 +15,7 @@ from pathlib import Path
 
 from edgesplit.bundle.format import BandPlan, BundleBands, PartArtifact
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
+from edgesplit.device.spec import NetworkLink
 from edgesplit.errors import EdgesplitError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.bands import BandTable
@@ -96,8 +97,8 @@ def bundle_bands(analysis: BandAnalysis, plans: list[BandPlan], default_parts: S
     """The manifest's band table."""
     table = analysis.table
     assert table is not None
-    link = analysis.plans[0].link or {}
-    up, down = float(link.get("up_mbps") or 1.0), float(link.get("down_mbps") or 1.0)
+    link = analysis.plans[0].link
+    up, down = (link.up_mbps or 1.0, link.down_mbps or 1.0) if isinstance(link, NetworkLink) else (1.0, 1.0)
     return BundleBands(
         objective=table.objective,
         lo_mbps=table.lo_mbps,
