@@ -148,7 +148,7 @@ def rows_of(device, model, metric, entries, meas: dict, profile: str) -> list[Ro
         pred = (
             None
             if c.plan is None
-            else c.plan.predicted.get("period_ms" if metric == "throughput" else "latency_ms")
+            else c.plan.predicted.period_ms if metric == "throughput" else c.plan.predicted.latency_ms
         )
         note = c.error or meas["errors"].get(twin) or (meas["short"] if m is None else None)
         out.append(
