@@ -98,7 +98,9 @@ def bundle_bands(analysis: BandAnalysis, plans: list[BandPlan], default_parts: S
     table = analysis.table
     assert table is not None
     link = analysis.plans[0].link
-    up, down = (link.up_mbps or 1.0, link.down_mbps or 1.0) if isinstance(link, NetworkLink) else (1.0, 1.0)
+    if not isinstance(link, NetworkLink):  # band plans are priced with a link; this is defensive
+        link = NetworkLink("", 1.0, 1.0, 0.0, 0.0, 0.0)
+    up, down = link.up_mbps or 1.0, link.down_mbps or 1.0
     return BundleBands(
         objective=table.objective,
         lo_mbps=table.lo_mbps,
@@ -116,7 +118,7 @@ def bundle_bands(analysis: BandAnalysis, plans: list[BandPlan], default_parts: S
         plans=tuple(plans),
         default_parts=tuple(default_parts),
         down_ratio=down / up,
-        rtt_ms=float(link.get("rtt_ms") or 0.0),
+        rtt_ms=float(link.rtt_ms or 0.0),
         solver_calls=table.solver_calls,
         time_s=round(table.time_s, 6),
     )
