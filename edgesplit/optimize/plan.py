@@ -142,7 +142,8 @@ class Predicted:
 
     @staticmethod
     def from_json(d: Any, where: str) -> Predicted:
-        """Read the figures (checked by :func:`check_plan_types`); keys a newer writer added are left.
+        """Read the figures (checked by :func:`check_plan_types`); keys a newer writer added are
+        left.
 
         Raises:
             PlanError: naming ``where``, when the figures are not an object.
@@ -171,7 +172,8 @@ _COUNTS = ("server_devices", "server_slots")
 
 
 def link_from_json(d: Any, where: str) -> NetworkLink | str | None:
-    """A plan's network link: a :class:`NetworkLink` as JSON, a preset's name (older plans), or None.
+    """A plan's network link: a :class:`NetworkLink` as JSON, a preset's name (older plans), or
+    None.
 
     Raises:
         PlanError: naming ``where`` and the key, when a figure is not a finite, non-negative number
@@ -299,7 +301,8 @@ class Plan:
             kw["replicas"] = tuple(d.get("replicas", ()))
             kw["splits"] = tuple(dict(s) for s in d.get("splits", ()))
             if d.get("accuracy") is not None:
-                kw["accuracy"] = AccuracyRecord.from_json(d["accuracy"], f"{source}: accuracy", PlanError)
+                where = f"{source}: accuracy"
+                kw["accuracy"] = AccuracyRecord.from_json(d["accuracy"], where, PlanError)
             plan = Plan(**kw)
         except PlanError:
             raise

@@ -104,7 +104,8 @@ class AccuracyRecord:
 
     @staticmethod
     def from_json(d: Any, source: str, error: type[Exception]) -> AccuracyRecord:
-        """Read a record, checking it first (``source`` names it in errors: ``plan.json: accuracy``).
+        """Read a record, checking it first (``source`` names it in errors, as
+        ``plan.json: accuracy``).
 
         Raises:
             error: naming ``source`` and the key at fault, in one line.
@@ -118,9 +119,8 @@ class AccuracyRecord:
         if "parts" in d:
             kw["parts"] = {name: Accuracy.from_json(fig) for name, fig in d["parts"].items()}
         if "dropped" in d:
-            kw["dropped"] = tuple(
-                _dropped(step, f"{source}.dropped[{i}]", error) for i, step in enumerate(d["dropped"])
-            )
+            where = f"{source}.dropped"
+            kw["dropped"] = tuple(_dropped(s, f"{where}[{i}]", error) for i, s in enumerate(d["dropped"]))
         if "calibration" in d:
             cal = d["calibration"]
             kw["calibration"] = CalibrationRecord(**known_fields(CalibrationRecord, cal))

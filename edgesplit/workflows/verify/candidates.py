@@ -215,7 +215,8 @@ def replicas(problem: Problem, singles: list[Candidate]) -> list[Candidate]:
     period = 1.0 / sum(rates) if rates else None
     predicted = first.predicted
     if period:
-        predicted = replace(predicted, period_ms=round(period, 6), throughput_per_s=round(1000.0 / period, 6))
+        per_s = round(1000.0 / period, 6)
+        predicted = replace(predicted, period_ms=round(period, 6), throughput_per_s=per_s)
     summary = f"a whole-model copy on each of {', '.join(procs)}, one queue"
     plan = replace(first, replicas=tuple(procs[1:]), predicted=predicted)
     return [Candidate(REPLICAS, summary, plan)]
