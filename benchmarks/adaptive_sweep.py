@@ -114,10 +114,10 @@ class Device:
 
 def build(args, tmp: Path, quota: CpuQuota):
     """The lab's specs, the measured profile, and the adaptive bundle; returns (bundle, manifest)."""
-    from edgesplit.compile.api import compile_bundle
     from edgesplit.device.spec import load_device, network_link
     from edgesplit.model import zoo
-    from edgesplit.optimize.api import solve_plan
+    from edgesplit.optimize.planner import solve_plan
+    from edgesplit.workflows.compile import compile_bundle
     from edgesplit.workflows.resolve import Choices, resolve
 
     peak, bw, launch = ROOFLINE["peak_gflops"], ROOFLINE["mem_bandwidth_gbps"], ROOFLINE["launch_overhead_ms"]

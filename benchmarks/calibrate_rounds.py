@@ -24,15 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
-from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
-from edgesplit.workflows.calibrate import calibrate, plan_costs
+from edgesplit.workflows.compile import compile_bundle
+from edgesplit.workflows.refit import plan_costs, refit
 from edgesplit.workflows.resolve import partition
 
 
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--device", default="host-biglittle")
     ap.add_argument("--profile", default=None, help="Reuse this profile (default: profile now).")
     ap.add_argument("--runs", type=int, default=20, help="Timed runs per calibration round.")
-    ap.add_argument("--rounds", type=int, default=3, help="Calibration rounds at most.")
+    ap.add_argument("--rounds", type=int, default=3, help="Refit rounds at most.")
     ap.add_argument("--blocks", type=int, default=4, help="Alternating measurement rounds.")
     ap.add_argument("--block", type=int, default=8)
     args = ap.parse_args()
@@ -101,7 +101,7 @@ def main() -> None:
             bundles[name] = tmp / name.replace(":", "_")
             compile_bundle(graph, plan, bundles[name], device=device)
         before = measure_all(bundles, args.blocks, args.block)
-        result = calibrate(
+        result = refit(
             bundles["split"], runs=args.runs, max_rounds=args.rounds, progress=lambda m: print("  " + m)
         )
         cal_path = tmp / "calibrated.json"

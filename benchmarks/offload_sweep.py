@@ -180,10 +180,10 @@ def main() -> None:
     )
     ap.add_argument("--tolerance", type=float, default=0.10, help="measurement noise allowed in the verdict")
     args = ap.parse_args()
-    from edgesplit.compile.api import compile_bundle
     from edgesplit.device.spec import load_device
     from edgesplit.model import zoo
     from edgesplit.model.load import load_model
+    from edgesplit.workflows.compile import compile_bundle
 
     tmp = Path(tempfile.mkdtemp(prefix="edgesplit-sweep-"))
     peak, bw, launch = ROOFLINE["peak_gflops"], ROOFLINE["mem_bandwidth_gbps"], ROOFLINE["launch_overhead_ms"]

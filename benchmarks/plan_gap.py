@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.device.cpu import CGROUP_CPU
 from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
@@ -43,9 +42,10 @@ from edgesplit.model.load import load_model
 from edgesplit.optimize.plan import Plan
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import load_profile
-from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.breakdown import breakdown
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import partition
 
 

@@ -43,7 +43,7 @@ import numpy as np
 import edgesplit
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model, parse_input_shapes
-from edgesplit.optimize.api import solve_plan
+from edgesplit.optimize.planner import solve_plan
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.workflows.resolve import Choices, resolve
 from edgesplit.workflows.verify.candidates import Candidate, candidates, compile_candidates, signature

@@ -41,7 +41,7 @@ import numpy as np
 import edgesplit
 from edgesplit.model import zoo
 from edgesplit.model.calibration_data import calibration_set
-from edgesplit.optimize.api import solve_plan
+from edgesplit.optimize.planner import solve_plan
 from edgesplit.precision import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
 from edgesplit.precision.metrics import SNR_CAP_DB, AccuracyBudget
 from edgesplit.runtime.accuracy import bundle_accuracy

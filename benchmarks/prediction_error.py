@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions, profile_model
-from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import partition
 
 

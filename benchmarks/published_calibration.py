@@ -7,7 +7,7 @@ roofline's error on each figure, and the error of a fit on every *other* zoo mod
 group and overall: median and max absolute percentage error, share within +-10% and +-25%.
 Figures of models the zoo cannot build are listed as cited only.
 Run: .venv/bin/python benchmarks/published_calibration.py [--figures] [--write]
-  --write  refit on all figures and write profiles/calibrated/DEVICE.json
+  --write  refit on all figures and write profiles/fitted/DEVICE.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from edgesplit.device.spec import load_device
 from edgesplit.profile.fit import calibration_document, fit_group, groups, leave_one_out, write_calibration
-from edgesplit.profile.published import calibration_path, load_published, published_devices
+from edgesplit.profile.published import fit_path, load_published, published_devices
 
 
 def stats(errors: list[float]) -> str:
@@ -71,7 +71,7 @@ def main() -> None:
         if cited_only:
             print(f"{device:18s} cited only (no zoo model): {len(cited_only)} figures")
         if args.write and entries:
-            path = calibration_path(device)
+            path = fit_path(device)
             write_calibration(path, calibration_document(spec, published, entries))
             print(f"{device:18s} wrote {path}")
     print(

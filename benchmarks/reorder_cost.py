@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 
 
 def measure(bundle: Path, repeat: int) -> dict[str, float]:

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
-from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 
 
 def main() -> None:

@@ -71,11 +71,11 @@ default_link: {{bandwidth_gbps: 25, latency_ms: 0.01}}
 def build(out: Path, arch: str, models: list[str]) -> None:
     import onnxruntime as ort
 
-    from edgesplit.compile.api import compile_bundle
     from edgesplit.compile.manual import contiguous_plan
     from edgesplit.model import zoo
     from edgesplit.model.feeds import random_inputs
     from edgesplit.model.load import load_model
+    from edgesplit.workflows.compile import compile_bundle
 
     out.mkdir(parents=True, exist_ok=True)
     spec = out / "server-gpu.yaml"

@@ -111,8 +111,8 @@ def plan_and_run(graph, prof, work: Path, run: bool, runs: int) -> None:
     if not run or on_tvm == 0:
         return
     import edgesplit
-    from edgesplit.compile.api import compile_bundle
     from edgesplit.model.feeds import random_inputs
+    from edgesplit.workflows.compile import compile_bundle
 
     bundle = work / f"{graph.name}.bundle"
     compile_bundle(graph, plan, bundle)

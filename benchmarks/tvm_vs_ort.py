@@ -139,7 +139,7 @@ def main() -> None:
             trials, wall, _ = tuning_cost(lookup.paths, name)
             row = f"{name:<13}{t_ort:>9.3f}{t_tvm:>9.3f}{t_tvm / t_ort:>8.2f}x{have:>5}/{total:<3}{trials:>8}{wall:>8.0f}"
             if args.untuned:
-                build_library(graph.model, target, Path(tmp) / f"{name}.u.so", use_database=False)
+                build_library(graph.model, target, Path(tmp) / f"{name}.u.so", databases=None)
                 untuned = tvm_runner(graph, feeds, Path(tmp) / f"{name}.u.so")[0]
                 row += f"{side_by_side([untuned], 3, 1)[0]:>12.1f}"
             print(f"{row}  {err:.1e}", flush=True)

@@ -46,7 +46,7 @@ _EXPORTS: dict[str, str] = {
     "Plan": "edgesplit.optimize",
     "load_plan": "edgesplit.optimize",
     # compile and run
-    "compile_bundle": "edgesplit.compile.api",
+    "compile_bundle": "edgesplit.workflows.compile",
     "open_bundle": "edgesplit.bundle.format",
     "Manifest": "edgesplit.bundle.format",
     "PartArtifact": "edgesplit.bundle.format",
@@ -61,8 +61,8 @@ _EXPORTS: dict[str, str] = {
     "deploy": "edgesplit.workflows.deploy",
     "Verification": "edgesplit.bundle.verdict",
     "MeasuredCandidate": "edgesplit.bundle.verdict",
-    "VerifyOptions": "edgesplit.workflows.verify.api",
-    "verify_plan": "edgesplit.workflows.verify.api",
+    "VerifyOptions": "edgesplit.workflows.verify.ship",
+    "verify_plan": "edgesplit.workflows.verify.ship",
     # stage time limits
     "StageLimits": "edgesplit.limits",
     "stage_limits": "edgesplit.limits",
@@ -114,7 +114,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is used
     from edgesplit.bundle.format import Manifest, PartArtifact, open_bundle
     from edgesplit.bundle.verdict import MeasuredCandidate, Verification
-    from edgesplit.compile.api import compile_bundle
     from edgesplit.device.spec import DeviceSpec, NetworkLink, Processor, load_device, load_links
     from edgesplit.errors import (
         BundleError,
@@ -145,6 +144,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
     from edgesplit.runtime.chrome import write_chrome_trace
     from edgesplit.runtime.session import Session, SessionStats, load
     from edgesplit.runtime.trace import PartRun, RequestRun, Trace
+    from edgesplit.workflows.compile import compile_bundle
     from edgesplit.workflows.deploy import deploy
     from edgesplit.workflows.resolve import partition
-    from edgesplit.workflows.verify.api import VerifyOptions, verify_plan
+    from edgesplit.workflows.verify.ship import VerifyOptions, verify_plan

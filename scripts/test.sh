@@ -10,6 +10,9 @@ unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .
+# The stages never import the workflows layer or the CLI; the runtime never imports the compiler
+# (pyproject.toml, [tool.importlinter]).
+.venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 # With no arguments, the whole suite on three workers (pytest-xdist) on the two cores: the tests
 # marked `measures` run alone first (tests/measuring.py holds a lock), the others side by side, a
 # third worker filling the time a test waits on sockets, sshd, shaped links and the emulated board

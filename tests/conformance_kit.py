@@ -327,8 +327,8 @@ def run_edgesplit(case: Case, workdir: Path, runs: int = 1) -> Outcome:
 
     The inputs' values are given (``--input``) only when edgesplit asks for them: an input whose
     values decide shapes, a sequence, or one that made-up values do not fill."""
-    from edgesplit.compile.api import compile_bundle
     from edgesplit.runtime.session import load
+    from edgesplit.workflows.compile import compile_bundle
 
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "model.onnx"

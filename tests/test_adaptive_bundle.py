@@ -26,8 +26,8 @@ from edgesplit.compile.bands import part_key
 from edgesplit.errors import BundleError
 from edgesplit.model import zoo
 from edgesplit.runtime.adaptive import LinkEstimator
-from edgesplit.runtime.api import random_feeds
 from edgesplit.runtime.bands import BandSelector, ProbeClock, load_bands
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
 from edgesplit.workflows.deploy import deploy
 

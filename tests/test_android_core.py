@@ -91,10 +91,10 @@ def diamond_plan(graph):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> dict:
     """A diamond bundle of tiny_dag, served with --all-parts; its input and the Python runtime's output."""
-    from edgesplit.compile.api import compile_bundle
     from edgesplit.model import zoo
     from edgesplit.model.load import load_model
     from edgesplit.runtime.session import load
+    from edgesplit.workflows.compile import compile_bundle
 
     d = tmp_path_factory.mktemp("served")
     graph = load_model(zoo.save("tiny_dag", d / "tiny_dag.onnx"))

@@ -12,7 +12,6 @@ import pytest
 from board import BOARD_PYTHON, BUILD_TIMEOUT_S, board, run_bundle  # noqa: F401 - fixture
 from conftest import run_cli
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device.detect import emulation
 from edgesplit.model import zoo
@@ -20,6 +19,7 @@ from edgesplit.model.load import load_model
 from edgesplit.profile.remote import detect_remote
 from edgesplit.profile.ssh import SshOptions
 from edgesplit.profile.store import Profile, load_profile
+from edgesplit.workflows.compile import compile_bundle
 
 
 def on_board(test):

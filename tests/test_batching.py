@@ -16,8 +16,8 @@ from model_builders import mlp_graph
 from netlab import make_bundle, single_tensor_cuts
 from onnx import TensorProto, helper, numpy_helper
 
+from edgesplit.bundle.batching import BATCH_DIM, free_batch
 from edgesplit.bundle.format import open_verified
-from edgesplit.compile.batching import BATCH_DIM, free_batch
 from edgesplit.runtime.served import ServedModel
 from edgesplit.serve.compute import ComputeQueue
 from edgesplit.serve.guard import ByteBudget

@@ -1,4 +1,4 @@
-"""Calibration: the pure fit of cost terms, and the closed loop on a real bundle."""
+"""Refit: the pure fit of cost terms, and the closed loop on a real bundle."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from conftest import make_model, rand, run_cli
 from onnx import helper
 from test_cost_terms import hand_model, with_terms
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device.spec import load_device, read_spec
 from edgesplit.model.load import load_model
-from edgesplit.optimize.calibrate import (
+from edgesplit.optimize.overheads import PairCost
+from edgesplit.optimize.refit import (
     Measured,
     Observed,
     RemoteCall,
@@ -27,12 +27,12 @@ from edgesplit.optimize.calibrate import (
     fit_remote_call,
     uncalibrated,
 )
-from edgesplit.optimize.overheads import PairCost
 from edgesplit.optimize.schedule import layout, schedule
 from edgesplit.optimize.synthetic import random_costs
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import NodeCost, Profile, RunTerms, load_profile
-from edgesplit.workflows.calibrate import TURNS, calibrate, measure, measure_alternating, plan_costs
+from edgesplit.workflows.compile import compile_bundle
+from edgesplit.workflows.refit import TURNS, measure, measure_alternating, plan_costs, refit
 from edgesplit.workflows.resolve import partition
 
 # ---- the pure fit
@@ -175,8 +175,8 @@ def test_contention_is_fitted_from_a_stream_and_restored_by_uncalibrated():
     big is (the runs of a stream, solved for its period). The profile says 1.0 for both; the fit
     finds both factors, they go into the profile (and out again with ``uncalibrated``), and the
     modelled period moves to the measured one."""
-    from edgesplit.optimize.calibrate import Streamed, fit_contention
     from edgesplit.optimize.pipeline import period_ms
+    from edgesplit.optimize.refit import Streamed, fit_contention
     from edgesplit.profile.store import ProcessorProfile
 
     cm = hand_model(["big", "little"], [[4.0, 9.0], [9.0, 3.0]], [(0, 1)])
@@ -217,11 +217,11 @@ def test_a_stream_s_gap_before_a_queued_part_is_fitted_and_priced():
     ``uncalibrated`` takes it out. little's runs were never queued: its hand-off stands."""
     from types import SimpleNamespace
 
-    from edgesplit.optimize.calibrate import Streamed
     from edgesplit.optimize.overheads import build_overheads
     from edgesplit.optimize.pipeline import period_ms
+    from edgesplit.optimize.refit import Streamed
     from edgesplit.profile.store import ProcessorProfile
-    from edgesplit.workflows.calibrate import queued_gaps_ms
+    from edgesplit.workflows.refit import queued_gaps_ms
 
     def run(lane, start_ms, collected_ms, submit_ms):
         ns = [int(v * 1e6) for v in (start_ms, collected_ms, submit_ms)]
@@ -337,7 +337,7 @@ def test_calibration_lowers_the_error_of_a_mis_scaled_profile(conv_chain, tmp_pa
     plan = partition(conv_chain, device, profile=str(tmp_path / "bad.json"), pins=pins)
     assert [p.processor for p in plan.parts] == ["core0", "core1"]
     compile_bundle(conv_chain, plan, tmp_path / "b")
-    result = calibrate(tmp_path / "b", runs=15, warmup=3, max_rounds=2)
+    result = refit(tmp_path / "b", runs=15, warmup=3, max_rounds=2)
     assert result.profile.calibration["bundles"][0].endswith("b")
     fresh = measure(tmp_path / "b", runs=15, warmup=3)
     measured = fresh.part_ms["p1"] / fresh.part_ms["p0"]
@@ -542,7 +542,7 @@ def test_a_server_call_is_fitted_from_calls_to_a_real_server(conv_chain, tmp_pat
     assert [p.remote for p in plan.parts] == [False, True]
     compile_bundle(conv_chain, plan, tmp_path / "b")
     with ServerThread(tmp_path / "b", ServeOptions(port=0, all_parts=True)) as srv:
-        result = calibrate(tmp_path / "b", runs=30, warmup=3, max_rounds=1, server_url=srv.url)
+        result = refit(tmp_path / "b", runs=30, warmup=3, max_rounds=1, server_url=srv.url)
         fresh = measure(tmp_path / "b", runs=30, warmup=3, server_url=srv.url).remote["p1"]
     home = next(e.terms for e in result.profile.entries if e.processor == "core0")
     mb = (fresh.sent_nbytes + fresh.received_nbytes) / 1e6  # the HTTP bodies: tensors and headers

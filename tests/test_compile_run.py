@@ -14,13 +14,13 @@ import onnxruntime as ort
 import pytest
 from conftest import PPOCR_SHAPES, has_cuda_gpu, make_model, ppocr_model, run_cli
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.errors import BundleError, PlanError, RunInputError
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model, parse_input_shapes
-from edgesplit.runtime.api import random_feeds
+from edgesplit.runtime.harness import random_feeds
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 
 ZOO = [
     "mobilenetv2",
@@ -355,7 +355,7 @@ def test_a_tuning_database_is_kept_per_target_and_reused(tmp_path, monkeypatch):
     db.mkdir(parents=True)
     ms.database.JSONDatabase(work_dir=str(db))  # the files a tuning run leaves, as TVM writes them
     assert build_library(m, target, tmp_path / "b.so")["tuning_database"] == str(db)
-    assert "tuning_database" not in build_library(m, target, tmp_path / "c.so", use_database=False)
+    assert "tuning_database" not in build_library(m, target, tmp_path / "c.so", databases=None)
     assert all((tmp_path / f"{n}.so").stat().st_size > 0 for n in "abc")
 
 

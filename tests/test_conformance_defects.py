@@ -29,11 +29,11 @@ from conftest import run_cli
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.errors import ModelLoadError, PlanError, RunInputError
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import partition
 
 QUICK = ProfileOptions(runs=1, warmup=0)

@@ -18,13 +18,13 @@ import pytest
 from model_builders import control_flow_model, nested_model
 
 from edgesplit.backends.ort.profile import _kernel_times, map_regions, profile_ort
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan, part_boundaries
 from edgesplit.device.spec import load_device
 from edgesplit.model.load import load_model
 from edgesplit.optimize.plan import Part
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import partition
 
 BRANCH_INPUTS = {

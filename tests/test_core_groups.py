@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import edgesplit
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device.spec import load_device, plain_cpu
 from edgesplit.errors import DeviceSpecError
@@ -21,6 +20,7 @@ from edgesplit.optimize.costs import CostModel, Flow
 from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.schedule import schedule
 from edgesplit.runtime.session import _core_locks
+from edgesplit.workflows.compile import compile_bundle
 
 
 def test_a_device_with_two_cpu_processors_gets_their_group():

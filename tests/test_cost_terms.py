@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.device.spec import load_device
 from edgesplit.model.load import load_model
@@ -31,8 +30,9 @@ from edgesplit.optimize.synthetic import random_costs
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import ProcessorProfile, Profile
 from edgesplit.profile.terms import IDLE_GAPS_MS, contention_factor
-from edgesplit.runtime.api import benchmark, random_feeds
+from edgesplit.runtime.harness import benchmark, random_feeds
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 
 # ---- the part-level schedule, on cost models made by hand
 
@@ -595,7 +595,7 @@ def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
     predicts no worse than the plan without that backend (squeezenet on host-biglittle: five parts
     on big at 11.06 ms predicted against 9.30 for ORT alone, before). A trade-off (pareto) keeps it
     too, on both figures (squeezenet's point on big: 17.94 ms and 71.1 mJ against 11.86 and 46.9)."""
-    from edgesplit.optimize.api import solve_plan
+    from edgesplit.optimize.planner import solve_plan
     from edgesplit.workflows.resolve import Choices, resolve
 
     ort_only, both = _twin_backends(chain_profile)
@@ -650,7 +650,7 @@ def test_band_plans_do_not_cut_a_processor_into_parts_for_a_backend_faster_on_on
 def test_a_plan_s_baselines_are_each_the_cheaper_of_their_two_pricings():
     """A plan kept on each node's fastest backend shows the baselines as a user would run them:
     where one backend per processor prices a baseline cheaper, that figure."""
-    from edgesplit.optimize.api import _cheaper_baselines
+    from edgesplit.optimize.planner import _cheaper_baselines
 
     out = solve(split_chain(), "latency")
     dear = replace(out, baselines=tuple(replace(b, latency_ms=2 * b.latency_ms) for b in out.baselines))

@@ -9,10 +9,10 @@ from conftest import conv_chain
 
 import edgesplit
 from edgesplit.bundle.format import open_bundle
-from edgesplit.compile.api import compile_bundle
 from edgesplit.errors import BundleError
-from edgesplit.optimize.api import solve_plan
+from edgesplit.optimize.planner import solve_plan
 from edgesplit.profile.run import ProfileOptions
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import Choices, resolve
 from edgesplit.workflows.verify.candidates import PLAIN_ORT, REPLICAS, candidates
 

@@ -18,12 +18,12 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import edgesplit
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.errors import ModelLoadError
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.runtime.session import load
+from edgesplit.workflows.compile import compile_bundle
 
 X = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
 

@@ -180,8 +180,8 @@ def test_energy_under_slo_and_memory(graphs, snapdragon):
     # a tiny NPU memory forces nodes elsewhere; the plan must fit it
     npu = replace(device.processor("npu"), memory_mb=2.0)
     small = replace(device, processors=tuple(npu if p.name == "npu" else p for p in device.processors))
-    from edgesplit.optimize.api import complete_profile
     from edgesplit.optimize.costs import build_costs
+    from edgesplit.profile.predict import complete_profile
 
     plan = partition(graph, small, server=server, link=link)
     full = small.with_server(server)

@@ -24,7 +24,7 @@ import edgesplit.precision.measure
 from edgesplit.errors import DeviceSpecError, InputError, PlanError
 from edgesplit.model.calibration_data import calibration_set, image_layout
 from edgesplit.optimize.accuracy import with_precisions
-from edgesplit.optimize.api import solve_plan
+from edgesplit.optimize.planner import solve_plan
 from edgesplit.precision.convert import calibrate, convert
 from edgesplit.precision.measure import PlanMeasurer
 from edgesplit.precision.metrics import SNR_CAP_DB, AccuracyBudget, compare

@@ -16,9 +16,9 @@ from edgesplit.model.load import load_model
 from edgesplit.profile import fit
 from edgesplit.profile.predict import predict, roofline_ms, run_precision
 from edgesplit.profile.published import (
-    ProcessorCalibration,
-    calibration_path,
-    load_calibration,
+    ProcessorFit,
+    fit_path,
+    load_fits,
     load_published,
     published_devices,
 )
@@ -29,7 +29,7 @@ DEVICES = ("jetson-orin-nano", "raspberry-pi5", "server-a100", "snapdragon-8gen2
 def test_every_spec_we_cannot_measure_has_published_figures_and_a_calibration():
     assert set(DEVICES) <= set(published_devices())
     for device in DEVICES:
-        assert calibration_path(device).is_file()
+        assert fit_path(device).is_file()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -47,7 +47,7 @@ def test_every_figure_is_complete_and_cited(device: str):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_shipped_calibration_names_only_published_figures(device: str):
-    cal = load_calibration(device)
+    cal = load_fits(device)
     ids = {f.id: f for f in load_published(device).figures}
     assert cal is not None and cal.device == device and cal.entries
     for e in cal.entries:
@@ -116,9 +116,9 @@ def squeezenet(tmp_path_factory: pytest.TempPathFactory):
 
 def _calibration_dir(tmp_path: Path, device: str, entry: dict) -> Path:
     folder = tmp_path / "profiles"
-    (folder / "calibrated").mkdir(parents=True)
+    (folder / "fitted").mkdir(parents=True)
     doc = {"device": device, "fitted": "2026-01-01", "published_file": "x", "entries": [entry]}
-    (folder / "calibrated" / f"{device}.json").write_text(json.dumps(doc))
+    (folder / "fitted" / f"{device}.json").write_text(json.dumps(doc))
     return folder
 
 
@@ -133,7 +133,7 @@ def test_predictor_uses_the_calibration_when_present_and_the_plain_roofline_when
     entry |= {"overhead_ms": 0.05, "call_ms": 0.7, "figures": ["x"]}
     monkeypatch.setenv("EDGESPLIT_PROFILES_DIR", str(_calibration_dir(tmp_path, spec.name, entry)))
     calibrated = predict(squeezenet, proc, backend, device=spec.name)
-    cal = ProcessorCalibration("cpu", "fp32", 0.2, 0.3, 0.05, 0.7)
+    cal = ProcessorFit("cpu", "fp32", 0.2, 0.3, 0.05, 0.7)
     for node in squeezenet.nodes:
         assert calibrated.nodes[node.name].latency_ms == pytest.approx(
             roofline_ms(node, proc, squeezenet, cal), abs=1e-6
@@ -157,7 +157,7 @@ def test_calibration_applies_only_at_the_precision_the_processor_runs(squeezenet
     assert run_precision(npu, npu.backend("ort-int8")) == "int8"
     assert npu.precisions == ("int8", "fp16")  # never an fp32 part on the HTP
     assert run_precision(cpu, cpu.backend("ort")) == "fp32"
-    shipped = load_calibration(spec.name)
+    shipped = load_fits(spec.name)
     assert shipped.lookup("npu", "fp16") is not None and shipped.lookup("cpu_big", "fp32") is None
     npu_profile = predict(squeezenet, npu, npu.backend("ort-fp16"), device=spec.name)
     assert npu_profile.dispatch_ms == shipped.lookup("npu", "fp16").call_ms
@@ -178,7 +178,7 @@ def test_leave_one_out_runs_on_shipped_data_and_beats_the_plain_roofline():
     spec, published = load_device("raspberry-pi5"), load_published("raspberry-pi5")
     groups = fit.groups(spec, published)
     assert {(g.processor.name, g.precision) for g in groups} == {("cpu", "fp16"), ("cpu", "int8")}
-    shipped = load_calibration("raspberry-pi5")
+    shipped = load_fits("raspberry-pi5")
     for group in groups:
         preds = fit.leave_one_out(group)
         assert [p.figure.id for p in preds] == [f.id for f in group.figures]

@@ -10,11 +10,11 @@ import onnxruntime as ort
 import pytest
 from conftest import gpu_spec, has_cuda_gpu
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.model.load import load_model
 from edgesplit.runtime.client import OipClient
 from edgesplit.serve.server import ServeOptions, ServerThread
+from edgesplit.workflows.compile import compile_bundle
 
 
 def _bundle(tmp_path, target: str):

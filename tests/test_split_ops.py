@@ -258,7 +258,7 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
     of the split's pricing), and ``--split-operators`` plans run through the CLI."""
     from conftest import run_cli
 
-    from edgesplit.optimize.api import plan_with_splits, solve_plan
+    from edgesplit.optimize.planner import plan_with_splits, solve_plan
     from edgesplit.profile.run import ProfileOptions
     from edgesplit.workflows.resolve import Choices, resolve
 

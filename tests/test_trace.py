@@ -14,14 +14,14 @@ from collections import defaultdict
 import pytest
 from conftest import run_cli
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions
-from edgesplit.runtime.api import benchmark, random_feeds
 from edgesplit.runtime.chrome import chrome_trace, trace_event_problems
+from edgesplit.runtime.harness import benchmark, random_feeds
 from edgesplit.runtime.session import load
 from edgesplit.runtime.trace import build_trace
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import partition
 
 # tiny_dag's two branches on core1 as two parts that become ready together (one must queue),

@@ -97,9 +97,9 @@ def installed(tmp_path_factory) -> Installed:
 def test_the_package_comes_from_the_wheel_with_its_data(installed):
     code = (
         "import edgesplit, json; from edgesplit.device.spec import load_device, load_links; "
-        "from edgesplit.profile.published import data_dir, load_calibration, load_published; "
+        "from edgesplit.profile.published import data_dir, load_fits, load_published; "
         "print(json.dumps([edgesplit.__file__, str(load_device('snapdragon-8gen2').path), "
-        "sorted(load_links()), str(data_dir()), load_calibration('snapdragon-8gen2') is not None, "
+        "sorted(load_links()), str(data_dir()), load_fits('snapdragon-8gen2') is not None, "
         "len(load_published('snapdragon-8gen2').figures)]));"
         "from edgesplit.backends.tvm.database import shipped_root; print(shipped_root())"
     )

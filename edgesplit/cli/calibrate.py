@@ -60,9 +60,9 @@ def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, inpu
     ``partition --profile OUTPUT``.
     """
     from edgesplit.model.load import parse_input_values
-    from edgesplit.workflows.calibrate import calibrate
+    from edgesplit.workflows.refit import refit
 
-    result = calibrate(
+    result = refit(
         list(bundles),
         profile=profile_path,
         runs=runs,

@@ -136,7 +136,7 @@ def command(
             not no_bands,
         )
     else:
-        from edgesplit.compile.api import compile_bundle
+        from edgesplit.workflows.compile import compile_bundle
 
         with progress_bar(bool(tune_trials or tune_trials_per_task)) as update:
             manifest = compile_bundle(
@@ -163,7 +163,7 @@ def _verified(model, plan_path, output, device, inputs, tune_trials, tune, optio
     from dataclasses import replace
 
     from edgesplit.cli.common import progress_bar
-    from edgesplit.compile.api import check_output
+    from edgesplit.compile.build import check_output
     from edgesplit.workflows.resolve import as_plan, load_graph, load_spec, problem_from_plan
     from edgesplit.workflows.verify import verify_plan
 

@@ -104,7 +104,7 @@ def command(
     tune_trials_per_task,
 ):
     """Profile MODEL on DEVICE, partition it and compile a bundle."""
-    from edgesplit.compile.api import check_output
+    from edgesplit.compile.build import check_output
     from edgesplit.profile.run import ProfileOptions
     from edgesplit.workflows.deploy import deploy, profile_beside
     from edgesplit.workflows.resolve import Choices, check_choices, load_spec

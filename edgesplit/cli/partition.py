@@ -108,7 +108,7 @@ def command(
     from dataclasses import replace
 
     from edgesplit.optimize.annotate import write_annotated
-    from edgesplit.optimize.api import solve_plan
+    from edgesplit.optimize.planner import solve_plan
     from edgesplit.profile.run import ProfileOptions
     from edgesplit.workflows.resolve import Choices, check_choices, load_spec, resolve
 

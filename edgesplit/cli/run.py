@@ -81,7 +81,7 @@ def command(
     trace_request,
 ):
     """Run BUNDLE on its processors and compare with the plan's predictions."""
-    from edgesplit.runtime.api import benchmark, load, read_inputs
+    from edgesplit.runtime.harness import benchmark, load, read_inputs
 
     if trace_request >= repeat:
         raise click.BadParameter(
@@ -128,8 +128,8 @@ def run_bands(bundle, options, inputs, warmup: int, repeat: int, output, trust_k
 
     import numpy as np
 
-    from edgesplit.runtime.api import read_inputs
     from edgesplit.runtime.bands import load_bands
+    from edgesplit.runtime.harness import read_inputs
 
     with load_bands(bundle, executor_options=options, trust_key=trust_key) as bs:
         feeds = read_inputs(bs.sessions[0], inputs)
@@ -142,7 +142,7 @@ def run_bands(bundle, options, inputs, warmup: int, repeat: int, output, trust_k
             lat.append((time.perf_counter() - t0) * 1e3)
         stats = bs.stats()
         if output:
-            from edgesplit.runtime.api import save_arrays
+            from edgesplit.runtime.harness import save_arrays
 
             save_arrays(out, output)
     print_band_stats(stats, float(np.median(lat)), float(np.percentile(lat, 90)), repeat)

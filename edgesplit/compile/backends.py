@@ -1,6 +1,6 @@
 """The compiler table: what each backend turns an extracted part into, keyed by backend name.
 
-:func:`edgesplit.compile.api.compile_bundle` writes every part's ONNX model into the bundle, then
+:func:`edgesplit.compile.build.build_bundle` writes every part's ONNX model into the bundle, then
 hands the part to ``COMPILERS[part.backend]``, which returns the artifact that runs it. A new
 backend adds one line here (and one in ``device_schema.BACKENDS``, ``profile/backends.py`` and
 ``runtime/backends.py``); tests may add an entry at run time and remove it after.

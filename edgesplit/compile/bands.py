@@ -1,7 +1,6 @@
 """Adaptive bundles: a plan per bandwidth band, compiled together, each shared part stored once.
 
-:func:`band_plans_for` re-loads a plan's problem and runs the band analysis
-(:func:`edgesplit.optimize.bands.problem_band_table`, seeded with the plan itself);
+The band analysis itself (a table and a plan per band) is :func:`edgesplit.optimize.bands.band_analysis`;
 :func:`compile_band_parts` compiles the parts the band plans add to a bundle's. A part with the
 same processor, backend, nodes and boundary as one already compiled is the same artifact, so it is
 named and stored once and the plans list it by that name.
@@ -10,50 +9,14 @@ named and stored once and the plans list it by that name.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from edgesplit.bundle.format import BandPlan, BundleBands, PartArtifact
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
 from edgesplit.device.spec import NetworkLink
-from edgesplit.errors import EdgesplitError
 from edgesplit.model.graph import ModelGraph
-from edgesplit.optimize.bands import BandTable
-from edgesplit.optimize.plan import Part, Plan
-from edgesplit.optimize.problem import Problem
-
-
-@dataclass(frozen=True)
-class BandAnalysis:
-    """A plan's band table and one :class:`Plan` per plan of it (``None`` table: why there is none)."""
-
-    table: BandTable | None
-    plans: tuple[Plan, ...]
-    reason: str = ""
-
-
-def band_plans_for(plan: Plan, problem: Problem | None = None, **options) -> BandAnalysis:
-    """The band table of ``plan``'s problem (loaded again from the plan when not given).
-
-    A plan without a server, or whose profile is no longer on file (so the problem cannot be
-    priced again without measuring), gets no table, and the reason.
-    ``options``: ``lo_mbps``, ``hi_mbps``, ``per_decade``, ``max_evals`` (see ``band_table``).
-    """
-    from edgesplit.optimize.bands import band_plans, plan_assignment, problem_band_table, problem_costs
-    from edgesplit.workflows.resolve import problem_from_plan
-
-    if not (plan.server and plan.link):
-        return BandAnalysis(None, (), "the plan has no server, so bandwidth changes nothing")
-    if problem is None:
-        if not plan.profile_path or not Path(plan.profile_path).is_file():
-            return BandAnalysis(None, (), "the plan's profile is not on file (give the problem to price it)")
-        try:
-            problem = problem_from_plan(plan)
-        except EdgesplitError as e:
-            return BandAnalysis(None, (), f"the plan's problem cannot be loaded again ({e})")
-    seed = plan_assignment(problem_costs(problem), plan)
-    table = problem_band_table(problem, seeds=[seed], **options)
-    return BandAnalysis(table, band_plans(problem, table))
+from edgesplit.optimize.bands import BandAnalysis
+from edgesplit.optimize.plan import Part
 
 
 def part_key(p: Part | PartArtifact, nodes: Sequence[str] = ()) -> tuple:

@@ -9,7 +9,7 @@ there are several). The model names are the part names, as with ``edgesplit serv
 remote executor talks to a Triton fleet unchanged.
 
 With ``max_batch > 1`` (``export-triton --max-batch N --max-queue-delay-ms D``, the settings of
-``serve``), each part that has a batch-free form (:func:`edgesplit.compile.batching.free_batch`,
+``serve``), each part that has a batch-free form (:func:`edgesplit.bundle.batching.free_batch`,
 checked by running it) is written in that form with ``max_batch_size: N x rows`` (rows: the
 part's own first dimension), dims without the batch dimension, and ``dynamic_batching {
 max_queue_delay_microseconds: D x 1000 }``. The others keep ``max_batch_size: 0``, and so do all
@@ -204,7 +204,7 @@ def _batch_forms(
     """Per batchable part its batch-free ONNX and rows; and the unbatched parts with the reason."""
     if max_batch <= 1:
         return {}, []
-    from edgesplit.compile.batching import free_batch
+    from edgesplit.bundle.batching import free_batch
 
     forms: dict[str, tuple[bytes, int]] = {}
     unbatched: list[tuple[str, str]] = []

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     # entry points
-    "solve_plan": "edgesplit.optimize.api",
+    "solve_plan": "edgesplit.optimize.planner",
     "solve": "edgesplit.optimize.solve",
     "Problem": "edgesplit.optimize.problem",
     # objectives
@@ -33,7 +33,6 @@ _EXPORTS: dict[str, str] = {
     "CostModel": "edgesplit.optimize.costs",
     "Flow": "edgesplit.optimize.costs",
     "build_costs": "edgesplit.optimize.costs",
-    "complete_profile": "edgesplit.optimize.api",
 }
 
 __all__ = list(_EXPORTS)
@@ -53,9 +52,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is used
-    from edgesplit.optimize.api import complete_profile, solve_plan  # noqa: F401
     from edgesplit.optimize.costs import CostModel, Flow, build_costs  # noqa: F401
     from edgesplit.optimize.objectives import OBJECTIVES, Objective, objective  # noqa: F401
     from edgesplit.optimize.plan import Baseline, Part, Plan, SolverInfo, Transfer, load_plan  # noqa: F401
+    from edgesplit.optimize.planner import solve_plan  # noqa: F401
     from edgesplit.optimize.problem import Problem  # noqa: F401
     from edgesplit.optimize.solve import solve  # noqa: F401

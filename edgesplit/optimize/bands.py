@@ -26,7 +26,7 @@ plans found, and checked against the solver on both sides of each breakpoint.
 
 A processor with two backends (ORT and TVM) can be priced two ways: each node on its fastest
 backend, or one backend for the whole processor (which saves the hand-offs between them; see
-:func:`edgesplit.optimize.api._fewest_backends`). The table takes both pricings as candidates, so a
+:func:`edgesplit.optimize.planner._fewest_backends`). The table takes both pricings as candidates, so a
 band's plan is never one that cuts a processor's run into ORT and TVM parts where one runtime alone
 is faster (squeezenet on ``host`` with an H200 server: at 0.1 Mbit/s the first pricing's best plan,
 12 parts on the CPU, was predicted at 7.04 ms, ORT alone at 5.66 ms).
@@ -41,17 +41,18 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypedDict, Unpack
 
 import numpy as np
 
 from edgesplit.device.spec import NetworkLink
 from edgesplit.errors import PlanError
-from edgesplit.optimize.api import costs_of, make_plan, pricings
 from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.evaluate import sequential_cost
 from edgesplit.optimize.objectives import objective
 from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.plan import Plan, SolverInfo
+from edgesplit.optimize.planner import costs_of, make_plan, pricings
 from edgesplit.optimize.problem import Problem
 from edgesplit.optimize.schedule import makespan_ms, schedule
 from edgesplit.optimize.solve import Outcome, solve
@@ -266,37 +267,54 @@ def _bands(env: _Envelope, points: list[float]) -> list[tuple[float, float, int]
     return out
 
 
+class BandSearch(TypedDict, total=False):
+    """Where and how finely :func:`band_table` looks (every key optional)."""
+
+    lo_mbps: float
+    """The lowest uplink rate (default 0.1 Mbit/s)."""
+    hi_mbps: float
+    """The highest uplink rate (default 1000 Mbit/s)."""
+    per_decade: int
+    """Grid points a decade where the solver runs first (default 4)."""
+    slo_ms: float | None
+    """Plans over it rank after every plan under it (where none meets it, the fastest)."""
+    rel_tol: float
+    """How exact a breakpoint is: it lies within a relative ``rel_tol`` of the crossing (1e-6)."""
+    tol: float
+    """A plan must be better by this relative margin to count as a different optimum (1e-9)."""
+    max_evals: int
+    """Solver evaluations per pricing (default 150)."""
+
+
 def band_table(
     cm: CostModel,
     objective_name: str = "latency",
     *,
-    lo_mbps: float = 0.1,
-    hi_mbps: float = 1000.0,
-    per_decade: int = 4,
-    slo_ms: float | None = None,
-    rel_tol: float = 1e-6,
-    tol: float = 1e-9,
-    max_evals: int = 150,
     seeds: Iterable[np.ndarray] = (),
     alternatives: Sequence[CostModel] = (),
+    **search: Unpack[BandSearch],
 ) -> BandTable:
     """The best plan for every uplink rate from ``lo_mbps`` to ``hi_mbps`` (see the module doc).
 
     Args:
         cm: The cost model at any rate (its link is rescaled; see :func:`with_rate`).
         objective_name: What the plans minimise, judged by ``Objective.value``.
-        per_decade: Grid points a decade where the solver runs first.
-        slo_ms: Plans over it rank after every plan under it (where none meets it, the fastest).
-        rel_tol: How exact a breakpoint is: it lies within a relative ``rel_tol`` of the crossing.
-        tol: A plan must be better by this relative margin to count as a different optimum.
         seeds: Plans to consider besides the solver's (a plan already made, say), in every pricing.
         alternatives: The same problem priced otherwise (one backend per processor, say): plans
             are solved and valued in each pricing too, and :attr:`BandTable.pricing` records the
             one each plan of the table is priced in.
+        search: :class:`BandSearch`: the range of rates, how finely, and the SLO.
 
     Raises:
         PlanError: for a cost model without a network link, or a range that is not positive.
     """
+    lo_mbps, hi_mbps = search.get("lo_mbps", 0.1), search.get("hi_mbps", 1000.0)
+    per_decade, slo_ms = search.get("per_decade", 4), search.get("slo_ms")
+    rel_tol, tol, max_evals = (
+        search.get("rel_tol", 1e-6),
+        search.get("tol", 1e-9),
+        search.get("max_evals", 150),
+    )
     if not 0 < lo_mbps < hi_mbps:
         raise PlanError(f"the bandwidth range must be 0 < lo < hi, got {lo_mbps:g} to {hi_mbps:g} Mbit/s")
     t0 = time.perf_counter()
@@ -374,7 +392,7 @@ def problem_costs(problem: Problem) -> CostModel:
 
 
 def problem_pricings(problem: Problem) -> list[CostModel]:
-    """The pricings a band table weighs (:func:`~edgesplit.optimize.api.pricings`), indexed as
+    """The pricings a band table weighs (:func:`~edgesplit.optimize.planner.pricings`), indexed as
     :attr:`BandTable.pricing`.
 
     Raises:
@@ -445,3 +463,29 @@ def band_plans(problem: Problem, table: BandTable) -> tuple[Plan, ...]:
         )
         plans.append(make_plan(replace(problem, link=link_at(problem.link, bw)), cm, out))
     return tuple(plans)
+
+
+@dataclass(frozen=True)
+class BandAnalysis:
+    """A plan's band table and one :class:`Plan` per plan of it (``None`` table: why there is none)."""
+
+    table: BandTable | None
+    plans: tuple[Plan, ...]
+    reason: str = ""
+
+
+def band_analysis(plan: Plan, problem: Problem | None, **options) -> BandAnalysis:
+    """The band table of ``plan``'s problem, seeded with the plan itself, and a plan per band.
+
+    A plan without a server gets no table, and the reason; so does one whose ``problem`` could not
+    be had (``None``: the caller says why in ``options["reason"]``).
+    ``options``: ``lo_mbps``, ``hi_mbps``, ``per_decade``, ``max_evals`` (see :func:`band_table`).
+    """
+    reason = options.pop("reason", "the plan's problem is not at hand")
+    if not (plan.server and plan.link):
+        return BandAnalysis(None, (), "the plan has no server, so bandwidth changes nothing")
+    if problem is None:
+        return BandAnalysis(None, (), reason)
+    seed = plan_assignment(problem_costs(problem), plan)
+    table = problem_band_table(problem, seeds=[seed], **options)
+    return BandAnalysis(table, band_plans(problem, table))

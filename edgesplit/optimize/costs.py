@@ -481,7 +481,7 @@ def build_costs(
             the plan's backend (to price a plan as it was compiled, whatever backend is fastest now).
         uniform: ``processor name -> backend``: on that processor every node the backend's entry
             has uses it, whether or not another backend is faster for the node (one backend, so
-            no part boundary between backends; see :func:`edgesplit.optimize.api.solve_plan`).
+            no part boundary between backends; see :func:`edgesplit.optimize.planner.solve_plan`).
 
     Raises:
         PlanError: for a profile of another model, unknown pins, a server without a link, and ops

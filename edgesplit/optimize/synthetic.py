@@ -6,6 +6,8 @@ deterministically from a seed.
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 import numpy as np
 
 from edgesplit.optimize.costs import CostModel, Flow
@@ -105,18 +107,30 @@ def _links(remote: np.ndarray, rng: np.random.Generator):
     return lat, per_byte, radio, channel
 
 
+class RandomShape(TypedDict, total=False):
+    """What kind of cost model :func:`random_costs` draws (every key optional)."""
+
+    n_remote: int
+    """The last processors are a server's (default 1)."""
+    unsupported: float
+    """Probability that a (node, processor) other than the home CPU's is unsupported (0.1)."""
+    width: int
+    """Nodes a layer of a layered DAG (default 4)."""
+    chain: bool
+    """A chain instead of a DAG."""
+    memory: bool
+    """Memory sizes and limits too."""
+    device_like: bool
+    """Speed-ups that depend on an op class, as in a roofline model."""
+    blocks: bool
+    """A DNN-like DAG of blocks (:func:`block_edges`)."""
+
+
 def random_costs(
     n_nodes: int,
     n_procs: int,
     seed: int = 0,
-    *,
-    n_remote: int = 1,
-    unsupported: float = 0.1,
-    width: int = 4,
-    chain: bool = False,
-    memory: bool = False,
-    device_like: bool = False,
-    blocks: bool = False,
+    **shape: Unpack[RandomShape],
 ) -> CostModel:
     """A random cost model: a layered DAG (or a chain) on ``n_procs`` processors.
 
@@ -125,6 +139,13 @@ def random_costs(
     reached over a random network link. Each other (node, processor) is unsupported with
     probability ``unsupported``.
     """
+    n_remote, unsupported, width = (
+        shape.get("n_remote", 1),
+        shape.get("unsupported", 0.1),
+        shape.get("width", 4),
+    )
+    chain, memory = shape.get("chain", False), shape.get("memory", False)
+    device_like, blocks = shape.get("device_like", False), shape.get("blocks", False)
     rng = np.random.default_rng(seed)
     if chain:
         preds = [((i - 1,) if i else ()) for i in range(n_nodes)]

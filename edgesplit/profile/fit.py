@@ -35,7 +35,7 @@ import numpy as np
 from edgesplit.device.spec import DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.predict import _ELEMENT_NBYTES, _MEMORY_EFFICIENCY, conv_efficiency, plain_efficiency
-from edgesplit.profile.published import ProcessorCalibration, PublishedFigure, PublishedSet, data_dir
+from edgesplit.profile.published import ProcessorFit, PublishedFigure, PublishedSet, data_dir
 from edgesplit.util import atomic_write_text
 
 PRIOR_WEIGHT = 0.1
@@ -172,14 +172,14 @@ def groups(spec: DeviceSpec, published: PublishedSet) -> list[Group]:
     return result
 
 
-def fit_group(group: Group) -> ProcessorCalibration:
+def fit_group(group: Group) -> ProcessorFit:
     ec, em, oh, call = fit_efficiencies(
         [(a, f.latency_ms) for a, f in zip(group.arrays, group.figures, strict=True)],
         group.processor,
         group.precision,
     )
     ids = tuple(f.id for f in group.figures)
-    return ProcessorCalibration(
+    return ProcessorFit(
         group.processor.name, group.precision, round(ec, 4), round(em, 4), round(oh, 6), round(call, 5), ids
     )
 
@@ -215,10 +215,8 @@ def leave_one_out(group: Group) -> list[Prediction]:
     return sorted(out, key=lambda p: order[p.figure.id])
 
 
-def calibration_document(
-    spec: DeviceSpec, published: PublishedSet, entries: Sequence[ProcessorCalibration]
-) -> dict:
-    """The JSON document of ``profiles/calibrated/DEVICE.json``."""
+def calibration_document(spec: DeviceSpec, published: PublishedSet, entries: Sequence[ProcessorFit]) -> dict:
+    """The JSON document of ``profiles/fitted/DEVICE.json``."""
     rel = Path(published.path).resolve()
     try:
         rel = rel.relative_to(data_dir().resolve().parent)

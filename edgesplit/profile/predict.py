@@ -5,7 +5,7 @@ The efficiencies per op class are what well-tuned mobile kernels reach in publis
 measurements (e.g. nn-Meter, MobiSys 2021, Fig. 3; MLPerf Mobile): dense convolutions and
 GEMMs reach a good share of peak, depthwise convolutions and elementwise ops are memory bound.
 
-Where ``profiles/calibrated/DEVICE.json`` has an entry for the processor at the precision it
+Where ``profiles/fitted/DEVICE.json`` has an entry for the processor at the precision it
 runs, its fitted figures replace the guesses: the dense-Conv efficiency (other op classes keep
 their ratio to it), the memory efficiency and the per-node overhead; bytes scale with the
 precision's element size, and the fitted per-call cost becomes the part dispatch cost. See :mod:`edgesplit.profile.fit` for how they are fitted.
@@ -14,11 +14,12 @@ precision's element size, and the fitted per-call cost becomes the part dispatch
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
-from edgesplit.device.spec import Backend, Processor
+from edgesplit.device.spec import Backend, DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph, Node
-from edgesplit.profile.published import ProcessorCalibration, load_calibration
-from edgesplit.profile.store import PREDICTED, NodeCost, ProcessorProfile
+from edgesplit.profile.published import ProcessorFit, load_fits
+from edgesplit.profile.store import PREDICTED, NodeCost, ProcessorProfile, Profile
 
 # Share of peak FLOPs reached, by op type and processor kind.
 _COMPUTE_EFFICIENCY = {
@@ -66,7 +67,7 @@ def roofline_ms(
     node: Node,
     processor: Processor,
     graph: ModelGraph | None = None,
-    calibration: ProcessorCalibration | None = None,
+    calibration: ProcessorFit | None = None,
 ) -> float:
     """Predicted latency of ``node`` on ``processor`` in ms (fitted figures when calibrated)."""
     eff = plain_efficiency(node, processor.kind, graph)
@@ -81,12 +82,10 @@ def roofline_ms(
     return overhead_ms + max(compute_ms, memory_ms)
 
 
-def calibration_for(
-    device: str | None, processor: Processor, backend: Backend
-) -> ProcessorCalibration | None:
+def published_fit_for(device: str | None, processor: Processor, backend: Backend) -> ProcessorFit | None:
     """The shipped calibration entry for this processor at the precision it runs, if any."""
     spec = processor.server or device
-    cal = load_calibration(spec) if spec else None
+    cal = load_fits(spec) if spec else None
     return cal.lookup(processor.name, run_precision(processor, backend)) if cal else None
 
 
@@ -103,10 +102,10 @@ def predict(
 
     Args:
         device: Name of the device spec the processor belongs to; with it, the spec's shipped
-            calibration (``profiles/calibrated/``) is used where it covers the processor.
+            calibration (``profiles/fitted/``) is used where it covers the processor.
     """
     started = time.perf_counter()
-    calibration = calibration_for(device, processor, backend)
+    calibration = published_fit_for(device, processor, backend)
     nodes: dict[str, NodeCost] = {}
     unsupported: dict[str, str] = {}
     for node in graph.nodes:
@@ -147,3 +146,23 @@ def predict(
         elapsed_s=time.perf_counter() - started,
         dispatch_ms=call_ms,
     )
+
+
+def complete_profile(graph: ModelGraph, device: DeviceSpec, profile: Profile | None) -> Profile:
+    """``profile`` with roofline predictions added for the processors it lacks.
+
+    With no profile at all every entry is predicted; measure the local processors first
+    (``edgesplit profile``) for a plan worth running.
+    """
+    if profile is None:
+        profile = Profile(graph.sha256, graph.name, device.name, graph.input_shapes(), ())
+    entries = list(profile.entries)
+    for proc in device.processors:
+        measured = any(e.source == "measured" for e in profile.for_processor(proc.name))
+        for backend in proc.backends:
+            # A backend left out when the processor itself was measured is not a candidate:
+            # a roofline guess must not outbid measurements (untuned TVM is 3.5-35x slower than
+            # ORT here, DESIGN.md, while the roofline model knows nothing of tuning).
+            if profile.entry(proc.name, backend.key) is None and not measured:
+                entries.append(predict(graph, proc, backend, device=device.name))
+    return replace(profile, entries=tuple(entries))

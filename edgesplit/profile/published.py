@@ -5,7 +5,7 @@ Two kinds of shipped data, both under the top-level ``profiles/`` folder:
 - ``profiles/published/DEVICE.yaml``: figures copied from publications and benchmark results
   (ncnn's benchmark table, Qualcomm AI Hub, MLPerf), each with its source, the exact model,
   precision, runtime and processor. Validated against :data:`PUBLISHED_SCHEMA`.
-- ``profiles/calibrated/DEVICE.json``: per (processor, precision), the achieved share of the
+- ``profiles/fitted/DEVICE.json``: per (processor, precision), the achieved share of the
   spec's peak compute and memory bandwidth and a per-node overhead, fitted to those figures by
   :mod:`edgesplit.profile.fit`. The device YAMLs keep their datasheet figures; this file is the
   only place fitted numbers live, so nobody takes one for the other.
@@ -197,7 +197,7 @@ def load_published(device_or_path: str | os.PathLike) -> PublishedSet:
 
 
 @dataclass(frozen=True)
-class ProcessorCalibration:
+class ProcessorFit:
     """Fitted efficiencies of one processor at one precision.
 
     Attributes:
@@ -223,33 +223,33 @@ class ProcessorCalibration:
 
 
 @dataclass(frozen=True)
-class Calibration:
+class PublishedFits:
     """All fitted entries of one device spec, with the fit's date and inputs."""
 
     device: str
     fitted: str
     source_file: str
-    entries: tuple[ProcessorCalibration, ...]
+    entries: tuple[ProcessorFit, ...]
 
-    def lookup(self, processor: str, precision: str) -> ProcessorCalibration | None:
+    def lookup(self, processor: str, precision: str) -> ProcessorFit | None:
         for e in self.entries:
             if e.processor == processor and e.precision == precision:
                 return e
         return None
 
 
-def calibration_path(device: str) -> Path:
-    return data_dir() / "calibrated" / f"{device}.json"
+def fit_path(device: str) -> Path:
+    return data_dir() / "fitted" / f"{device}.json"
 
 
 @functools.lru_cache(maxsize=32)
-def _load_calibration_cached(path: str, mtime_ns: int) -> Calibration:
+def _load_fits_cached(path: str, mtime_ns: int) -> PublishedFits:
     from edgesplit.util import read_json_object
 
     data = read_json_object(path, ProfileError, "calibration")
     try:
         entries = tuple(
-            ProcessorCalibration(
+            ProcessorFit(
                 processor=e["processor"],
                 precision=e["precision"],
                 compute_efficiency=float(e["compute_efficiency"]),
@@ -260,16 +260,16 @@ def _load_calibration_cached(path: str, mtime_ns: int) -> Calibration:
             )
             for e in data["entries"]
         )
-        return Calibration(data["device"], data["fitted"], data["published_file"], entries)
+        return PublishedFits(data["device"], data["fitted"], data["published_file"], entries)
     except (KeyError, TypeError, ValueError) as e:
         raise ProfileError(f"{path}: not a calibration file (bad or missing {e})") from e
 
 
-def load_calibration(device: str, path: str | os.PathLike | None = None) -> Calibration | None:
+def load_fits(device: str, path: str | os.PathLike | None = None) -> PublishedFits | None:
     """The fitted calibration of a device spec, or None when it has none."""
-    p = Path(path) if path is not None else calibration_path(device)
+    p = Path(path) if path is not None else fit_path(device)
     try:
         mtime = p.stat().st_mtime_ns
     except FileNotFoundError:
         return None
-    return _load_calibration_cached(str(p), mtime)
+    return _load_fits_cached(str(p), mtime)

@@ -31,13 +31,19 @@ def bundle_accuracy(
         calibration_data: Default the data the plan's accuracy was measured on.
         load_options: For :func:`edgesplit.load` (executor options, ``trust_key``, ...).
     """
-    from edgesplit.workflows.resolve import load_graph
+    from edgesplit.model.load import load_model
 
     with load(bundle, **load_options) as session:
         manifest: Manifest = session.manifest
         plan = manifest.plan
         recorded, method = recorded_calibration(plan.accuracy)
-        graph = load_graph(model if model is not None else plan.model_path, plan.input_shapes or None)
+        graph = (
+            model
+            if isinstance(model, ModelGraph)
+            else load_model(
+                os.fspath(model if model is not None else plan.model_path), plan.input_shapes or None
+            )
+        )
         data = calibration_data if calibration_data is not None else recorded
         measurer = PlanMeasurer(graph, data, method)
         got = [session.run(dict(s)) for s in measurer.data.held_out]

@@ -37,7 +37,7 @@ class ServedModel:
         self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None, max_batch: int = 1
     ):
         """Load the part; with ``max_batch > 1``, its batch-free form when it has one (see
-        :mod:`edgesplit.compile.batching`), else it is served unbatched and :attr:`note` says so."""
+        :mod:`edgesplit.bundle.batching`), else it is served unbatched and :attr:`note` says so."""
         self.part = part
         self.name = part.name
         self.max_batch, self.rows = 1, 0
@@ -88,7 +88,7 @@ class ServedModel:
         # from the bytes checked against the manifest as they were read
         onnx_bytes = bundle.read(part.onnx_file)
         if max_batch > 1:
-            from edgesplit.compile.batching import free_batch
+            from edgesplit.bundle.batching import free_batch
 
             found = free_batch(onnx_bytes, part.inputs, part.outputs)
             if found.onnx_bytes is not None:

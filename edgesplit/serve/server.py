@@ -19,7 +19,7 @@ size, what decoding it costs); at most ``max_queue`` requests waiting for comput
 
 Batching (``max_batch``, ``max_queue_delay_ms``): requests for one part are stacked along the
 first dimension and run once, for parts that have a batch-free form (checked by running it when
-the server starts, :mod:`edgesplit.compile.batching`); the others are served one request at a
+the server starts, :mod:`edgesplit.bundle.batching`); the others are served one request at a
 time and :attr:`OffloadServer.notes` says why. Requests are checked one by one before they join a
 batch, so a bad request is refused alone; the stacked copy of a batch's inputs is paid from the
 in-flight byte budget (see :class:`~edgesplit.serve.compute.ComputeQueue`).

@@ -10,9 +10,10 @@ import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from edgesplit.bundle.format import Manifest
+from edgesplit.workflows.resolve import ChoiceFields
 
 if TYPE_CHECKING:
     from edgesplit.backends.tvm.tune import TuneOptions
@@ -23,60 +24,84 @@ if TYPE_CHECKING:
     from edgesplit.workflows.verify import VerifyOptions
 
 
+class DeployOptions(ChoiceFields, total=False):
+    """What :func:`deploy` takes besides the model, the device and the output: the fields of
+    :class:`~edgesplit.workflows.resolve.Choices`, how to compile, and how to verify."""
+
+    tune_trials: int
+    """MetaSchedule trials for TVM parts in all."""
+    tune: TuneOptions | None
+    """MetaSchedule tuning per kernel."""
+    progress: Callable[[str, int, int], None] | None
+    force: bool
+    """Replace ``out`` even when it holds something other than an edgesplit bundle."""
+    sign_key: str | os.PathLike | None
+    """An ed25519 private key file to sign the bundle with (last, the verdict included)."""
+    bands: bool
+    """With a server, also a plan per bandwidth band (an adaptive bundle; default True)."""
+    verify: bool
+    """Measure the plan against the best baselines here, alternating; ship it only where it is
+    faster beyond the noise, else the best measured (default True)."""
+    verify_budget_s: float
+    """The most time measuring may take (compiling and loading come on top; default 30)."""
+    server_url: str | None
+    """An offload server for candidates with server parts, or ``"local"`` to serve them from
+    this process; without one they are skipped (and listed as such)."""
+    token: str | None
+    """The server's bearer token."""
+
+
+_DEPLOY_KEYS = DeployOptions.__optional_keys__ - ChoiceFields.__optional_keys__
+
+
 def deploy(
     model: ModelGraph | str | os.PathLike,
     device: SpecLike = "host",
     out: str | os.PathLike = "bundle",
     *,
-    tune_trials: int = 0,
-    tune: TuneOptions | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
-    force: bool = False,
-    sign_key: str | os.PathLike | None = None,
-    bands: bool = True,
-    verify: bool = True,
-    verify_budget_s: float = 30.0,
-    server_url: str | None = None,
-    token: str | None = None,
     verify_options: VerifyOptions | None = None,
-    **choices,
+    **options: Unpack[DeployOptions],
 ) -> Manifest:
     """Profile ``model`` on ``device`` (measured here, predicted elsewhere), partition it, compile
     the plan, and verify it by measurement against the best baselines before shipping it at ``out``.
 
     Args:
         model: A loaded :class:`ModelGraph` or an ONNX file (loaded with ``input_shapes``/``input_values``).
-        choices: The fields of :class:`edgesplit.workflows.resolve.Choices`, as for :func:`edgesplit.partition`.
-        tune_trials, tune: MetaSchedule trials for TVM parts in all, or per kernel (``TuneOptions``).
-        force: Replace ``out`` even when it holds something other than an edgesplit bundle.
-        sign_key: An ed25519 private key file to sign the bundle with (last, the verdict included).
-        verify: Measure the plan against the best baselines here, alternating; ship it only where it is
-            faster beyond the noise, else the best measured (:func:`edgesplit.workflows.verify.verify_plan`).
-        verify_budget_s: The most time measuring may take (compiling and loading come on top).
-        server_url, token: An offload server for candidates with server parts, or ``"local"`` to
-            serve them from this process; without one they are skipped (and listed as such).
-        verify_options: All the verification's options at once (overrides the three above).
-        bands: With a server, also a plan per bandwidth band (an adaptive bundle).
+        verify_options: All the verification's options at once (overrides ``verify_budget_s``,
+            ``server_url`` and ``token``).
+        options: :class:`DeployOptions`: the fields of :class:`edgesplit.workflows.resolve.Choices`,
+            as for :func:`edgesplit.partition`, and how to compile and verify.
 
     Returns the manifest: ``plan`` (the shipped candidate's, with predicted figures and baselines) and
     ``verification`` (None when not verified); open the bundle with :func:`edgesplit.load`.
     """
     from edgesplit.bundle.format import sign_bundle
     from edgesplit.bundle.signing import load_private_key
-    from edgesplit.compile.api import check_output, compile_bundle
+    from edgesplit.compile.build import check_output
+    from edgesplit.workflows.compile import compile_bundle
 
+    choices = {k: v for k, v in options.items() if k not in _DEPLOY_KEYS}
+    tune_trials, tune = options.get("tune_trials", 0), options.get("tune")
+    progress, force, bands = options.get("progress"), options.get("force", False), options.get("bands", True)
+    sign_key = options.get("sign_key")
     key = load_private_key(sign_key) if sign_key is not None else None
-    options = (verify_options or verify_options_for(verify_budget_s, server_url, token)) if verify else None
+    verifying = options.get("verify", True)
+    budget_s, server_url, token = (
+        options.get("verify_budget_s", 30.0),
+        options.get("server_url"),
+        options.get("token"),
+    )
+    vopts = (verify_options or verify_options_for(budget_s, server_url, token)) if verifying else None
     check_output(out, force, [getattr(model, "path", None) or os.fspath(model)])  # before the slow steps
     problem, plan = _planned(model, device, choices, out, progress)
-    if options is not None:
+    if vopts is not None:
         from edgesplit.workflows.verify import verify_plan
 
         return verify_plan(
             problem,
             plan,
             out,
-            options=options,
+            options=vopts,
             tune_trials=tune_trials,
             tune=tune,
             progress=progress,
@@ -111,7 +136,7 @@ def _planned(
     """The problem and its plan. With no profile file (measured here, or given as an object), the
     profile planned with is kept beside the bundle (:func:`profile_beside`), as ``partition`` keeps
     it beside the plan: written once there is a plan, and kept should compiling or verifying fail."""
-    from edgesplit.optimize.api import solve_plan
+    from edgesplit.optimize.planner import solve_plan
     from edgesplit.workflows.resolve import Choices, resolve
 
     problem = resolve(model, device, Choices(**choices), progress=progress)

@@ -11,7 +11,7 @@ with one-line errors; every entry point comes through it, so they cannot drift a
 - :func:`partition` (the Python API) and :func:`edgesplit.workflows.deploy.deploy`;
 - the ``partition``, ``deploy`` and ``compile`` commands;
 - the bandwidth sweep (:func:`problem_from_plan` loads a plan's problem again);
-- :func:`edgesplit.compile.api.compile_bundle` (:func:`as_plan`, :func:`plan_device`).
+- :func:`edgesplit.workflows.compile.compile_bundle` (:func:`as_plan`, :func:`plan_device`).
 
 Layering: this module sits after ``optimize/`` (it builds the optimiser's :class:`Problem` and
 checks the objective against its table) and before ``compile/``; ``optimize/`` stays pure because
@@ -24,20 +24,21 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from edgesplit.device.spec import DeviceSpec, NetworkLink, load_device, network_link
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import AccuracyCheck
-from edgesplit.optimize.api import complete_profile, solve_plan
 from edgesplit.optimize.costs import pin_indices
 from edgesplit.optimize.load import ServerLoad
 from edgesplit.optimize.objectives import objective as objective_named
 from edgesplit.optimize.plan import Plan, load_plan
+from edgesplit.optimize.planner import solve_plan
 from edgesplit.optimize.problem import Problem, combined
 from edgesplit.precision import CALIBRATION_METHODS, recorded_calibration
 from edgesplit.precision.metrics import DEFAULT_BUDGET, AccuracyBudget
+from edgesplit.profile.predict import complete_profile
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.profile.store import Profile, load_profile
 from edgesplit.util import Progress, check_number, short
@@ -122,6 +123,30 @@ class Choices:
     calibration_data: str | os.PathLike | None = None
     calibration_method: str | None = None
     split_operators: bool = False
+
+
+class ChoiceFields(TypedDict, total=False):
+    """:class:`Choices` as keyword arguments (``partition(..., objective="energy")``): the same
+    fields, each optional (``tests/test_house.py`` holds the two to the same names)."""
+
+    objective: str
+    slo_ms: float | None
+    profile: Profile | str | os.PathLike | None
+    server: SpecLike | None
+    server_profile: Profile | str | os.PathLike | None
+    link: NetworkLink | str | None
+    bandwidth_mbps: float | None
+    rtt_ms: float | None
+    pins: Mapping[str, str] | Iterable[str] | None
+    input_shapes: Mapping[str, Sequence[int]] | None
+    input_values: Mapping[str, np.ndarray] | None
+    profiling: ProfileOptions | None
+    server_load: int | None
+    server_slots: int
+    accuracy: AccuracyBudget | None
+    calibration_data: str | os.PathLike | None
+    calibration_method: str | None
+    split_operators: bool
 
 
 def accuracy_check(
@@ -356,7 +381,7 @@ def partition(
     time_limit_s: float = 60.0,
     max_evals: int = 300,
     progress: Progress | None = None,
-    **choices,
+    **choices: Unpack[ChoiceFields],
 ) -> Plan:
     """Split a model over a device's processors (and a server's) for an objective.
 

@@ -21,10 +21,10 @@ from onnx import helper
 
 from edgesplit.bundle.signing import generate_key
 from edgesplit.cli.main import main
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.model.load import load_model
 from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile
+from edgesplit.workflows.compile import compile_bundle
 
 pytestmark = pytest.mark.timeout(120)
 

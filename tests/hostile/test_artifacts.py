@@ -41,10 +41,10 @@ from artifact_kit import (  # noqa: F401 - the fixtures bundle, tvm_bundle, w
 from onnx import helper
 
 from edgesplit.bundle.format import open_verified
-from edgesplit.compile.api import compile_bundle
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.errors import BundleError, DeviceSpecError, EdgesplitError, PlanError
 from edgesplit.optimize.plan import Predicted
+from edgesplit.workflows.compile import compile_bundle
 
 pytestmark = pytest.mark.timeout(120)
 

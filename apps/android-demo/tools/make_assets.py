@@ -137,9 +137,9 @@ def picture(size: int = 64) -> np.ndarray:
 
 
 def main() -> None:
-    from edgesplit.compile.api import compile_bundle
     from edgesplit.model import zoo
     from edgesplit.model.load import load_model
+    from edgesplit.workflows.compile import compile_bundle
 
     here = Path(__file__).resolve().parents[1]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

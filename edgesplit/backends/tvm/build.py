@@ -71,18 +71,18 @@ def build_library(
     out: Path,
     *,
     tune_trials: int = 0,
-    use_database: bool = True,
     tune: TuneOptions | None = None,
     threads: int | None = None,
-    databases: Sequence[str | os.PathLike] = (),
+    databases: Sequence[str | os.PathLike] | None = (),
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Import, (tune,) compile and export ``model`` as a shared library at ``out``.
 
     Args:
         tune_trials: A total budget, spread at up to 64 trials per kernel (``tune`` says more).
-        use_database: Apply the schedules that databases for this target hold (the cache, the
-            shipped ``profiles/tvm/`` ones and ``databases``), even when nothing is tuned now.
+        databases: Apply the schedules that databases for this target hold (the cache, the
+            shipped ``profiles/tvm/`` ones and these), even when nothing is tuned now; ``None``:
+            apply none.
         tune: Tune first (:class:`~edgesplit.backends.tvm.tune.TuneOptions`); its ``threads`` wins.
         threads: The threads the part runs with (the processor's); databases are per thread count.
 
@@ -95,6 +95,8 @@ def build_library(
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
+    use_database = databases is not None
+    databases = databases or ()
     cc = cross_compiler(target)
     if tune is None and tune_trials > 0:
         tune = TuneOptions(trials_per_task=min(64, tune_trials), max_trials=tune_trials, threads=threads)

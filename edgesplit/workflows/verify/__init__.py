@@ -8,7 +8,7 @@ bundle's manifest as a :class:`~edgesplit.bundle.verdict.Verification`.
 from __future__ import annotations
 
 from edgesplit.bundle.verdict import MeasuredCandidate, Verification
-from edgesplit.workflows.verify.api import VerifyOptions, local_server, verify_plan
 from edgesplit.workflows.verify.decide import metric_for
+from edgesplit.workflows.verify.ship import VerifyOptions, local_server, verify_plan
 
 __all__ = ["MeasuredCandidate", "Verification", "VerifyOptions", "local_server", "metric_for", "verify_plan"]

@@ -16,7 +16,7 @@
 * ``best-single-cut`` (Neurosurgeon) and ``server-only``: with a server, as the plan's baselines
   name them (:func:`edgesplit.optimize.baselines.baseline_candidates`).
 
-Each candidate's plan goes through the optimiser's own :func:`~edgesplit.optimize.api.make_plan`
+Each candidate's plan goes through the optimiser's own :func:`~edgesplit.optimize.planner.make_plan`
 (so it is priced, cut into parts and recorded like any plan), without the user's pins: baselines
 model other systems. A candidate that cannot be made says why; it is listed, never dropped.
 """
@@ -30,18 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesplit.compile.api import compile_bundle
 from edgesplit.device.spec import Processor, plain_cpu
 from edgesplit.errors import EdgesplitError
 from edgesplit.optimize.accuracy import with_precisions
-from edgesplit.optimize.api import make_plan
 from edgesplit.optimize.baselines import baseline_candidates
 from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.evaluate import feasible, sequential_cost
 from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.plan import Baseline, Plan, SolverInfo
+from edgesplit.optimize.planner import make_plan
 from edgesplit.optimize.schedule import schedule
 from edgesplit.optimize.solve import Outcome
+from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import Problem
 
 PLAN = "plan"

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from edgesplit.runtime.api import random_feeds, stream_period_ms, stream_requests
+from edgesplit.runtime.harness import random_feeds, stream_period_ms, stream_requests
 from edgesplit.runtime.session import Session, load
 
 MIN_ROUNDS = 3

@@ -12,9 +12,7 @@ from functools import partial
 
 import numpy as np
 
-from edgesplit.device.spec import DeviceSpec
 from edgesplit.errors import PlanError
-from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import fit_budget, with_precisions
 from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.evaluate import sequential_cost
@@ -25,29 +23,6 @@ from edgesplit.optimize.plan import Baseline, Part, Plan, Predicted, Transfer
 from edgesplit.optimize.problem import Problem
 from edgesplit.optimize.schedule import schedule
 from edgesplit.optimize.solve import Outcome, solve
-from edgesplit.profile.store import Profile
-
-
-def complete_profile(graph: ModelGraph, device: DeviceSpec, profile: Profile | None) -> Profile:
-    """``profile`` with roofline predictions added for the processors it lacks.
-
-    With no profile at all every entry is predicted; measure the local processors first
-    (``edgesplit profile``) for a plan worth running.
-    """
-    from edgesplit.profile.predict import predict
-
-    if profile is None:
-        profile = Profile(graph.sha256, graph.name, device.name, graph.input_shapes(), ())
-    entries = list(profile.entries)
-    for proc in device.processors:
-        measured = any(e.source == "measured" for e in profile.for_processor(proc.name))
-        for backend in proc.backends:
-            # A backend left out when the processor itself was measured is not a candidate:
-            # a roofline guess must not outbid measurements (untuned TVM is 3.5-35x slower than
-            # ORT here, DESIGN.md, while the roofline model knows nothing of tuning).
-            if profile.entry(proc.name, backend.key) is None and not measured:
-                entries.append(predict(graph, proc, backend, device=device.name))
-    return replace(profile, entries=tuple(entries))
 
 
 def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int = 300) -> Plan:

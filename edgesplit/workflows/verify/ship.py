@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from edgesplit.bundle.format import Manifest, open_bundle, write_manifest
 from edgesplit.bundle.signing import load_private_key
 from edgesplit.bundle.verdict import Verification
-from edgesplit.compile.api import check_output
+from edgesplit.compile.build import CompileOptions, check_output
 from edgesplit.errors import EdgesplitError
 from edgesplit.optimize.plan import Plan
 from edgesplit.util import Progress, atomic_dir
@@ -257,12 +257,8 @@ def verify_plan(
     out: str | os.PathLike,
     *,
     options: VerifyOptions = VerifyOptions(),
-    tune_trials: int = 0,
-    tune=None,
-    progress: Progress | None = None,
-    force: bool = False,
-    sign_key: str | os.PathLike | Ed25519PrivateKey | None = None,
     bands: bool = True,
+    **compiling: Unpack[CompileOptions],
 ) -> Manifest:
     """Measure ``plan`` against the best baselines here and write the winner's bundle at ``out``.
 
@@ -272,6 +268,9 @@ def verify_plan(
     ``out`` is refused as ``compile`` refuses it (an existing folder that is neither empty nor a
     bundle, unless ``force``); with ``sign_key`` the shipped manifest, verdict included, is signed.
 
+    ``compiling``: :class:`~edgesplit.compile.build.CompileOptions` (tuning, ``progress``, ``force``,
+    ``sign_key``; the accuracy is measured here, not by the compile).
+
     Returns:
         The shipped bundle's manifest; ``manifest.verification`` says what was measured, what was
         shipped and why (``manifest.plan`` is the shipped candidate's plan).
@@ -280,6 +279,12 @@ def verify_plan(
         CompileError, PlanError: when the plan itself cannot be compiled; PlanError when it misses
             the accuracy budget and no other candidate that meets it could be built.
     """
+    sign_key, force, progress = (
+        compiling.get("sign_key"),
+        compiling.get("force", False),
+        compiling.get("progress"),
+    )
+    tune_trials, tune = compiling.get("tune_trials", 0), compiling.get("tune")
     key = load_private_key(sign_key) if sign_key is not None else None
     check_output(out, force, [problem.graph.path])
     metric = metric_for(plan.objective)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import onnx
 
@@ -28,7 +28,7 @@ from edgesplit.bundle.format import (
 )
 from edgesplit.bundle.signing import load_private_key
 from edgesplit.compile.backends import COMPILERS
-from edgesplit.compile.bands import BandAnalysis, band_plans_for, bundle_bands, compile_band_parts, part_key
+from edgesplit.compile.bands import bundle_bands, compile_band_parts, part_key
 from edgesplit.compile.job import CompileJob
 from edgesplit.compile.precision_check import check_precision, plan_budget, require
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
@@ -37,14 +37,12 @@ from edgesplit.errors import BundleError, CompileError, PlanError
 from edgesplit.limits import stage_limit
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.accuracy import backend_precision
+from edgesplit.optimize.bands import BandAnalysis
 from edgesplit.optimize.plan import Part, Plan, check_plan, check_plan_types
-from edgesplit.optimize.problem import Problem
 from edgesplit.precision import recorded_calibration
-from edgesplit.util import Progress, atomic_dir, refuse_to_replace, sha256_file, short
-from edgesplit.workflows.resolve import as_plan, load_graph, plan_device
+from edgesplit.util import Progress, atomic_dir, refuse_to_replace, short
 
 if TYPE_CHECKING:
-    import numpy as np
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from edgesplit.precision.metrics import AccuracyBudget
@@ -55,30 +53,12 @@ def _spec(graph: ModelGraph, name: str) -> TensorSpec:
     return TensorSpec(name, t.shape, t.dtype, t.kind)
 
 
-def _check_plan_fits(plan: Plan, path: str, sha256: str) -> None:
+def check_plan_fits(plan: Plan, path: str, sha256: str) -> None:
     if plan.model_sha256 != sha256:
         raise PlanError(
             f"plan for model {plan.model_name!r} (sha256 {plan.model_sha256[:12]}...) does not "
             f"fit {path} (sha256 {sha256[:12]}...)"
         )
-
-
-def _graph_for(
-    model: str | os.PathLike | ModelGraph,
-    plan: Plan,
-    input_shapes: Mapping[str, Sequence[int]] | None,
-    input_values: Mapping[str, np.ndarray] | None,
-) -> ModelGraph:
-    """The model, loaded with the plan's input shapes unless told others, and checked to be the plan's."""
-    if not isinstance(model, ModelGraph) and Path(model).is_file():
-        _check_plan_fits(plan, os.fspath(model), sha256_file(model))  # before the plan's shapes are applied
-    graph = load_graph(model, input_shapes or plan.input_shapes or None, input_values)
-    _check_plan_fits(plan, graph.path, graph.sha256)
-    if plan.splits and any(n.name not in plan.assignment for n in graph.nodes):  # not rewritten yet
-        from edgesplit.optimize.split import for_plan
-
-        graph = for_plan(graph, plan.splits)[0]
-    return graph
 
 
 def _check_known(plan: Plan, graph: ModelGraph, spec: DeviceSpec, source: str) -> None:
@@ -133,60 +113,64 @@ def check_output(out: str | os.PathLike, force: bool, inputs: Sequence[str]) -> 
     refuse_to_replace(out, force=force, ours=is_bundle_dir, what="an edgesplit bundle", error=BundleError)
 
 
-def compile_bundle(
-    model: str | os.PathLike | ModelGraph,
-    plan: Plan | str | os.PathLike,
+class CompileOptions(TypedDict, total=False):
+    """How :func:`build_bundle` compiles (every key optional)."""
+
+    tune_trials: int
+    """TVM tuning first: trials in all (default 0: tuning databases apply anyway)."""
+    tune: TuneOptions | None
+    """TVM tuning first, with these options."""
+    progress: Progress | None
+    force: bool
+    """Replace ``out`` even when it is neither empty nor an edgesplit bundle."""
+    sign_key: str | os.PathLike | Ed25519PrivateKey | None
+    """An ed25519 private key (file or key) to sign the manifest with (``bundle.signing``)."""
+    accuracy_budget: AccuracyBudget | None
+    """What int8/fp16 parts must meet, measured as shipped (default the plan's)."""
+    check_accuracy: bool
+    """False: not measured here (``deploy``'s verification measures them itself)."""
+
+
+def build_bundle(
+    graph: ModelGraph,
+    plan: Plan,
+    spec: DeviceSpec,
     out: str | os.PathLike,
     *,
-    device: DeviceSpec | str | os.PathLike | None = None,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    input_values: Mapping[str, np.ndarray] | None = None,
-    tune_trials: int = 0,
-    tune: TuneOptions | None = None,
-    progress: Progress | None = None,
-    force: bool = False,
-    sign_key: str | os.PathLike | Ed25519PrivateKey | None = None,
-    bands: bool = True,
-    problem: Problem | None = None,
-    accuracy_budget: AccuracyBudget | None = None,
-    check_accuracy: bool = True,
+    source: str = "plan",
+    bands: BandAnalysis | None = None,
+    **options: Unpack[CompileOptions],
 ) -> Manifest:
     """Extract, check and compile every part of ``plan``; write the bundle at ``out`` atomically.
 
     Args:
-        plan: The plan (a path to plan.json is read once, here).
-        device: The device spec (with its server's processors, or they are added); default the
-            spec file the plan was made with, else the spec its name finds.
-        input_shapes, input_values: Shapes and sample values to load a ``model`` path with
-            (default the plan's shapes; a plan records no sample values).
-        force: Replace ``out`` even when it is neither empty nor an edgesplit bundle.
-        sign_key: An ed25519 private key (file or key) to sign the manifest with (``compile.signing``).
-        bands: With a server, also a plan per bandwidth band (an adaptive bundle, ``BundleBands``,
-            parts shared by plans stored once); plans whose problem cannot be reloaded get a note.
-        problem: The plan's problem, when the caller has it (else loaded again from the plan).
-        tune_trials, tune: TVM tuning first (trials in all, or ``TuneOptions``); tuning databases apply anyway.
-        accuracy_budget: What int8/fp16 parts must meet, measured as shipped (default the plan's).
-        check_accuracy: False: not measured here (``deploy``'s verification measures them itself).
+        graph: The model, loaded with the plan's shapes (and rewritten for its split operators).
+        plan: The plan, for ``graph`` on ``spec``.
+        spec: The device, with its server's processors.
+        source: Where the plan came from, for messages (its file, or ``"plan"``).
+        bands: With a server, the band analysis of the plan (:func:`edgesplit.optimize.bands.band_analysis`):
+            a plan per bandwidth band is compiled too (an adaptive bundle, ``BundleBands``, parts shared
+            by plans stored once); an analysis without a table leaves a note saying why.
 
     Raises:
         PlanError: the plan was made for another model, or names unknown processors or nodes.
         CompileError: a part cannot be extracted, does not match the whole model, its backend has
             no compiler, its target needs a missing toolchain; int8/fp16 parts miss the budget.
     """
-    source = "plan" if isinstance(plan, Plan) else os.fspath(plan)
+    force = options.get("force", False)
+    progress = options.get("progress")
+    sign_key = options.get("sign_key")
     key = load_private_key(sign_key) if sign_key is not None else None
-    model_path = "" if isinstance(model, ModelGraph) else os.fspath(model)
-    check_output(out, force, [model_path, "" if isinstance(plan, Plan) else source])
-    plan = as_plan(plan)
-    graph = _graph_for(model, plan, input_shapes, input_values)
-    check_output(out, force, [graph.path])
-    spec = plan_device(plan, device)
+    check_plan_fits(plan, graph.path, graph.sha256)
+    check_output(out, force, [graph.path, "" if source == "plan" else source])
     _check_known(plan, graph, spec, source)
     local_cpu = next((p for p in spec.processors if not p.is_remote and p.kind == "cpu"), None)
     notes: list[str] = []
-    analysis = band_plans_for(plan, problem) if bands else None
+    analysis = bands
     if analysis is not None and analysis.table is None and plan.server:
         notes.append(f"no band table: {analysis.reason}")
+    tune_trials, tune = options.get("tune_trials", 0), options.get("tune")
+    accuracy_budget, check_accuracy = options.get("accuracy_budget"), options.get("check_accuracy", True)
     with stage_limit("compile", graph.path), atomic_dir(out) as tmp:  # edgesplit.limits
         (tmp / "parts").mkdir()
         tuning = {"tune_trials": tune_trials, "tune": tune, "progress": progress}  # CompileJob fields

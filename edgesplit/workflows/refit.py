@@ -7,7 +7,7 @@ through the real :class:`Session`, in :data:`TURNS` turns per bundle that altern
 bundles in an order rotated every turn (ABC, BCA, CAB), so that a slow phase of the machine falls on
 all of them alike rather than on one bundle's block (:func:`measure_alternating`), reduces their
 timing records, and fits the terms
-(:func:`edgesplit.optimize.calibrate.fit_profile`) on every bundle's runs so far together, always
+(:func:`edgesplit.optimize.refit.fit_profile`) on every bundle's runs so far together, always
 starting from the profile as measured. A round first predicts its fresh runs with the terms fitted
 before it: the loop has converged when every bundle's prediction is within ``tolerance`` of its
 measurement. ``edgesplit calibrate`` writes the result; ``partition --profile`` then plans with it.
@@ -22,14 +22,17 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import numpy as np
 
 from edgesplit.bundle.format import open_bundle
 from edgesplit.device.spec import load_device, network_link
 from edgesplit.errors import InputError, PlanError
-from edgesplit.optimize.api import complete_profile
-from edgesplit.optimize.calibrate import (
+from edgesplit.optimize.costs import CostModel, build_costs
+from edgesplit.optimize.pipeline import period_ms
+from edgesplit.optimize.plan import Plan
+from edgesplit.optimize.refit import (
     Measured,
     Observed,
     PairFit,
@@ -38,10 +41,8 @@ from edgesplit.optimize.calibrate import (
     fit_profile,
     uncalibrated,
 )
-from edgesplit.optimize.costs import CostModel, build_costs
-from edgesplit.optimize.pipeline import period_ms
-from edgesplit.optimize.plan import Plan
 from edgesplit.optimize.schedule import schedule
+from edgesplit.profile.predict import complete_profile
 from edgesplit.profile.store import Profile, load_profile
 from edgesplit.runtime.session import load
 from edgesplit.runtime.trace import PartRun, Trace
@@ -79,7 +80,7 @@ class Round:
 
 
 @dataclass(frozen=True)
-class Calibration:
+class Refit:
     """The calibrated profile and how it came about.
 
     Attributes:
@@ -155,7 +156,7 @@ def measure_alternating(
     ``server_url``, server parts are called there, and each bundle's calls are kept
     (:func:`remote_calls`). ``inputs``: values of inputs to run with (the others are made up).
     """
-    from edgesplit.runtime.api import random_feeds
+    from edgesplit.runtime.harness import random_feeds
 
     names = [str(b) for b in bundles]
     per_turn = [runs // turns + (i < runs % turns) for i in range(turns)]
@@ -200,7 +201,7 @@ def measure_stream(
     """Run ``bundle`` as a pipelined stream of ``requests`` after it filled (and a stream to warm
     up): its period and each part's run in it. None for a plan on fewer than two local processors
     (nothing overlaps)."""
-    from edgesplit.runtime.api import random_feeds, stream_period_ms
+    from edgesplit.runtime.harness import random_feeds, stream_period_ms
 
     with load(bundle, trust_key=trust_key, executor_options=_options(server_url)) as sess:
         parts = sess.manifest.parts
@@ -392,30 +393,46 @@ def _cases(bundle: str, priced: PlanCosts, fresh: Measured) -> list[Case]:
     ]
 
 
-def calibrate(
+class RefitOptions(TypedDict, total=False):
+    """How :func:`refit` measures and when it stops (every key optional)."""
+
+    runs: int
+    """Measured runs per bundle and round (default 30)."""
+    warmup: int
+    """Runs first, not measured (default 5)."""
+    max_rounds: int
+    """Rounds at most (default 3)."""
+    tolerance: float
+    """Converged when every prediction is within this share of its measurement (default 0.05)."""
+    progress: Progress | None
+    trust_key: str | os.PathLike | None
+    """The public key signed bundles must be signed with."""
+    server_url: str | None
+    """A server that serves the bundles' server parts (``edgesplit serve``); their calls there fit
+    the cost of a call (:func:`~edgesplit.optimize.refit.fit_remote_call`)."""
+    inputs: Mapping[str, np.ndarray] | None
+    """Values of inputs to run the bundles with (``--input``); the others are made up."""
+
+
+def refit(
     bundles: str | os.PathLike | Sequence[str | os.PathLike],
     *,
     profile: Profile | str | os.PathLike | None = None,
-    runs: int = 30,
-    warmup: int = 5,
-    max_rounds: int = 3,
-    tolerance: float = 0.05,
-    progress: Progress | None = None,
-    trust_key: str | os.PathLike | None = None,
-    server_url: str | None = None,
-    inputs: Mapping[str, np.ndarray] | None = None,
-) -> Calibration:
-    """Calibrate the profile of the bundles' plans against their measured runs (see the module doc).
+    **options: Unpack[RefitOptions],
+) -> Refit:
+    """Refit the profile of the bundles' plans to their measured runs (see the module doc).
 
-    ``server_url``: a server that serves the bundles' server parts (``edgesplit serve``); their
-    calls there fit the cost of a call (:func:`~edgesplit.optimize.calibrate.fit_remote_call`).
-    ``inputs``: values of inputs to run the bundles with (``--input``); the others are made up.
+    ``options``: :class:`RefitOptions`.
 
     Raises:
         InputError: no profile to calibrate, one of another model, bundles that differ in model
             or device, server parts without ``server_url``, or a server that failed them.
         PlanError, BundleError: for a bundle or plan that cannot be loaded or priced.
     """
+    runs, warmup = options.get("runs", 30), options.get("warmup", 5)
+    max_rounds, tolerance = options.get("max_rounds", 3), options.get("tolerance", 0.05)
+    progress, trust_key = options.get("progress"), options.get("trust_key")
+    server_url, inputs = options.get("server_url"), options.get("inputs")
     paths = [bundles] if isinstance(bundles, (str, os.PathLike)) else list(bundles)
     plans, base = _plans(paths, profile, trust_key, server_url)
     start = {b: plan_costs(plan, base) for b, plan in plans.items()}
@@ -458,9 +475,7 @@ def calibrate(
     if server_url:
         record["server_url"] = server_url  # where the calls that fitted the call's cost went
     current = dataclasses.replace(current, calibration=record)
-    return Calibration(
-        current, tuple(rounds), converged, {b: p.latency_ms() for b, p in priced.items()}, tolerance
-    )
+    return Refit(current, tuple(rounds), converged, {b: p.latency_ms() for b, p in priced.items()}, tolerance)
 
 
 def _record(

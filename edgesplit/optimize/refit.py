@@ -1,6 +1,6 @@
 """Refit a profile's cost terms from a bundle's measured part runs: the pure half of ``calibrate``.
 
-The runtime half (:mod:`edgesplit.workflows.calibrate`) runs one or more bundles of the same model and
+The runtime half (:mod:`edgesplit.workflows.refit`) runs one or more bundles of the same model and
 device and reduces each one's timing records to a :class:`Measured`; :func:`fit_profile` then fits
 a few terms on all of them together (an :class:`Observed` per bundle), not the parts themselves, so
 that other plans of the same model and device gain too. One bundle alone can leave terms
