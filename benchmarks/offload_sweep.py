@@ -146,7 +146,7 @@ def plans_at(graph, dev, srv, prof, mbps: float) -> dict[str, tuple[object, floa
     plan = partition(graph, dev, profile=prof, server=srv, link=link)
     base = {b.name: b for b in plan.baselines}
     nodes = [n.name for n in graph.nodes]
-    out = {"edgesplit": (plan, plan.predicted["latency_ms"])}
+    out = {"edgesplit": (plan, plan.predicted.latency_ms)}
     for name, key, assign in (
         ("device-only", "only:cpu", dict.fromkeys(nodes, "cpu")),
         ("server-only", "server-only", dict.fromkeys(nodes, "lab-server.cpu")),

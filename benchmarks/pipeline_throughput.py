@@ -85,7 +85,7 @@ def main() -> None:
             for _ in range(args.requests):
                 whole.run(None, feeds)
             c = args.requests / (time.perf_counter() - t0)
-            pred = plan.predicted["throughput_per_s"]
+            pred = plan.predicted.throughput_per_s
             print(
                 f"{name:<14}{a:>11.1f}{b:>12.1f}{b / a:>9.2f}  {'yes' if b / a >= 1.7 else 'NO':<5}"
                 f"{o:>9.1f}{pred:>11.1f}{len(plan.parts):>7}{c:>18.1f}"

@@ -150,7 +150,7 @@ def detailed_pass(bundles, block: int):
 
 def report_variants(plan, big, lat, per_round) -> None:
     print(f"\n{'variant':<13}{'parts':>6}{'predicted ms':>14}{'measured ms':>13}  per-round medians")
-    preds = {"plan": plan.predicted["latency_ms"], "big": big.predicted["latency_ms"]}
+    preds = {"plan": plan.predicted.latency_ms, "big": big.predicted.latency_ms}
     for name, t in lat.items():
         p = preds.get(name)
         n = 1 if name == "big" else len(plan.parts)
@@ -241,7 +241,7 @@ def report_steps(b, manifest, plan) -> None:
         return h if h is not None else lane_med.get(procs[dst], 0.0)
 
     steps = [
-        ("the plan's prediction (part-level schedule)", plan.predicted["latency_ms"]),
+        ("the plan's prediction (part-level schedule)", plan.predicted.latency_ms),
         (
             "part-level replay, predicted part times + transfers",
             replay(manifest, pred, lambda s, d: edges[(s, d)]),

@@ -145,11 +145,8 @@ def rows_of(device, model, metric, entries, meas: dict, profile: str) -> list[Ro
         twin = c.same_as or c.name
         rounds = tuple(round(x, 4) for x in meas["rounds_ms"].get(twin, ()))
         m = med.get(twin)
-        pred = (
-            None
-            if c.plan is None
-            else c.plan.predicted.get("period_ms" if metric == "throughput" else "latency_ms")
-        )
+        fig = c.plan.predicted if c.plan is not None else None
+        pred = None if fig is None else fig.period_ms if metric == "throughput" else fig.latency_ms
         note = c.error or meas["errors"].get(twin) or (meas["short"] if m is None else None)
         out.append(
             Row(

@@ -154,7 +154,7 @@ def run_model(name, path, shapes, weights, args, tmp: Path, rows: list, ops: dic
         plan = edgesplit.open_bundle(bundle).plan
         int8 = sum(len(p.nodes) for p in plan.parts if p.precision == "int8")
         label = f"{cand} ({what[cand]})" if cand in what else cand
-        results[cand] = (ms[cand], acc.snr_db, acc.top1_agreement, int8, plan.predicted["latency_ms"], label)
+        results[cand] = (ms[cand], acc.snr_db, acc.top1_agreement, int8, plan.predicted.latency_ms, label)
     raw, ship = frontier(results, RAW), frontier(results, SHIPPED)
     for cand, (ms, snr, top1, int8, pred, label) in results.items():
         rows.append(

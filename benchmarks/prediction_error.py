@@ -62,7 +62,7 @@ def main() -> None:
                 plan = partition(graph, device, profile=prof, **kw)
                 out = Path(tmp) / f"{name}-{label.replace(':', '_')}"
                 compile_bundle(graph, plan, out, device=device)
-                pred = plan.predicted["latency_ms"]
+                pred = plan.predicted.latency_ms
                 got = measure(out, args.repeat)
                 err = got / pred - 1
                 ok = abs(err) <= 0.10

@@ -102,7 +102,7 @@ def plan_and_run(graph, prof, work: Path, run: bool, runs: int) -> None:
     backends = [p.backend for p in plan.parts]
     print(
         f"  plan: {len(plan.parts)} parts ({', '.join(f'{b} x{backends.count(b)}' for b in sorted(set(backends)))}), "
-        f"{on_tvm}/{len(graph.nodes)} nodes on TVM, predicted {plan.predicted['latency_ms']:.3f} ms"
+        f"{on_tvm}/{len(graph.nodes)} nodes on TVM, predicted {plan.predicted.latency_ms:.3f} ms"
     )
     for p in plan.parts:
         if p.backend == "tvm":

@@ -225,7 +225,7 @@ def test_demo_assets_bundle_is_valid_for_both_runtimes(core):
 
     manifest = open_bundle(ASSETS / "bundle")  # every checksum, as the Python runtime checks it
     assert any(p.remote and p.fallback for p in manifest.parts)
-    assert manifest.plan.predicted["latency_ms"] > 0
+    assert manifest.plan.predicted.latency_ms > 0
     r = remote_run(core, "--bundle", str(ASSETS / "bundle"), "--check", token=None)
     assert r.returncode == 0, r.stderr
     assert "ok: manifest and" in r.stdout

@@ -44,8 +44,8 @@ def test_the_candidates_are_the_baselines_a_user_would_pick(chain):
     stream = {c.name: c for c in candidates(problem, plan, "throughput")}
     rep = stream[REPLICAS].plan
     assert rep is not None and rep.parts[0].processor == "core0" and rep.replicas == ("core1",)
-    one = stream["only:core0"].plan.predicted["period_ms"]
-    assert rep.predicted["period_ms"] < one  # two copies take requests from one queue
+    one = stream["only:core0"].plan.predicted.period_ms
+    assert rep.predicted.period_ms < one  # two copies take requests from one queue
 
 
 @pytest.mark.slow  # its fixture profiles a model on three processors

@@ -62,7 +62,7 @@ def test_plan_never_worse_than_any_baseline(graphs, snapdragon_plans, name):
         feasible = [b for b in plan.baselines if b.feasible]
         assert {b.name for b in feasible} >= {"server-only", "best-single-cut", "ort-greedy"}
         for b in feasible:
-            assert plan.predicted["latency_ms"] <= b.latency_ms * (1 + 1e-9), (bw, b)
+            assert plan.predicted.latency_ms <= b.latency_ms * (1 + 1e-9), (bw, b)
         assert sorted(plan.assignment) == sorted(n.name for n in graphs[name].nodes)
 
 
@@ -72,7 +72,7 @@ def test_branchy_transformer_beats_the_best_single_cut(snapdragon_plans):
     wins = [
         bw
         for bw, p in plans.items()
-        if p.predicted["latency_ms"] < p.baseline("best-single-cut").latency_ms - 1e-6
+        if p.predicted.latency_ms < p.baseline("best-single-cut").latency_ms - 1e-6
     ]
     assert wins, "the plan never strictly beats the best single cut"
 
@@ -90,7 +90,7 @@ def test_googlenet_parts_never_start_before_the_parts_they_read(graphs):
                 start = next(p.start_ms for p in plan.parts if p.name == t.dst_part)
                 assert start >= ends[t.src_part] - 1e-9, t
         best = min(b.latency_ms for b in plan.baselines if b.feasible)
-        assert plan.predicted["latency_ms"] <= best * (1 + 1e-9)
+        assert plan.predicted.latency_ms <= best * (1 + 1e-9)
 
 
 def test_plans_respect_support_pins_and_parts(graphs, snapdragon):
@@ -146,7 +146,7 @@ def test_other_objectives(graphs, snapdragon, objective):
         graph, device, server=server, link=network_link("wifi", bandwidth_mbps=100), objective=objective
     )
     assert plan.objective == objective
-    assert plan.predicted["throughput_per_s"] > 0
+    assert plan.predicted.throughput_per_s > 0
     if objective == "pareto":
         assert plan.pareto and sum(p["chosen"] for p in plan.pareto) == 1
         lat = [p["latency_ms"] for p in plan.pareto]
@@ -155,11 +155,11 @@ def test_other_objectives(graphs, snapdragon, objective):
     if objective == "throughput":
         for b in plan.baselines:
             if b.feasible:
-                assert plan.predicted["throughput_per_s"] >= b.throughput_per_s * (1 - 1e-9)
+                assert plan.predicted.throughput_per_s >= b.throughput_per_s * (1 - 1e-9)
     if objective == "energy":
         for b in plan.baselines:
             if b.feasible and b.name.startswith("only:"):
-                assert plan.predicted["energy_mj"] <= b.energy_mj * (1 + 1e-6)
+                assert plan.predicted.energy_mj <= b.energy_mj * (1 + 1e-6)
 
 
 def test_energy_under_slo_and_memory(graphs, snapdragon):
@@ -173,10 +173,10 @@ def test_energy_under_slo_and_memory(graphs, snapdragon):
     # 3x: the energy plan without the SLO is all int8 on the NPU, which misses the accuracy budget;
     # with its worst unit dropped to fp32 the fastest plan is 2.3 ms, 2.3x the latency plan's 1.03
     # (which keeps its Gemm in fp32 on the CPU cores)
-    slo = fast.predicted["latency_ms"] * 3.0
+    slo = fast.predicted.latency_ms * 3.0
     plan = partition(graph, device, server=server, link=link, objective="energy", slo_ms=slo)
-    assert plan.predicted["latency_ms"] <= slo
-    assert plan.predicted["energy_mj"] >= free.predicted["energy_mj"] - 1e-6
+    assert plan.predicted.latency_ms <= slo
+    assert plan.predicted.energy_mj >= free.predicted.energy_mj - 1e-6
     # a tiny NPU memory forces nodes elsewhere; the plan must fit it
     npu = replace(device.processor("npu"), memory_mb=2.0)
     small = replace(device, processors=tuple(npu if p.name == "npu" else p for p in device.processors))

@@ -213,16 +213,16 @@ def test_tightening_the_budget_never_adds_int8_parts(problem, a, b):
     assert _int8_nodes(p_tight) <= _int8_nodes(p_loose)
     for plan, x in ((p_loose, loose), (p_tight, tight)):
         if plan.accuracy is not None:
-            assert plan.accuracy["measured"]["snr_db"] >= x or not _int8_nodes(plan)
+            assert plan.accuracy.measured.snr_db >= x or not _int8_nodes(plan)
 
 
 def test_a_tight_budget_drops_int8_parts_least_valuable_first(problem):
     first = _solve(problem, AccuracyBudget(min_snr_db=-SNR_CAP_DB))
     exact = _solve(problem, AccuracyBudget(min_snr_db=SNR_CAP_DB))
     assert len(_int8_nodes(first)) > 0 and _int8_nodes(exact) == set()
-    dropped = exact.accuracy["dropped"]
-    assert len(dropped) >= 1 and all("SNR" in d["why"] for d in dropped)
-    assert exact.accuracy["measured"]["snr_db"] == SNR_CAP_DB  # fp32 parts reproduce the model
+    dropped = exact.accuracy.dropped
+    assert len(dropped) >= 1 and all("SNR" in d.why for d in dropped)
+    assert exact.accuracy.measured.snr_db == SNR_CAP_DB  # fp32 parts reproduce the model
 
 
 def test_measuring_the_units_of_a_plan_that_misses_the_budget_reports_progress(split_net):
@@ -234,7 +234,7 @@ def test_measuring_the_units_of_a_plan_that_misses_the_budget_reports_progress(s
     seen = []
     choices = Choices(profile=_profile(graph, device), accuracy=AccuracyBudget(min_snr_db=SNR_CAP_DB))
     plan = solve_plan(resolve(graph, device, choices, progress=lambda *a: seen.append(a)))
-    drops = plan.accuracy["dropped"]
+    drops = plan.accuracy.dropped
     assert drops and {label for label, _, _ in seen} == {PROGRESS_LABEL}
     rounds, current = [], []
     for _, done, total in seen:
@@ -305,7 +305,7 @@ def test_a_second_partition_of_the_same_model_converts_no_part_again(split_net, 
     assert "int8" in made and first.accuracy is not None
     n = len(made)
     again = plan(edgesplit.load_model(graph.path))
-    assert len(made) == n and again.accuracy["measured"] == first.accuracy["measured"]
+    assert len(made) == n and again.accuracy.measured == first.accuracy.measured
     xs = np.random.default_rng(1).standard_normal((6, 1, 3, 32, 32)).astype(np.float32)
     np.savez(tmp_path / "cal.npz", x=xs)
     plan(graph, tmp_path / "cal.npz")
@@ -352,7 +352,7 @@ def test_a_new_process_reads_the_figures_from_disk_and_measures_an_unreadable_fi
 def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):
     budget = AccuracyBudget(min_snr_db=15.0)
     plan = _solve(problem, budget)
-    assert _int8_nodes(plan) and plan.accuracy["meets"]
+    assert _int8_nodes(plan) and plan.accuracy.meets
     manifest = edgesplit.compile_bundle(problem.graph, plan, tmp_path / "bundle", device=problem.device)
     int8 = [p for p in manifest.parts if p.precision == "int8"]
     assert int8 and all(p.backend == "ort-int8" and p.file.endswith(".int8.onnx") for p in int8)
@@ -362,7 +362,7 @@ def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):
     assert got.shape == (1, 10) and np.all(np.isfinite(got))
     measured = bundle_accuracy(tmp_path / "bundle")
     assert budget.meets(measured), measured.summary()
-    assert measured.snr_db == pytest.approx(plan.accuracy["measured"]["snr_db"], abs=0.5)
+    assert measured.snr_db == pytest.approx(plan.accuracy.measured.snr_db, abs=0.5)
 
 
 def _ranges(path) -> dict[str, tuple[float, float]]:
@@ -397,10 +397,8 @@ def test_a_calibration_method_is_cached_apart_recorded_and_compiled_with(problem
     chosen = resolve(graph, device, Choices(profile=problem.profile, calibration_method=method))
     plan = _solve(chosen, any_int8)
     assert _int8_nodes(plan) == _int8_nodes(base)
-    assert (
-        base.accuracy["calibration"]["method"] == "minmax"
-        and recorded_calibration(plan.accuracy)[1] == method
-    )
+    assert base.accuracy.calibration.method == "minmax"
+    assert recorded_calibration(plan.accuracy)[1] == method
     manifest = edgesplit.compile_bundle(graph, plan, tmp_path / "b", device=device)
     int8 = [p for p in manifest.parts if p.precision == "int8"]
     assert int8 and all(p.note.endswith(f"with {method}") for p in int8)
@@ -429,9 +427,13 @@ def _scales(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def test_a_plan_recorded_before_calibration_methods_is_minmax():
+    from edgesplit.errors import PlanError
     from edgesplit.precision import DEFAULT_CALIBRATION_METHOD, recorded_calibration
+    from edgesplit.precision.record import AccuracyRecord
 
-    assert recorded_calibration({"calibration": {"source": "photos", "path": "a.npz"}}) == ("a.npz", "minmax")
+    record = {"calibration": {"source": "photos", "path": "a.npz"}}
+    old = AccuracyRecord.from_json(record, "plan", PlanError)
+    assert recorded_calibration(old) == ("a.npz", "minmax")
     assert recorded_calibration(None) == (None, DEFAULT_CALIBRATION_METHOD)
 
 
@@ -480,7 +482,7 @@ def test_verification_never_ships_a_plan_that_misses_the_accuracy_budget(problem
 
     loose = AccuracyBudget(min_snr_db=15.0)
     plan = _solve(problem, loose)
-    snr = plan.accuracy["measured"]["snr_db"]
+    snr = plan.accuracy.measured.snr_db
     assert _int8_nodes(plan) and snr < SNR_CAP_DB
     tight = AccuracyBudget(min_snr_db=round(snr + 5.0, 1))
     options = VerifyOptions(budget_s=3.0)
@@ -573,8 +575,8 @@ def test_a_snapdragon_plan_has_int8_npu_parts_checked_here(tmp_path):
     plan = edgesplit.partition(graph, "snapdragon-8gen2", accuracy=AccuracyBudget(min_snr_db=15.0))
     npu = [p for p in plan.parts if p.processor == "npu"]
     assert npu and all(p.precision == "int8" and p.backend == "ort-int8" for p in npu), plan.parts
-    assert plan.accuracy["meets"] and plan.accuracy["calibration"]["source"] == "photos"
-    assert 15.0 <= plan.accuracy["measured"]["snr_db"] < SNR_CAP_DB  # measured, not exact
+    assert plan.accuracy.meets and plan.accuracy.calibration.source == "photos"
+    assert 15.0 <= plan.accuracy.measured.snr_db < SNR_CAP_DB  # measured, not exact
     manifest = edgesplit.compile_bundle(graph, plan, tmp_path / "b")
     art = [p for p in manifest.parts if p.processor == "npu"]
     assert all(p.precision == "int8" and p.provider == "QNNExecutionProvider" for p in art)
@@ -713,8 +715,8 @@ def test_a_budget_drops_the_noisy_half_of_a_long_int8_part_not_all_of_it(tmp_pat
     assert clean.snr_db > whole.snr_db + 10, (clean.summary(), whole.summary())
     plan = _solve(problem, AccuracyBudget(min_snr_db=(clean.snr_db + whole.snr_db) / 2))
     kept = _int8_nodes(plan)
-    assert set(halves[0].nodes) <= kept and not kept & set(halves[1].nodes), plan.accuracy["dropped"]
-    assert plan.accuracy["meets"] and [d["part"] for d in plan.accuracy["dropped"]] == [halves[1].name]
+    assert set(halves[0].nodes) <= kept and not kept & set(halves[1].nodes), plan.accuracy.dropped
+    assert plan.accuracy.meets and [d.part for d in plan.accuracy.dropped] == [halves[1].name]
 
 
 @pytest.mark.measures

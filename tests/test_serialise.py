@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from edgesplit.bundle.format import Manifest, PartArtifact, TensorSpec
 from edgesplit.device.spec import (
     BACKENDS,
+    NetworkLink,
     device_from_mapping,
     device_to_mapping,
     list_specs,
@@ -23,7 +24,10 @@ from edgesplit.device.spec import (
     read_spec,
 )
 from edgesplit.errors import DeviceSpecError
-from edgesplit.optimize.plan import Baseline, Part, Plan, SolverInfo, Transfer
+from edgesplit.optimize.plan import Baseline, Part, Plan, Predicted, SolverInfo, Transfer
+from edgesplit.precision import CALIBRATION_METHODS
+from edgesplit.precision.metrics import Accuracy, AccuracyBudget
+from edgesplit.precision.record import AccuracyRecord, CalibrationRecord, DroppedPart
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.steps import load_partial, save_partial
 from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile, RunTerms
@@ -239,6 +243,50 @@ parts = st.builds(
 transfers = st.builds(Transfer, texts, st.integers(0, 10**9), names, names, names, names, floats, floats)
 baselines = st.builds(Baseline, names, maybe, maybe, st.booleans(), st.text(max_size=10), maybe)
 solvers = st.builds(SolverInfo, names, floats, st.booleans(), maybe, names, st.text(max_size=10))
+links = st.one_of(
+    st.none(),
+    names,  # an older plan's preset name
+    st.builds(NetworkLink, names, pos, pos, floats, floats, floats, st.text(max_size=10)),
+)
+counts = st.one_of(st.none(), st.integers(1, 64))
+predicted = st.builds(
+    Predicted, latency_ms=maybe, period_ms=maybe, server_devices=counts, server_slots=counts
+)
+six = st.floats(0.0, 1e6, allow_nan=False, allow_infinity=False).map(lambda x: round(x, 6))
+figures = st.builds(
+    Accuracy,
+    st.floats(-200, 200).map(lambda x: round(x, 6)),
+    six,
+    six,
+    st.one_of(st.none(), six),
+    st.integers(0, 9),
+)
+calibrations = st.builds(
+    CalibrationRecord,
+    source=st.one_of(st.none(), names),
+    held_out_samples=counts,
+    path=st.one_of(st.none(), st.text(max_size=10)),
+    method=st.one_of(st.none(), st.sampled_from(CALIBRATION_METHODS)),
+)
+drops = st.builds(
+    DroppedPart,
+    part=names,
+    processor=names,
+    precision=st.just("int8"),
+    nodes=st.integers(1, 9),
+    plan=figures,
+    alone=figures,
+    why=st.text(max_size=10),
+)
+records = st.builds(
+    AccuracyRecord,
+    budget=st.one_of(st.none(), st.builds(AccuracyBudget, maybe, maybe)),
+    meets=st.one_of(st.none(), st.booleans()),
+    measured=st.one_of(st.none(), figures),
+    parts=st.one_of(st.none(), st.dictionaries(names, figures, max_size=2)),
+    dropped=st.one_of(st.none(), st.lists(drops, max_size=2).map(tuple)),
+    calibration=st.one_of(st.none(), calibrations),
+)
 plans = st.builds(
     Plan,
     model_sha256=st.text("0123456789abcdef", min_size=64, max_size=64),
@@ -246,7 +294,7 @@ plans = st.builds(
     model_path=st.text(max_size=20),
     device=names,
     server=st.one_of(st.none(), names),
-    link=st.one_of(st.none(), st.fixed_dictionaries({"name": names, "up_mbps": pos, "rtt_ms": floats})),
+    link=links,
     objective=st.sampled_from(["latency", "energy", "pareto", "manual"]),
     slo_ms=maybe,
     assignment=st.dictionaries(
@@ -254,13 +302,14 @@ plans = st.builds(
     ),
     parts=st.lists(parts, max_size=3).map(tuple),
     transfers=st.lists(transfers, max_size=2).map(tuple),
-    predicted=st.dictionaries(st.sampled_from(["latency_ms", "energy_mj"]), floats),
+    predicted=predicted,
     baselines=st.lists(baselines, max_size=2).map(tuple),
     solver=solvers,
     pins=st.dictionaries(texts, names, max_size=2),
     input_shapes=shapes,
     device_path=st.text(max_size=10),
     profile_path=st.one_of(st.none(), st.text(max_size=10)),
+    accuracy=st.one_of(st.none(), records),
 )
 
 

@@ -91,14 +91,14 @@ def test_the_cut_moves_toward_the_device_as_the_server_gets_crowded(tiny, slow):
     assert counts == sorted(counts, reverse=True), counts
     assert counts[0] == 10 and counts[-1] == 0, counts  # alone: all offloaded; crowded: all at home
     assert len(set(counts)) > 2, counts  # and cuts in between
-    factors = [p.predicted["server_queue_factor"] for p in plans.values()]
+    factors = [p.predicted.server_queue_factor for p in plans.values()]
     assert factors[0] == 1.0 and factors == sorted(factors) and factors[-1] > 10
-    assert plans[64].predicted["server_devices"] == 64.0
-    assert [p.predicted["latency_ms"] for p in plans.values()] == sorted(
-        p.predicted["latency_ms"] for p in plans.values()
+    assert plans[64].predicted.server_devices == 64
+    assert [p.predicted.latency_ms for p in plans.values()] == sorted(
+        p.predicted.latency_ms for p in plans.values()
     )
     unloaded = edgesplit.partition(tiny, slow, **kw)
-    assert _on_server(unloaded) == counts[0] and "server_devices" not in unloaded.predicted
+    assert _on_server(unloaded) == counts[0] and unloaded.predicted.server_devices is None
 
 
 def test_server_load_flags(capsys, tiny, board, tmp_path):

@@ -122,7 +122,7 @@ def test_breakdown_is_consistent(report):
         assert min(r.run_ms, r.io_ms, r.handoff_ms, r.queue_ms, r.bookkeeping_ms, r.other_ms) >= 0
         assert r.unexplained_ms == pytest.approx(r.latency_ms - r.run_ms)
     assert b.critical_run_ms <= b.latency_ms
-    assert b.predicted_ms == manifest.plan.predicted["latency_ms"]
+    assert b.predicted_ms == manifest.plan.predicted.latency_ms
     assert {p.lane for p in b.processors} == {"core0", "core1"}
     assert all(0 < p.busy_ns <= p.worker_ns <= p.window_ns for p in b.processors)
 

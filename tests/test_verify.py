@@ -279,7 +279,7 @@ def test_the_objective_decides_the_metric(setup, tmp_path):
     # period (which one is shipped is not this test's: a CI dry run on 2026-12-05 shipped only:little)
     shipped = "plan" if v.kept_plan else v.shipped
     assert v.candidate(shipped).predicted_ms == pytest.approx(
-        open_bundle(tmp_path / "t").plan.predicted["period_ms"], rel=1e-6
+        open_bundle(tmp_path / "t").plan.predicted.period_ms, rel=1e-6
     ), (v.reason, v.candidates)
     v = _deploy(
         setup, tmp_path / "e", "big", few_rounds=True, objective="energy", verify_budget_s=QUICK_BUDGET_S

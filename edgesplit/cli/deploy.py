@@ -158,11 +158,12 @@ def _report(manifest, no_verify: bool) -> None:
     from edgesplit.cli.partition import cost_sources_line
 
     print_manifest(manifest)
-    pred = manifest.plan.predicted
-    if pred:
+    lat, mj = manifest.plan.predicted.latency_ms, manifest.plan.predicted.energy_mj
+    if lat is not None or mj is not None:
+        nan = float("nan")
         console.print(
-            f"predicted: {pred.get('latency_ms', float('nan')):.3f} ms, "
-            f"{pred.get('energy_mj', float('nan')):.3f} mJ per inference"
+            f"predicted: {nan if lat is None else lat:.3f} ms, "
+            f"{nan if mj is None else mj:.3f} mJ per inference"
         )
     costs = cost_sources_line(manifest.plan)
     if costs:

@@ -263,11 +263,11 @@ def _print_baselines(plan) -> None:
         bt.add_column(col, justify="left" if col in ("plan / baseline", "accuracy", "what") else "right")
     bt.add_row(
         "plan",
-        f"{pred['latency_ms']:.3f}",
+        f"{pred.latency_ms:.3f}",
         "1.00",
-        f"{pred['energy_mj']:.3f}",
+        f"{pred.energy_mj:.3f}",
         "1.00",
-        f"{pred['throughput_per_s']:.1f}",
+        f"{pred.throughput_per_s:.1f}",
         accuracy_cell(plan),
         f"{len(plan.parts)} parts",
     )
@@ -275,8 +275,8 @@ def _print_baselines(plan) -> None:
         if not b.feasible:
             bt.add_row(b.name, "-", "-", "-", "-", "-", "-", b.assignment_summary)
             continue
-        lr = b.latency_ms / pred["latency_ms"] if pred["latency_ms"] else float("nan")
-        er = b.energy_mj / pred["energy_mj"] if pred["energy_mj"] else float("nan")
+        lr = b.latency_ms / pred.latency_ms if pred.latency_ms else float("nan")
+        er = b.energy_mj / pred.energy_mj if pred.energy_mj else float("nan")
         per_s = f"{b.throughput_per_s:.1f}" if b.throughput_per_s else "-"
         bt.add_row(
             b.name,
@@ -293,37 +293,37 @@ def _print_baselines(plan) -> None:
 
 def accuracy_cell(plan) -> str:
     """The plan's measured accuracy against fp32, short (``fp32`` when it has no reduced part)."""
-    from edgesplit.precision.metrics import Accuracy
-
-    if not plan.accuracy:
+    if plan.accuracy is None or plan.accuracy.measured is None:
         return "fp32 (exact)"
-    acc = Accuracy.from_json(plan.accuracy["measured"])
+    acc = plan.accuracy.measured
     top1 = f", top-1 {acc.top1_agreement:.1%}" if acc.top1_agreement is not None else ""
     return f"SNR {acc.snr_db:.1f} dB{top1} (measured)"
 
 
 def accuracy_lines(plan) -> list[str]:
     """The accuracy check: budget, what it was measured on, each reduced part alone, what was dropped."""
-    from edgesplit.precision.metrics import Accuracy
+    from edgesplit.precision.record import CalibrationRecord
 
     a = plan.accuracy
-    if not a:
+    if a is None or a.measured is None:
         return []
-    cal = a.get("calibration", {})
+    cal = a.calibration or CalibrationRecord()
+    budget = a.budget.to_json() if a.budget is not None else {}
     lines = [
-        f"accuracy against fp32: {Accuracy.from_json(a['measured']).summary()} on "
-        f"{cal.get('held_out_samples', '?')} held-out samples of {cal.get('source', '?')} data; "
-        f"budget {', '.join(f'{k}={v}' for k, v in a.get('budget', {}).items()) or 'none'}: "
-        + ("met" if a.get("meets") else "missed")
+        f"accuracy against fp32: {a.measured.summary()} on "
+        f"{'?' if cal.held_out_samples is None else cal.held_out_samples} held-out samples of "
+        f"{cal.source or '?'} data; "
+        f"budget {', '.join(f'{k}={v}' for k, v in budget.items()) or 'none'}: "
+        + ("met" if a.meets else "missed")
     ]
-    if cal.get("warning"):
-        lines.append(f"warning: {cal['warning']}")
-    for name, fig in a.get("parts", {}).items():
-        lines.append(f"  part {name} alone: {Accuracy.from_json(fig).summary()}")
-    for step in a.get("dropped", []):
+    if cal.warning:
+        lines.append(f"warning: {cal.warning}")
+    for name, fig in (a.parts or {}).items():
+        lines.append(f"  part {name} alone: {fig.summary()}")
+    for step in a.dropped or ():
         lines.append(
-            f"  dropped {step['precision']} part {step['part']} ({step['nodes']} nodes on {step['processor']}): "
-            f"{step['why']}"
+            f"  dropped {step.precision} part {step.part} ({step.nodes} nodes on {step.processor}): "
+            f"{step.why}"
         )
     return lines
 

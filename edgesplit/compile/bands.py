@@ -13,6 +13,7 @@ from pathlib import Path
 
 from edgesplit.bundle.format import BandPlan, BundleBands, PartArtifact
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
+from edgesplit.device.spec import NetworkLink
 from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.bands import BandAnalysis
 from edgesplit.optimize.plan import Part
@@ -59,8 +60,10 @@ def bundle_bands(analysis: BandAnalysis, plans: list[BandPlan], default_parts: S
     """The manifest's band table."""
     table = analysis.table
     assert table is not None
-    link = analysis.plans[0].link or {}
-    up, down = float(link.get("up_mbps") or 1.0), float(link.get("down_mbps") or 1.0)
+    link = analysis.plans[0].link
+    if not isinstance(link, NetworkLink):  # band plans are priced with a link; this is defensive
+        link = NetworkLink("", 1.0, 1.0, 0.0, 0.0, 0.0)
+    up, down = link.up_mbps or 1.0, link.down_mbps or 1.0
     return BundleBands(
         objective=table.objective,
         lo_mbps=table.lo_mbps,
@@ -78,7 +81,7 @@ def bundle_bands(analysis: BandAnalysis, plans: list[BandPlan], default_parts: S
         plans=tuple(plans),
         default_parts=tuple(default_parts),
         down_ratio=down / up,
-        rtt_ms=float(link.get("rtt_ms") or 0.0),
+        rtt_ms=float(link.rtt_ms or 0.0),
         solver_calls=table.solver_calls,
         time_s=round(table.time_s, 6),
     )

@@ -77,9 +77,9 @@ def plan_budget(plan: Plan, given: AccuracyBudget | None) -> tuple[AccuracyBudge
     """The budget a plan's bundle is held to, and where it came from."""
     if given is not None:
         return given, "given"
-    recorded = (plan.accuracy or {}).get("budget")
+    recorded = plan.accuracy.budget if plan.accuracy is not None else None
     if recorded:
-        return AccuracyBudget.from_json(recorded), "plan"
+        return recorded, "plan"
     return DEFAULT_BUDGET, "default"
 
 

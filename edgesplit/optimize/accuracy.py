@@ -26,8 +26,9 @@ from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph, part_boundaries
 from edgesplit.optimize.plan import Part, Plan
 from edgesplit.precision.metrics import DEFAULT_BUDGET, EXACT, Accuracy, AccuracyBudget
+from edgesplit.precision.record import AccuracyRecord, CalibrationRecord, DroppedPart
 from edgesplit.profile.store import Profile
-from edgesplit.util import Progress
+from edgesplit.util import Progress, known_fields
 
 if TYPE_CHECKING:
     from edgesplit.optimize.problem import Problem
@@ -146,18 +147,23 @@ def _alone(plan: Plan, unit: Part, graph: ModelGraph) -> list[Part]:
 
 
 def _figures(
-    check: AccuracyCheck, plan: Plan, acc: Accuracy, steps: list, graph: ModelGraph
-) -> dict[str, Any]:
+    check: AccuracyCheck, plan: Plan, acc: Accuracy, steps: list[DroppedPart], graph: ModelGraph
+) -> AccuracyRecord:
     assert check.measure is not None
-    per_part = {p.name: check.measure(_alone(plan, p, graph)).to_json() for p in reduced(plan)}
-    return {
-        "budget": check.budget.to_json(),
-        "meets": check.budget.meets(acc),
-        "measured": acc.to_json(),
-        "parts": per_part,
-        "dropped": steps,
-        "calibration": dict(check.describe()),
-    }
+    per_part = {p.name: _as_written(check.measure(_alone(plan, p, graph))) for p in reduced(plan)}
+    return AccuracyRecord(
+        budget=check.budget,
+        meets=check.budget.meets(acc),
+        measured=_as_written(acc),
+        parts=per_part,
+        dropped=tuple(steps),
+        calibration=CalibrationRecord(**known_fields(CalibrationRecord, check.describe())),
+    )
+
+
+def _as_written(acc: Accuracy) -> Accuracy:
+    """``acc`` as the plan's JSON holds it (6 digits), so that a plan read back is equal."""
+    return Accuracy.from_json(acc.to_json())
 
 
 def _measure_alone(
@@ -181,7 +187,7 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
     check = problem.accuracy
     if check is None or check.measure is None:
         return plan
-    steps: list[dict[str, Any]] = []
+    steps: list[DroppedPart] = []
     n_nodes = len(problem.graph.nodes)
     baselines = plan.baselines  # of the problem as given, not of the restricted ones below
     while reduced(plan):
@@ -194,15 +200,15 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
         value = {u.name: max(_saving_ms(problem, u), 0.0) / max(alone[u.name].noise, 1e-12) for u in cands}
         worst = min(cands, key=lambda u: (value[u.name], u.name))
         steps.append(
-            {
-                "part": worst.name,
-                "processor": worst.processor,
-                "precision": worst.precision,
-                "nodes": len(worst.nodes),
-                "plan": acc.to_json(),
-                "alone": alone[worst.name].to_json(),
-                "why": "; ".join(check.budget.misses(acc)),
-            }
+            DroppedPart(
+                part=worst.name,
+                processor=worst.processor,
+                precision=worst.precision,
+                nodes=len(worst.nodes),
+                plan=_as_written(acc),
+                alone=_as_written(alone[worst.name]),
+                why="; ".join(check.budget.misses(acc)),
+            )
         )
         allowed = frozenset(n for p in reduced(plan) for n in p.nodes) - set(worst.nodes)
         profile = restrict(problem.profile, problem.full_device, allowed, n_nodes)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from edgesplit.device.schema import PRECISIONS
+from edgesplit.device.spec import NetworkLink
 from edgesplit.errors import PlanError
 from edgesplit.precision.metrics import check_record
+from edgesplit.precision.record import AccuracyRecord
 from edgesplit.util import (
     check_fields,
     check_identifier,
@@ -108,6 +110,91 @@ class SolverInfo:
     detail: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Predicted:
+    """The optimiser's figures for a whole plan (None: not predicted, as in a plan made by hand).
+
+    Attributes:
+        latency_ms: One request's makespan.
+        energy_mj: One request's energy, device side.
+        throughput_per_s: Requests per second of a stream (``1000 / period_ms``; 0 when unknown).
+        sequential_latency_ms: One request with its parts run one after another.
+        period_ms: A stream's time between requests (of every copy together, with replicas).
+        server_devices, server_slots: The server load the plan was priced for: devices sharing the
+            server and its slots (None: an unloaded server).
+        server_queue_factor: How much that load stretched the server's times.
+    """
+
+    latency_ms: float | None = None
+    energy_mj: float | None = None
+    throughput_per_s: float | None = None
+    sequential_latency_ms: float | None = None
+    period_ms: float | None = None
+    server_devices: int | None = None
+    server_slots: int | None = None
+    server_queue_factor: float | None = None
+
+    def to_json(self) -> dict[str, float]:
+        """The figures that are not None, in field order; the counts as JSON has always had them
+        (``2.0``), so that a plan written again is the same file."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: float(v) for k, v in out.items() if v is not None}
+
+    @staticmethod
+    def from_json(d: Any, where: str) -> Predicted:
+        """Read the figures (checked by :func:`check_plan_types`); keys a newer writer added are
+        left.
+
+        Raises:
+            PlanError: naming ``where``, when the figures are not an object.
+        """
+        if not isinstance(d, Mapping):
+            raise PlanError(f"{where}: expected an object, got {short(d, 40)}")
+        kw = known_fields(Predicted, d)
+        for key in _COUNTS:
+            if isinstance(kw.get(key), float) and kw[key].is_integer():
+                kw[key] = int(kw[key])
+        return Predicted(**kw)
+
+    def check(self, where: str) -> None:
+        """Each figure None or a finite, non-negative number (an integer for the counts).
+
+        Raises:
+            PlanError: naming ``where`` and the figure (``plan.json: predicted.latency_ms``).
+        """
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                check_number(value, f"{where}.{f.name}", PlanError, integer=f.name in _COUNTS)
+
+
+_COUNTS = ("server_devices", "server_slots")
+
+
+def link_from_json(d: Any, where: str) -> NetworkLink | str | None:
+    """A plan's network link: a :class:`NetworkLink` as JSON, a preset's name (older plans), or
+    None.
+
+    Raises:
+        PlanError: naming ``where`` and the key, when a figure is not a finite, non-negative number
+            or the link is not one of those.
+    """
+    if d is None or isinstance(d, str):
+        return d
+    if not isinstance(d, Mapping):
+        raise PlanError(f"{where}: expected an object, a preset's name or null, got {short(d, 40)}")
+    _check_link(d, where)  # before it is read: a figure, not a missing key, is named first
+    return NetworkLink(**known_fields(NetworkLink, d))
+
+
+def _check_link(link: Mapping[str, Any], where: str) -> None:
+    for key, value in link.items():
+        if key not in ("name", "description"):
+            check_number(value, f"{where}.{short(key, 40)}", PlanError)
+        elif not isinstance(value, str):
+            raise PlanError(f"{where}.{key}: expected a string, got {short(value, 40)}")
+
+
 MANUAL = SolverInfo("manual", 0.0, False, None, "none", "made by hand, not by the optimiser")
 
 
@@ -115,9 +202,15 @@ MANUAL = SolverInfo("manual", 0.0, False, None, "none", "made by hand, not by th
 class Plan:
     """A partition of a model over the processors of a device (and a server).
 
+    ``predicted``: the optimiser's figures for the whole plan (:class:`Predicted`).
+
+    ``link``: the network link to the server the plan was priced with; in older plans the name of
+    a preset (``wifi``) instead; None without a server.
+
     ``accuracy`` is the measured accuracy of a plan with reduced-precision parts against fp32
-    (:mod:`edgesplit.optimize.accuracy`): the budget, the figures of the plan and of each such part,
-    the calibration data, and the parts dropped to meet the budget; None for an fp32 plan.
+    (:mod:`edgesplit.optimize.accuracy`, :class:`~edgesplit.precision.record.AccuracyRecord`): the
+    budget, the figures of the plan and of each such part, the calibration data, and the parts
+    dropped to meet the budget; None for an fp32 plan.
 
     ``cost_sources``: where the figures of each processor/backend pair the plan was priced with
     came from (``measured``, ``predicted`` by the spec's roofline, ``calibrated``...), so that a
@@ -129,7 +222,7 @@ class Plan:
 
     ``replicas``: for a stream, other processors that each hold a whole copy of the plan's parts
     (a one-part plan: the whole model), so that requests taken from one queue run on whichever copy
-    is free; empty for one copy. ``predicted["period_ms"]`` is then the copies' combined period.
+    is free; empty for one copy. ``predicted.period_ms`` is then the copies' combined period.
 
     The fields are in the JSON's key order. A new field goes with a default (in :class:`Part` too):
     :meth:`from_json` fills what an older plan lacks from the defaults, and leaves keys it does not
@@ -141,13 +234,13 @@ class Plan:
     model_path: str
     device: str
     server: str | None = None
-    link: Mapping[str, Any] | None = None
+    link: NetworkLink | str | None = None
     objective: str
     slo_ms: float | None = None
     assignment: Mapping[str, Mapping[str, str]]
     parts: tuple[Part, ...]
     transfers: tuple[Transfer, ...] = ()
-    predicted: Mapping[str, float] = field(default_factory=dict)
+    predicted: Predicted = field(default_factory=Predicted)
     baselines: tuple[Baseline, ...] = ()
     solver: SolverInfo = MANUAL
     pareto: tuple[Mapping[str, Any], ...] = ()
@@ -157,7 +250,7 @@ class Plan:
     device_path: str = ""
     server_path: str = ""
     profile_path: str | None = None
-    accuracy: Mapping[str, Any] | None = None
+    accuracy: AccuracyRecord | None = None
     server_profile_path: str | None = None
     cost_sources: Mapping[str, str] = field(default_factory=dict)
     replicas: tuple[str, ...] = ()
@@ -178,6 +271,8 @@ class Plan:
         out: dict[str, Any] = {"format_version": d.pop("format_version")}
         out.update(d)
         out["input_shapes"] = {k: list(v) for k, v in self.input_shapes.items()}
+        out["predicted"] = self.predicted.to_json()
+        out["accuracy"] = self.accuracy.to_json() if self.accuracy is not None else None
         return out
 
     def save(self, path: str | os.PathLike) -> None:
@@ -200,12 +295,14 @@ class Plan:
             kw["pareto"] = tuple(dict(p) for p in d.get("pareto", ()))
             kw["input_shapes"] = {k: tuple(v) for k, v in d.get("input_shapes", {}).items()}
             kw["assignment"] = {k: dict(v) for k, v in d["assignment"].items()}
-            kw["predicted"] = dict(d.get("predicted", {}))
+            kw["link"] = link_from_json(d.get("link"), f"{source}: link")
+            kw["predicted"] = Predicted.from_json(d.get("predicted", {}), f"{source}: predicted")
             kw["pins"] = dict(d.get("pins", {}))
             kw["replicas"] = tuple(d.get("replicas", ()))
             kw["splits"] = tuple(dict(s) for s in d.get("splits", ()))
-            acc = d.get("accuracy")  # anything but an object is named by check_plan_types
-            kw["accuracy"] = dict(acc) if isinstance(acc, Mapping) else acc
+            if d.get("accuracy") is not None:
+                where = f"{source}: accuracy"
+                kw["accuracy"] = AccuracyRecord.from_json(d["accuracy"], where, PlanError)
             plan = Plan(**kw)
         except PlanError:
             raise
@@ -227,10 +324,13 @@ def check_plan_types(plan: Plan, source: str) -> None:
     for name, shape in plan.input_shapes.items():
         for dim in shape:
             check_number(dim, f"{source}: input_shapes.{short(name, 40)}", PlanError, integer=True)
-    link = plan.link if isinstance(plan.link, Mapping) else {}  # older plans name a preset instead
-    for key, value in link.items():
-        if key not in ("name", "description"):
-            check_number(value, f"{source}: link.{short(key, 40)}", PlanError)
+    plan.predicted.check(f"{source}: predicted")
+    if isinstance(plan.link, NetworkLink):
+        _check_link(asdict(plan.link), f"{source}: link")
+    elif plan.link is not None and not isinstance(plan.link, str):  # a preset's name: older plans
+        raise PlanError(f"{source}: link: expected a network link, got {short(plan.link, 40)}")
+    if plan.accuracy is not None:
+        check_record(plan.accuracy.to_json(), f"{source}: accuracy", PlanError)
     for node, site in plan.assignment.items():
         if not isinstance(site, Mapping) or not all(isinstance(v, str) for v in site.values()):
             raise PlanError(f"{source}: assignment.{short(node, 60)}: expected {{processor, backend}} names")
@@ -241,8 +341,6 @@ def check_plan_types(plan: Plan, source: str) -> None:
     check_fields(plan.solver, f"{source}: solver", PlanError)
     for i, p in enumerate(plan.parts):
         check_fields(p, f"{source}: parts[{i}]", PlanError)
-    if plan.accuracy is not None:
-        check_record(plan.accuracy, f"{source}: accuracy", PlanError)
 
 
 def check_plan(plan: Plan, source: str) -> None:

@@ -7,7 +7,7 @@ which resolves and checks the problem once and then calls :func:`solve_plan` her
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, replace
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -19,7 +19,7 @@ from edgesplit.optimize.evaluate import sequential_cost
 from edgesplit.optimize.load import loaded_costs
 from edgesplit.optimize.objectives import objective
 from edgesplit.optimize.pipeline import period_ms
-from edgesplit.optimize.plan import Baseline, Part, Plan, Transfer
+from edgesplit.optimize.plan import Baseline, Part, Plan, Predicted, Transfer
 from edgesplit.optimize.problem import Problem
 from edgesplit.optimize.schedule import schedule
 from edgesplit.optimize.solve import Outcome, solve
@@ -75,13 +75,13 @@ def with_splits(problem: Problem, plan: Plan) -> Plan:
     ends = pair(cm, assign)
     if ends is None:
         return plan
-    base_ms = float(plan.predicted.get("latency_ms", 0.0))
+    base_ms = float(plan.predicted.latency_ms or 0.0)
     cands = row_candidates(problem.graph, cm, *ends) + channel_candidates(problem.graph, cm, *ends)
     chosen = choose(cands, min_gain_ms=0.01 * base_ms)
     if not chosen:
         return plan
     split_plan = plan_with_splits(problem, plan, [c.split for c in chosen])
-    if split_plan.predicted["latency_ms"] >= base_ms * (1 - cm.ov.noise_rel):
+    if (split_plan.predicted.latency_ms or 0.0) >= base_ms * (1 - cm.ov.noise_rel):
         return plan
     return split_plan
 
@@ -242,12 +242,12 @@ def _loaded(problem: Problem, cm: CostModel, run) -> Plan:
     loaded = loaded_costs(cm, priced, load)
     solved, outcome = last[0]
     plan = make_plan(problem, loaded.costs, outcome if solved is loaded.costs else run(loaded.costs))
-    predicted = {
-        **plan.predicted,
-        "server_devices": float(load.devices),
-        "server_slots": float(load.slots),
-        "server_queue_factor": round(loaded.factor, 6),
-    }
+    predicted = replace(
+        plan.predicted,
+        server_devices=load.devices,
+        server_slots=load.slots,
+        server_queue_factor=round(loaded.factor, 6),
+    )
     return replace(plan, predicted=predicted)
 
 
@@ -337,20 +337,20 @@ def make_plan(problem: Problem, cm: CostModel, out: Outcome) -> Plan:
     backends = [cm.backend[n][x[n]] for n in range(cm.n_nodes)]
     parts, part_of = _parts(cm, out, [list(p) for p in sched.parts], backends)
     graph, device, server = problem.graph, problem.device, problem.server
-    predicted = {
-        "latency_ms": round(sched.makespan_ms, 6),
-        "energy_mj": round(sched.energy_mj, 6),
-        "throughput_per_s": round(1000.0 / out.period_ms, 6) if out.period_ms > 0 else 0.0,
-        "sequential_latency_ms": round(out.sequential_latency_ms, 6),
-        "period_ms": round(out.period_ms, 6),
-    }
+    predicted = Predicted(
+        latency_ms=round(sched.makespan_ms, 6),
+        energy_mj=round(sched.energy_mj, 6),
+        throughput_per_s=round(1000.0 / out.period_ms, 6) if out.period_ms > 0 else 0.0,
+        sequential_latency_ms=round(out.sequential_latency_ms, 6),
+        period_ms=round(out.period_ms, 6),
+    )
     return Plan(
         model_sha256=graph.sha256,
         model_name=graph.name,
         model_path=os.path.abspath(graph.path),
         device=device.name,
         server=server.name if server is not None else None,
-        link=asdict(problem.link) if problem.link is not None else None,
+        link=problem.link,
         objective=problem.objective,
         slo_ms=problem.slo_ms,
         assignment={

@@ -40,8 +40,8 @@ def gantt(plan: Plan, path: str | os.PathLike) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_title(
-        f"{plan.model_name} on {plan.device}: {plan.predicted['latency_ms']:.2f} ms, "
-        f"{plan.predicted['energy_mj']:.2f} mJ ({plan.objective})"
+        f"{plan.model_name} on {plan.device}: {plan.predicted.latency_ms:.2f} ms, "
+        f"{plan.predicted.energy_mj:.2f} mJ ({plan.objective})"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)

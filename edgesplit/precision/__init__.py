@@ -9,15 +9,20 @@ quantizes the model it measures):
   quantization with ``onnxruntime.quantization`` and float16 conversion with
   ``onnxconverter-common``, per part;
 - :mod:`~edgesplit.precision.measure`: a plan's parts run in their precisions on held-out
-  calibration samples, compared with the fp32 model.
+  calibration samples, compared with the fp32 model;
+- :mod:`~edgesplit.precision.record`: what a plan records of that (``Plan.accuracy``).
 
 Calibration inputs come from :mod:`edgesplit.model.calibration_data`.
 """
 
-from collections.abc import Mapping
-from typing import Any
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from edgesplit.device.schema import PRECISIONS
+
+if TYPE_CHECKING:
+    from edgesplit.precision.record import AccuracyRecord
 
 REDUCED = ("fp16", "int8")
 """The precisions that change a part's numbers (and so are checked against the budget)."""
@@ -39,10 +44,12 @@ __all__ = [
 ]
 
 
-def recorded_calibration(accuracy: Mapping[str, Any] | None) -> tuple[str | None, str]:
+def recorded_calibration(accuracy: AccuracyRecord | None) -> tuple[str | None, str]:
     """(data path or None, method) that a plan's ``accuracy`` record says it was calibrated with
     (with no record: the default data and method)."""
-    cal = (accuracy or {}).get("calibration") or {}
-    if not cal:
+    from edgesplit.precision.record import CalibrationRecord
+
+    cal = accuracy.calibration if accuracy is not None else None
+    if cal is None or cal == CalibrationRecord():
         return None, DEFAULT_CALIBRATION_METHOD
-    return cal.get("path"), cal.get("method") or RECORDED_BEFORE_METHODS
+    return cal.path, cal.method or RECORDED_BEFORE_METHODS

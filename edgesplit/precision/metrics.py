@@ -123,6 +123,24 @@ class AccuracyBudget:
         return AccuracyBudget(**known_fields(AccuracyBudget, d))
 
 
+def check_figures(cls: type, value: Any, where: str, error: type[Exception]) -> None:
+    """``value`` read from a file as an :class:`Accuracy` or :class:`AccuracyBudget` (``cls``): an
+    object with its keys, of their types, and finite numbers.
+
+    Raises:
+        error: naming ``where`` and the key at fault.
+    """
+    from edgesplit.util import check_fields, known_fields, short
+
+    if not isinstance(value, Mapping):
+        raise error(f"{where}: expected an object, got {short(value, 40)}")
+    try:
+        obj = cls(**known_fields(cls, value))
+    except KeyError as e:
+        raise error(f"{where}: missing key {e}") from None
+    check_fields(obj, where, error, signed=("snr_db", "cosine", "min_snr_db"))
+
+
 def check_record(record: Any, source: str, error: type[Exception]) -> None:
     """A plan's ``accuracy`` record read from a file (see :attr:`edgesplit.optimize.Plan.accuracy`):
     an object whose ``budget``, ``measured`` and ``parts`` figures have their types and finite
@@ -132,16 +150,10 @@ def check_record(record: Any, source: str, error: type[Exception]) -> None:
     Raises:
         error: naming ``source`` and the key at fault.
     """
-    from edgesplit.util import check_fields, known_fields, short
+    from edgesplit.util import short
 
     def figures(cls: type, value: Any, where: str) -> None:
-        if not isinstance(value, Mapping):
-            raise error(f"{where}: expected an object, got {short(value, 40)}")
-        try:
-            obj = cls(**known_fields(cls, value))
-        except KeyError as e:
-            raise error(f"{where}: missing key {e}") from None
-        check_fields(obj, where, error, signed=("snr_db", "cosine", "min_snr_db"))
+        check_figures(cls, value, where, error)
 
     if not isinstance(record, Mapping):
         raise error(f"{source}: expected an object or null, got {short(record, 40)}")

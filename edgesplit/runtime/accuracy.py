@@ -56,6 +56,6 @@ def bundle_meets(bundle: str | os.PathLike, budget: AccuracyBudget | None = None
     """Why the bundle misses ``budget`` (default: its plan's), measured; empty when it meets it."""
     if budget is None:
         plan = open_bundle(bundle, verify=False, trust_key=kwargs.get("trust_key")).plan  # load verifies
-        recorded = (plan.accuracy or {}).get("budget")
-        budget = AccuracyBudget.from_json(recorded) if recorded else AccuracyBudget()
+        recorded = plan.accuracy.budget if plan.accuracy is not None else None
+        budget = recorded or AccuracyBudget()
     return budget.misses(bundle_accuracy(bundle, **kwargs))

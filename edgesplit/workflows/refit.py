@@ -27,7 +27,7 @@ from typing import TypedDict, Unpack
 import numpy as np
 
 from edgesplit.bundle.format import open_bundle
-from edgesplit.device.spec import NetworkLink, load_device
+from edgesplit.device.spec import load_device, network_link
 from edgesplit.errors import InputError, PlanError
 from edgesplit.optimize.costs import CostModel, build_costs
 from edgesplit.optimize.pipeline import period_ms
@@ -299,7 +299,7 @@ def plan_costs(plan: Plan, profile: Profile) -> PlanCosts:
         server = load_device(
             plan.server_path if plan.server_path and Path(plan.server_path).is_file() else plan.server
         )
-    link = NetworkLink(**plan.link) if plan.link else None
+    link = network_link(plan.link) if plan.link else None  # older plans name the preset
     if server is not None and plan.server_profile_path:  # the server priced as the plan priced it
         profile = with_server_profile(graph, profile, server, plan.server_profile_path)
     cm = build_costs(

@@ -423,20 +423,15 @@ def plan_device(plan: Plan, device: SpecLike | None = None) -> DeviceSpec:
 
 
 def _plan_link(plan: Plan) -> NetworkLink | str | None:
-    if not plan.link or isinstance(plan.link, str):  # older plans name the preset
-        return plan.link or None
-    try:
-        return NetworkLink(**plan.link)
-    except TypeError as e:
-        raise PlanError(f"the plan's link {short(dict(plan.link), 120)} is not a network link ({e})") from e
+    return plan.link or None  # older plans name the preset
 
 
 def _plan_load(plan: Plan) -> dict[str, int]:
     """The server load a plan was priced for (``predicted``'s ``server_devices``), as Choices fields."""
-    devices = plan.predicted.get("server_devices")
+    devices = plan.predicted.server_devices
     if devices is None:
         return {}
-    return {"server_load": int(devices), "server_slots": int(plan.predicted.get("server_slots", 1))}
+    return {"server_load": int(devices), "server_slots": int(plan.predicted.server_slots or 1)}
 
 
 def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
@@ -455,7 +450,7 @@ def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
             f"the plan is for model {plan.model_sha256[:12]}, but {graph.path} is "
             f"{graph.sha256[:12]} (re-run edgesplit partition)"
         )
-    acc = plan.accuracy or {}
+    acc = plan.accuracy
     data, method = recorded_calibration(acc)
     choices = Choices(
         objective=plan.objective,
@@ -466,7 +461,7 @@ def problem_from_plan(plan: Plan, graph: ModelGraph | None = None) -> Problem:
         link=_plan_link(plan),
         pins=plan.pins,
         **_plan_load(plan),
-        accuracy=AccuracyBudget.from_json(acc["budget"]) if "budget" in acc else None,
+        accuracy=acc.budget if acc is not None else None,
         calibration_data=data,
         calibration_method=method,
     )

@@ -43,6 +43,7 @@ from onnx import helper
 from edgesplit.bundle.format import open_verified
 from edgesplit.compile.manual import contiguous_plan
 from edgesplit.errors import BundleError, DeviceSpecError, EdgesplitError, PlanError
+from edgesplit.optimize.plan import Predicted
 from edgesplit.workflows.compile import compile_bundle
 
 pytestmark = pytest.mark.timeout(120)
@@ -216,7 +217,7 @@ def test_defect9_non_finite_api_arguments_are_refused(w):
 
 def test_defect9_json_writers_never_write_nan(w, tmp_path):
     bad = copy.deepcopy(w["plan_obj"])
-    object.__setattr__(bad, "predicted", {"latency_ms": math.inf})
+    object.__setattr__(bad, "predicted", Predicted(latency_ms=math.inf))
     with pytest.raises(EdgesplitError, match="non-finite"):
         bad.save(tmp_path / "plan.json")
     assert not list(tmp_path.iterdir())

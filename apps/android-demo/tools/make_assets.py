@@ -159,7 +159,7 @@ def main() -> None:
     write_png(args.out / "picture.png", picture())
     print(
         f"wrote {args.out / 'bundle'} ({len(manifest.parts)} parts, predicted "
-        f"{manifest.plan.predicted['latency_ms']} ms) and {args.out / 'picture.png'}"
+        f"{manifest.plan.predicted.latency_ms} ms) and {args.out / 'picture.png'}"
     )
 
 

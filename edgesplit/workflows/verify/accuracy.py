@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from edgesplit.errors import EdgesplitError
 from edgesplit.precision.metrics import DEFAULT_BUDGET, Accuracy, AccuracyBudget
+from edgesplit.precision.record import AccuracyRecord
 from edgesplit.workflows.resolve import Problem
 from edgesplit.workflows.verify.candidates import Candidate
 
@@ -32,11 +33,12 @@ def budget_of(problem: Problem) -> AccuracyBudget:
     return problem.accuracy.budget if problem.accuracy is not None else DEFAULT_BUDGET
 
 
-def _calibration_data(problem: Problem, plan_record: dict | None) -> str | None:
+def _calibration_data(problem: Problem, plan_record: AccuracyRecord | None) -> str | None:
     """The data the plan's accuracy was measured on: the problem's measurer's, else the plan's."""
     measurer = problem.accuracy.measure if problem.accuracy is not None else None
     given = getattr(measurer, "calibration_data", None)
-    return given or ((plan_record or {}).get("calibration") or {}).get("path")
+    cal = plan_record.calibration if plan_record is not None else None
+    return given or (cal.path if cal is not None else None)
 
 
 def reduced(c: Candidate) -> bool:

@@ -153,10 +153,11 @@ def single_processor(problem: Problem, plan: Plan) -> list[Candidate]:
         keys = [b.key for b in proc.backends]
         first = _whole_on(problem, proc, keys[0], f"only:{proc.name}", plan)
         out.append(first)
-        best = first.plan.predicted.get("latency_ms") if first.plan else None
+        best = first.plan.predicted.latency_ms if first.plan else None
         for key in keys[1:]:
             other = _whole_on(problem, proc, key, f"only:{proc.name}/{key}", plan)
-            faster = other.plan is not None and (best is None or other.plan.predicted["latency_ms"] < best)
+            ms = other.plan.predicted.latency_ms if other.plan is not None else None
+            faster = ms is not None and (best is None or ms < best)
             if faster:
                 out.append(other)
     return out
@@ -209,13 +210,13 @@ def replicas(problem: Problem, singles: list[Candidate]) -> list[Candidate]:
     if not same:
         return []
     procs = [first.parts[0].processor] + [c.plan.parts[0].processor for c in same]  # type: ignore[union-attr]
-    rates = [
-        1.0 / c.plan.predicted["period_ms"] for c in [cpus[0], *same] if c.plan.predicted.get("period_ms")
-    ]  # type: ignore[union-attr]
+    periods = [c.plan.predicted.period_ms for c in [cpus[0], *same]]  # type: ignore[union-attr]
+    rates = [1.0 / ms for ms in periods if ms]
     period = 1.0 / sum(rates) if rates else None
-    predicted = dict(first.predicted)
+    predicted = first.predicted
     if period:
-        predicted.update(period_ms=round(period, 6), throughput_per_s=round(1000.0 / period, 6))
+        per_s = round(1000.0 / period, 6)
+        predicted = replace(predicted, period_ms=round(period, 6), throughput_per_s=per_s)
     summary = f"a whole-model copy on each of {', '.join(procs)}, one queue"
     plan = replace(first, replicas=tuple(procs[1:]), predicted=predicted)
     return [Candidate(REPLICAS, summary, plan)]

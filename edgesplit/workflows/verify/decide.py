@@ -42,12 +42,12 @@ def metric_for(objective: str) -> str:
 def _predicted_ms(plan: Plan | None, metric: str) -> float | None:
     if plan is None:
         return None
-    return plan.predicted.get("period_ms" if metric == "throughput" else "latency_ms")
+    return plan.predicted.period_ms if metric == "throughput" else plan.predicted.latency_ms
 
 
 def _mj_per_ms(plan: Plan) -> float | None:
     """Predicted device energy per ms of predicted latency (energy is modelled from latency)."""
-    lat, mj = plan.predicted.get("latency_ms"), plan.predicted.get("energy_mj")
+    lat, mj = plan.predicted.latency_ms, plan.predicted.energy_mj
     return mj / lat if lat and mj is not None else None
 
 
