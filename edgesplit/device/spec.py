@@ -421,14 +421,18 @@ def _groupable(p: Processor) -> bool:
 
 def _groups(data: Mapping[str, Any], procs: tuple[Processor, ...], src: str) -> tuple[Processor, ...]:
     """The spec's core groups: those it lists under ``groups`` (``{}`` for none), else one group of
-    every CPU processor when a device has two or more (its name joins theirs with ``+``)."""
+    every CPU processor when a device has two or more that share no core (its name joins theirs
+    with ``+``)."""
     if data["kind"] != "device" and "groups" not in data:
         return ()
     by_name = {p.name: p for p in procs}
     listed = data.get("groups")
-    if listed is None:
+    if listed is None:  # derived: only where the CPU processors hold cores of their own
         cpus = tuple(p for p in procs if _groupable(p))
-        return (core_group("+".join(p.name for p in cpus), cpus),) if len(cpus) >= 2 else ()
+        cores = [c for p in cpus for c in p.cores or ()]
+        if len(cpus) < 2 or len(cores) != len(set(cores)):
+            return ()
+        return (core_group("+".join(p.name for p in cpus), cpus),)
     out = []
     for name, member_names in listed.items():
         where = f"{src}: groups.{name}"
