@@ -14,7 +14,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 Progress = Callable[[str, int, int], None]
 """Told ``(label, done, total)`` as long work goes on (profiling, tuning, compiling, measuring);
@@ -350,3 +350,25 @@ def shipped_dir(name: str) -> Path:
     package = Path(__file__).resolve().parent
     installed = package / "_data" / name
     return installed if installed.is_dir() else package.parent / name
+
+
+class Closing:
+    """A context manager that opens in :meth:`open` and closes in :meth:`close`; an ``open`` that
+    fails closes what it had opened before the error goes on."""
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -29,7 +29,7 @@ from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.ssh import SshOptions, Target, connect, parse_target
 from edgesplit.profile.steps import load_partial, partial_path, save_partial
 from edgesplit.profile.store import ProcessorProfile, Profile
-from edgesplit.util import Progress, sha256_file
+from edgesplit.util import Closing, Progress, sha256_file
 
 EventHook = Callable[[dict[str, Any]], None]
 _CHUNK = 256 * 1024
@@ -56,7 +56,7 @@ def pip_hint(python: str, missing: Sequence[str], machine: str = "", android: bo
     return hint
 
 
-class AgentSession:
+class AgentSession(Closing):
     """A running agent on ``target``: send requests, read events, always clean up.
 
     Use as a context manager. Events other than ``alive`` are passed to ``on_event`` too.
@@ -75,26 +75,18 @@ class AgentSession:
         self.stage = "connecting"
 
     # -- lifecycle --------------------------------------------------------------------------
-    def __enter__(self) -> AgentSession:
-        try:
-            self.client = connect(self.target, self.opts)
-            self.stage = "starting the agent"
-            self.chan = self.client.get_transport().open_session(timeout=self.opts.connect_timeout_s)
-            self.chan.settimeout(self.opts.step_timeout_s)
-            self.chan.exec_command(
-                remote_command(self.opts.remote_python, self.opts.remote_tmpdir, self.opts.remote_env)
-            )
-            agent = build_agent()
-            self._send(f"{len(agent)}\n".encode() + agent)
-            self.ready = self.expect("ready")
-            self.stage = "working"
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def open(self) -> None:
+        self.client = connect(self.target, self.opts)
+        self.stage = "starting the agent"
+        self.chan = self.client.get_transport().open_session(timeout=self.opts.connect_timeout_s)
+        self.chan.settimeout(self.opts.step_timeout_s)
+        self.chan.exec_command(
+            remote_command(self.opts.remote_python, self.opts.remote_tmpdir, self.opts.remote_env)
+        )
+        agent = build_agent()
+        self._send(f"{len(agent)}\n".encode() + agent)
+        self.ready = self.expect("ready")
+        self.stage = "working"
 
     def close(self) -> None:
         """End the agent (it removes its folder); make sure the folder is gone; disconnect."""

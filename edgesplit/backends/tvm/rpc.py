@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from edgesplit.util import Closing
+
 LOG = "rpc_server.log"
 START_TIMEOUT_S = 120.0  # importing TVM on a small board is slow
 _BOUND = re.compile(r"bind to 127\.0\.0\.1:(\d+)")
@@ -151,7 +153,7 @@ class RpcStats:
     modules_loaded: int
 
 
-class RemoteRpcServer:
+class RemoteRpcServer(Closing):
     """TVM's RPC server on ``target``, reachable here at ``("127.0.0.1", self.port)``.
 
     Args:
@@ -177,30 +179,22 @@ class RemoteRpcServer:
     def port(self) -> int:
         return self.forward.port
 
-    def __enter__(self) -> RemoteRpcServer:
+    def open(self) -> None:
         from edgesplit.profile.remote import AgentSession
         from edgesplit.profile.ssh import PortForward
 
         self.session = AgentSession(self.target, self.opts, self.on_event).__enter__()
-        try:
-            self.session.stage = "starting TVM's RPC server"
-            self.session.send("rpc_start", threads=self.threads, cores=self.cores)
-            ready = self.session.expect("rpc_ready")
-            self.remote_port, self.pid = int(ready["port"]), int(ready["pid"])
-            self.forward = PortForward(
-                self.session.client.get_transport(),
-                "127.0.0.1",
-                self.remote_port,
-                self.opts.connect_timeout_s,
-            )
-            self.session.stage = "tuning (measuring candidates over RPC)"
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self.session.stage = "starting TVM's RPC server"
+        self.session.send("rpc_start", threads=self.threads, cores=self.cores)
+        ready = self.session.expect("rpc_ready")
+        self.remote_port, self.pid = int(ready["port"]), int(ready["pid"])
+        self.forward = PortForward(
+            self.session.client.get_transport(),
+            "127.0.0.1",
+            self.remote_port,
+            self.opts.connect_timeout_s,
+        )
+        self.session.stage = "tuning (measuring candidates over RPC)"
 
     def stats(self) -> RpcStats:
         self.session.send("rpc_stats")
