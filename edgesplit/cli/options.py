@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from edgesplit.cli.common import (
+    FiniteFloat,
     accuracy_options,
     backend_option,
     input_shape_option,
@@ -32,6 +33,7 @@ from edgesplit.cli.common import (
 
 if TYPE_CHECKING:
     from edgesplit.backends.tvm.tune import TuneOptions
+    from edgesplit.profile.ssh import SshOptions
     from edgesplit.workflows.resolve import Choices
     from edgesplit.workflows.verify import VerifyOptions
 
@@ -332,12 +334,97 @@ def batching_options(max_batch_help: str, delay_help: str) -> Callable:
     )
 
 
+# --remote and how to reach it over SSH (profile, tune, devices detect) ----------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteFlags:
+    """``--remote USER@HOST[:PORT]`` and the flags that say how to reach it over SSH."""
+
+    remote: str | None = None
+    identity: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    accept_new_host_key: bool = False
+    remote_python: str = "python3"
+    remote_tmpdir: str | None = None
+    connect_timeout: float = 15.0
+    step_timeout: float = 120.0
+
+    def ssh(self) -> SshOptions:
+        """The flags as :class:`edgesplit.profile.ssh.SshOptions`."""
+        from edgesplit.profile.ssh import SshOptions
+
+        return SshOptions(
+            identity=self.identity,
+            known_hosts=self.known_hosts,
+            accept_new_host_key=self.accept_new_host_key,
+            remote_python=self.remote_python,
+            remote_tmpdir=self.remote_tmpdir,
+            connect_timeout_s=self.connect_timeout,
+            step_timeout_s=self.step_timeout,
+        )
+
+
+_SSH_OPTIONS = (
+    click.option(
+        "--identity",
+        "-i",
+        type=click.Path(dir_okay=False),
+        help="Private key file (default: the SSH agent, then ~/.ssh/id_*). No passwords.",
+    ),
+    click.option(
+        "--known-hosts",
+        default="~/.ssh/known_hosts",
+        show_default=True,
+        help="known_hosts file the host key is checked against.",
+    ),
+    click.option(
+        "--accept-new-host-key",
+        is_flag=True,
+        help="Trust and record an unknown host key (a changed key is always refused).",
+    ),
+    click.option(
+        "--remote-python",
+        default="python3",
+        show_default=True,
+        help="Python interpreter on the remote host.",
+    ),
+    click.option(
+        "--remote-tmpdir",
+        metavar="DIR",
+        help="Where the agent's private folder goes there (default $TMPDIR or /tmp).",
+    ),
+    click.option(
+        "--connect-timeout",
+        type=FiniteFloat(minimum=0.1),
+        default=15.0,
+        show_default=True,
+        help="Seconds for TCP connect, SSH banner, auth and channel opening, each.",
+    ),
+    click.option(
+        "--step-timeout",
+        type=FiniteFloat(minimum=1.0),
+        default=120.0,
+        show_default=True,
+        help="Seconds the remote agent may stay silent before we give up.",
+    ),
+)
+
+
+def remote_options(remote_help: str) -> Callable:
+    """``--remote`` (with this command's help) and the SSH flags, as one :class:`RemoteFlags`
+    named ``remote``."""
+    remote = click.option("--remote", metavar="USER@HOST[:PORT]", help=remote_help)
+    return option_group(RemoteFlags, "remote", remote, *_SSH_OPTIONS)
+
+
 __all__ = [
     "Batching",
     "BuildOptions",
     "BundleOutput",
     "ModelInputs",
     "PlanOptions",
+    "RemoteFlags",
     "Verbosity",
     "batching_options",
     "build_options",
@@ -345,5 +432,6 @@ __all__ = [
     "model_input_options",
     "option_group",
     "plan_options",
+    "remote_options",
     "verbosity_options",
 ]
