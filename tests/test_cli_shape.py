@@ -79,3 +79,70 @@ def test_function_is_short(name, node):
 )
 def test_function_takes_few_parameters(name, node):
     assert _params(node) <= MAX_PARAMS, f"{name} takes {_params(node)} parameters"
+
+
+def _leaf_commands() -> dict[str, click.Command]:
+    from edgesplit.cli.main import SUBCOMMANDS, cli
+
+    ctx = click.Context(cli)
+    out = {}
+    for name in SUBCOMMANDS:
+        cmd = cli.get_command(ctx, name)
+        if isinstance(cmd, click.Group):
+            out.update({f"{name} {n}": c for n, c in cmd.commands.items()})
+        else:
+            out[name] = cmd
+    return out
+
+
+def _flags(cmd: click.Command) -> set[str]:
+    return {o for p in cmd.params for o in p.opts}
+
+
+LEAVES = _leaf_commands()
+
+# option -> the commands that must have it (declared once in edgesplit/cli/options.py or common.py)
+SHARED = {
+    "-q": set(LEAVES),
+    "--debug": set(LEAVES),
+    "--input-shape": {"profile", "partition", "deploy", "compile", "tune"},
+    "--input": {"profile", "partition", "deploy", "compile"},
+    "--server-load": {"partition", "deploy"},
+    "--server-slots": {"partition", "deploy"},
+    "--min-snr-db": {"partition", "deploy"},
+    "--calibration-method": {"partition", "deploy"},
+    "--split-operators": {"partition", "deploy"},
+    "--max-batch": {"serve", "export-triton"},
+    "--max-queue-delay-ms": {"serve", "export-triton"},
+    "--force": {"deploy", "compile", "keygen"},
+    "--tune-trials-per-task": {"deploy", "compile"},
+    "--remote": {"profile", "tune", "devices detect"},
+    "--known-hosts": {"profile", "tune", "devices detect"},
+    "--load-timeout-s": {"profile", "partition", "deploy", "compile"},
+}
+
+
+@pytest.mark.parametrize("flag", sorted(SHARED))
+def test_shared_option_on_every_command(flag):
+    missing = sorted(name for name in SHARED[flag] if flag not in _flags(LEAVES[name]))
+    assert not missing, f"{flag} missing on {missing}"
+
+
+def test_partition_and_deploy_take_the_same_plan_options():
+    """The options a plan is made from are one group: partition and deploy cannot drift apart."""
+    from edgesplit.cli.options import PlanOptions
+
+    fields = {f.name for f in __import__("dataclasses").fields(PlanOptions)}
+    for name in ("partition", "deploy"):
+        params = {p.name for p in LEAVES[name].params}
+        assert fields <= params, f"{name} lacks {sorted(fields - params)}"
+
+
+def test_choices_built_in_one_place():
+    """``Choices(...)`` is called once in edgesplit/cli (PlanOptions.choices)."""
+    calls = []
+    for path in sorted(CLI.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Choices":
+                calls.append(f"{path.name}:{node.lineno}")
+    assert len(calls) == 1 and calls[0].startswith("options.py"), calls
