@@ -80,7 +80,7 @@ def deploy_model(
         PlanError, DeviceSpecError, ModelLoadError, ProfileError, CompileError: as
             :func:`edgesplit.deploy`.
     """
-    from edgesplit.compile.api import check_output
+    from edgesplit.compile.build import check_output
     from edgesplit.workflows.deploy import deploy
     from edgesplit.workflows.resolve import check_choices, load_spec
 
@@ -124,7 +124,7 @@ def compile_plan(
         PlanError, DeviceSpecError, ModelLoadError, CompileError: naming the file at fault.
     """
     if request.verify is None:
-        from edgesplit.compile.api import compile_bundle
+        from edgesplit.workflows.compile import compile_bundle
 
         return compile_bundle(
             model,
@@ -144,7 +144,7 @@ def compile_plan(
 
 
 def _verified(model, plan_path, request: BundleRequest, device, inputs, progress) -> Manifest:
-    from edgesplit.compile.api import check_output
+    from edgesplit.compile.build import check_output
     from edgesplit.workflows.resolve import as_plan, load_graph, load_spec, problem_from_plan
     from edgesplit.workflows.verify import verify_plan
 

@@ -83,7 +83,7 @@ def write_plan(
     Raises:
         PlanError, DeviceSpecError, ModelLoadError, ProfileError: as :func:`edgesplit.partition`.
     """
-    from edgesplit.optimize.api import solve_plan
+    from edgesplit.optimize.planner import solve_plan
     from edgesplit.workflows.resolve import check_choices, load_graph, load_spec, resolve
 
     out = Path(files.plan)

@@ -1,7 +1,7 @@
 """``run``: a bundle run and timed, its outputs and trace written where asked.
 
 :func:`run_bundle` is what ``edgesplit run`` runs: a plain bundle is benchmarked
-(:func:`edgesplit.runtime.api.benchmark`); an adaptive bundle run with ``adaptive`` switches its
+(:func:`edgesplit.runtime.harness.benchmark`); an adaptive bundle run with ``adaptive`` switches its
 band plans between requests by the measured uplink.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from edgesplit.runtime.api import RunReport
+    from edgesplit.runtime.harness import RunReport
 
 __all__ = ["BandRun", "RunRequest", "run_bundle"]
 
@@ -66,7 +66,7 @@ def run_bundle(bundle: str | os.PathLike, request: RunRequest) -> RunReport | Ba
         EdgesplitError: for a bundle that cannot be loaded or run.
     """
     from edgesplit.bundle.format import open_bundle
-    from edgesplit.runtime.api import benchmark, load, read_inputs
+    from edgesplit.runtime.harness import benchmark, load, read_inputs
 
     r = request
     if r.adaptive and open_bundle(bundle, verify=False).bands is not None:
@@ -92,8 +92,8 @@ def _run_bands(bundle: str | os.PathLike, r: RunRequest) -> BandRun:
 
     import numpy as np
 
-    from edgesplit.runtime.api import read_inputs
     from edgesplit.runtime.bands import load_bands
+    from edgesplit.runtime.harness import read_inputs
 
     options = dict(r.executor_options) if r.executor_options is not None else None
     with load_bands(bundle, executor_options=options, trust_key=r.trust_key) as bs:
@@ -107,7 +107,7 @@ def _run_bands(bundle: str | os.PathLike, r: RunRequest) -> BandRun:
             lat.append((time.perf_counter() - t0) * 1e3)
         stats = bs.stats()
         if r.output:
-            from edgesplit.runtime.api import save_arrays
+            from edgesplit.runtime.harness import save_arrays
 
             save_arrays(out, r.output)
     return BandRun(stats, float(np.median(lat)), float(np.percentile(lat, 90)), r.repeat)
