@@ -146,3 +146,31 @@ def test_choices_built_in_one_place():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Choices":
                 calls.append(f"{path.name}:{node.lineno}")
     assert len(calls) == 1 and calls[0].startswith("options.py"), calls
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    from edgesplit.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_deploy_checks_server_load_as_partition_does(capsys, tmp_path):
+    """``--server-load`` reaches deploy's choices: without a server it is refused before the model
+    is read (the model here does not exist), as partition refuses it."""
+    for cmd in (["partition"], ["deploy", "-o", str(tmp_path / "b")]):
+        code, _, err = _main(capsys, *cmd, str(tmp_path / "none.onnx"), "--server-load", "2", "-q")
+        assert code == 2 and "--server-load needs --server" in err, err
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_and_debug_on_a_command(capsys, tmp_path, where, monkeypatch):
+    """``-q`` and ``--debug`` parse on a command, and --debug works before or after it."""
+    monkeypatch.delenv("EDGESPLIT_DEBUG", raising=False)
+    key = str(tmp_path / "k")
+    args = ["--debug", "keygen", key, "-q"] if where == "before" else ["keygen", key, "-q", "--debug"]
+    code, out, _ = _main(capsys, *args)
+    assert code == 0 and "wrote" in out
+    monkeypatch.delenv("EDGESPLIT_DEBUG", raising=False)
