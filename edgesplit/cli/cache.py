@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from edgesplit.cli.common import console
+from edgesplit.cli.options import Verbosity, verbosity_options
 
 
 def _size(nbytes: int | None) -> str:
@@ -26,7 +27,8 @@ def _size(nbytes: int | None) -> str:
     "tvm-tuning, or all (every kind but tvm-tuning, whose records only hours of tuning make again).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print what is kept (or was cleared) as JSON.")
-def command(kinds: tuple[str, ...], as_json: bool) -> None:
+@verbosity_options
+def command(kinds: tuple[str, ...], as_json: bool, verbosity: Verbosity) -> None:
     """Show what edgesplit keeps between runs under $EDGESPLIT_CACHE (default ~/.cache/edgesplit):
     every kind's files and size, and the most it may take; with --clear, delete kinds of it. A
     cleared kind costs time only: the next run makes what it needs again."""
@@ -51,7 +53,8 @@ def command(kinds: tuple[str, ...], as_json: bool) -> None:
         table.add_column(col)
     for r in rows:
         table.add_row(r.kind, str(r.n_files), _size(r.nbytes), _size(r.max_nbytes), r.holds)
-    console.print(table)
+    if not verbosity.quiet:
+        console.print(table)
     if kinds and not rows:
         console.print("nothing to clear: those kinds hold nothing")
     for other in [] if kinds else others():

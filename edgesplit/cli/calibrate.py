@@ -2,9 +2,44 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import click
 
 from edgesplit.cli.common import FiniteFloat, console, trust_key_option
+from edgesplit.cli.options import Verbosity, option_group, verbosity_options
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """``--runs``, ``--warmup``, ``--rounds`` and ``--tolerance``: how long calibrating goes on."""
+
+    runs: int = 30
+    warmup: int = 5
+    rounds: int = 3
+    tolerance: float = 0.05
+
+
+rounds_options = option_group(
+    Rounds,
+    "rounds",
+    click.option(
+        "--runs", default=30, show_default=True, type=click.IntRange(3), help="Timed runs per round."
+    ),
+    click.option(
+        "--warmup", default=5, show_default=True, type=click.IntRange(0), help="Untimed runs first."
+    ),
+    click.option(
+        "--rounds", default=3, show_default=True, type=click.IntRange(1), help="At most this many rounds."
+    ),
+    click.option(
+        "--tolerance",
+        default=0.05,
+        show_default=True,
+        type=FiniteFloat(minimum=0, open_min=True),
+        help="Converged when a round's runs are predicted within this relative error.",
+    ),
+)
 
 
 @click.command("calibrate")
@@ -22,18 +57,7 @@ from edgesplit.cli.common import FiniteFloat, console, trust_key_option
     type=click.Path(dir_okay=False),
     help="The profile to calibrate (default: the one the first bundle's plan was made from).",
 )
-@click.option("--runs", default=30, show_default=True, type=click.IntRange(3), help="Timed runs per round.")
-@click.option("--warmup", default=5, show_default=True, type=click.IntRange(0), help="Untimed runs first.")
-@click.option(
-    "--rounds", default=3, show_default=True, type=click.IntRange(1), help="At most this many rounds."
-)
-@click.option(
-    "--tolerance",
-    default=0.05,
-    show_default=True,
-    type=FiniteFloat(minimum=0, open_min=True),
-    help="Converged when a round's runs are predicted within this relative error.",
-)
+@rounds_options
 @click.option(
     "--server",
     "server_url",
@@ -50,7 +74,17 @@ from edgesplit.cli.common import FiniteFloat, console, trust_key_option
     "the ops that read it).",
 )
 @trust_key_option
-def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, inputs, trust_key, server_url):
+@verbosity_options
+def command(
+    bundles: tuple[str, ...],
+    output: str,
+    profile_path: str | None,
+    rounds: Rounds,
+    server_url: str | None,
+    inputs: tuple[str, ...],
+    trust_key: str | None,
+    verbosity: Verbosity,
+) -> None:
     """Run BUNDLES, fit the cost terms of their profile to the measured part runs, and write them.
 
     BUNDLES are of one model on one device: a plan and its baselines (the whole model on each
@@ -65,17 +99,18 @@ def command(bundles, output, profile_path, runs, warmup, rounds, tolerance, inpu
     result = refit(
         list(bundles),
         profile=profile_path,
-        runs=runs,
-        warmup=warmup,
-        max_rounds=rounds,
-        tolerance=tolerance,
-        progress=lambda msg: console.print(msg),
+        runs=rounds.runs,
+        warmup=rounds.warmup,
+        max_rounds=rounds.rounds,
+        tolerance=rounds.tolerance,
+        progress=None if verbosity.quiet else console.print,
         trust_key=trust_key,
         server_url=server_url,
         inputs=parse_input_values(inputs) or None,
     )
     result.profile.save(output)
-    print_result(result)
+    if not verbosity.quiet:
+        print_result(result)
     console.print(f"profile: {output}")
 
 
@@ -108,6 +143,12 @@ def print_result(result) -> None:
             f"{f.crossing_ms:.3f}",
         )
     console.print(fits)
+    _print_fitted(result)
+    _print_convergence(result)
+
+
+def _print_fitted(result) -> None:
+    """What was fitted beyond the per-part terms: contention, stream gaps, remote calls."""
     seen = set()
     for e in result.profile.entries:
         t = e.terms
@@ -136,6 +177,10 @@ def print_result(result) -> None:
             f"a call to the server beyond the link and its compute: {t.remote_call_ms:.3f} ms per call "
             f"+ {t.remote_call_ms_per_mb:.3f} ms per MB sent or received"
         )
+
+
+def _print_convergence(result) -> None:
+    """Whether the rounds converged, and the latency the profile predicts now."""
     if result.converged_after is not None:
         console.print(
             f"converged after {result.converged_after} round(s) of fitting: within {result.tolerance:.0%}"

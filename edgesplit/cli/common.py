@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -193,77 +192,6 @@ def stage_limit_options(f):
             help=f"Time limit for {_STAGE_HELP[stage]} [default: {getattr(StageLimits(), f'{stage}_s'):g}].",
         )(f)
     return f
-
-
-def remote_options(remote_help: str) -> Callable:
-    """``--remote USER@HOST[:PORT]`` and the flags that say how to reach it over SSH (``profile``,
-    ``tune``, ``devices detect``): the command receives ``remote`` and ``ssh``, an
-    :class:`edgesplit.profile.ssh.SshOptions` built from those flags."""
-    opts = [
-        click.option("--remote", metavar="USER@HOST[:PORT]", help=remote_help),
-        click.option(
-            "--identity",
-            "-i",
-            type=click.Path(dir_okay=False),
-            help="Private key file (default: the SSH agent, then ~/.ssh/id_*). No passwords.",
-        ),
-        click.option(
-            "--known-hosts",
-            default="~/.ssh/known_hosts",
-            show_default=True,
-            help="known_hosts file the host key is checked against.",
-        ),
-        click.option(
-            "--accept-new-host-key",
-            is_flag=True,
-            help="Trust and record an unknown host key (a changed key is always refused).",
-        ),
-        click.option(
-            "--remote-python",
-            default="python3",
-            show_default=True,
-            help="Python interpreter on the remote host.",
-        ),
-        click.option(
-            "--remote-tmpdir",
-            metavar="DIR",
-            help="Where the agent's private folder goes there (default $TMPDIR or /tmp).",
-        ),
-        click.option(
-            "--connect-timeout",
-            type=FiniteFloat(minimum=0.1),
-            default=15.0,
-            show_default=True,
-            help="Seconds for TCP connect, SSH banner, auth and channel opening, each.",
-        ),
-        click.option(
-            "--step-timeout",
-            type=FiniteFloat(minimum=1.0),
-            default=120.0,
-            show_default=True,
-            help="Seconds the remote agent may stay silent before we give up.",
-        ),
-    ]
-
-    def decorate(f: Callable) -> Callable:
-        @functools.wraps(f)
-        def command(*args, **kw):
-            from edgesplit.profile.ssh import SshOptions
-
-            kw["ssh"] = SshOptions(
-                identity=kw.pop("identity"),
-                known_hosts=kw.pop("known_hosts"),
-                accept_new_host_key=kw.pop("accept_new_host_key"),
-                remote_python=kw.pop("remote_python"),
-                remote_tmpdir=kw.pop("remote_tmpdir"),
-                connect_timeout_s=kw.pop("connect_timeout"),
-                step_timeout_s=kw.pop("step_timeout"),
-            )
-            return f(*args, **kw)
-
-        return functools.reduce(lambda acc, o: o(acc), reversed(opts), command)
-
-    return decorate
 
 
 force_option = click.option(

@@ -4,55 +4,17 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import (
-    console,
-    force_option,
-    input_shape_option,
-    input_values_option,
-    model_inputs,
-    progress_bar,
-    sign_key_option,
-    stage_limit_options,
+from edgesplit.cli.common import console, err_console, progress_bar, stage_limit_options
+from edgesplit.cli.options import (
+    BuildOptions,
+    BundleOutput,
+    ModelInputs,
+    Verbosity,
+    build_options,
+    bundle_output_options,
+    model_input_options,
+    verbosity_options,
 )
-
-tune_per_task_option = click.option(
-    "--tune-trials-per-task",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0),
-    help="Tune each kernel of the TVM parts with up to N trials (kernels a database holds N of are "
-    "skipped); --tune-trials caps the total.",
-)
-
-
-def tune_options(total: int, per_task: int):
-    """The tuning asked for by --tune-trials / --tune-trials-per-task (None: per-task not given)."""
-    from edgesplit.backends.tvm.tune import TuneOptions
-
-    if not per_task:
-        return None
-    return TuneOptions(trials_per_task=per_task, max_trials=total or None)
-
-
-def verify_options(f):
-    """``--verify-budget-s``, ``--server-url`` and ``--token`` (deploy and compile --verify)."""
-    f = click.option(
-        "--token", default=None, envvar="EDGESPLIT_TOKEN", help="Bearer token for the offload server."
-    )(f)
-    f = click.option(
-        "--server-url",
-        default=None,
-        metavar="URL|local",
-        help="Offload server for candidates with server parts while verifying (local: serve them "
-        "from this process); without one they are skipped.",
-    )(f)
-    return click.option(
-        "--verify-budget-s",
-        default=30.0,
-        show_default=True,
-        type=click.FloatRange(min=0, min_open=True),
-        help="The most time verification may spend measuring.",
-    )(f)
 
 
 @click.command("compile")
@@ -60,15 +22,9 @@ def verify_options(f):
 @click.option(
     "--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="plan.json from partition."
 )
-@click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Bundle directory to write (an existing one must be empty or a bundle, unless --force).",
+@bundle_output_options(
+    "Bundle directory to write (an existing one must be empty or a bundle, unless --force)."
 )
-@force_option
-@sign_key_option
 @click.option(
     "--device",
     "-d",
@@ -76,116 +32,59 @@ def verify_options(f):
     metavar="NAME|FILE.yaml",
     help="Device spec (default: the spec file the plan was made with, else its name).",
 )
-@input_shape_option
-@input_values_option
+@model_input_options
 @stage_limit_options
-@click.option(
-    "--tune-trials",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0),
-    help="MetaSchedule trials for TVM parts in all (0: none; the tuning databases still apply).",
+@build_options(
+    "MetaSchedule trials for TVM parts in all (0: none; the tuning databases still apply).",
+    click.option(
+        "--verify",
+        is_flag=True,
+        help="Measure the plan against the best baselines here; ship the measured winner.",
+    ),
 )
-@click.option(
-    "--no-bands",
-    is_flag=True,
-    help="With a server: do not add a plan per bandwidth band (the bundle runs the one plan).",
-)
-@click.option(
-    "--verify",
-    is_flag=True,
-    help="Measure the plan against the best baselines here; ship the measured winner.",
-)
-@verify_options
-@tune_per_task_option
+@verbosity_options
 def command(
-    model,
-    plan_path,
-    output,
-    force,
-    sign_key,
-    device,
-    input_shapes,
-    input_values,
-    tune_trials,
-    no_bands,
-    verify,
-    verify_budget_s,
-    server_url,
-    token,
-    tune_trials_per_task,
-):
+    model: str,
+    plan_path: str,
+    bundle: BundleOutput,
+    device: str | None,
+    inputs: ModelInputs,
+    build: BuildOptions,
+    verify: bool,
+    verbosity: Verbosity,
+) -> None:
     """Extract, check and compile every part of PLAN for MODEL into a bundle."""
-    inputs = model_inputs(input_shapes, input_values)
-    tune = tune_options(tune_trials, tune_trials_per_task)
-    if verify:
-        from edgesplit.workflows.deploy import verify_options_for
+    from edgesplit.workflows.bundle_files import compile_plan
 
-        options = verify_options_for(verify_budget_s, server_url, token)
-        manifest = _verified(
-            model,
-            plan_path,
-            output,
-            device,
-            inputs,
-            tune_trials,
-            tune,
-            options,
-            force,
-            sign_key,
-            not no_bands,
-        )
-    else:
-        from edgesplit.workflows.compile import compile_bundle
-
-        with progress_bar(bool(tune_trials or tune_trials_per_task)) as update:
-            manifest = compile_bundle(
-                model,
-                plan_path,
-                output,
-                device=device,
-                **inputs,
-                tune_trials=tune_trials,
-                tune=tune,
-                progress=update,
-                force=force,
-                sign_key=sign_key,
-                bands=not no_bands,
-            )
-    print_manifest(manifest)
-    if manifest.verification is not None:
-        print_verification(manifest.verification)
-    console.print(f"wrote {output}" + (" (signed)" if sign_key else ""))
+    request = bundle_request(bundle, build, verify)
+    bar = verify or bool(build.tune_trials or build.tune_trials_per_task)
+    with progress_bar(bar and not verbosity.quiet) as update:
+        manifest = compile_plan(model, plan_path, request, device=device, **inputs.parsed(), progress=update)
+    if not verbosity.quiet:
+        print_manifest(manifest)
+        if manifest.verification is not None:
+            print_verification(manifest.verification)
+    console.print(f"wrote {bundle.output}" + (" (signed)" if bundle.sign_key else ""))
 
 
-def _verified(model, plan_path, output, device, inputs, tune_trials, tune, options, force, sign_key, bands):
-    """The plan's problem loaded again from what it records, then verified (as ``deploy`` does)."""
-    from dataclasses import replace
+def bundle_request(bundle: BundleOutput, build: BuildOptions, verify: bool):
+    """The :class:`~edgesplit.workflows.bundle_files.BundleRequest` of the bundle options."""
+    from edgesplit.workflows.bundle_files import BundleRequest
 
-    from edgesplit.cli.common import progress_bar
-    from edgesplit.compile.build import check_output
-    from edgesplit.workflows.resolve import as_plan, load_graph, load_spec, problem_from_plan
-    from edgesplit.workflows.verify import verify_plan
+    return BundleRequest(
+        out=bundle.output,
+        force=bundle.force,
+        sign_key=bundle.sign_key,
+        tune_trials=build.tune_trials,
+        tune=build.tune(),
+        bands=not build.no_bands,
+        verify=build.verify_options() if verify else None,
+    )
 
-    check_output(output, force, [model, plan_path])  # before the slow steps
-    plan = as_plan(plan_path)
-    graph = load_graph(model, inputs["input_shapes"] or plan.input_shapes or None, inputs["input_values"])
-    problem = problem_from_plan(plan, graph)
-    if device is not None:
-        problem = replace(problem, device=load_spec(device))
-    with progress_bar() as update:
-        return verify_plan(
-            problem,
-            plan,
-            output,
-            options=options,
-            tune_trials=tune_trials,
-            tune=tune,
-            progress=update,
-            force=force,
-            sign_key=sign_key,
-            bands=bands,
-        )
+
+def print_note(note: str) -> None:
+    """What loading a model changed, on stderr before anything long starts."""
+    err_console.print(f"note: {note}", soft_wrap=True)
 
 
 def print_manifest(manifest) -> None:

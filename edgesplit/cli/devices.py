@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console, remote_options
+from edgesplit.cli.common import console
+from edgesplit.cli.options import RemoteFlags, Verbosity, remote_options, verbosity_options
 
 
 @click.group("devices", invoke_without_command=True)
@@ -16,7 +17,8 @@ def command(ctx: click.Context) -> None:
 
 
 @command.command("list")
-def list_cmd() -> None:
+@verbosity_options
+def list_cmd(verbosity: Verbosity) -> None:
     """List device, server and link specs with their processors."""
     from rich.table import Table
 
@@ -35,12 +37,14 @@ def list_cmd() -> None:
             f"{p.name} ({p.kind}: {'+'.join(b.key for b in p.backends)})" for p in spec.processors
         )
         table.add_row(spec.name, spec.kind, procs, spec.description[:60])
-    console.print(table)
+    if not verbosity.quiet:
+        console.print(table)
 
 
 @command.command("show")
 @click.argument("name")
-def show_cmd(name: str) -> None:
+@verbosity_options
+def show_cmd(name: str, verbosity: Verbosity) -> None:
     """Show one spec's processors and figures."""
     from rich.table import Table
 
@@ -67,7 +71,8 @@ def show_cmd(name: str) -> None:
             f"{p.idle_w:g}",
             ops,
         )
-    console.print(table)
+    if not verbosity.quiet:
+        console.print(table)
 
 
 @command.command("detect")
@@ -76,12 +81,8 @@ def show_cmd(name: str) -> None:
 @click.option(
     "-o", "--output", type=click.Path(dir_okay=False), help="Write the spec here (default: print it)."
 )
-def detect_cmd(
-    remote,
-    ssh,
-    name,
-    output,
-) -> None:
+@verbosity_options
+def detect_cmd(remote: RemoteFlags, name: str | None, output: str | None, verbosity: Verbosity) -> None:
     """Draft a device spec from what a device has: CPU clusters, memory, GPU/NPU nodes, runtimes."""
     from pathlib import Path
 
@@ -90,10 +91,10 @@ def detect_cmd(
     from edgesplit.device.draft import draft_spec, to_yaml
     from edgesplit.util import atomic_write_text
 
-    if remote:
+    if remote.remote:
         from edgesplit.profile.remote import detect_remote
 
-        facts = detect_remote(remote, ssh)
+        facts = detect_remote(remote.remote, remote.ssh())
     else:
         from edgesplit.device.detect import probe
 
@@ -119,7 +120,8 @@ def detect_cmd(
             f"{p['peak_gflops']:g}",
             p.get("description", ""),
         )
-    console.print(table)
+    if not verbosity.quiet:
+        console.print(table)
     for line in draft.header:
         if "missing" in line or "install" in line:
             console.print(f"note: {line}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from edgesplit.cli.common import console
+from edgesplit.cli.options import Verbosity, verbosity_options
 
 
 @click.command("explain")
@@ -24,20 +25,32 @@ from edgesplit.cli.common import console
     help="The band table: each band plan's latency against bandwidth, and their envelope.",
 )
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the sweep as a PNG.")
-def command(plan_path, bandwidth_sweep, per_decade, bands, plot_path):
+@verbosity_options
+def command(
+    plan_path: str,
+    bandwidth_sweep: bool,
+    per_decade: int,
+    bands: bool,
+    plot_path: str | None,
+    verbosity: Verbosity,
+) -> None:
     """Explain PLAN: its parts, and with --bandwidth-sweep where the decision changes."""
-    from rich.table import Table
-
     from edgesplit.cli.partition import print_plan
     from edgesplit.optimize.plan import load_plan
 
     plan = load_plan(plan_path)
     if bands:
-        explain_bands(plan, per_decade, plot_path)
-        return
-    if not bandwidth_sweep:
+        explain_bands(plan, per_decade, plot_path, verbosity.quiet)
+    elif bandwidth_sweep:
+        explain_sweep(plan, per_decade, plot_path, verbosity.quiet)
+    elif not verbosity.quiet:
         print_plan(plan)
-        return
+
+
+def explain_sweep(plan, per_decade: int, plot_path: str | None, quiet: bool = False) -> None:
+    """The plan's problem solved again from 0.1 to 1000 Mbit/s: where the decision changes."""
+    from rich.table import Table
+
     from edgesplit.optimize.sweep import bandwidth_sweep as sweep
     from edgesplit.optimize.sweep import log_bandwidths, needs_network
     from edgesplit.workflows.resolve import problem_from_plan
@@ -54,7 +67,8 @@ def command(plan_path, bandwidth_sweep, per_decade, bands, plot_path):
         table.add_row(
             f"{r.bandwidth_mbps:g}", f"{r.latency_ms:.3f}", f"{r.energy_mj:.2f}", *cells, mark + r.decision
         )
-    console.print(table)
+    if not quiet:
+        console.print(table)
     changes = [r.bandwidth_mbps for r in rows if r.changed]
     console.print(
         "the decision changes at "
@@ -71,7 +85,7 @@ def command(plan_path, bandwidth_sweep, per_decade, bands, plot_path):
         console.print(f"wrote {plot_path}")
 
 
-def explain_bands(plan, per_decade: int, plot_path: str | None) -> None:
+def explain_bands(plan, per_decade: int, plot_path: str | None, quiet: bool = False) -> None:
     """The band table of ``plan``'s problem, each plan's value on a log grid, and the envelope."""
     from rich.table import Table
 
@@ -94,7 +108,8 @@ def explain_bands(plan, per_decade: int, plot_path: str | None) -> None:
         best = table.band_at(bw).plan
         mark = " (breakpoint)" if bw in table.breakpoints_mbps else ""
         t.add_row(f"{bw:.4g}", *(f"{x:.3f}" for x in col), f"{min(col):.3f}", f"plan {best}{mark}")
-    console.print(t)
+    if not quiet:
+        console.print(t)
     for k, d in enumerate(table.decisions):
         where = ", ".join(f"{b.lo_mbps:.4g}-{b.hi_mbps:.4g}" for b in table.bands if b.plan == k)
         console.print(f"plan {k}: {d} (best at {where} Mbit/s)")

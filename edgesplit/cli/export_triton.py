@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from edgesplit.cli.common import console
+from edgesplit.cli.options import Batching, Verbosity, batching_options, verbosity_options
 
 
 @click.command("export-triton")
@@ -18,22 +19,13 @@ from edgesplit.cli.common import console
     help="The model repository to write (replaced if it exists).",
 )
 @click.option("--all-parts", is_flag=True, help="Export every part, not only the server parts.")
-@click.option(
-    "--max-batch",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Triton dynamic batching: requests per batch at most (1: none), as 'serve --max-batch'. "
+@batching_options(
+    "Triton dynamic batching: requests per batch at most (1: none), as 'serve --max-batch'. "
     "Parts that cannot batch keep max_batch_size 0 (a note says why).",
+    "Triton's max_queue_delay_microseconds, in ms, as 'serve --max-queue-delay-ms'.",
 )
-@click.option(
-    "--max-queue-delay-ms",
-    default=0.0,
-    show_default=True,
-    type=click.FloatRange(min=0, max=60_000),
-    help="Triton's max_queue_delay_microseconds, in ms, as 'serve --max-queue-delay-ms'.",
-)
-def command(bundle: str, repo: str, all_parts: bool, max_batch: int, max_queue_delay_ms: float) -> None:
+@verbosity_options
+def command(bundle: str, repo: str, all_parts: bool, batching: Batching, verbosity: Verbosity) -> None:
     """Write REPO/<part>/config.pbtxt and REPO/<part>/1/model.onnx for BUNDLE's server parts.
 
     Server parts that feed each other are also chained in an 'ensemble' model. Serve it with
@@ -43,7 +35,11 @@ def command(bundle: str, repo: str, all_parts: bool, max_batch: int, max_queue_d
     from edgesplit.compile.triton import export_triton
 
     result = export_triton(
-        bundle, repo, all_parts=all_parts, max_batch=max_batch, max_queue_delay_ms=max_queue_delay_ms
+        bundle,
+        repo,
+        all_parts=all_parts,
+        max_batch=batching.max_batch,
+        max_queue_delay_ms=batching.max_queue_delay_ms,
     )
     for name, why in result.unbatched:
         err_console.print(f"note: {name}: not batched: {why}")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import click
 
 from edgesplit.cli.common import console
+from edgesplit.cli.options import Verbosity, verbosity_options
 
 
 @click.command("keygen")
 @click.argument("key", type=click.Path(dir_okay=False))
 @click.option("--force", is_flag=True, help="Replace KEY and KEY.pub if they exist.")
-def command(key: str, force: bool) -> None:
+@verbosity_options
+def command(key: str, force: bool, verbosity: Verbosity) -> None:
     """Write a new ed25519 private key to KEY (PEM, mode 0600) and its public key to KEY.pub.
 
     Sign with 'compile/deploy --sign-key KEY'; load only signed bundles with

@@ -2,164 +2,82 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 
 import click
 
-from edgesplit.cli.common import (
-    accuracy_choices,
-    accuracy_options,
-    backend_option,
-    console,
-    device_option,
-    input_shape_option,
-    input_values_option,
-    link_options,
-    load_graph,
-    model_inputs,
-    objective_option,
-    pin_option,
-    progress_bar,
-    runs_option,
-    slo_option,
-    split_option,
-    stage_limit_options,
+from edgesplit.cli.common import console, device_option, err_console, progress_bar, stage_limit_options
+from edgesplit.cli.options import (
+    ModelInputs,
+    PlanOptions,
+    Verbosity,
+    model_input_options,
+    option_group,
+    plan_options,
+    verbosity_options,
+)
+
+
+@dataclass(frozen=True)
+class PlanOutput:
+    """``-o PLAN``, ``--onnx-out`` and ``--plot``."""
+
+    output: str = "plan.json"
+    onnx_out: str | None = None
+    plot_path: str | None = None
+
+
+plan_output_options = option_group(
+    PlanOutput,
+    "files",
+    click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a Gantt chart (PNG)."),
+    click.option("-o", "--output", default="plan.json", show_default=True, type=click.Path(dir_okay=False)),
+    click.option(
+        "--onnx-out",
+        type=click.Path(dir_okay=False),
+        help="Annotated model copy (default: beside the plan, PLAN.onnx).",
+    ),
 )
 
 
 @click.command("partition")
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
-@click.option(
-    "--profile",
-    "profile_path",
-    type=click.Path(dir_okay=False),
-    help="A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest).",
-)
-@backend_option
-@runs_option
-@input_shape_option
-@input_values_option
+@model_input_options
 @stage_limit_options
-@objective_option
-@split_option
-@slo_option
-@link_options
-@pin_option
-@accuracy_options
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a Gantt chart (PNG).")
-@click.option("-o", "--output", default="plan.json", show_default=True, type=click.Path(dir_okay=False))
-@click.option(
-    "--onnx-out",
-    type=click.Path(dir_okay=False),
-    help="Annotated model copy (default: beside the plan, PLAN.onnx).",
-)
-@click.option(
-    "--server-load",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="Price server parts as if N devices share the server (closed-loop queueing delay); a crowded "
-    "server pushes work back onto the device. Needs --server.",
-)
-@click.option(
-    "--server-slots",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Requests the server computes at once, for --server-load.",
-)
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or tables.")
-# over 80 lines only by its signature: one parameter per option (26); the body is 50 lines
+@plan_options("A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest).")
+@plan_output_options
+@verbosity_options
 def command(
-    model,
-    device,
-    profile_path,
-    backends,
-    runs,
-    input_shapes,
-    input_values,
-    objective,
-    split_operators,
-    slo_ms,
-    server,
-    server_profile,
-    link,
-    bandwidth_mbps,
-    rtt_ms,
-    pins,
-    min_snr_db,
-    min_top1_agreement,
-    max_accuracy_drop,
-    calibration_data,
-    calibration_method,
-    plot_path,
-    output,
-    onnx_out,
-    server_load,
-    server_slots,
-    quiet,
-):
+    model: str,
+    device: str,
+    inputs: ModelInputs,
+    plan: PlanOptions,
+    files: PlanOutput,
+    verbosity: Verbosity,
+) -> None:
     """Split MODEL across the processors of DEVICE (and a server) for an objective.
 
     Without --profile, the processors of DEVICE that are on this machine are measured and the
     profile is written beside the plan (PLAN.profile.json).
     """
-    from dataclasses import replace
+    from edgesplit.workflows.plan_files import PlanFiles, write_plan
 
-    from edgesplit.optimize.annotate import write_annotated
-    from edgesplit.optimize.planner import solve_plan
-    from edgesplit.profile.run import ProfileOptions
-    from edgesplit.workflows.resolve import Choices, check_choices, load_spec, resolve
-
-    out = Path(output)
-    onnx_path = _annotated_path(out, onnx_out, model)
-    choices = Choices(
-        objective=objective,
-        split_operators=split_operators,
-        slo_ms=slo_ms,
-        profile=profile_path,
-        server=server,
-        server_profile=server_profile,
-        link=link,
-        bandwidth_mbps=bandwidth_mbps,
-        rtt_ms=rtt_ms,
-        pins=pins,
-        server_load=server_load,
-        server_slots=server_slots,
-        profiling=ProfileOptions(backends, runs=runs),
-        **model_inputs(input_shapes, input_values),
-        **accuracy_choices(
-            min_snr_db, min_top1_agreement, max_accuracy_drop, calibration_data, calibration_method
-        ),
-    )
-    check_choices(choices)  # bad flags fail before the model is read
-    device = load_spec(device)  # and so does a bad device spec (reading a model can take seconds)
-    graph = load_graph(model, choices.input_shapes, choices.input_values)  # prints its notes
+    where = PlanFiles(files.output, files.onnx_out, files.plot_path)
     # profiling here and measuring accuracy can take minutes on a big model
-    with progress_bar(not quiet) as update:
-        problem = resolve(graph, device, choices, progress=update)
-        # measured here: kept beside the plan, for explain and compile
-        measured = problem.profile_path is None
-        if measured:
-            problem = replace(problem, profile_path=str(out.with_suffix(".profile.json")))
-        plan = solve_plan(problem)
-    if measured:  # written only once there is a plan to go with it
-        problem.profile.save(problem.profile_path)
-    plan.save(out)
-    annotated = problem.graph
-    if plan.splits:  # the plan's nodes are those of the model with its splits written in
-        from edgesplit.optimize.split import for_plan
-
-        annotated = for_plan(problem.graph, plan.splits)[0]
-    write_annotated(annotated.model, plan, onnx_path)
-    if plot_path:
-        from edgesplit.optimize.plot import gantt
-
-        gantt(plan, plot_path)
-    if not quiet:
-        print_plan(plan)
-    console.print(f"wrote {out} and {onnx_path}" + (f" and {plot_path}" if plot_path else ""))
+    with progress_bar(not verbosity.quiet) as update:
+        written = write_plan(
+            model,
+            device,
+            plan.choices(inputs),
+            where,
+            progress=update,
+            on_note=lambda note: err_console.print(f"note: {note}", soft_wrap=True),
+        )
+    if not verbosity.quiet:
+        print_plan(written.plan)
+    plot = f" and {written.plot_path}" if written.plot_path else ""
+    console.print(f"wrote {written.plan_path} and {written.onnx_path}{plot}")
 
 
 def print_plan(plan) -> None:
@@ -326,19 +244,3 @@ def accuracy_lines(plan) -> list[str]:
             f"{step.why}"
         )
     return lines
-
-
-def _annotated_path(out: Path, onnx_out: str | None, model: str) -> Path:
-    """Where the annotated model goes: ``--onnx-out``, else beside the plan; never over the model.
-
-    Raises:
-        PlanError: when ``--onnx-out`` names the model itself.
-    """
-    from edgesplit.errors import PlanError
-
-    onnx_path = Path(onnx_out) if onnx_out else out.with_suffix(".onnx")
-    if onnx_path.resolve() == Path(model).resolve():
-        if onnx_out:
-            raise PlanError(f"--onnx-out {onnx_out} would overwrite the model")
-        onnx_path = out.with_suffix(".annotated.onnx")  # never overwrite the input model
-    return onnx_path

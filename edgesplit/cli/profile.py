@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,107 +11,152 @@ from edgesplit.cli.common import (
     backend_option,
     console,
     device_option,
-    input_shape_option,
-    input_values_option,
-    load_graph,
-    model_inputs,
+    err_console,
     progress_bar,
-    remote_options,
     stage_limit_options,
+)
+from edgesplit.cli.options import (
+    ModelInputs,
+    RemoteFlags,
+    Verbosity,
+    model_input_options,
+    option_group,
+    remote_options,
+    verbosity_options,
+)
+
+if TYPE_CHECKING:
+    from edgesplit.workflows.profiling import ProfiledModel, ProfileRequest
+
+
+@dataclass(frozen=True)
+class Measure:
+    """``--backend``, ``--processor``, ``--runs`` and ``--warmup``: what is measured, how often."""
+
+    backends: tuple[str, ...] = ()
+    processors: tuple[str, ...] = ()
+    runs: int = 20
+    warmup: int = 5
+
+
+@dataclass(frozen=True)
+class ProfileTarget:
+    """Where the profile goes, and which machines are measured."""
+
+    output: str | None = None
+    fleet_file: str | None = None
+    jobs: int | None = None
+    resume: bool = False
+    here: bool = False
+
+
+measure_options = option_group(
+    Measure,
+    "measure",
+    backend_option,
+    click.option("--processor", "processors", multiple=True, help="Only these processors (repeatable)."),
+    click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs."),
+    click.option(
+        "--warmup", default=5, show_default=True, type=click.IntRange(0, 10000), help="Untimed runs first."
+    ),
+)
+target_options = option_group(
+    ProfileTarget,
+    "target",
+    click.option(
+        "-o",
+        "--output",
+        type=click.Path(),
+        help="Profile JSON (default MODEL.DEVICE.profile.json); "
+        "with --hosts, the folder for one profile per host.",
+    ),
+    click.option(
+        "--hosts",
+        "fleet_file",
+        type=click.Path(dir_okay=False),
+        help="Profile on every host of this fleet file (YAML), in parallel.",
+    ),
+    click.option(
+        "--jobs", type=click.IntRange(1, 256), help="Hosts at a time with --hosts (default: the file's)."
+    ),
+    click.option(
+        "--resume",
+        is_flag=True,
+        help="Keep the processor/backend pairs an interrupted run saved "
+        "(OUTPUT.partial) and measure only the rest.",
+    ),
+    click.option(
+        "--here",
+        is_flag=True,
+        help="DEVICE is this machine: measure its processors here although its spec is not marked "
+        "local (run on the device or server itself, e.g. a shipped server spec on the server).",
+    ),
 )
 
 
 @click.command("profile")
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
-@input_shape_option
-@input_values_option
+@model_input_options
 @stage_limit_options
-@backend_option
-@click.option("--processor", "processors", multiple=True, help="Only these processors (repeatable).")
-@click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs.")
-@click.option(
-    "--warmup", default=5, show_default=True, type=click.IntRange(0, 10000), help="Untimed runs first."
-)
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(),
-    help="Profile JSON (default MODEL.DEVICE.profile.json); "
-    "with --hosts, the folder for one profile per host.",
-)
-@click.option(
-    "--hosts",
-    "fleet_file",
-    type=click.Path(dir_okay=False),
-    help="Profile on every host of this fleet file (YAML), in parallel.",
-)
-@click.option(
-    "--jobs", type=click.IntRange(1, 256), help="Hosts at a time with --hosts (default: the file's)."
-)
-@click.option(
-    "--resume",
-    is_flag=True,
-    help="Keep the processor/backend pairs an interrupted run saved "
-    "(OUTPUT.partial) and measure only the rest.",
-)
-@click.option(
-    "--here",
-    is_flag=True,
-    help="DEVICE is this machine: measure its processors here although its spec is not marked "
-    "local (run on the device or server itself, e.g. a shipped server spec on the server).",
-)
+@measure_options
+@target_options
 @remote_options("Profile on this host over SSH.")
 @click.option("--top", default=10, show_default=True, help="Operators to show in the summary.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or table.")
+@verbosity_options
 def command(
-    model,
-    device,
-    input_shapes,
-    input_values,
-    backends,
-    processors,
-    runs,
-    warmup,
-    output,
-    fleet_file,
-    jobs,
-    resume,
-    here,
-    remote,
-    ssh,
-    top,
-    quiet,
-):
+    model: str,
+    device: str,
+    inputs: ModelInputs,
+    measure: Measure,
+    target: ProfileTarget,
+    remote: RemoteFlags,
+    top: int,
+    verbosity: Verbosity,
+) -> None:
     """Measure (or predict) the latency of every node of MODEL on DEVICE.
 
     With --remote, MODEL is profiled on that host over SSH (the device spec, by default the
     host as detected there, describes it); with --hosts, on every host of a fleet file.
     """
-    from edgesplit.device.spec import read_spec
-    from edgesplit.errors import InputError
-    from edgesplit.profile.run import ProfileOptions
+    from edgesplit.workflows.profiling import profile_to_file
 
-    if remote and fleet_file:
-        raise InputError("--remote and --hosts exclude each other")
-    if here and (remote or fleet_file):
-        raise InputError("--here measures this machine; --remote and --hosts measure others")
-    # a bad device spec fails before the model is read (that can take seconds)
-    spec = None if remote or fleet_file else read_spec(device).load(local=True if here else None)
-    # validate locally first: a bad model never travels
-    graph = load_graph(model, **model_inputs(input_shapes, input_values))
-    options = ProfileOptions(backends, processors, runs, warmup)
-    if fleet_file:
-        return run_fleet(
-            model, graph, fleet_file, ssh, output, options, jobs=jobs, resume=resume, quiet=quiet
-        )
-    if remote:
-        prof, out, skipped = _remote(model, graph, remote, device, ssh, output, options, resume, quiet)
-    else:
-        prof, out, skipped = _local(graph, spec, output, options, resume, quiet)
+    request = profile_request(inputs, measure, target, remote)
+    if target.fleet_file:
+        return run_fleet(model, target.fleet_file, request, jobs=target.jobs, quiet=verbosity.quiet)
+    with progress_bar(not verbosity.quiet) as update:
+        done = profile_to_file(model, device, request, progress=update, on_note=_note)
+    print_profiled(done, top, verbosity.quiet)
+
+
+def _note(note: str) -> None:
+    err_console.print(f"note: {note}", soft_wrap=True)
+
+
+def profile_request(
+    inputs: ModelInputs, measure: Measure, target: ProfileTarget, remote: RemoteFlags
+) -> ProfileRequest:
+    """The :class:`~edgesplit.workflows.profiling.ProfileRequest` of the command line."""
+    from edgesplit.profile.run import ProfileOptions
+    from edgesplit.workflows.profiling import ProfileRequest
+
+    return ProfileRequest(
+        output=target.output,
+        options=ProfileOptions(measure.backends, measure.processors, measure.runs, measure.warmup),
+        resume=target.resume,
+        here=target.here,
+        remote=remote.remote,
+        ssh=remote.ssh(),
+        **inputs.parsed(),
+    )
+
+
+def print_profiled(done: ProfiledModel, top: int, quiet: bool) -> None:
+    """The summary tables (unless ``quiet``), the notes, and the file written."""
+    prof, spec = done.profile, done.spec
     if not quiet:
-        print_summary(graph, prof, top)
-        for why in skipped:
+        print_summary(done.graph, prof, top)
+        for why in done.rails_skipped:
             console.print(f"note: power rail not used: {why}")
     if prof.emulated:
         console.print(f"note: {prof.emulated}")
@@ -121,72 +167,16 @@ def command(
             else "no processor of it could be measured on this machine"
         )
         console.print(f"note: nothing was measured, every figure is the spec's roofline: {why}")
-    console.print(f"wrote {out} (energy: {prof.energy}{', EMULATED' if prof.emulated else ''})")
+    energy = f"{prof.energy}{', EMULATED' if prof.emulated else ''}"
+    console.print(f"wrote {done.path} (energy: {energy})")
 
 
-def _remote(model, graph, remote, device, ssh, output, options, resume, quiet):
-    from edgesplit.profile.remote import RemoteOptions, profile_remote, remote_spec
-    from edgesplit.profile.ssh import parse_target
-
-    target = parse_target(remote)
-    out = Path(output or f"{graph.name}.{target.host}.profile.json")
-    plan: dict = {}
-
-    def on_event(ev) -> None:
-        if ev.get("event") == "plan":
-            plan.update(ev)
-
-    with progress_bar(not quiet) as update:
-        prof = profile_remote(
-            model,
-            target,
-            RemoteOptions(ssh, remote_spec(device), resume),
-            output=out,
-            options=options,
-            input_shapes=graph.input_shapes(),
-            progress=update,
-            on_event=on_event,
-        )
-    return prof, out, plan.get("skipped", [])
-
-
-def _local(graph, spec, output, options, resume, quiet):
-    from edgesplit.profile.power import find_rails
-    from edgesplit.profile.steps import load_partial, partial_path, profile_steps, save_partial
-
-    out = Path(output or f"{graph.name}.{spec.name}.profile.json")
-    part = partial_path(out)
-    done = load_partial(part, graph.sha256, spec.name) if resume else []
-    finished = list(done)
-
-    def checkpoint(entry) -> None:
-        finished.append(entry)
-        save_partial(part, graph.sha256, graph.name, spec.name, graph.input_shapes(), finished)
-
-    rails = find_rails()
-    with progress_bar(not quiet) as update:
-        prof = profile_steps(
-            graph, spec, options, progress=update, done=done, on_entry=checkpoint, rails=rails
-        )
-    prof.save(out)
-    part.unlink(missing_ok=True)
-    return prof, out, list(rails.skipped)
-
-
-def run_fleet(model, graph, fleet_file, ssh, output, options, *, jobs, resume, quiet) -> None:
+def run_fleet(model: str, fleet_file: str, request: ProfileRequest, *, jobs, quiet: bool) -> None:
     """Profile on every host of a fleet file: one progress row per host, then a status table."""
-    import threading
-
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from edgesplit.cli.common import err_console
-    from edgesplit.errors import InputError
-    from edgesplit.profile.fleet import load_fleet, profile_fleet
+    from edgesplit.workflows.profiling import profile_hosts
 
-    if not output:
-        raise InputError("--hosts needs -o DIR: one profile per host goes there")
-    fleet = load_fleet(fleet_file, ssh)
-    lock = threading.Lock()
     with Progress(
         TextColumn("{task.description:<44}"),
         BarColumn(),
@@ -195,51 +185,47 @@ def run_fleet(model, graph, fleet_file, ssh, output, options, *, jobs, resume, q
         console=err_console,
         disable=quiet,
     ) as bar:
-        rows = {
-            h.name: {"task": bar.add_task(f"{h.name}: queued", total=1.0), "pairs": 1, "done": 0}
-            for h in fleet.hosts
-        }
-
-        def on_event(name: str, ev) -> None:
-            with lock:
-                row, kind = rows[name], ev.get("event")
-                task = row["task"]
-                if kind == "start":
-                    bar.update(task, description=f"{name}: connecting")
-                elif kind == "plan":
-                    row["pairs"], row["done"] = max(1, len(ev["pairs"])), len(ev.get("reused", []))
-                elif kind == "progress":
-                    frac = ev["done"] / max(1, ev["total"])
-                    if ev["label"] == "upload":
-                        bar.update(task, description=f"{name}: upload")
-                    else:
-                        bar.update(
-                            task,
-                            description=f"{name}: {ev['label']}",
-                            completed=min(1.0, (row["done"] + frac) / row["pairs"]),
-                        )
-                elif kind == "entry":
-                    row["done"] += 1
-                elif kind == "done":
-                    res = ev["result"]
-                    bar.update(
-                        task,
-                        description=f"{name}: {'done' if res.ok else 'FAILED'}",
-                        completed=1.0 if res.ok else bar.tasks[task].completed,
-                    )
-                    bar.stop_task(task)
-
-        results = profile_fleet(
-            model,
-            fleet,
-            output,
-            options=options,
-            input_shapes=graph.input_shapes(),
-            jobs=jobs,
-            resume=resume,
-            on_event=on_event,
+        rows = _FleetRows(bar)
+        graph, results = profile_hosts(
+            model, fleet_file, request, jobs=jobs, on_event=rows.on_event, on_note=_note
         )
     print_fleet(graph, results)
+
+
+class _FleetRows:
+    """One progress row per host of a fleet, moved by the hosts' events."""
+
+    def __init__(self, bar):
+        import threading
+
+        self.bar, self.rows, self.lock = bar, {}, threading.Lock()
+
+    def on_event(self, name: str, ev) -> None:
+        with self.lock:
+            kind, bar = ev.get("event"), self.bar
+            if kind == "queued":
+                task = bar.add_task(f"{name}: queued", total=1.0)
+                self.rows[name] = {"task": task, "pairs": 1, "done": 0}
+                return
+            row = self.rows[name]
+            task = row["task"]
+            if kind == "start":
+                bar.update(task, description=f"{name}: connecting")
+            elif kind == "plan":
+                row["pairs"], row["done"] = max(1, len(ev["pairs"])), len(ev.get("reused", []))
+            elif kind == "progress" and ev["label"] == "upload":
+                bar.update(task, description=f"{name}: upload")
+            elif kind == "progress":
+                frac = ev["done"] / max(1, ev["total"])
+                done = min(1.0, (row["done"] + frac) / row["pairs"])
+                bar.update(task, description=f"{name}: {ev['label']}", completed=done)
+            elif kind == "entry":
+                row["done"] += 1
+            elif kind == "done":
+                ok = ev["result"].ok
+                completed = 1.0 if ok else bar.tasks[task].completed
+                bar.update(task, description=f"{name}: {'done' if ok else 'FAILED'}", completed=completed)
+                bar.stop_task(task)
 
 
 def print_fleet(graph, results) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import click
 
 from edgesplit.cli.common import console, trust_key_option
+from edgesplit.cli.options import Verbosity, option_group, verbosity_options
 
 
 def check_token(token: str | None) -> str | None:
@@ -18,134 +21,154 @@ def check_token(token: str | None) -> str | None:
         raise click.BadParameter(str(e), param_hint="--token") from None
 
 
+@dataclass(frozen=True)
+class Timing:
+    """``--repeat``, ``--warmup`` and ``--stream``."""
+
+    repeat: int = 20
+    warmup: int = 3
+    stream: int = 0
+
+
+@dataclass(frozen=True)
+class Offload:
+    """The server that runs remote parts, and how calls to it go."""
+
+    server_url: str | None = None
+    token: str | None = None
+    trust_key: str | None = None
+    deadline_ms: float | None = None
+    adaptive: bool = False
+
+    def executor_options(self) -> dict | None:
+        """The executors' options: the server's URL, token and deadline (None: no server)."""
+        if self.deadline_ms is not None and self.deadline_ms != self.deadline_ms:
+            raise click.BadParameter("nan is not a number of milliseconds", param_hint="--deadline-ms")
+        if self.deadline_ms is not None and not self.server_url:
+            raise click.UsageError("--deadline-ms applies to calls to a server: give --server URL too")
+        if not self.server_url:
+            return None
+        remote = {"url": self.server_url, "token": self.token}
+        if self.deadline_ms is not None:
+            remote["timeout_s"] = self.deadline_ms / 1e3
+        return {"remote": remote}
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """``-o DIR`` for the outputs, and the Chrome trace."""
+
+    output: str | None = None
+    trace_path: str | None = None
+    trace_detail: bool = False
+    trace_request: int = 0
+
+
+timing_options = option_group(
+    Timing,
+    "timing",
+    click.option("--repeat", default=20, show_default=True, type=click.IntRange(1), help="Timed runs."),
+    click.option(
+        "--warmup", default=3, show_default=True, type=click.IntRange(0), help="Untimed runs first."
+    ),
+    click.option(
+        "--stream", default=0, type=click.IntRange(0), help="Also run a pipelined stream of N requests."
+    ),
+)
+offload_options = option_group(
+    Offload,
+    "offload",
+    click.option("--server", "server_url", default=None, help="Offload server URL for remote parts."),
+    click.option(
+        "--token",
+        default=None,
+        envvar="EDGESPLIT_TOKEN",
+        callback=lambda ctx, param, value: check_token(value),
+        help="Bearer token for the server.",
+    ),
+    trust_key_option,
+    click.option(
+        "--deadline-ms",
+        type=click.FloatRange(min=0, min_open=True, max=3.6e6),
+        default=None,
+        help="Overall deadline of each call to the server (connect, retries, send, answer); past it "
+        "the part runs on its local fallback.  [default: 10000]",
+    ),
+    click.option(
+        "--adaptive",
+        is_flag=True,
+        help="Switch band plans by the measured uplink (an adaptive bundle); else, per remote part, "
+        "run on the server or the local fallback, whichever is measured faster.",
+    ),
+)
+file_options = option_group(
+    RunFiles,
+    "files",
+    click.option(
+        "--output", "-o", type=click.Path(file_okay=False), help="Write the outputs as NAME.npy here."
+    ),
+    click.option(
+        "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto) here."
+    ),
+    click.option(
+        "--trace-detail",
+        is_flag=True,
+        help="Also CPU time per run call and ORT kernels (layout reorders); slows runs.",
+    ),
+    click.option(
+        "--trace-request",
+        default=0,
+        show_default=True,
+        type=click.IntRange(0),
+        help="Align the plan's predicted spans to this timed request (0 = the first).",
+    ),
+)
+
+
 @click.command("run")
 @click.argument("bundle", type=click.Path())
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input (default: random).")
-@click.option("--repeat", default=20, show_default=True, type=click.IntRange(1), help="Timed runs.")
-@click.option("--warmup", default=3, show_default=True, type=click.IntRange(0), help="Untimed runs first.")
-@click.option(
-    "--stream", default=0, type=click.IntRange(0), help="Also run a pipelined stream of N requests."
-)
-@click.option("--server", "server_url", default=None, help="Offload server URL for remote parts.")
-@click.option(
-    "--token",
-    default=None,
-    envvar="EDGESPLIT_TOKEN",
-    callback=lambda ctx, param, value: check_token(value),
-    help="Bearer token for the server.",
-)
-@trust_key_option
-@click.option(
-    "--deadline-ms",
-    type=click.FloatRange(min=0, min_open=True, max=3.6e6),
-    default=None,
-    help="Overall deadline of each call to the server (connect, retries, send, answer); past it the "
-    "part runs on its local fallback.  [default: 10000]",
-)
-@click.option(
-    "--adaptive",
-    is_flag=True,
-    help="Switch band plans by the measured uplink (an adaptive bundle); else, per remote part, run on "
-    "the server or the local fallback, whichever is measured faster.",
-)
-@click.option("--output", "-o", type=click.Path(file_okay=False), help="Write the outputs as NAME.npy here.")
-@click.option(
-    "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto) here."
-)
-@click.option(
-    "--trace-detail",
-    is_flag=True,
-    help="Also CPU time per run call and ORT kernels (layout reorders); slows runs.",
-)
-@click.option(
-    "--trace-request",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0),
-    help="Align the plan's predicted spans to this timed request (0 = the first).",
-)
+@timing_options
+@offload_options
+@file_options
+@verbosity_options
 def command(
-    bundle,
-    inputs,
-    repeat,
-    warmup,
-    stream,
-    server_url,
-    token,
-    trust_key,
-    deadline_ms,
-    adaptive,
-    output,
-    trace_path,
-    trace_detail,
-    trace_request,
-):
+    bundle: str,
+    inputs: tuple[str, ...],
+    timing: Timing,
+    offload: Offload,
+    files: RunFiles,
+    verbosity: Verbosity,
+) -> None:
     """Run BUNDLE on its processors and compare with the plan's predictions."""
-    from edgesplit.runtime.harness import benchmark, load, read_inputs
+    from edgesplit.workflows.running import BandRun, RunRequest, run_bundle
 
-    if trace_request >= repeat:
+    if files.trace_request >= timing.repeat:
         raise click.BadParameter(
-            f"{trace_request} is not below --repeat {repeat}", param_hint="--trace-request"
+            f"{files.trace_request} is not below --repeat {timing.repeat}", param_hint="--trace-request"
         )
-    if deadline_ms is not None and deadline_ms != deadline_ms:
-        raise click.BadParameter("nan is not a number of milliseconds", param_hint="--deadline-ms")
-    if deadline_ms is not None and not server_url:
-        raise click.UsageError("--deadline-ms applies to calls to a server: give --server URL too")
-    options = None
-    if server_url:
-        options = {"remote": {"url": server_url, "token": token}}
-        if deadline_ms is not None:
-            options["remote"]["timeout_s"] = deadline_ms / 1e3
-    if adaptive and has_bands(bundle):
-        run_bands(bundle, options, inputs, warmup, repeat, output, trust_key)
+    request = RunRequest(
+        inputs=inputs,
+        repeat=timing.repeat,
+        warmup=timing.warmup,
+        stream=timing.stream,
+        executor_options=offload.executor_options(),
+        adaptive=offload.adaptive,
+        trust_key=offload.trust_key,
+        output=files.output,
+        trace=files.trace_path,
+        trace_detail=files.trace_detail,
+        trace_request=files.trace_request,
+    )
+    result = run_bundle(bundle, request)
+    if isinstance(result, BandRun):
+        if not verbosity.quiet:
+            print_band_stats(result.stats, result.median_ms, result.p90_ms, result.runs)
         return
-    with load(
-        bundle, executor_options=options, adaptive=adaptive, detailed=trace_detail, trust_key=trust_key
-    ) as sess:
-        feeds = read_inputs(sess, inputs)
-        report = benchmark(sess, feeds, repeat=repeat, warmup=warmup, stream=stream)
-        if output:
-            report.save_outputs(output)
-        if trace_path:
-            from edgesplit.runtime.chrome import write_chrome_trace
-
-            align = sorted(r.request for r in report.trace.requests)[trace_request]
-            write_chrome_trace(trace_path, report.trace, sess.manifest, align_request=align)
-    print_report(report)
-    if trace_path:
-        console.print(f"trace: {trace_path} (open in https://ui.perfetto.dev or chrome://tracing)")
-
-
-def has_bands(bundle) -> bool:
-    from edgesplit.bundle.format import open_bundle
-
-    return open_bundle(bundle, verify=False).bands is not None
-
-
-def run_bands(bundle, options, inputs, warmup: int, repeat: int, output, trust_key=None) -> None:
-    """``run --adaptive`` on an adaptive bundle: band plans switched between requests."""
-    import time
-
-    import numpy as np
-
-    from edgesplit.runtime.bands import load_bands
-    from edgesplit.runtime.harness import read_inputs
-
-    with load_bands(bundle, executor_options=options, trust_key=trust_key) as bs:
-        feeds = read_inputs(bs.sessions[0], inputs)
-        for _ in range(warmup):
-            bs.run(feeds)
-        lat = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            out = bs.run(feeds)
-            lat.append((time.perf_counter() - t0) * 1e3)
-        stats = bs.stats()
-        if output:
-            from edgesplit.runtime.harness import save_arrays
-
-            save_arrays(out, output)
-    print_band_stats(stats, float(np.median(lat)), float(np.percentile(lat, 90)), repeat)
+    if not verbosity.quiet:
+        print_report(result)
+    if files.trace_path:
+        console.print(f"trace: {files.trace_path} (open in https://ui.perfetto.dev or chrome://tracing)")
 
 
 def print_band_stats(st, median_ms: float, p90_ms: float, runs: int) -> None:

@@ -2,134 +2,169 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import click
 
 from edgesplit.cli.common import FiniteFloat
+from edgesplit.cli.options import Batching, Verbosity, batching_options, option_group, verbosity_options
+
+
+@dataclass(frozen=True)
+class ServeAccess:
+    """Where the server listens, who may call it, and which bundles it serves."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token: str | None = None
+    max_request_mb: float = 64.0
+    trust_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """How much the server holds at once, and how long it waits."""
+
+    max_inflight_mb: float = 256.0
+    max_connections: int | None = None
+    max_queue: int = 128
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    idle_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class ServeCompute:
+    """Which parts are served, and the threads that compute them."""
+
+    all_parts: bool = False
+    threads: int | None = None
+    intra_op_threads: int | None = None
+
+
+_seconds = click.FloatRange(min=0, min_open=True)
+access_options = option_group(
+    ServeAccess,
+    "access",
+    click.option(
+        "--host",
+        default="127.0.0.1",
+        show_default=True,
+        help="Address to bind. Anything but loopback exposes the models: use --token.",
+    ),
+    click.option(
+        "--port",
+        default=8000,
+        show_default=True,
+        type=click.IntRange(0, 65535),
+        help="TCP port (0: any free port; the one chosen is printed).",
+    ),
+    click.option(
+        "--token",
+        envvar="EDGESPLIT_TOKEN",
+        metavar="T",
+        help="Require 'Authorization: Bearer T' on every call but health checks (or set EDGESPLIT_TOKEN).",
+    ),
+    click.option(
+        "--max-request-mb",
+        default=64.0,
+        show_default=True,
+        type=FiniteFloat(minimum=0, open_min=True),
+        help="Largest request body accepted (413 above).",
+    ),
+    click.option(
+        "--trust-key",
+        type=click.Path(dir_okay=False),
+        metavar="PUBKEY",
+        help="Serve the bundle only if its manifest is signed by this ed25519 public key.",
+    ),
+)
+limit_options = option_group(
+    ServeLimits,
+    "limits",
+    click.option(
+        "--max-inflight-mb",
+        default=256.0,
+        show_default=True,
+        type=click.FloatRange(min=0, min_open=True),
+        help="Request bytes held at once across all requests (503 + Retry-After above; JSON counts 16x).",
+    ),
+    click.option(
+        "--max-connections",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Open connections at most; at the cap the oldest idle one is closed, or 503 if all "
+        "are busy [default: the file-descriptor limit less 192, at most 1024].",
+    ),
+    click.option(
+        "--max-queue",
+        default=128,
+        show_default=True,
+        type=click.IntRange(min=0),
+        help="Requests waiting for a compute thread at most (503 + Retry-After above).",
+    ),
+    click.option(
+        "--header-timeout-s",
+        default=10.0,
+        show_default=True,
+        type=_seconds,
+        help="Time for a request's headers to arrive: the first request's from the connection's "
+        "start, a kept-alive connection's next one's from its first byte (408 and close after).",
+    ),
+    click.option(
+        "--body-timeout-s",
+        default=60.0,
+        show_default=True,
+        type=_seconds,
+        help="Time to receive a request body, and to send an answer (408 / close after).",
+    ),
+    click.option(
+        "--idle-timeout-s",
+        default=30.0,
+        show_default=True,
+        type=_seconds,
+        help="Idle keep-alive connections are closed after this.",
+    ),
+)
+compute_options = option_group(
+    ServeCompute,
+    "compute",
+    click.option(
+        "--all-parts", is_flag=True, help="Serve every part of the bundle, not only the server parts."
+    ),
+    click.option(
+        "--threads",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Requests computed at once (default: the CPU count).",
+    ),
+    click.option(
+        "--intra-op-threads",
+        type=click.IntRange(min=1),
+        default=None,
+        help="ONNX Runtime threads per request (default: the part's planned threads, else all cores).",
+    ),
+)
 
 
 @click.command("serve")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to bind. Anything but loopback exposes the models: use --token.",
-)
-@click.option(
-    "--port",
-    default=8000,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="TCP port (0: any free port; the one chosen is printed).",
-)
-@click.option(
-    "--token",
-    envvar="EDGESPLIT_TOKEN",
-    metavar="T",
-    help="Require 'Authorization: Bearer T' on every call but health checks (or set EDGESPLIT_TOKEN).",
-)
-@click.option(
-    "--max-request-mb",
-    default=64.0,
-    show_default=True,
-    type=FiniteFloat(minimum=0, open_min=True),
-    help="Largest request body accepted (413 above).",
-)
-@click.option(
-    "--trust-key",
-    type=click.Path(dir_okay=False),
-    metavar="PUBKEY",
-    help="Serve the bundle only if its manifest is signed by this ed25519 public key.",
-)
-@click.option(
-    "--max-inflight-mb",
-    default=256.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Request bytes held at once across all requests (503 + Retry-After above; JSON counts 16x).",
-)
-@click.option(
-    "--max-connections",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Open connections at most; at the cap the oldest idle one is closed, or 503 if all are busy "
-    "[default: the file-descriptor limit less 192, at most 1024].",
-)
-@click.option(
-    "--max-queue",
-    default=128,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Requests waiting for a compute thread at most (503 + Retry-After above).",
-)
-@click.option(
-    "--header-timeout-s",
-    default=10.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Time for a request's headers to arrive: the first request's from the connection's start, "
-    "a kept-alive connection's next one's from its first byte (408 and close after).",
-)
-@click.option(
-    "--body-timeout-s",
-    default=60.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Time to receive a request body, and to send an answer (408 / close after).",
-)
-@click.option(
-    "--idle-timeout-s",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Idle keep-alive connections are closed after this.",
-)
-@click.option("--all-parts", is_flag=True, help="Serve every part of the bundle, not only the server parts.")
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Requests computed at once (default: the CPU count).",
-)
-@click.option(
-    "--intra-op-threads",
-    type=click.IntRange(min=1),
-    default=None,
-    help="ONNX Runtime threads per request (default: the part's planned threads, else all cores).",
-)
-@click.option(
-    "--max-batch",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Requests for one part stacked and run as one batch at most (1: no batching). Parts whose "
+@access_options
+@limit_options
+@compute_options
+@batching_options(
+    "Requests for one part stacked and run as one batch at most (1: no batching). Parts whose "
     "first dimension cannot be made free are served unbatched (a note says why).",
+    "How long a batch that is not full may wait for more requests (from its oldest one).",
 )
-@click.option(
-    "--max-queue-delay-ms",
-    default=0.0,
-    show_default=True,
-    type=click.FloatRange(min=0, max=60_000),
-    help="How long a batch that is not full may wait for more requests (from its oldest one).",
-)
+@verbosity_options
 def command(
     bundle: str,
-    host: str,
-    port: int,
-    token: str | None,
-    max_request_mb: float,
-    trust_key: str | None,
-    max_inflight_mb: float,
-    max_connections: int | None,
-    max_queue: int,
-    header_timeout_s: float,
-    body_timeout_s: float,
-    idle_timeout_s: float,
-    all_parts: bool,
-    threads: int | None,
-    intra_op_threads: int | None,
-    max_batch: int,
-    max_queue_delay_ms: float,
+    access: ServeAccess,
+    limits: ServeLimits,
+    compute: ServeCompute,
+    batching: Batching,
+    verbosity: Verbosity,
 ) -> None:
     """Serve BUNDLE's server parts (model name = part name) until SIGTERM or Ctrl-C.
 
@@ -139,44 +174,56 @@ def command(
     Retry-After (busy: connections, bytes in flight, compute queue).
     """
     import logging
-    import math
 
     from edgesplit.cli.common import err_console
-    from edgesplit.serve.server import MB, OffloadServer, ServeOptions
+    from edgesplit.workflows.serving import serve_bundle
 
-    for flag, value in (("--max-request-mb", max_request_mb), ("--max-inflight-mb", max_inflight_mb)):
-        if not math.isfinite(value):
-            raise click.BadParameter(f"{value} is not a finite number", param_hint=flag)
+    options = serve_options(access, limits, compute, batching)
     logging.basicConfig(level=logging.WARNING, format="edgesplit serve: %(message)s")
-    options = ServeOptions(
-        host=host,
-        port=port,
-        token=token or None,
-        max_request_nbytes=int(max_request_mb * MB),
-        max_inflight_nbytes=int(max_inflight_mb * MB),
-        max_connections=max_connections,
-        max_queue=max_queue,
-        header_timeout_s=header_timeout_s,
-        body_timeout_s=body_timeout_s,
-        idle_timeout_s=idle_timeout_s,
-        all_parts=all_parts,
-        compute_threads=threads,
-        intra_op_threads=intra_op_threads,
-        trust_key=trust_key,
-        max_batch=max_batch,
-        max_queue_delay_ms=max_queue_delay_ms,
-    )
-    server = OffloadServer(bundle, options)
-    for note in server.notes:
-        err_console.print(f"note: {note}")
 
-    def ready(bound_host: str, bound_port: int) -> None:
-        names = ", ".join(server.models)
-        auth = "bearer token required" if token else "no auth"
+    def ready(host: str, port: int, models: list[str]) -> None:
+        auth = "bearer token required" if access.token else "no auth"
         click.echo(
-            f"edgesplit serve: listening on http://{bound_host}:{bound_port} "
-            f"({len(server.models)} model(s): {names}; {auth})",
+            f"edgesplit serve: listening on http://{host}:{port} "
+            f"({len(models)} model(s): {', '.join(models)}; {auth})",
             err=True,
         )
 
-    server.serve(on_ready=ready)
+    note = lambda n: err_console.print(f"note: {n}")  # noqa: E731 - a one-line callback
+    serve_bundle(bundle, options, on_note=note, on_ready=ready)
+
+
+def serve_options(access: ServeAccess, limits: ServeLimits, compute: ServeCompute, batching: Batching):
+    """The :class:`~edgesplit.serve.server.ServeOptions` of the command line.
+
+    Raises:
+        click.BadParameter: for a size in MB that is not finite (exit 2).
+    """
+    import math
+
+    from edgesplit.serve.server import MB, ServeOptions
+
+    for flag, value in (
+        ("--max-request-mb", access.max_request_mb),
+        ("--max-inflight-mb", limits.max_inflight_mb),
+    ):
+        if not math.isfinite(value):
+            raise click.BadParameter(f"{value} is not a finite number", param_hint=flag)
+    return ServeOptions(
+        host=access.host,
+        port=access.port,
+        token=access.token or None,
+        max_request_nbytes=int(access.max_request_mb * MB),
+        max_inflight_nbytes=int(limits.max_inflight_mb * MB),
+        max_connections=limits.max_connections,
+        max_queue=limits.max_queue,
+        header_timeout_s=limits.header_timeout_s,
+        body_timeout_s=limits.body_timeout_s,
+        idle_timeout_s=limits.idle_timeout_s,
+        all_parts=compute.all_parts,
+        compute_threads=compute.threads,
+        intra_op_threads=compute.intra_op_threads,
+        trust_key=access.trust_key,
+        max_batch=batching.max_batch,
+        max_queue_delay_ms=batching.max_queue_delay_ms,
+    )

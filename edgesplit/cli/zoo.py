@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from edgesplit.cli.common import console
+from edgesplit.cli.options import Verbosity, verbosity_options
 
 
 @click.command("zoo")
@@ -14,7 +15,8 @@ from edgesplit.cli.common import console
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights.")
 @click.option("--list", "list_", is_flag=True, help="List the reference models.")
-def command(name: str | None, output: str | None, seed: int, list_: bool) -> None:
+@verbosity_options
+def command(name: str | None, output: str | None, seed: int, list_: bool, verbosity: Verbosity) -> None:
     """Write the reference model NAME (or list them with --list)."""
     from edgesplit.model import zoo
 

@@ -1,0 +1,437 @@
+"""Option groups shared by the subcommands: each declares its options once and hands the command
+one frozen dataclass instead of a keyword argument per option.
+
+A group is made with :func:`option_group`: the options in the order ``--help`` shows them, and the
+dataclass whose fields are the options' parameter names. A command then reads ``plan.objective``
+rather than taking ``objective`` among thirty parameters, and a flag added to a group reaches
+every command that has the group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from edgesplit.cli.common import (
+    FiniteFloat,
+    accuracy_options,
+    backend_option,
+    input_shape_option,
+    input_values_option,
+    link_options,
+    objective_option,
+    pin_option,
+    runs_option,
+    slo_option,
+    split_option,
+)
+
+if TYPE_CHECKING:
+    from edgesplit.backends.tvm.tune import TuneOptions
+    from edgesplit.profile.ssh import SshOptions
+    from edgesplit.workflows.resolve import Choices
+    from edgesplit.workflows.verify import VerifyOptions
+
+
+def option_group(cls: type, name: str, *options: Callable) -> Callable:
+    """A decorator that adds ``options`` to a command and passes their values as one ``cls``
+    instance, the keyword argument ``name``; every field of ``cls`` must be an option's parameter.
+
+    Options that expose no value (a callback does their work) may be among ``options``.
+    """
+    names = [f.name for f in dataclasses.fields(cls)]
+
+    def decorate(f: Callable) -> Callable:
+        @functools.wraps(f)
+        def command(*args: Any, **kw: Any) -> Any:
+            kw[name] = cls(**{k: kw.pop(k) for k in names})
+            return f(*args, **kw)
+
+        return functools.reduce(lambda acc, o: o(acc), reversed(options), command)
+
+    return decorate
+
+
+# -q and --debug ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Verbosity:
+    """``-q``: no progress bar or tables; ``--debug``: full tracebacks (as the group's flag)."""
+
+    quiet: bool = False
+    debug: bool = False
+
+
+def _debug(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    from edgesplit.cli.main import debug_enabled
+
+    if value and not ctx.resilient_parsing:
+        os.environ["EDGESPLIT_DEBUG"] = "1"
+    return value or debug_enabled()
+
+
+verbosity_options = option_group(
+    Verbosity,
+    "verbosity",
+    click.option("--quiet", "-q", is_flag=True, help="No progress bar or tables."),
+    click.option(
+        "--debug",
+        is_flag=True,
+        callback=_debug,
+        help="Show full tracebacks (or set EDGESPLIT_DEBUG=1).",
+    ),
+)
+
+
+# --input-shape and --input ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInputs:
+    """``--input-shape NAME=D1,D2,...`` and ``--input NAME=FILE.npy`` as given."""
+
+    input_shapes: tuple[str, ...] = ()
+    input_values: tuple[str, ...] = ()
+
+    def parsed(self) -> dict:
+        """``input_shapes`` and ``input_values`` parsed (None where none was given)."""
+        from edgesplit.cli.common import model_inputs
+
+        return model_inputs(self.input_shapes, self.input_values)
+
+
+model_input_options = option_group(ModelInputs, "inputs", input_shape_option, input_values_option)
+
+
+# what a plan is made from: the fields of Choices ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """The options ``partition`` and ``deploy`` build their :class:`Choices` from."""
+
+    profile_path: str | None = None
+    backends: tuple[str, ...] = ()
+    runs: int = 20
+    objective: str = "latency"
+    split_operators: bool = False
+    slo_ms: float | None = None
+    server: str | None = None
+    server_profile: str | None = None
+    link: str | None = None
+    bandwidth_mbps: float | None = None
+    rtt_ms: float | None = None
+    pins: tuple[str, ...] = ()
+    server_load: int | None = None
+    server_slots: int = 1
+    min_snr_db: float | None = None
+    min_top1_agreement: float | None = None
+    max_accuracy_drop: float | None = None
+    calibration_data: str | None = None
+    calibration_method: str | None = None
+
+    def choices(self, inputs: ModelInputs) -> Choices:
+        """The one place the command line becomes a :class:`Choices`."""
+        from edgesplit.cli.common import accuracy_choices
+        from edgesplit.profile.run import ProfileOptions
+        from edgesplit.workflows.resolve import Choices
+
+        return Choices(
+            objective=self.objective,
+            split_operators=self.split_operators,
+            slo_ms=self.slo_ms,
+            profile=self.profile_path,
+            server=self.server,
+            server_profile=self.server_profile,
+            link=self.link,
+            bandwidth_mbps=self.bandwidth_mbps,
+            rtt_ms=self.rtt_ms,
+            pins=self.pins,
+            server_load=self.server_load,
+            server_slots=self.server_slots,
+            profiling=ProfileOptions(self.backends, runs=self.runs),
+            **inputs.parsed(),
+            **accuracy_choices(
+                self.min_snr_db,
+                self.min_top1_agreement,
+                self.max_accuracy_drop,
+                self.calibration_data,
+                self.calibration_method,
+            ),
+        )
+
+
+server_load_options = [
+    click.option(
+        "--server-load",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Price server parts as if N devices share the server (closed-loop queueing delay); a "
+        "crowded server pushes work back onto the device. Needs --server.",
+    ),
+    click.option(
+        "--server-slots",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Requests the server computes at once, for --server-load.",
+    ),
+]
+
+
+def plan_options(profile_help: str) -> Callable:
+    """The options of :class:`PlanOptions` (``--profile`` with this command's help)."""
+    profile = click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help=profile_help)
+    return option_group(
+        PlanOptions,
+        "plan",
+        profile,
+        backend_option,
+        runs_option,
+        objective_option,
+        split_option,
+        slo_option,
+        link_options,
+        pin_option,
+        *server_load_options,
+        accuracy_options,
+    )
+
+
+# a bundle: where it goes, how it is built, whether it is verified -------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleOutput:
+    """``-o DIR``, ``--force`` and ``--sign-key``."""
+
+    output: str
+    force: bool = False
+    sign_key: str | None = None
+
+
+def bundle_output_options(output_help: str) -> Callable:
+    """``-o`` (required, with this command's help), ``--force`` and ``--sign-key``."""
+    from edgesplit.cli.common import force_option, sign_key_option
+
+    output = click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help=output_help)
+    return option_group(BundleOutput, "bundle", output, force_option, sign_key_option)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    """How parts are built (tuning, bands) and how a plan is verified, if it is."""
+
+    tune_trials: int = 0
+    no_bands: bool = False
+    verify_budget_s: float = 30.0
+    server_url: str | None = None
+    token: str | None = None
+    tune_trials_per_task: int = 0
+
+    def tune(self) -> TuneOptions | None:
+        """The per-kernel tuning asked for (None: --tune-trials-per-task not given)."""
+        if not self.tune_trials_per_task:
+            return None
+        from edgesplit.backends.tvm.tune import TuneOptions
+
+        return TuneOptions(trials_per_task=self.tune_trials_per_task, max_trials=self.tune_trials or None)
+
+    def verify_options(self) -> VerifyOptions:
+        """``--verify-budget-s``, ``--server-url`` and ``--token`` as :class:`VerifyOptions`."""
+        from edgesplit.workflows.deploy import verify_options_for
+
+        return verify_options_for(self.verify_budget_s, self.server_url, self.token)
+
+
+def build_options(tune_trials_help: str, *between: Callable) -> Callable:
+    """``--tune-trials`` (with this command's help), ``--no-bands``, ``between`` (the command's
+    own flags), the verification options and ``--tune-trials-per-task``."""
+    return option_group(
+        BuildOptions,
+        "build",
+        click.option(
+            "--no-bands",
+            is_flag=True,
+            help="With a server: do not add a plan per bandwidth band (the bundle runs the one plan).",
+        ),
+        click.option(
+            "--tune-trials",
+            default=0,
+            show_default=True,
+            type=click.IntRange(0),
+            help=tune_trials_help,
+        ),
+        *between,
+        click.option(
+            "--verify-budget-s",
+            default=30.0,
+            show_default=True,
+            type=click.FloatRange(min=0, min_open=True),
+            help="The most time verification may spend measuring.",
+        ),
+        click.option(
+            "--server-url",
+            default=None,
+            metavar="URL|local",
+            help="Offload server for candidates with server parts while verifying (local: serve "
+            "them from this process); without one they are skipped.",
+        ),
+        click.option(
+            "--token",
+            default=None,
+            envvar="EDGESPLIT_TOKEN",
+            help="Bearer token for the offload server.",
+        ),
+        click.option(
+            "--tune-trials-per-task",
+            default=0,
+            show_default=True,
+            type=click.IntRange(0),
+            help="Tune each kernel of the TVM parts with up to N trials (kernels a database holds "
+            "N of are skipped); --tune-trials caps the total.",
+        ),
+    )
+
+
+# batching (serve, export-triton) -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """``--max-batch`` and ``--max-queue-delay-ms``: dynamic batching of a part's requests."""
+
+    max_batch: int = 1
+    max_queue_delay_ms: float = 0.0
+
+
+def batching_options(max_batch_help: str, delay_help: str) -> Callable:
+    """``--max-batch`` and ``--max-queue-delay-ms``, with this command's help."""
+    return option_group(
+        Batching,
+        "batching",
+        click.option(
+            "--max-batch",
+            default=1,
+            show_default=True,
+            type=click.IntRange(min=1),
+            help=max_batch_help,
+        ),
+        click.option(
+            "--max-queue-delay-ms",
+            default=0.0,
+            show_default=True,
+            type=click.FloatRange(min=0, max=60_000),
+            help=delay_help,
+        ),
+    )
+
+
+# --remote and how to reach it over SSH (profile, tune, devices detect) ----------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteFlags:
+    """``--remote USER@HOST[:PORT]`` and the flags that say how to reach it over SSH."""
+
+    remote: str | None = None
+    identity: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    accept_new_host_key: bool = False
+    remote_python: str = "python3"
+    remote_tmpdir: str | None = None
+    connect_timeout: float = 15.0
+    step_timeout: float = 120.0
+
+    def ssh(self) -> SshOptions:
+        """The flags as :class:`edgesplit.profile.ssh.SshOptions`."""
+        from edgesplit.profile.ssh import SshOptions
+
+        return SshOptions(
+            identity=self.identity,
+            known_hosts=self.known_hosts,
+            accept_new_host_key=self.accept_new_host_key,
+            remote_python=self.remote_python,
+            remote_tmpdir=self.remote_tmpdir,
+            connect_timeout_s=self.connect_timeout,
+            step_timeout_s=self.step_timeout,
+        )
+
+
+_SSH_OPTIONS = (
+    click.option(
+        "--identity",
+        "-i",
+        type=click.Path(dir_okay=False),
+        help="Private key file (default: the SSH agent, then ~/.ssh/id_*). No passwords.",
+    ),
+    click.option(
+        "--known-hosts",
+        default="~/.ssh/known_hosts",
+        show_default=True,
+        help="known_hosts file the host key is checked against.",
+    ),
+    click.option(
+        "--accept-new-host-key",
+        is_flag=True,
+        help="Trust and record an unknown host key (a changed key is always refused).",
+    ),
+    click.option(
+        "--remote-python",
+        default="python3",
+        show_default=True,
+        help="Python interpreter on the remote host.",
+    ),
+    click.option(
+        "--remote-tmpdir",
+        metavar="DIR",
+        help="Where the agent's private folder goes there (default $TMPDIR or /tmp).",
+    ),
+    click.option(
+        "--connect-timeout",
+        type=FiniteFloat(minimum=0.1),
+        default=15.0,
+        show_default=True,
+        help="Seconds for TCP connect, SSH banner, auth and channel opening, each.",
+    ),
+    click.option(
+        "--step-timeout",
+        type=FiniteFloat(minimum=1.0),
+        default=120.0,
+        show_default=True,
+        help="Seconds the remote agent may stay silent before we give up.",
+    ),
+)
+
+
+def remote_options(remote_help: str) -> Callable:
+    """``--remote`` (with this command's help) and the SSH flags, as one :class:`RemoteFlags`
+    named ``remote``."""
+    remote = click.option("--remote", metavar="USER@HOST[:PORT]", help=remote_help)
+    return option_group(RemoteFlags, "remote", remote, *_SSH_OPTIONS)
+
+
+__all__ = [
+    "Batching",
+    "BuildOptions",
+    "BundleOutput",
+    "ModelInputs",
+    "PlanOptions",
+    "RemoteFlags",
+    "Verbosity",
+    "batching_options",
+    "build_options",
+    "bundle_output_options",
+    "model_input_options",
+    "option_group",
+    "plan_options",
+    "remote_options",
+    "verbosity_options",
+]

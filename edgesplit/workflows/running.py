@@ -1,0 +1,113 @@
+"""``run``: a bundle run and timed, its outputs and trace written where asked.
+
+:func:`run_bundle` is what ``edgesplit run`` runs: a plain bundle is benchmarked
+(:func:`edgesplit.runtime.harness.benchmark`); an adaptive bundle run with ``adaptive`` switches its
+band plans between requests by the measured uplink.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edgesplit.runtime.harness import RunReport
+
+__all__ = ["BandRun", "RunRequest", "run_bundle"]
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """How a bundle is run.
+
+    Attributes:
+        inputs: ``NAME=FILE.npy`` values (default: random).
+        repeat, warmup: Timed runs, and untimed runs before them.
+        stream: Also run a pipelined stream of this many requests (0: none).
+        executor_options: Options of the executors (``{"remote": {"url": ...}}`` for a server).
+        adaptive: Switch band plans by the measured uplink, or choose server or local fallback
+            per remote part by measurement.
+        trust_key: Load the bundle only if signed by this ed25519 public key.
+        output: A folder to write the outputs to, as ``NAME.npy``.
+        trace: A Chrome trace file to write, aligned to the timed request ``trace_request``;
+            ``trace_detail`` adds CPU time per run call and ORT kernels.
+    """
+
+    inputs: Sequence[str] = ()
+    repeat: int = 20
+    warmup: int = 3
+    stream: int = 0
+    executor_options: Mapping[str, Any] | None = None
+    adaptive: bool = False
+    trust_key: str | os.PathLike | None = None
+    output: str | os.PathLike | None = None
+    trace: str | os.PathLike | None = None
+    trace_detail: bool = False
+    trace_request: int = 0
+
+
+@dataclass(frozen=True)
+class BandRun:
+    """An adaptive bundle's run: the band statistics and the timed requests' latency."""
+
+    stats: Any
+    median_ms: float
+    p90_ms: float
+    runs: int
+
+
+def run_bundle(bundle: str | os.PathLike, request: RunRequest) -> RunReport | BandRun:
+    """Run ``bundle`` as ``request`` says; a :class:`BandRun` for an adaptive bundle run with
+    ``adaptive``, else the benchmark's report.
+
+    Raises:
+        EdgesplitError: for a bundle that cannot be loaded or run.
+    """
+    from edgesplit.bundle.format import open_bundle
+    from edgesplit.runtime.harness import benchmark, load, read_inputs
+
+    r = request
+    if r.adaptive and open_bundle(bundle, verify=False).bands is not None:
+        return _run_bands(bundle, r)
+    options = dict(r.executor_options) if r.executor_options is not None else None
+    with load(
+        bundle, executor_options=options, adaptive=r.adaptive, detailed=r.trace_detail, trust_key=r.trust_key
+    ) as sess:
+        feeds = read_inputs(sess, r.inputs)
+        report = benchmark(sess, feeds, repeat=r.repeat, warmup=r.warmup, stream=r.stream)
+        if r.output:
+            report.save_outputs(r.output)
+        if r.trace:
+            from edgesplit.runtime.chrome import write_chrome_trace
+
+            align = sorted(q.request for q in report.trace.requests)[r.trace_request]
+            write_chrome_trace(r.trace, report.trace, sess.manifest, align_request=align)
+    return report
+
+
+def _run_bands(bundle: str | os.PathLike, r: RunRequest) -> BandRun:
+    import time
+
+    import numpy as np
+
+    from edgesplit.runtime.bands import load_bands
+    from edgesplit.runtime.harness import read_inputs
+
+    options = dict(r.executor_options) if r.executor_options is not None else None
+    with load_bands(bundle, executor_options=options, trust_key=r.trust_key) as bs:
+        feeds = read_inputs(bs.sessions[0], r.inputs)
+        for _ in range(r.warmup):
+            bs.run(feeds)
+        lat = []
+        for _ in range(r.repeat):
+            t0 = time.perf_counter()
+            out = bs.run(feeds)
+            lat.append((time.perf_counter() - t0) * 1e3)
+        stats = bs.stats()
+        if r.output:
+            from edgesplit.runtime.harness import save_arrays
+
+            save_arrays(out, r.output)
+    return BandRun(stats, float(np.median(lat)), float(np.percentile(lat, 90)), r.repeat)
