@@ -178,7 +178,11 @@ def test_strings_stay_on_the_device_with_a_server(tmp_path):
     "case", ["test_strnorm_model_monday_casesensintive_upper", "test_strnorm_model_nostopwords_nochangecase"]
 )
 def test_defect_onnx_string_models_run(case, tmp_path):
-    out = kit.run_edgesplit(kit.data_case("simple", case), tmp_path)
+    data = kit.data_case("simple", case)
+    ort_stage, why = kit.run_ort(data)
+    if ort_stage != "pass":  # StringNormalizer's default locale (en_US.UTF-8) is not installed
+        pytest.skip(f"ONNX Runtime itself cannot run it on this machine ({ort_stage}: {why[:80]})")
+    out = kit.run_edgesplit(data, tmp_path)
     assert out.stage == "pass", out
 
 
