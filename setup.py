@@ -24,7 +24,9 @@ class BuildPyWithData(build_py):
         for name in SHIPPED:
             for src in sorted((root / name).rglob("*")):
                 if src.is_file():
-                    dest = Path(self.build_lib, "edgesplit", "_data", name, src.relative_to(root / name))
+                    dest = Path(
+                        self.build_lib, "edgesplit", "_data", name, src.relative_to(root / name)
+                    )
                     self.mkpath(str(dest.parent))
                     self.copy_file(str(src), str(dest))
 

@@ -44,16 +44,23 @@ def main() -> None:
         link = network_link("wifi", bandwidth_mbps=100)
         device, server = load_device("snapdragon-8gen2"), load_device("server-a100")
         loose = AccuracyBudget(min_snr_db=-SNR_CAP_DB)  # keeps every int8 part
-        plan = partition(graph, device, server=server, link=link, objective="energy", accuracy=loose)
+        plan = partition(
+            graph, device, server=server, link=link, objective="energy", accuracy=loose
+        )
         cands = [u for p in reduced(plan) for u in units(graph, p)][: args.units or None]
         cases = [_alone(plan, u, graph) for u in cands]
-        print(f"{args.model}: {len(graph.nodes)} nodes, plan of {len(plan.parts)} parts, {len(cands)} units")
+        print(
+            f"{args.model}: {len(graph.nodes)} nodes, plan of {len(plan.parts)} parts, "
+            f"{len(cands)} units"
+        )
         ways = {}
         for spin in (True, False):
             m = measure.PlanMeasurer(graph)
             if spin:
                 m._memo = measure._Memo()  # its own sessions, spinning
-            measure.ort_session_options = lambda t, c, spin_=spin, **kw: ort_session_options(t, c, spin=spin_)
+            measure.ort_session_options = lambda t, c, spin_=spin, **kw: ort_session_options(
+                t, c, spin=spin_
+            )
             try:
                 for parts in cases:  # build every session
                     m.run(parts, m.data.held_out[0])
@@ -79,7 +86,8 @@ def main() -> None:
         for way in ways:
             same = figures[way] == figures["spinning"]
             print(
-                f"{way:16s} {statistics.median(times[way]):8.1f} ms a unit (median), {sum(times[way]) / 1e3:6.1f} s "
+                f"{way:16s} {statistics.median(times[way]):8.1f} ms a unit (median), "
+                f"{sum(times[way]) / 1e3:6.1f} s "
                 f"in all, {sum(first) / sum(times[way]):4.2f}x; figures the same: {same}"
             )
 

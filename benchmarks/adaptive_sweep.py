@@ -82,7 +82,8 @@ WORKER = textwrap.dedent("""
                 bands.pause_probes()  # leave the link to the fixed plans measured next
                 st = bands.stats()
                 extra = {"uplink_mbps": st.uplink_mbps, "switches": len(st.switches),
-                         "decision_us_median": st.decision_us_median, "decision_us_p99": st.decision_us_p99}
+                         "decision_us_median": st.decision_us_median,
+                         "decision_us_p99": st.decision_us_p99}
             else:
                 sess.close()
             print(json.dumps({"ms": ms, "plans": plans, **extra}), flush=True)
@@ -113,19 +114,28 @@ class Device:
 
 
 def build(args, tmp: Path, quota: CpuQuota):
-    """The lab's specs, the measured profile, and the adaptive bundle; returns (bundle, manifest)."""
+    """The lab's specs, the measured profile, and the adaptive bundle; returns (bundle,
+    manifest)."""
     from edgesplit.device.spec import load_device, network_link
     from edgesplit.model import zoo
     from edgesplit.optimize.planner import solve_plan
     from edgesplit.workflows.compile import compile_bundle
     from edgesplit.workflows.resolve import Choices, resolve
 
-    peak, bw, launch = ROOFLINE["peak_gflops"], ROOFLINE["mem_bandwidth_gbps"], ROOFLINE["launch_overhead_ms"]
+    peak, bw, launch = (
+        ROOFLINE["peak_gflops"],
+        ROOFLINE["mem_bandwidth_gbps"],
+        ROOFLINE["launch_overhead_ms"],
+    )
     (tmp / "lab-device.yaml").write_text(
-        DEVICE_SPEC.format(quota=args.quota_pct, peak=peak * args.quota_pct / 100, bw=bw, launch=launch)
+        DEVICE_SPEC.format(
+            quota=args.quota_pct, peak=peak * args.quota_pct / 100, bw=bw, launch=launch
+        )
     )
     for kind, name in (("server", "lab-server.yaml"), ("device", "lab-server-local.yaml")):
-        (tmp / name).write_text(SERVER_SPEC.format(kind=kind, peak=peak, bw=bw, launch=launch, threads=1))
+        (tmp / name).write_text(
+            SERVER_SPEC.format(kind=kind, peak=peak, bw=bw, launch=launch, threads=1)
+        )
     model = zoo.save(args.model, tmp / f"{args.model}.onnx")
     t0 = time.time()
     prof = profiles(model, tmp, quota)
@@ -159,7 +169,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="adaptive requests per step")
     ap.add_argument("--runs", type=int, default=5, help="timed runs per fixed plan and step")
     ap.add_argument("--budget-s", type=float, default=8.0, help="time per fixed plan and step")
-    ap.add_argument("--skip-over-s", type=float, default=6.0, help="do not run fixed plans predicted slower")
+    ap.add_argument(
+        "--skip-over-s", type=float, default=6.0, help="do not run fixed plans predicted slower"
+    )
     ap.add_argument("--quota-pct", type=float, default=25)
     args = ap.parse_args()
     rates = [float(x) for x in args.trace.split(",")]
@@ -168,8 +180,13 @@ def main() -> None:
         bundle, manifest, problem = build(args, tmp, quota)
         bands = manifest.bands
         if bands is None or not any(p.remote for p in manifest.parts):
-            print("the band table has no plan with a server part (the device is as fast as the server")
-            print("as measured here; on a loaded machine, try a smaller --quota-pct): nothing to switch")
+            print(
+                "the band table has no plan with a server part (the device is as fast as the server"
+            )
+            print(
+                "as measured here; on a loaded machine, try a smaller --quota-pct): nothing to "
+                "switch"
+            )
             return
         print_table(bands)
         with NetLab(rates[0], RTT_MS) as lab:
@@ -236,10 +253,14 @@ def print_row(row: dict) -> None:
         print(f"{row['rate']:>7g} Mbit/s  adaptive ERROR {ad['error']}")
         return
     after = statistics.median(ad["ms"][3:]) if len(ad["ms"]) > 3 else float("nan")
-    fixed = "  ".join(f"plan {k} {'-' if v is None else f'{v:.0f}'}" for k, v in row["fixed"].items())
+    fixed = "  ".join(
+        f"plan {k} {'-' if v is None else f'{v:.0f}'}" for k, v in row["fixed"].items()
+    )
     print(
-        f"{row['rate']:>7g} Mbit/s  adaptive {after:>7.0f} ms (first 3: {', '.join(f'{x:.0f}' for x in ad['ms'][:3])}; "
-        f"plans {ad['plans']}; est {ad.get('uplink_mbps') or 0:.3g} Mbit/s)  {fixed}  oracle plan {row['oracle']}",
+        f"{row['rate']:>7g} Mbit/s  adaptive {after:>7.0f} ms (first 3: "
+        f"{', '.join(f'{x:.0f}' for x in ad['ms'][:3])}; "
+        f"plans {ad['plans']}; est {ad.get('uplink_mbps') or 0:.3g} Mbit/s)  {fixed}  oracle plan "
+        f"{row['oracle']}",
         flush=True,
     )
 
@@ -255,16 +276,22 @@ def summary(rows: list[dict], n_plans: int) -> None:
         best = min((v for v in r["fixed"].values() if v is not None), default=float("nan"))
         ratio = after / oracle if oracle else float("nan")
         print(
-            f"{r['rate']:>7g}  {after:>7.0f}ms  {oracle or float('nan'):>7.0f}ms  {best:>8.0f}ms  {ratio:.2f}"
+            f"{r['rate']:>7g}  {after:>7.0f}ms  {oracle or float('nan'):>7.0f}ms  {best:>8.0f}ms  "
+            f"{ratio:.2f}"
         )
         tot_ad += sum(ad)
         for k in range(n_plans):
             v = r["fixed"].get(k)
             # a skipped plan is charged its prediction for the same number of requests
             tot_fixed[k] += (v if v is not None else r["pred"][k]) * len(ad)
-    print(f"whole trace, {sum(len(r['adaptive'].get('ms', [])) for r in rows)} requests: adaptive {tot_ad / 1e3:.1f} s; "
-          + ", ".join(f"fixed plan {k} {t / 1e3:.1f} s" for k, t in enumerate(tot_fixed))
-          + " (fixed plans: measured medians, predicted where skipped)")  # fmt: skip
+    print(
+        f"whole trace, {sum(len(r['adaptive'].get('ms', [])) for r in rows)} requests: adaptive "
+        f"{tot_ad / 1e3:.1f}"
+        " "
+        "s; "
+        + ", ".join(f"fixed plan {k} {t / 1e3:.1f} s" for k, t in enumerate(tot_fixed))
+        + " (fixed plans: measured medians, predicted where skipped)"
+    )
 
 
 if __name__ == "__main__":

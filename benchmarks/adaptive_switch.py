@@ -1,6 +1,7 @@
 """Adaptive offload on a throttled device: what switching to local saves when the link drops.
 
-The scenario of ``tests/test_offload_netlab.py::test_adaptive_follows_the_bandwidth_on_a_throttled_device``
+The scenario of
+``tests/test_offload_netlab.py::test_adaptive_follows_the_bandwidth_on_a_throttled_device``
 (the test checks the behaviour; this script prints the speed figures): a device process in a
 cgroup CPU quota runs a bundle of 64 3x3 convs (2.7 GFLOP on a 98 kB tensor) whose second part
 may run on ``edgesplit serve`` behind a shaped link (tests/netlab.py). The link runs at FAST
@@ -50,7 +51,9 @@ def main() -> None:
             url = f"http://127.0.0.1:{lab.relay(8000).port}"
             wait_ready(url)
             device = subprocess.Popen(
-                quota.wrap([sys.executable, "-c", ADAPTIVE_DEVICE, str(bundle), url, str(d / "heavy.onnx")]),
+                quota.wrap(
+                    [sys.executable, "-c", ADAPTIVE_DEVICE, str(bundle), url, str(d / "heavy.onnx")]
+                ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -69,17 +72,26 @@ def main() -> None:
             lab.set_rate(args.fast_mbps)
             phases.append((f"{args.fast_mbps:g} Mbit/s again", phase("remote", 20)))
     print(f"device quota {args.quota}% of a core, RTT {args.rtt_ms:g} ms")
-    print(f"{'link':<20} {'runs':>4} {'first ms':>9} {'last-3 median ms':>17} {'est. RTT ms':>12} "
-          f"{'est. Mbit/s':>12}  modes")  # fmt: skip
+    print(
+        f"{'link':<20} {'runs':>4} {'first ms':>9} {'last-3 median ms':>17} {'est. RTT ms':>12} "
+        f"{'est. Mbit/s':>12}  modes"
+    )
     for name, p in phases:
         ms, st = p["ms"], p["stats"]
         modes = " ".join(m.split(":")[-1] for m in p["modes"])
         rtt, bw = st["rtt_ms"], st["bandwidth_mbps"]
-        print(f"{name:<20} {len(ms):>4} {ms[0]:>9.1f} {statistics.median(ms[-3:]):>17.1f} "
-              f"{rtt or float('nan'):>12.1f} {bw or float('nan'):>12.1f}  {modes}")  # fmt: skip
+        print(
+            f"{name:<20} {len(ms):>4} {ms[0]:>9.1f} {statistics.median(ms[-3:]):>17.1f} "
+            f"{rtt or float('nan'):>12.1f} {bw or float('nan'):>12.1f}  {modes}"
+        )
     slow = phases[1][1]["ms"]
-    print(f"after the drop: first run {slow[0]:.0f} ms (on the server), then {statistics.median(slow[-3:]):.0f} ms "
-          f"locally ({slow[0] / statistics.median(slow[-3:]):.1f}x)")  # fmt: skip
+    print(
+        f"after the drop: first run {slow[0]:.0f} ms (on the server), then "
+        f"{statistics.median(slow[-3:]):.0f}"
+        " "
+        "ms "
+        f"locally ({slow[0] / statistics.median(slow[-3:]):.1f}x)"
+    )
 
 
 if __name__ == "__main__":

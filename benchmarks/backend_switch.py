@@ -35,7 +35,8 @@ sess = ort.InferenceSession(g.model.SerializeToString(), so, providers=["CPUExec
 vm, dev = build_vm(g.model, {"kind": "llvm", "mcpu": "native"})
 arg = tvm.runtime.tensor(x, dev)
 def ort_ms():
-    t0 = time.perf_counter(); sess.run(None, {g.inputs[0]: x}); return (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter(); sess.run(None, {g.inputs[0]: x})
+    return (time.perf_counter() - t0) * 1e3
 for _ in range(5): ort_ms(); vm["main"](arg)
 alone = [ort_ms() for _ in range(runs)]
 mixed = []
@@ -74,7 +75,8 @@ def main() -> None:
                 )
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 print(
-                    f"{threads or 'default':<14}{spin or 'default':<12}{r['alone']:>14.2f}{r['alternating']:>18.2f}"
+                    f"{threads or 'default':<14}{spin or 'default':<12}{r['alone']:>14.2f}"
+                    f"{r['alternating']:>18.2f}"
                 )
 
 

@@ -1,5 +1,6 @@
 """The closed loop: how many ``calibrate`` rounds until the plan is predicted within 5%, and whether
-the calibrated terms also predict the model's *other* plans better (fitted terms, not memorised parts).
+the calibrated terms also predict the model's *other* plans better (fitted terms, not memorised
+parts).
 
 For one model on one device (default googlenet on host-biglittle): profile (or reuse a profile),
 then make several plans with it: the latency plan, each processor alone, the energy plan, and a
@@ -12,7 +13,8 @@ Printed: the calibration rounds (prediction made before each round against its f
 per plan the error before and after against the same measurements. The machine may be shared:
 figures are noisy, so repeat and report ranges.
 
-Run: .venv/bin/python benchmarks/calibrate_rounds.py [--model googlenet] [--profile P.json] [--runs 20]
+Run: .venv/bin/python benchmarks/calibrate_rounds.py [--model googlenet] [--profile P.json] [--runs
+20]
 """
 
 from __future__ import annotations
@@ -93,7 +95,9 @@ def main() -> None:
         graph = load_model(zoo.save(args.model, tmp / f"{args.model}.onnx"))
         profile_path = args.profile or str(tmp / "profile.json")
         if not args.profile:
-            profile_model(graph, device, ProfileOptions(["ort"], runs=20, warmup=5)).save(profile_path)
+            profile_model(graph, device, ProfileOptions(["ort"], runs=20, warmup=5)).save(
+                profile_path
+            )
         base = load_profile(profile_path)
         plans = make_plans(graph, device, profile_path)
         bundles = {}
@@ -102,7 +106,10 @@ def main() -> None:
             compile_bundle(graph, plan, bundles[name], device=device)
         before = measure_all(bundles, args.blocks, args.block)
         result = refit(
-            bundles["split"], runs=args.runs, max_rounds=args.rounds, progress=lambda m: print("  " + m)
+            bundles["split"],
+            runs=args.runs,
+            max_rounds=args.rounds,
+            progress=lambda m: print("  " + m),
         )
         cal_path = tmp / "calibrated.json"
         result.profile.save(cal_path)
@@ -113,13 +120,16 @@ def main() -> None:
         after = measure_all(bundles, args.blocks, args.block)
         # predicted while the model file is still there (a plan is priced from its model)
         print(
-            f"\n{args.model} on {device.name}: calibrated on the split plan ({len(plans['split'].parts)} parts)"
+            f"\n{args.model} on {device.name}: calibrated on the split plan "
+            f"({len(plans['split'].parts)} parts)"
         )
         print(
-            f"converged after {result.converged_after} round(s) of fitting (tolerance {result.tolerance:.0%})"
+            f"converged after {result.converged_after} round(s) of fitting (tolerance "
+            f"{result.tolerance:.0%})"
         )
         print(
-            f"\n{'plan':<22}{'parts':>6}{'pred. before':>13}{'pred. after':>12}{'measured':>10}{'err before':>11}{'err after':>10}"
+            f"\n{'plan':<22}{'parts':>6}{'pred. before':>13}{'pred. after':>12}{'measured':>10}"
+            f"{'err before':>11}{'err after':>10}"
         )
         for name, plan in plans.items():
             p0 = predicted(base, plan) if name in before else float("nan")

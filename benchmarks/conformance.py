@@ -94,7 +94,9 @@ def _run_folder(folder: str, keys: list[str], args: argparse.Namespace) -> list[
                 child.kill()
                 if not ready:
                     raise SystemExit(f"{folder}: the worker did not start within {STARTUP_S:g} s")
-                if current is not None:  # (None: silent between two cases, say stopped: start again)
+                if (
+                    current is not None
+                ):  # (None: silent between two cases, say stopped: start again)
                     why = f"no answer within {args.case_limit_s:g} s"
                     rows.append({"key": current, "ort": ["?", ""], "edgesplit": ["hang", why]})
                 break
@@ -102,10 +104,16 @@ def _run_folder(folder: str, keys: list[str], args: argparse.Namespace) -> list[
             if not line:
                 child.wait()
                 if current is None and not ready:
-                    raise SystemExit(f"{folder}: the worker died before it started (exit {child.returncode})")
+                    raise SystemExit(
+                        f"{folder}: the worker died before it started (exit {child.returncode})"
+                    )
                 if current is not None:
                     rows.append(
-                        {"key": current, "ort": ["?", ""], "edgesplit": ["crash", f"exit {child.returncode}"]}
+                        {
+                            "key": current,
+                            "ort": ["?", ""],
+                            "edgesplit": ["crash", f"exit {child.returncode}"],
+                        }
                     )
                 break
             msg = json.loads(line)
@@ -119,7 +127,10 @@ def _run_folder(folder: str, keys: list[str], args: argparse.Namespace) -> list[
             current = None
             if not args.quiet:
                 es = msg["edgesplit"]
-                print(f"  {msg['key']}: ort {msg['ort'][0]}, edgesplit {es[0]} {es[1][:100]}", flush=True)
+                print(
+                    f"  {msg['key']}: ort {msg['ort'][0]}, edgesplit {es[0]} {es[1][:100]}",
+                    flush=True,
+                )
         child.wait()
         sel.close()
         done = {r["key"] for r in rows}
@@ -156,7 +167,9 @@ def _against_known(rows: list[dict]) -> dict:
     passes now (stale), and lines whose model fails at another stage."""
     known = kit.known_failures()
     failing = {
-        r["key"]: r["edgesplit"][0] for r in rows if r["edgesplit"][0] != "pass" and r["ort"][0] == "pass"
+        r["key"]: r["edgesplit"][0]
+        for r in rows
+        if r["edgesplit"][0] != "pass" and r["ort"][0] == "pass"
     }
     ran = {r["key"] for r in rows}
     return {
@@ -169,11 +182,17 @@ def _against_known(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folders", default=",".join(kit.FOLDERS))
-    ap.add_argument("--sample", type=int, default=0, help="a seeded sample of this many cases per folder")
+    ap.add_argument(
+        "--sample", type=int, default=0, help="a seeded sample of this many cases per folder"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=int, default=1, help="timed runs per profiled kernel")
-    ap.add_argument("--case-limit-s", type=float, default=120.0, help="a case silent this long is a hang")
-    ap.add_argument("--jobs", type=int, default=1, help="cases run at once, each in a child process")
+    ap.add_argument(
+        "--case-limit-s", type=float, default=120.0, help="a case silent this long is a hang"
+    )
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="cases run at once, each in a child process"
+    )
     ap.add_argument("-o", "--out", default="conformance.json")
     ap.add_argument("-q", "--quiet", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -190,7 +209,10 @@ def main() -> None:
         t0 = time.perf_counter()
         keys = [c.key for c in chosen]
         with ThreadPoolExecutor(args.jobs) as pool:  # each shard in a child process of its own
-            shards = [pool.submit(_run_folder, folder, keys[k :: args.jobs], args) for k in range(args.jobs)]
+            shards = [
+                pool.submit(_run_folder, folder, keys[k :: args.jobs], args)
+                for k in range(args.jobs)
+            ]
             rows = sorted((r for shard in shards for r in shard.result()), key=lambda r: r["key"])
         counts = {**_counts(rows), "seconds": round(time.perf_counter() - t0, 1)}
         report["folders"][folder] = counts
@@ -200,7 +222,10 @@ def main() -> None:
     report["total"] = {**_counts(rows), "seconds": round(time.perf_counter() - t_all, 1)}
     report["op_types"] = _op_coverage(rows)
     report["known_failures"] = _against_known(rows)
-    print(f"{'folder':<18} {'cases':>5} {'ORT passes':>10} {'edgesplit':>9} {'of ORT':>7} {'share':>7}")
+    print(
+        f"{'folder':<18} {'cases':>5} {'ORT passes':>10} {'edgesplit':>9} {'of ORT':>7} "
+        f"{'share':>7}"
+    )
     for folder, c in [*report["folders"].items(), ("total", report["total"])]:
         share = c["edgesplit_pass_of_ort_pass"] / c["ort_pass"] if c["ort_pass"] else 1.0
         print(
@@ -208,7 +233,10 @@ def main() -> None:
             f"{c['edgesplit_pass_of_ort_pass']:>7} {share:>7.1%}"
         )
     cov = report["op_types"]
-    print(f"op types crossing a part boundary: {len(cov['crossing'])} of {len(cov['in_passing_models'])}")
+    print(
+        f"op types crossing a part boundary: {len(cov['crossing'])} of "
+        f"{len(cov['in_passing_models'])}"
+    )
     known = report["known_failures"]
     for what in ("unlisted", "stale", "other_stage"):
         if known[what]:

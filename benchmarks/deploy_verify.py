@@ -51,7 +51,9 @@ def wait_for_load(max_load: float | None, timeout_s: float = 600.0) -> float:
 def profile_for(work: Path, model: Path, device: str) -> Path:
     path = work / f"{model.stem}.{device}.profile.json"
     if not path.is_file():
-        prof = profile_model(load_model(str(model)), edgesplit.load_device(device), ProfileOptions())
+        prof = profile_model(
+            load_model(str(model)), edgesplit.load_device(device), ProfileOptions()
+        )
         prof.save(path)
     return path
 
@@ -134,7 +136,9 @@ def summary(rows: list[dict]) -> None:
     print(f"\n1. shipped <= {LIMIT}x the best measured baseline: {n1}/{len(ok1)} cases")
     for r in rows:
         if r["device"] == "host-biglittle" and r["model"] == "googlenet":
-            print(f"2. googlenet on host-biglittle, shipped / big alone: {fmt(r['ratio_to_single'])}")
+            print(
+                f"2. googlenet on host-biglittle, shipped / big alone: {fmt(r['ratio_to_single'])}"
+            )
     host = [r for r in rows if r["device"] == "host" and r["ratio_to_single"] is not None]
     n3 = sum(r["ratio_to_single"] <= LIMIT for r in host)
     print(f"3. host, shipped <= {LIMIT}x whole-model ORT (only:cpu): {n3}/{len(host)} models")
@@ -146,22 +150,32 @@ def summary(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument(
-        "--cases", help="DEVICE:MODEL,... (default: every zoo model on host, googlenet on host-biglittle)"
+        "--cases",
+        help="DEVICE:MODEL,... (default: every zoo model on host, googlenet on host-biglittle)",
     )
     ap.add_argument("--budget-s", type=float, default=30.0, help="deploy's verification budget")
-    ap.add_argument("--recheck-budget-s", type=float, default=60.0, help="the re-measurement's budget")
-    ap.add_argument("--max-load", type=float, default=None, help="wait for a 1-minute load below this")
+    ap.add_argument(
+        "--recheck-budget-s", type=float, default=60.0, help="the re-measurement's budget"
+    )
+    ap.add_argument(
+        "--max-load", type=float, default=None, help="wait for a 1-minute load below this"
+    )
     ap.add_argument("--work", default="out/deploy_verify", help="models, profiles and bundles")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    cases = [tuple(c.split(":", 1)) for c in args.cases.split(",")] if args.cases else default_cases()
+    cases = (
+        [tuple(c.split(":", 1)) for c in args.cases.split(",")] if args.cases else default_cases()
+    )
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     head = f"{'device':<15}{'model':<18}{'shipped':<18}{'parts':>6}{'shipped ms':>12}"
     print(
-        head + f"{'best baseline':>22}{'its ms':>10}{'ratio':>8}{'vs single':>10}{'plan ms':>10}{'load':>6}"
+        head + f"{'best baseline':>22}{'its ms':>10}{'ratio':>8}{'vs single':>10}{'plan ms':>10}"
+        f"{'load':>6}"
     )
     rows = []
     for device, name in cases:

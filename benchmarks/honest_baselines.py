@@ -8,7 +8,8 @@ honest baselines, each run as a user would run it, with the device's emulation a
   CPU core the device has (``host``, ``host-2core``, ``host-biglittle``: both cores; ``host-npu``:
   core 0, its one CPU core). On ``host-biglittle`` core 1 keeps the little core's duty cycle
   while ORT runs (the spec is the device: an unthrottled run measures another machine).
-* ``ort-big-cores``: where the cores are unequal (``host-biglittle``), ORT with one thread on the big
+* ``ort-big-cores``: where the cores are unequal (``host-biglittle``), ORT with one thread on the
+big
   core only, the workaround users apply by hand.
 * for throughput (``host-2core``, ``--throughput``): ``plain-ort`` back to back, and ``replicas``:
   one 1-thread session per core, each pinned to its core, taking requests from one queue.
@@ -57,7 +58,9 @@ def model_file(name: str, work: Path) -> tuple[Path, dict]:
         import importlib.util
 
         spec = importlib.util.find_spec("rapidocr_onnxruntime")
-        assert spec is not None and spec.submodule_search_locations, "pip install rapidocr-onnxruntime"
+        assert spec is not None and spec.submodule_search_locations, (
+            "pip install rapidocr-onnxruntime"
+        )
         models = Path(next(iter(spec.submodule_search_locations))) / "models"
         return next(models.glob("*PP-OCRv4_det*.onnx")), {"x": (1, 3, 640, 640)}
     path = work / f"{name}.onnx"
@@ -74,14 +77,20 @@ class Emulation:
         spec = load_device(device)
         cpu = plain_cpu(spec)
         self.cores = (
-            tuple(cpu.cores) if cpu is not None and cpu.cores else tuple(sorted(os.sched_getaffinity(0)))
+            tuple(cpu.cores)
+            if cpu is not None and cpu.cores
+            else tuple(sorted(os.sched_getaffinity(0)))
         )
         quotas = cpu.core_quotas if cpu is not None and cpu.is_group else ()
         if cpu is not None and not cpu.is_group and cpu.cpu_quota_pct:
             quotas = tuple((c, cpu.cpu_quota_pct) for c in self.cores)
         self.cycles = [DutyCycle((c,), pct / 100.0) for c, pct in quotas if pct < 100]
-        big = [p for p in spec.processors if p.kind == "cpu" and not p.is_group and not p.cpu_quota_pct]
-        unequal = any(p.cpu_quota_pct for p in spec.processors if p.kind == "cpu" and not p.is_group)
+        big = [
+            p for p in spec.processors if p.kind == "cpu" and not p.is_group and not p.cpu_quota_pct
+        ]
+        unequal = any(
+            p.cpu_quota_pct for p in spec.processors if p.kind == "cpu" and not p.is_group
+        )
         self.big_cores = tuple(c for p in big for c in (p.cores or ())) if unequal else ()
 
     @contextlib.contextmanager
@@ -99,12 +108,16 @@ class Emulation:
             c.close()
 
 
-def plain_session(path: Path, emu: Emulation, cores: tuple[int, ...] | None = None) -> ort.InferenceSession:
+def plain_session(
+    path: Path, emu: Emulation, cores: tuple[int, ...] | None = None
+) -> ort.InferenceSession:
     """ORT's defaults; on a subset of this machine's cores, one thread per core, pinned there."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     cores = cores or emu.cores
-    if set(cores) != set(usable_cores()):  # ORT's default would start a thread per core of the machine
+    if set(cores) != set(
+        usable_cores()
+    ):  # ORT's default would start a thread per core of the machine
         so.intra_op_num_threads = len(cores)
         if len(cores) > 1:
             so.add_session_config_entry(
@@ -142,7 +155,9 @@ class Pinned:
         self.q.put(None)
 
 
-def latency_runners(path: Path, bundle: Path, emu: Emulation, feeds: dict) -> dict[str, Callable[[], float]]:
+def latency_runners(
+    path: Path, bundle: Path, emu: Emulation, feeds: dict
+) -> dict[str, Callable[[], float]]:
     """One timed request each (ms): the shipped bundle, plain ORT, ORT on the big cores only."""
     sess = edgesplit.load(bundle)
     out: dict[str, Callable[[], float]] = {}
@@ -232,7 +247,9 @@ def alternate(
         for k in names[r % len(names) :] + names[: r % len(names)]:
             runners[k]()  # untimed: the first request after another candidate's
             per[k].append(
-                runners[k]() if stream else float(np.median([runners[k]() for _ in range(requests)]))
+                runners[k]()
+                if stream
+                else float(np.median([runners[k]() for _ in range(requests)]))
             )
     return per
 
@@ -252,7 +269,9 @@ def one_case(device: str, model: str, args, work: Path) -> dict:
     emu = Emulation(device)
     graph = edgesplit.load_model(str(path), shapes or None)
     rng = np.random.default_rng(0)
-    feeds = {n: rng.standard_normal(graph.tensors[n].shape).astype(np.float32) for n in graph.inputs}
+    feeds = {
+        n: rng.standard_normal(graph.tensors[n].shape).astype(np.float32) for n in graph.inputs
+    }
     try:
         if args.throughput:
             runners = throughput_runners(path, out, emu, feeds, args.stream)
@@ -321,10 +340,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10, help="profiling runs")
     ap.add_argument("--budget-s", type=float, default=20.0, help="the verification's budget")
     ap.add_argument("--split-operators", action="store_true")
-    ap.add_argument("--throughput", action="store_true", help="a stream on host-2core instead of latency")
+    ap.add_argument(
+        "--throughput", action="store_true", help="a stream on host-2core instead of latency"
+    )
     ap.add_argument("--json", default="honest_baselines.json")
-    ap.add_argument("--work", default=None, help="where models and bundles go (default a temporary folder)")
-    ap.add_argument("--case", default=None, help=argparse.SUPPRESS)  # DEVICE:MODEL, in a child process
+    ap.add_argument(
+        "--work", default=None, help="where models and bundles go (default a temporary folder)"
+    )
+    ap.add_argument(
+        "--case", default=None, help=argparse.SUPPRESS
+    )  # DEVICE:MODEL, in a child process
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="honest-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -341,17 +366,22 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     ok = [r for r in results if "error" not in r]
     print(
-        f"\n{'device':16s} {'model':18s} {'shipped':14s} {'shipped ms':>10s} {'best baseline':>26s} {'ratio':>7s} spread"
+        f"\n{'device':16s} {'model':18s} {'shipped':14s} {'shipped ms':>10s} "
+        f"{'best baseline':>26s} {'ratio':>7s} spread"
     )
     for r in ok:
         b = r["best_baseline"]
         print(
-            f"{r['device']:16s} {r['model']:18s} {r['shipped']:14s} {r['median_ms']['shipped']:10.3f} "
+            f"{r['device']:16s} {r['model']:18s} {r['shipped']:14s} "
+            f"{r['median_ms']['shipped']:10.3f} "
             f"{b + ' ' + format(r['median_ms'][b], '.3f'):>26s} {r['ratio_to_best']:7.3f} "
             f"{r['ratio_spread'][0]:.3f}-{r['ratio_spread'][1]:.3f}"
         )
     bad = [r for r in ok if not r["within_limit"]]
-    print(f"{len(ok)} cases, {len(bad)} over {LIMIT}x the best baseline; {len(results) - len(ok)} failed")
+    print(
+        f"{len(ok)} cases, {len(bad)} over {LIMIT}x the best baseline; {len(results) - len(ok)} "
+        "failed"
+    )
 
 
 if __name__ == "__main__":

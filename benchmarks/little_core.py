@@ -65,7 +65,8 @@ def worker(method: str | None, quota_pct: float) -> ThreadPoolExecutor:
 
 
 def measure(pool: ThreadPoolExecutor, model: bytes, runs: int) -> tuple[list[float], list[float]]:
-    """Wall ms per run (through the hand-off to the worker) and the worker thread's CPU ms per run."""
+    """Wall ms per run (through the hand-off to the worker) and the worker thread's CPU ms per
+    run."""
     import onnxruntime as ort
 
     def build():
@@ -74,7 +75,9 @@ def measure(pool: ThreadPoolExecutor, model: bytes, runs: int) -> tuple[list[flo
         )
 
     sess = pool.submit(build).result()
-    x = {"x": np.random.default_rng(1).standard_normal(sess.get_inputs()[0].shape).astype(np.float32)}
+    x = {
+        "x": np.random.default_rng(1).standard_normal(sess.get_inputs()[0].shape).astype(np.float32)
+    }
     cpu_ms: list[float] = []
 
     def run() -> None:
@@ -103,9 +106,13 @@ def main() -> None:
                 wall, cpu_ms = measure(pool, model, args.runs // args.rounds)
                 times.setdefault((size, name), []).extend(wall)
                 cpu.setdefault((size, name), []).extend(cpu_ms)
-    print(f"little core = core {CORE} at {args.quota_pct:g}%; ideal slowdown {100 / args.quota_pct:.2f}x")
     print(
-        f"{'work':<9} {'emulation':<13} {'median ms':>10} {'p10-p90 ms':>16} {'cv %':>6} {'slowdown':>9}"
+        f"little core = core {CORE} at {args.quota_pct:g}%; ideal slowdown "
+        f"{100 / args.quota_pct:.2f}x"
+    )
+    print(
+        f"{'work':<9} {'emulation':<13} {'median ms':>10} {'p10-p90 ms':>16} {'cv %':>6} "
+        f"{'slowdown':>9}"
         f" {'cpu/run':>8}"
     )
     for size in models:
@@ -115,7 +122,8 @@ def main() -> None:
             t = np.asarray(times[(size, name)])
             med = float(np.median(t))
             print(
-                f"{size:<9} {name:<13} {med:>10.3f} {np.percentile(t, 10):>7.3f}-{np.percentile(t, 90):<8.3f}"
+                f"{size:<9} {name:<13} {med:>10.3f} "
+                f"{np.percentile(t, 10):>7.3f}-{np.percentile(t, 90):<8.3f}"
                 f" {100 * t.std() / t.mean():>6.1f} {med / full:>8.2f}x"
                 f" {float(np.median(cpu[(size, name)])) / full_cpu:>7.2f}x"
             )

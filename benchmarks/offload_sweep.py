@@ -80,10 +80,13 @@ DEVICE_WORKER = textwrap.dedent("""
     for line in sys.stdin:
         job = json.loads(line)
         try:
-            opts = {"remote": {"url": job["url"], "timeout_s": 300, "fallback": False}} if job["url"] else None
+            remote = {"url": job["url"], "timeout_s": 300, "fallback": False}
+            opts = {"remote": remote} if job["url"] else None
             with load(job["bundle"], executor_options=opts) as sess:
                 rng = np.random.default_rng(0)
-                feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in sess.input_specs}
+                feeds = {
+                    t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in sess.input_specs
+                }
                 for _ in range(job["warmup"]):
                     sess.run(feeds)
                 ms = []
@@ -93,7 +96,8 @@ DEVICE_WORKER = textwrap.dedent("""
                     sess.run(feeds)
                     ms.append((time.perf_counter() - t0) * 1e3)
                 remote = {k: [v.remote_runs, v.local_runs] for k, v in sess.remote_stats().items()}
-            print(json.dumps({"median_ms": float(np.median(ms)), "runs": len(ms), "remote": remote}), flush=True)
+            row = {"median_ms": float(np.median(ms)), "runs": len(ms), "remote": remote}
+            print(json.dumps(row), flush=True)
         except Exception as e:
             print(json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
 """)
@@ -124,7 +128,15 @@ def profiles(model: Path, tmp: Path, quota: CpuQuota):
         wrap=quota.wrap,
     )
     edgesplit(
-        "profile", str(model), "-d", str(srv_local_yaml), "-o", str(tmp / "srv.json"), "-q", "--runs", "10"
+        "profile",
+        str(model),
+        "-d",
+        str(srv_local_yaml),
+        "-o",
+        str(tmp / "srv.json"),
+        "-q",
+        "--runs",
+        "10",
     )
     dev, srv = load_profile(tmp / "dev.json"), load_profile(tmp / "srv.json")
     renamed = tuple(replace(e, processor=f"lab-server.{e.processor}") for e in srv.entries)
@@ -171,14 +183,18 @@ def main() -> None:
         "--runs", type=int, default=15, help="timed runs per configuration (fewer past --budget-s)"
     )
     ap.add_argument("--budget-s", type=float, default=8.0, help="time per configuration")
-    ap.add_argument("--quota-pct", type=float, default=25, help="the device's CPU quota (%% of one core)")
+    ap.add_argument(
+        "--quota-pct", type=float, default=25, help="the device's CPU quota (%% of one core)"
+    )
     ap.add_argument(
         "--server-threads",
         type=int,
         default=1,
         help="ORT threads of the server processor (the 2 cores are shared with the device)",
     )
-    ap.add_argument("--tolerance", type=float, default=0.10, help="measurement noise allowed in the verdict")
+    ap.add_argument(
+        "--tolerance", type=float, default=0.10, help="measurement noise allowed in the verdict"
+    )
     args = ap.parse_args()
     from edgesplit.device.spec import load_device
     from edgesplit.model import zoo
@@ -186,13 +202,21 @@ def main() -> None:
     from edgesplit.workflows.compile import compile_bundle
 
     tmp = Path(tempfile.mkdtemp(prefix="edgesplit-sweep-"))
-    peak, bw, launch = ROOFLINE["peak_gflops"], ROOFLINE["mem_bandwidth_gbps"], ROOFLINE["launch_overhead_ms"]
+    peak, bw, launch = (
+        ROOFLINE["peak_gflops"],
+        ROOFLINE["mem_bandwidth_gbps"],
+        ROOFLINE["launch_overhead_ms"],
+    )
     (tmp / "lab-device.yaml").write_text(
-        DEVICE_SPEC.format(quota=args.quota_pct, peak=peak * args.quota_pct / 100, bw=bw, launch=launch)
+        DEVICE_SPEC.format(
+            quota=args.quota_pct, peak=peak * args.quota_pct / 100, bw=bw, launch=launch
+        )
     )
     for kind, name in (("server", "lab-server.yaml"), ("device", "lab-server-local.yaml")):
         (tmp / name).write_text(
-            SERVER_SPEC.format(kind=kind, peak=peak, bw=bw, launch=launch, threads=args.server_threads)
+            SERVER_SPEC.format(
+                kind=kind, peak=peak, bw=bw, launch=launch, threads=args.server_threads
+            )
         )
     model = zoo.save(args.model, tmp / f"{args.model}.onnx")
     graph = load_model(model)
@@ -203,7 +227,8 @@ def main() -> None:
         t0 = time.time()
         prof = profiles(model, tmp, quota)
         print(
-            f"profiled {args.model} on the device (in the quota) and the server in {time.time() - t0:.0f} s"
+            f"profiled {args.model} on the device (in the quota) and the server in "
+            f"{time.time() - t0:.0f} s"
         )
         device = subprocess.Popen(
             quota.wrap([sys.executable, "-c", DEVICE_WORKER]),
@@ -222,7 +247,9 @@ def main() -> None:
                             bundles[sig] = tmp / f"bundle{len(bundles)}"
                             compile_bundle(model, plan, bundles[sig], device=full)
                         if sig not in measured:
-                            measured[sig] = measure(lab, device, bundles[sig], plan, args, len(rows))
+                            measured[sig] = measure(
+                                lab, device, bundles[sig], plan, args, len(rows)
+                            )
                         same = next((r[1] for r in rows if r[0] == mbps and r[5] == sig), None)
                         rows.append((mbps, name, predicted, measured[sig], len(plan.parts), sig))
                         print_row(rows[-1], same)
@@ -240,7 +267,13 @@ def measure(lab: NetLab, device: subprocess.Popen, bundle: Path, plan, args, k: 
         relay = lab.relay(port)
         url = f"http://127.0.0.1:{relay.port}"
         wait_ready(url)
-    job = {"bundle": str(bundle), "url": url, "runs": args.runs, "warmup": 2, "budget_s": args.budget_s}
+    job = {
+        "bundle": str(bundle),
+        "url": url,
+        "runs": args.runs,
+        "warmup": 2,
+        "budget_s": args.budget_s,
+    }
     device.stdin.write(json.dumps(job) + "\n")
     device.stdin.flush()
     return json.loads(device.stdout.readline())
@@ -249,11 +282,15 @@ def measure(lab: NetLab, device: subprocess.Popen, bundle: Path, plan, args, k: 
 def print_row(row, same_as: str | None) -> None:
     mbps, name, predicted, result, n_parts, _ = row
     if "error" in result:
-        print(f"{mbps:>6g} Mbit/s  {name:<16} predicted {predicted:>9.1f} ms   ERROR {result['error']}")
+        print(
+            f"{mbps:>6g} Mbit/s  {name:<16} predicted {predicted:>9.1f} ms   ERROR "
+            f"{result['error']}"
+        )
         return
     m = result["median_ms"]
     print(
-        f"{mbps:>6g} Mbit/s  {name:<16} parts {n_parts}  predicted {predicted:>9.1f} ms  measured {m:>9.1f} ms "
+        f"{mbps:>6g} Mbit/s  {name:<16} parts {n_parts}  predicted {predicted:>9.1f} ms  measured "
+        f"{m:>9.1f} ms "
         f"(x{m / predicted:.2f}, {result['runs']} runs)" + (f"  = {same_as}" if same_as else ""),
         flush=True,
     )
@@ -261,14 +298,18 @@ def print_row(row, same_as: str | None) -> None:
 
 def verdict(rows, tolerance: float) -> None:
     print()
-    print(f"{'Mbit/s':>7}  {'edgesplit':>10}  {'best other':>22}  verdict (tolerance {tolerance:.0%})")
+    print(
+        f"{'Mbit/s':>7}  {'edgesplit':>10}  {'best other':>22}  verdict (tolerance {tolerance:.0%})"
+    )
     for mbps in sorted({r[0] for r in rows}):
         here = {r[1]: r[3].get("median_ms") for r in rows if r[0] == mbps}
         ours = here.pop("edgesplit")
         best_name = min(here, key=lambda n: here[n] if here[n] is not None else float("inf"))
         best = here[best_name]
         ok = ours is not None and best is not None and ours <= best * (1 + tolerance)
-        print(f"{mbps:>7g}  {ours:>8.1f}ms  {best_name:>12} {best:>7.1f}ms  {'ok' if ok else 'WORSE'}")
+        print(
+            f"{mbps:>7g}  {ours:>8.1f}ms  {best_name:>12} {best:>7.1f}ms  {'ok' if ok else 'WORSE'}"
+        )
 
 
 if __name__ == "__main__":

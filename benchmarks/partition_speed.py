@@ -50,7 +50,9 @@ def main() -> None:
     device, server = load_device("snapdragon-8gen2"), load_device("server-a100")
     counter = _count_layouts()
     folder = Path(tempfile.mkdtemp())
-    print(f"{'model':<12} {'nodes':>5} {'plans':>5} {'cpu s':>7} {'schedules':>9} {'us/schedule':>11}")
+    print(
+        f"{'model':<12} {'nodes':>5} {'plans':>5} {'cpu s':>7} {'schedules':>9} {'us/schedule':>11}"
+    )
     for name in args.models.split(","):
         graph = load_model(zoo.save(name, folder / f"{name}.onnx"))
         runs = []
@@ -58,7 +60,9 @@ def main() -> None:
             counter[0] = 0
             t0 = time.process_time()
             for bw in BANDWIDTHS:
-                partition(graph, device, server=server, link=network_link("wifi", bandwidth_mbps=bw))
+                partition(
+                    graph, device, server=server, link=network_link("wifi", bandwidth_mbps=bw)
+                )
             runs.append((time.process_time() - t0, counter[0]))
         cpu_s, n = min(runs)
         print(

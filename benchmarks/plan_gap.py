@@ -86,7 +86,9 @@ def build(args, tmp: Path):
         bundles[name] = tmp / name
     if any(p.cpu_quota_pct for p in device.processors):
         # the same plan with no CPU quota anywhere: what the quota's bursts cost, all else equal
-        free = replace(device, processors=tuple(replace(p, cpu_quota_pct=None) for p in device.processors))
+        free = replace(
+            device, processors=tuple(replace(p, cpu_quota_pct=None) for p in device.processors)
+        )
         compile_bundle(graph, plan, tmp / "plan-no-quota", device=free)
         bundles["plan-no-quota"] = tmp / "plan-no-quota"
     return device, plan, big, bundles
@@ -149,7 +151,9 @@ def detailed_pass(bundles, block: int):
 
 
 def report_variants(plan, big, lat, per_round) -> None:
-    print(f"\n{'variant':<13}{'parts':>6}{'predicted ms':>14}{'measured ms':>13}  per-round medians")
+    print(
+        f"\n{'variant':<13}{'parts':>6}{'predicted ms':>14}{'measured ms':>13}  per-round medians"
+    )
     preds = {"plan": plan.predicted.latency_ms, "big": big.predicted.latency_ms}
     for name, t in lat.items():
         p = preds.get(name)
@@ -186,14 +190,17 @@ def report_path(timed, b, manifest, plan) -> None:
     paths = [r.path for r in b.requests]
     path_pred = med(sum(pred[n] for n in path) for path in paths)
     on_path = med(len(path) for path in paths)
-    print(f"\nalong each request's realised critical path (medians over {len(b.requests)} requests):")
+    print(
+        f"\nalong each request's realised critical path (medians over {len(b.requests)} requests):"
+    )
     print(f"  latency {b.latency_ms:.2f} ms, predicted {b.predicted_ms:.2f} ms")
     print(
         f"  {on_path:.0f} parts on the path; their run calls {b.critical_run_ms:.2f} ms, "
         f"predicted {path_pred:.2f} ms"
     )
     print(
-        f"  not in run calls: {b.unexplained_ms:.2f} ms = hand-offs {b.handoff_ms:.2f} + queue waits "
+        f"  not in run calls: {b.unexplained_ms:.2f} ms = hand-offs {b.handoff_ms:.2f} + queue "
+        "waits "
         f"{b.queue_ms:.2f} + inputs/outputs {b.io_ms:.2f} + bookkeeping {b.bookkeeping_ms:.2f} "
         f"+ other {b.other_ms:.2f}"
     )
@@ -207,7 +214,8 @@ def report_path(timed, b, manifest, plan) -> None:
             each += h
         if each:
             print(
-                f"  hand-offs onto {lane} on the path: {len(each) / len(b.requests):.1f} per request, "
+                f"  hand-offs onto {lane} on the path: {len(each) / len(b.requests):.1f} per "
+                "request, "
                 f"{med(per_req):.2f} ms per request; each: median {med(each):.3f} ms, "
                 f"p90 {np.percentile(each, 90):.3f}, max {max(each):.3f}"
             )
@@ -266,7 +274,9 @@ def report_inside(detail, plan, throttled) -> None:
     _, b_on_big, _ = detail["plan-on-big"]
     _, b_big, _ = detail["big"]
     procs = {p.name: p.processor for p in plan.parts}
-    print("\ninside the run calls (detailed trace, medians per part; profiling slows runs a little):")
+    print(
+        "\ninside the run calls (detailed trace, medians per part; profiling slows runs a little):"
+    )
     for name, bb in (("plan", b), ("plan-on-big", b_on_big), ("big", b_big)):
         run = sum(p.run_ms for p in bb.parts)
         kern = sum(p.kernels_ms or 0 for p in bb.parts)
@@ -274,16 +284,21 @@ def report_inside(detail, plan, throttled) -> None:
         reo = sum(p.reorder_ms or 0 for p in bb.parts)
         nreo = sum(p.reorders or 0 for p in bb.parts)
         print(
-            f"  {name:<12} {len(bb.parts):>3} parts: run calls {run:7.2f} ms, engine {eng:7.2f}, kernels {kern:7.2f}; "
+            f"  {name:<12} {len(bb.parts):>3} parts: run calls {run:7.2f} ms, engine {eng:7.2f}, "
+            f"kernels {kern:7.2f}; "
             f"fixed cost per run (run call - kernels) {(run - kern) / len(bb.parts):.3f} ms; "
             f"{nreo} reorder kernels {reo:.2f} ms"
         )
     fixed = [(p.run_ms - (p.kernels_ms or 0)) for p in b_on_big.parts]
     print(
-        f"  plan-on-big per part: run call - kernels median {med(fixed):.3f} ms (range {min(fixed):.3f}-{max(fixed):.3f})"
+        f"  plan-on-big per part: run call - kernels median {med(fixed):.3f} ms (range "
+        f"{min(fixed):.3f}-{max(fixed):.3f})"
     )
     outside = [p.run_ms - (p.engine_ms or 0) for p in b_on_big.parts]
-    print(f"    of which outside ORT's model_run (binding, outputs to numpy): median {med(outside):.3f} ms")
+    print(
+        "    of which outside ORT's model_run (binding, outputs to numpy): median "
+        f"{med(outside):.3f} ms"
+    )
     reo = [p.reorder_ms / p.reorders for p in b_on_big.parts if p.reorders]
     if reo:
         print(
@@ -298,14 +313,18 @@ def report_inside(detail, plan, throttled) -> None:
         wall = sum(p.run_ms for p in mine)
         cpu = sum(p.run_cpu_ms or 0 for p in mine)
         print(
-            f"  {lane}: {len(mine)} parts, kernels {k_here:.2f} ms here vs {k_big:.2f} ms for the same parts alone on "
-            f"big ({k_here / k_big if k_big else float('nan'):.2f}x); run calls wall {wall:.2f} ms vs thread CPU {cpu:.2f} ms"
+            f"  {lane}: {len(mine)} parts, kernels {k_here:.2f} ms here vs {k_big:.2f} ms for the "
+            "same parts alone on "
+            f"big ({k_here / k_big if k_big else float('nan'):.2f}x); run calls wall {wall:.2f} ms "
+            f"vs thread CPU {cpu:.2f} ms"
         )
     if throttled["requests"]:
         n = throttled["requests"]
         print(
-            f"  little's cgroup during the plan's timed blocks: {throttled['throttled'] / n:.1f} of "
-            f"{throttled['periods'] / n:.1f} periods throttled per request, {throttled['time_ns'] / n / 1e6:.2f} ms "
+            f"  little's cgroup during the plan's timed blocks: {throttled['throttled'] / n:.1f} "
+            "of "
+            f"{throttled['periods'] / n:.1f} periods throttled per request, "
+            f"{throttled['time_ns'] / n / 1e6:.2f} ms "
             f"throttled per request"
         )
 
@@ -324,7 +343,10 @@ def main() -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         device, plan, big, bundles = build(args, tmp)
         little = device.processors[-1].name
-        print(f"{args.model} on {device.name}: plan of {len(plan.parts)} parts; cgroups under {CGROUP_CPU}")
+        print(
+            f"{args.model} on {device.name}: plan of {len(plan.parts)} parts; cgroups under "
+            f"{CGROUP_CPU}"
+        )
         lat, per_round, singles, throttled = timed_blocks(bundles, args.rounds, args.block, little)
         detail = detailed_pass(bundles, args.block)
     report_variants(plan, big, lat, per_round)

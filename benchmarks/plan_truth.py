@@ -5,8 +5,10 @@ Cases: each model (every zoo model and PP-OCRv4 det by default) on each device (
 ``host-2core``; with ``--offload`` also the offload lab at 5, 50 and 200 Mbit/s) under each plan
 (the optimiser's latency, energy and throughput plans) and every baseline ``deploy`` verifies
 against (each single processor with each backend worth trying, and with a server the best single
-cut and server-only). Candidates are built and measured by :mod:`edgesplit.workflows.verify`'s own code
-(:func:`~edgesplit.workflows.verify.candidates.candidates`, :func:`~edgesplit.workflows.verify.measure.measure`): real
+cut and server-only). Candidates are built and measured by :mod:`edgesplit.workflows.verify`'s own
+code
+(:func:`~edgesplit.workflows.verify.candidates.candidates`,
+:func:`~edgesplit.workflows.verify.measure.measure`): real
 bundles, measured in rotating order for ``--rounds`` rounds so that drift of the machine cancels.
 
 Latency and energy plans, and the baselines, are measured on single requests (energy is not
@@ -46,7 +48,12 @@ from edgesplit.model.load import load_model, parse_input_shapes
 from edgesplit.optimize.planner import solve_plan
 from edgesplit.profile.run import ProfileOptions, profile_model
 from edgesplit.workflows.resolve import Choices, resolve
-from edgesplit.workflows.verify.candidates import Candidate, candidates, compile_candidates, signature
+from edgesplit.workflows.verify.candidates import (
+    Candidate,
+    candidates,
+    compile_candidates,
+    signature,
+)
 from edgesplit.workflows.verify.measure import measure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,7 +61,10 @@ import truth_lab  # noqa: E402 (the offload lab and the worker that measures ins
 
 warnings.filterwarnings("ignore", message="Renaming name")  # TVM's ONNX frontend, once per node
 PLANS = ("latency", "energy", "throughput")
-GROUPS = {"latency": ("latency", "energy"), "throughput": ("throughput",)}  # metric -> plans measured on it
+GROUPS = {
+    "latency": ("latency", "energy"),
+    "throughput": ("throughput",),
+}  # metric -> plans measured on it
 PPOCR = "ppocr-det"
 PPOCR_SHAPE = "x=1,3,640,640"
 
@@ -99,10 +109,13 @@ def model_file(name: str, work: Path) -> tuple[Path, dict | None]:
 
 
 def profile_for(graph, device: str, profile_dir: Path, model: str, args) -> Path:
-    """The profile in ``profile_dir``: read when present, else (for the plain pass) measured here with
+    """The profile in ``profile_dir``: read when present, else (for the plain pass) measured here
+    with
     every backend (or ``--backends``) and saved."""
     label, backends = args.label, tuple(args.backends.split(",")) if args.backends else None
-    path = profile_dir / f"{model}.{device}{'.' + '+'.join(backends) if backends else ''}.profile.json"
+    path = (
+        profile_dir / f"{model}.{device}{'.' + '+'.join(backends) if backends else ''}.profile.json"
+    )
     if not path.is_file() and label != "plain":
         raise edgesplit.EdgesplitError(f"no {label} profile {path}")
     if not path.is_file():
@@ -160,8 +173,11 @@ def rows_of(device, model, metric, entries, meas: dict, profile: str) -> list[Ro
     return out
 
 
-def run_group(graph, device, model: str, metric: str, choices: dict, args, measurer, label=None) -> list[Row]:
-    """Build one group's candidates (``device``: a name or a spec, printed as ``label``), measure them."""
+def run_group(
+    graph, device, model: str, metric: str, choices: dict, args, measurer, label=None
+) -> list[Row]:
+    """Build one group's candidates (``device``: a name or a spec, printed as ``label``), measure
+    them."""
     label = label or str(device)
     problem, entries = group(graph, device, metric, choices)
     stage = Path(args.work) / "bundles" / args.label / label / model / metric
@@ -198,8 +214,10 @@ def print_header() -> None:
 def print_row(r: Row) -> None:
     note = f"= {r.same_as}" if r.same_as else (r.note or "")[:60]
     print(
-        f"{r.device:<16}{r.model:<14}{r.metric:<11}{('*' if r.kind == 'plan' else ' ') + r.name:<22}"
-        f"{r.parts:>6}{fmt(r.predicted_ms, '.3f'):>11}{fmt(r.measured_ms, '.3f'):>10}{fmt(r.spread_pct, '.1f'):>9}"
+        f"{r.device:<16}{r.model:<14}{r.metric:<11}"
+        f"{('*' if r.kind == 'plan' else ' ') + r.name:<22}"
+        f"{r.parts:>6}{fmt(r.predicted_ms, '.3f'):>11}{fmt(r.measured_ms, '.3f'):>10}"
+        f"{fmt(r.spread_pct, '.1f'):>9}"
         f"{fmt(r.error_pct, '+.1f'):>9}{fmt(r.ratio_to_best_baseline, '.3f'):>11}  {note}",
         flush=True,
     )
@@ -207,12 +225,14 @@ def print_row(r: Row) -> None:
 
 def shipped(plan: Row, rows: list[Row]) -> tuple[str, float] | None:
     """What ``deploy`` ships instead of ``plan`` on these measurements (its rule,
-    :mod:`edgesplit.workflows.verify.decide`: the plan only when faster than the best measured baseline in
+    :mod:`edgesplit.workflows.verify.decide`: the plan only when faster than the best measured
+    baseline in
     every round, paired by round) and its median over that baseline's; None if unmeasured."""
     base = [
         r
         for r in rows
-        if (r.device, r.model, r.metric, r.kind) == (plan.device, plan.model, plan.metric, "baseline")
+        if (r.device, r.model, r.metric, r.kind)
+        == (plan.device, plan.model, plan.metric, "baseline")
         and r.measured_ms is not None
     ]
     if plan.measured_ms is None or not base:
@@ -249,7 +269,8 @@ def relative_errors(rows: list[Row]) -> list[float]:
 
 
 def by_device(rows: list[Row]) -> dict[str, dict[str, int]]:
-    """Per device, the cases and how many are within +-10 % and +-5 % (an emulated processor's drift,
+    """Per device, the cases and how many are within +-10 % and +-5 % (an emulated processor's
+    drift,
     ``host-biglittle``'s little core, shows as one device's share)."""
     out: dict[str, dict[str, int]] = {}
     for r in rows:
@@ -267,9 +288,15 @@ def pipeline_bias(rows: list[Row]) -> dict[str, dict[str, float | int | None]]:
     slowest stage, so it is where the processors drifting apart, and stream-only effects, show."""
     out: dict[str, dict[str, float | int | None]] = {}
     for dev in sorted({r.device for r in rows}):
-        mine = [r for r in rows if r.device == dev and r.metric == "throughput" and r.error_pct is not None]
+        mine = [
+            r
+            for r in rows
+            if r.device == dev and r.metric == "throughput" and r.error_pct is not None
+        ]
         pipes = [r.error_pct for r in mine if r.kind == "plan" and r.parts > 1 and not r.same_as]
-        single = [r.error_pct for r in mine if r.kind == "baseline" and r.parts == 1 and not r.same_as]
+        single = [
+            r.error_pct for r in mine if r.kind == "baseline" and r.parts == 1 and not r.same_as
+        ]
         out[dev] = {
             "pipelines": len(pipes),
             "pipeline_median_error_pct": round(float(np.median(pipes)), 2) if pipes else None,
@@ -294,9 +321,13 @@ def summary(rows: list[Row]) -> dict:
         "within_5pct": sum(e <= 5 for e in errs),
         "plan_cases": len(plans),
         "worst_plan_ratio": worst.ratio_to_best_baseline if worst else None,
-        "worst_plan": f"{worst.device} {worst.model} {worst.name} ({worst.metric})" if worst else None,
+        "worst_plan": f"{worst.device} {worst.model} {worst.name} ({worst.metric})"
+        if worst
+        else None,
         "plans_beating_best_baseline_by_5pct": [f"{r.device} {r.model} {r.name}" for r in beats],
-        "unmeasured": [f"{r.device} {r.model} {r.name}: {r.note}" for r in rows if r.measured_ms is None],
+        "unmeasured": [
+            f"{r.device} {r.model} {r.name}: {r.note}" for r in rows if r.measured_ms is None
+        ],
         "relative_errors_pct": [round(e * 100, 2) for e in relative_errors(rows)],
         "deploy_ships_the_plan": sum(x[0] == r.name for r, x in ships),
         "deploy_worst_shipped_ratio": max((x[1] for _, x in ships), default=None),
@@ -306,13 +337,17 @@ def summary(rows: list[Row]) -> dict:
     }
     n = max(1, s["cases"])
     print(
-        f"\n[{rows[0].profile if rows else '-'}] {s['cases']} cases: within +-10% {s['within_10pct']} "
-        f"({s['within_10pct'] / n:.0%}), within +-5% {s['within_5pct']} ({s['within_5pct'] / n:.0%}); "
-        f"worst plan / best measured baseline {fmt(s['worst_plan_ratio'], '.3f')} ({s['worst_plan']}); "
+        f"\n[{rows[0].profile if rows else '-'}] {s['cases']} cases: within +-10% "
+        f"{s['within_10pct']} "
+        f"({s['within_10pct'] / n:.0%}), within +-5% {s['within_5pct']} "
+        f"({s['within_5pct'] / n:.0%}); "
+        f"worst plan / best measured baseline {fmt(s['worst_plan_ratio'], '.3f')} "
+        f"({s['worst_plan']}); "
         f"plans >= 5% faster than the best baseline: {len(beats)}/{len(plans)}"
     )
     print(
-        f"  deploy's rule on these rounds: ships the plan in {s['deploy_ships_the_plan']}/{len(ships)} cases, "
+        "  deploy's rule on these rounds: ships the plan in "
+        f"{s['deploy_ships_the_plan']}/{len(ships)} cases, "
         f"else the best baseline; shipped / best measured baseline at worst "
         f"{fmt(s['deploy_worst_shipped_ratio'], '.3f')}; shipped >= 5% faster than it: "
         f"{s['deploy_shipped_beating_best_baseline_by_5pct']}/{len(ships)}"
@@ -327,8 +362,10 @@ def summary(rows: list[Row]) -> dict:
     rel = [abs(e) for e in s["relative_errors_pct"]]
     if rel:
         print(
-            f"  plans against their best baseline (measured ratio / predicted ratio - 1, drift cancelled): "
-            f"{len(rel)} plans, within +-10% {sum(e <= 10 for e in rel)}, within +-5% {sum(e <= 5 for e in rel)}, "
+            "  plans against their best baseline (measured ratio / predicted ratio - 1, drift "
+            "cancelled): "
+            f"{len(rel)} plans, within +-10% {sum(e <= 10 for e in rel)}, within +-5% "
+            f"{sum(e <= 5 for e in rel)}, "
             f"worst {max(rel):.1f}%"
         )
     print(
@@ -354,25 +391,41 @@ def run_local(names: list[str], devices: list[str], args) -> list[Row]:
             for metric in ("latency", "throughput"):
                 try:
                     prof = profile_for(graph, device, Path(args.profile_dir), model, args)
-                    rows += run_group(graph, device, model, metric, {"profile": prof}, args, measurer)
+                    rows += run_group(
+                        graph, device, model, metric, {"profile": prof}, args, measurer
+                    )
                 except edgesplit.EdgesplitError as e:
                     print(f"{device:<16}{model:<14}{metric:<11}failed: {e}", flush=True)
     return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join([*zoo.names(), PPOCR]), help="zoo names and ppocr-det")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--models", default=",".join([*zoo.names(), PPOCR]), help="zoo names and ppocr-det"
+    )
     ap.add_argument("--devices", default="host-biglittle,host-2core")
-    ap.add_argument("--backends", help="profile only these backends (default: every one the device has)")
+    ap.add_argument(
+        "--backends", help="profile only these backends (default: every one the device has)"
+    )
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (at least 3)")
-    ap.add_argument("--budget-s", type=float, default=120.0, help="measuring time per group of candidates")
+    ap.add_argument(
+        "--budget-s", type=float, default=120.0, help="measuring time per group of candidates"
+    )
     ap.add_argument("--offload", action="store_true", help="also the offload lab (root, netns, tc)")
     ap.add_argument("--bandwidths", default="5,50,200", help="the offload lab's Mbit/s")
-    ap.add_argument("--work", default="out/plan_truth", help="models, bundles (and default profiles)")
-    ap.add_argument("--profile-dir", help="profiles MODEL.DEVICE.profile.json (default WORK/profiles)")
+    ap.add_argument(
+        "--work", default="out/plan_truth", help="models, bundles (and default profiles)"
+    )
+    ap.add_argument(
+        "--profile-dir", help="profiles MODEL.DEVICE.profile.json (default WORK/profiles)"
+    )
     ap.add_argument("--label", default="plain", help="what the profiles are (plain, calibrated...)")
-    ap.add_argument("--calibrate", action="store_true", help="then calibrate on the plan bundles, rerun")
+    ap.add_argument(
+        "--calibrate", action="store_true", help="then calibrate on the plan bundles, rerun"
+    )
     ap.add_argument("--calibrate-rounds", type=int, default=1, help="edgesplit calibrate --rounds")
     ap.add_argument("--json", help="write every case and the summary here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -414,12 +467,21 @@ def repeatability(first: dict, last: dict) -> dict:
     A prediction is made before it is measured, so drift since then is part of its error. The first
     pass's measurement is such a prediction for the second pass. An oracle that knew each bundle's
     mean speed would do better by about sqrt(2) if the two passes' errors were independent (the
-    difference of two has sqrt(2) times the spread of one): so the share within +-10 % (+-5 %) of the
+    difference of two has sqrt(2) times the spread of one): so the share within +-10 % (+-5 %) of
+    the
     changes shrunk by sqrt(2) is about the best any cost model can reach here, in a run like this.
     """
     key = lambda r: (r["device"], r["model"], r["metric"], r["name"])  # noqa: E731
-    before = {key(r): r["measured_ms"] for r in first["rows"] if r["kind"] == "baseline" and r["measured_ms"]}
-    after = {key(r): r["measured_ms"] for r in last["rows"] if r["kind"] == "baseline" and r["measured_ms"]}
+    before = {
+        key(r): r["measured_ms"]
+        for r in first["rows"]
+        if r["kind"] == "baseline" and r["measured_ms"]
+    }
+    after = {
+        key(r): r["measured_ms"]
+        for r in last["rows"]
+        if r["kind"] == "baseline" and r["measured_ms"]
+    }
     change = sorted((after[k] / before[k] - 1) * 100 for k in before.keys() & after.keys())
     gap_min = (last["started"] - first["started"]) / 60
     s = {
@@ -433,10 +495,13 @@ def repeatability(first: dict, last: dict) -> dict:
     }
     n = max(1, s["cases"])
     print(
-        f"\n[the machine against itself] {s['cases']} baselines measured in both passes (which began "
-        f"{gap_min:.0f} min apart): within +-10% {s['within_10pct']} ({s['within_10pct'] / n:.0%}), "
+        f"\n[the machine against itself] {s['cases']} baselines measured in both passes (which "
+        "began "
+        f"{gap_min:.0f} min apart): within +-10% {s['within_10pct']} "
+        f"({s['within_10pct'] / n:.0%}), "
         f"within +-5% {s['within_5pct']} ({s['within_5pct'] / n:.0%}); second / first - 1 from "
-        f"{change[0] if change else 0:+.1f}% to {change[-1] if change else 0:+.1f}%; an oracle of each "
+        f"{change[0] if change else 0:+.1f}% to {change[-1] if change else 0:+.1f}%; an oracle of "
+        "each "
         f"bundle's mean speed (changes / sqrt 2): within +-10% {s['oracle_within_10pct'] / n:.0%}, "
         f"within +-5% {s['oracle_within_5pct'] / n:.0%}"
     )

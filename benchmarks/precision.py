@@ -8,7 +8,8 @@ mechanism) and PP-OCRv4 det (trained weights, from the rapidocr-onnxruntime whee
 - ``int8-max``: every node the allowlist allows on ``npu`` in int8, the rest on ``cpu``;
 - ``plan-loose`` / ``plan-tight``: edgesplit's latency plan under a loose and a tight SNR budget;
 - ``shipped-loose`` / ``shipped-tight``: what ``deploy`` ships for that plan: its verification
-  (:func:`edgesplit.workflows.verify.verify_plan`, the same candidates, accuracy check and measurement)
+  (:func:`edgesplit.workflows.verify.verify_plan`, the same candidates, accuracy check and
+  measurement)
   holds every candidate with int8 parts to the budget and ships the best measured one that meets
   it (the plan, ``only:cpu``, or ``only:npu`` where every op runs there). The row names it.
 
@@ -21,7 +22,8 @@ among fp32, int8-max and the shipped bundles (``shipped``), which is what a user
 printed: the profiled int8-against-fp32 speedup per op type (sums of the nodes' measured costs on
 ``npu`` and on ``cpu``). Run alone on the machine: timings taken while others run are noisy.
 
-    python benchmarks/precision.py [--runs 30] [--det-size 640] [--models resnet18,mobilenetv2,ppocrv4-det]
+    python benchmarks/precision.py [--runs 30] [--det-size 640] [--models
+    resnet18,mobilenetv2,ppocrv4-det]
         [--calibration-method minmax] [--verify-budget-s 20]
 """
 
@@ -64,10 +66,17 @@ def models(tmp: Path, det_size: int) -> list[tuple[str, str, dict | None, str]]:
     ]
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec and spec.submodule_search_locations:
-        det = sorted((Path(next(iter(spec.submodule_search_locations))) / "models").glob("*det*.onnx"))
+        det = sorted(
+            (Path(next(iter(spec.submodule_search_locations))) / "models").glob("*det*.onnx")
+        )
         if det:
             out.append(
-                ("ppocrv4-det", str(det[0]), {"x": (1, 3, det_size, det_size)}, "trained (rapidocr wheel)")
+                (
+                    "ppocrv4-det",
+                    str(det[0]),
+                    {"x": (1, 3, det_size, det_size)},
+                    "trained (rapidocr wheel)",
+                )
             )
     return out
 
@@ -106,7 +115,9 @@ def candidates(graph, profile, method: str) -> tuple[dict[str, object], dict[str
     allowed = {n.name: ("npu" if npu.supports(n.op_type) else "cpu") for n in graph.nodes}
 
     def problem(**choices):
-        return resolve(graph, DEVICE, Choices(profile=profile, calibration_method=method, **choices))
+        return resolve(
+            graph, DEVICE, Choices(profile=profile, calibration_method=method, **choices)
+        )
 
     problems = {
         "fp32": problem(pins=on_cpu),
@@ -126,7 +137,9 @@ def shipped(problem, plan, out: Path, budget_s: float) -> str:
 def frontier(results: dict, names: tuple[str, ...]) -> dict[str, bool]:
     """Per candidate among ``names``: no other of them is both faster and more accurate."""
     return {
-        k: not any(results[o][0] < results[k][0] and results[o][1] > results[k][1] for o in names if o != k)
+        k: not any(
+            results[o][0] < results[k][0] and results[o][1] > results[k][1] for o in names if o != k
+        )
         for k in names
     }
 
@@ -146,7 +159,9 @@ def run_model(name, path, shapes, weights, args, tmp: Path, rows: list, ops: dic
     what = {}
     for k in BUDGETS:
         out = bundles[f"shipped-{k}"] = tmp / f"{name}-shipped-{k}"
-        what[f"shipped-{k}"] = shipped(problems[f"plan-{k}"], plans[f"plan-{k}"], out, args.verify_budget_s)
+        what[f"shipped-{k}"] = shipped(
+            problems[f"plan-{k}"], plans[f"plan-{k}"], out, args.verify_budget_s
+        )
     ms = timed(graph, bundles, args.runs)
     results = {}
     for cand, bundle in bundles.items():
@@ -154,11 +169,30 @@ def run_model(name, path, shapes, weights, args, tmp: Path, rows: list, ops: dic
         plan = edgesplit.open_bundle(bundle).plan
         int8 = sum(len(p.nodes) for p in plan.parts if p.precision == "int8")
         label = f"{cand} ({what[cand]})" if cand in what else cand
-        results[cand] = (ms[cand], acc.snr_db, acc.top1_agreement, int8, plan.predicted.latency_ms, label)
+        results[cand] = (
+            ms[cand],
+            acc.snr_db,
+            acc.top1_agreement,
+            int8,
+            plan.predicted.latency_ms,
+            label,
+        )
     raw, ship = frontier(results, RAW), frontier(results, SHIPPED)
     for cand, (ms, snr, top1, int8, pred, label) in results.items():
         rows.append(
-            (name, weights, label, int8, len(graph.nodes), pred, ms, snr, top1, raw.get(cand), ship.get(cand))
+            (
+                name,
+                weights,
+                label,
+                int8,
+                len(graph.nodes),
+                pred,
+                ms,
+                snr,
+                top1,
+                raw.get(cand),
+                ship.get(cand),
+            )
         )
 
 
@@ -170,7 +204,8 @@ def print_rows(rows: list) -> None:
         t1 = f"{top1:.0%}" if top1 is not None else "-"
         snr_s = "exact" if snr >= SNR_CAP_DB else f"{snr:.1f}"
         print(
-            f"| {name} | {weights} | {cand} | {int8}/{n} | {pred:.1f} | {ms:.1f} | {snr_s} | {t1} | "
+            f"| {name} | {weights} | {cand} | {int8}/{n} | {pred:.1f} | {ms:.1f} | {snr_s} | {t1} "
+            "| "
             f"{mark(raw)} | {mark(ship)} |",
             flush=True,
         )
@@ -180,9 +215,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--det-size", type=int, default=640)
-    ap.add_argument("--models", default="resnet18,mobilenetv2,ppocrv4-det", help="Comma-separated, in order.")
-    ap.add_argument("--calibration-method", default=DEFAULT_CALIBRATION_METHOD, choices=CALIBRATION_METHODS)
-    ap.add_argument("--verify-budget-s", type=float, default=20.0, help="deploy's measuring budget per plan.")
+    ap.add_argument(
+        "--models", default="resnet18,mobilenetv2,ppocrv4-det", help="Comma-separated, in order."
+    )
+    ap.add_argument(
+        "--calibration-method", default=DEFAULT_CALIBRATION_METHOD, choices=CALIBRATION_METHODS
+    )
+    ap.add_argument(
+        "--verify-budget-s", type=float, default=20.0, help="deploy's measuring budget per plan."
+    )
     args = ap.parse_args()
     load_start = os.getloadavg()
     ops: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -207,7 +248,8 @@ def main() -> None:
         )
     print(
         f"\nbudgets: loose {BUDGETS['loose'].summary()}, tight {BUDGETS['tight'].summary()}; "
-        f"calibration {args.calibration_method}; runs {args.runs}; verify budget {args.verify_budget_s:g} s "
+        f"calibration {args.calibration_method}; runs {args.runs}; verify budget "
+        f"{args.verify_budget_s:g} s "
         f"per plan; numpy {np.__version__}"
     )
     print(  # timings taken while others run are noisy: say how busy the machine was

@@ -47,7 +47,9 @@ def main() -> None:
     args = ap.parse_args()
     device = load_device(args.device)
     procs = [p.name for p in device.processors]
-    print(f"{'model':<18}{'plan':<14}{'parts':>6}{'predicted ms':>14}{'measured ms':>13}{'error':>9}")
+    print(
+        f"{'model':<18}{'plan':<14}{'parts':>6}{'predicted ms':>14}{'measured ms':>13}{'error':>9}"
+    )
     within = within5 = total = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -56,7 +58,9 @@ def main() -> None:
             prof = profile_model(graph, device, ProfileOptions(["ort"], runs=20, warmup=5))
             plans = {"latency": dict(objective="latency")}
             for p in procs:
-                plans[f"only:{p}"] = dict(objective="latency", pins={n.name: p for n in graph.nodes})
+                plans[f"only:{p}"] = dict(
+                    objective="latency", pins={n.name: p for n in graph.nodes}
+                )
             plans["energy"] = dict(objective="energy")
             for label, kw in plans.items():
                 plan = partition(graph, device, profile=prof, **kw)
@@ -73,7 +77,10 @@ def main() -> None:
                     f"{name:<18}{label:<14}{len(plan.parts):>6}{pred:>14.3f}{got:>13.3f}{err:>+9.1%}"
                     f"{'' if ok else '  *'}"
                 )
-    print(f"\n{within}/{total} = {within / total:.0%} of predictions within +-10% of the measured median")
+    print(
+        f"\n{within}/{total} = {within / total:.0%} of predictions within +-10% of the measured "
+        "median"
+    )
     print(f"{within5}/{total} = {within5 / total:.0%} within +-5%")
 
 

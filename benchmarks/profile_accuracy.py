@@ -24,7 +24,11 @@ def models(tmp: Path) -> list[tuple[str, Path, dict]]:
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec and spec.submodule_search_locations:
         root = Path(next(iter(spec.submodule_search_locations))) / "models"
-        for kind, shape in (("det", (1, 3, 640, 640)), ("rec", (1, 3, 48, 320)), ("cls", (1, 3, 48, 192))):
+        for kind, shape in (
+            ("det", (1, 3, 640, 640)),
+            ("rec", (1, 3, 48, 320)),
+            ("cls", (1, 3, 48, 192)),
+        ):
             found = sorted(root.glob(f"*{kind}*.onnx"))
             if found:
                 out.append((f"ppocr-{kind}", found[0], {"x": shape}))
@@ -34,7 +38,9 @@ def models(tmp: Path) -> list[tuple[str, Path, dict]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--tvm", action="store_true", help="also profile TVM (slow: untuned, node by node)")
+    ap.add_argument(
+        "--tvm", action="store_true", help="also profile TVM (slow: untuned, node by node)"
+    )
     args = ap.parse_args()
     host = load_device("host")
     backends = ["ort", "tvm"] if args.tvm else ["ort"]
@@ -57,13 +63,21 @@ def main() -> None:
             ok += good
             rows += 1
             print(
-                f"{name:<20}{len(graph.nodes):>7}{graph.total_flops / 1e9:>9.3f}{e.whole_model_ms:>10.3f}"
-                f"{e.sum_ms:>10.3f}{ratio:>11.3f}{t1 - t0:>8.2f}{t2 - t1:>11.2f}  {'yes' if good else 'NO'}"
+                f"{name:<20}{len(graph.nodes):>7}{graph.total_flops / 1e9:>9.3f}"
+                f"{e.whole_model_ms:>10.3f}"
+                f"{e.sum_ms:>10.3f}{ratio:>11.3f}{t1 - t0:>8.2f}{t2 - t1:>11.2f}  "
+                f"{'yes' if good else 'NO'}"
             )
             if args.tvm and (tv := prof.entry("cpu", "tvm")) is not None:
                 whole = f"{tv.whole_model_ms:.3f}" if tv.whole_model_ms else "-"
-                print(f"{'  tvm':<20}{len(tv.nodes):>7}{'':>9}{whole:>10}{tv.sum_ms:>10.3f}  {tv.note[:60]}")
-    print(f"\n{ok}/{rows} models have the ORT sum of per-node medians within +-15% of the whole-model median")
+                print(
+                    f"{'  tvm':<20}{len(tv.nodes):>7}{'':>9}{whole:>10}{tv.sum_ms:>10.3f}  "
+                    f"{tv.note[:60]}"
+                )
+    print(
+        f"\n{ok}/{rows} models have the ORT sum of per-node medians within +-15% of the "
+        "whole-model median"
+    )
 
 
 if __name__ == "__main__":

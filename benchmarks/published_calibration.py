@@ -17,7 +17,13 @@ import argparse
 import numpy as np
 
 from edgesplit.device.spec import load_device
-from edgesplit.profile.fit import calibration_document, fit_group, groups, leave_one_out, write_calibration
+from edgesplit.profile.fit import (
+    calibration_document,
+    fit_group,
+    groups,
+    leave_one_out,
+    write_calibration,
+)
 from edgesplit.profile.published import fit_path, load_published, published_devices
 
 
@@ -35,13 +41,17 @@ def pct(pred: float, actual: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--figures", action="store_true", help="print every figure, not only the groups")
+    ap.add_argument(
+        "--figures", action="store_true", help="print every figure, not only the groups"
+    )
     ap.add_argument("--write", action="store_true", help="write the fitted calibration files")
     args = ap.parse_args()
 
     head = f"{'device':18s} {'processor':10s} {'prec':5s} {'n':>3s} {'models':>6s}"
     cols = f"{'med':>6} {'max':>7} {'<=10%':>6} {'<=25%':>6}"
-    print(f"{head} | before: {cols} | after (LOO): {cols} | fitted e_c / e_m / overhead_ms / call_ms")
+    print(
+        f"{head} | before: {cols} | after (LOO): {cols} | fitted e_c / e_m / overhead_ms / call_ms"
+    )
     all_before: list[float] = []
     all_after: list[float] = []
     for device in published_devices():
@@ -58,7 +68,8 @@ def main() -> None:
             print(
                 f"{device:18s} {group.processor.name:10s} {group.precision:5s} {len(preds):3d} "
                 f"{len(group.models):6d} | before: {stats(before)} | after (LOO): {stats(after)} | "
-                f"{fitted.compute_efficiency:.3f} / {fitted.memory_efficiency:.3f} / {fitted.overhead_ms:.4f} / {fitted.call_ms:.3f}"
+                f"{fitted.compute_efficiency:.3f} / {fitted.memory_efficiency:.3f} / "
+                f"{fitted.overhead_ms:.4f} / {fitted.call_ms:.3f}"
             )
             if args.figures:
                 for p in preds:
@@ -75,7 +86,8 @@ def main() -> None:
             write_calibration(path, calibration_document(spec, published, entries))
             print(f"{device:18s} wrote {path}")
     print(
-        f"{'all':18s} {'':10s} {'':5s} {len(all_before):3d} {'':6s} | before: {stats(all_before)} | "
+        f"{'all':18s} {'':10s} {'':5s} {len(all_before):3d} {'':6s} | before: {stats(all_before)} "
+        "| "
         f"after (LOO): {stats(all_after)} ({len(all_after)} figures with a LOO prediction)"
     )
 

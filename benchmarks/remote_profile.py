@@ -78,19 +78,24 @@ def main() -> None:
             server.stop()
 
     print(
-        f"model {args.model}, backends {', '.join(e.key for e in local.entries)}, runs {args.runs}, "
+        f"model {args.model}, backends {', '.join(e.key for e in local.entries)}, runs "
+        f"{args.runs}, "
         f"warmup {args.warmup}"
     )
     print(f"local : {local_s:7.2f} s")
-    print(f"remote: {remote_s:7.2f} s  ({remote_s / local_s:.2f}x local, {remote_s - local_s:+.2f} s)")
+    print(
+        f"remote: {remote_s:7.2f} s  ({remote_s / local_s:.2f}x local, {remote_s - local_s:+.2f} s)"
+    )
     ready, stored, plan = marks.get("ready", 0), marks.get("stored", 0), marks.get("plan", 0)
     print(
-        f"  connect + start agent {ready:6.2f} s | upload {size_mb:.0f} MB {stored - ready:5.2f} s | "
+        f"  connect + start agent {ready:6.2f} s | upload {size_mb:.0f} MB {stored - ready:5.2f} s "
+        "| "
         f"load model there {plan - stored:6.2f} s | profile + fetch {remote_s - plan:6.2f} s"
     )
     for le, re_ in zip(local.entries, remote.entries):
         print(
-            f"  {le.key}: whole model {le.whole_model_ms or 0:.2f} ms here, {re_.whole_model_ms or 0:.2f} ms "
+            f"  {le.key}: whole model {le.whole_model_ms or 0:.2f} ms here, "
+            f"{re_.whole_model_ms or 0:.2f} ms "
             f"remote; nodes {len(le.nodes)} / {len(re_.nodes)}"
         )
     print(f"remote temporary folders left: {len(left)}")

@@ -6,7 +6,8 @@ NCHWc layout (``ReorderInput``/``ReorderOutput``) and their time, the tensors cr
 boundaries, and each run call's cost outside its kernels. The 1-part bundle is the baseline: the
 reorders a whole model needs anyway.
 
-Run: .venv/bin/python benchmarks/reorder_cost.py [--models resnet18,googlenet,squeezenet] [--repeat 20]
+Run: .venv/bin/python benchmarks/reorder_cost.py [--models resnet18,googlenet,squeezenet] [--repeat
+20]
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def measure(bundle: Path, repeat: int) -> dict[str, float]:
         "latency_ms": float(np.median(lat)),
         "reorders": float(np.median([d["reorders"] for d in per_req.values()])),
         "reorder_ms": float(np.median([d["reorder_ms"] for d in per_req.values()])),
-        "fixed_ms": float(np.median([(run_ms[r] - d["kernels_ms"]) / n_parts for r, d in per_req.items()])),
+        "fixed_ms": float(
+            np.median([(run_ms[r] - d["kernels_ms"]) / n_parts for r, d in per_req.items()])
+        ),
         "crossing": crossing,
     }
 
@@ -70,7 +73,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args()
     print(
-        f"{'model':<12}{'parts':>6}{'crossing':>9}{'latency ms':>12}{'reorders':>9}{'reorder ms':>11}"
+        f"{'model':<12}{'parts':>6}{'crossing':>9}{'latency ms':>12}{'reorders':>9}"
+        f"{'reorder ms':>11}"
         f"{'extra per crossing ms':>23}{'run call - kernels, per part ms':>33}"
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +88,9 @@ def main() -> None:
                 m = measure(out, args.repeat)
                 base = base or m
                 extra = (
-                    (m["reorder_ms"] - base["reorder_ms"]) / m["crossing"] if m["crossing"] else float("nan")
+                    (m["reorder_ms"] - base["reorder_ms"]) / m["crossing"]
+                    if m["crossing"]
+                    else float("nan")
                 )
                 print(
                     f"{name:<12}{n:>6}{m['crossing']:>9}{m['latency_ms']:>12.2f}{m['reorders']:>9.0f}"

@@ -29,14 +29,21 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--models", default="resnet18,mobilenetv2,googlenet,transformer")
-    ap.add_argument("--device", default="host", help="host (2 threads) or host-2core (one core, 1 thread)")
+    ap.add_argument(
+        "--device", default="host", help="host (2 threads) or host-2core (one core, 1 thread)"
+    )
     ap.add_argument("--processor", default=None, help="default: the device's first processor")
     args = ap.parse_args()
     device = load_device(args.device)
     proc = device.processor(args.processor) if args.processor else device.processors[0]
     threads = proc.threads or 0
-    print(f"device {device.name}, processor {proc.name}, {threads or 'default'} ORT threads on both sides")
-    print(f"{'model':<14}{'parts':>6}{'whole ORT ms':>14}{'bundle ms':>11}{'ratio':>8}  goal <= 1.05")
+    print(
+        f"device {device.name}, processor {proc.name}, {threads or 'default'} ORT threads on both "
+        "sides"
+    )
+    print(
+        f"{'model':<14}{'parts':>6}{'whole ORT ms':>14}{'bundle ms':>11}{'ratio':>8}  goal <= 1.05"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             path = zoo.save(name, Path(tmp) / f"{name}.onnx")
@@ -58,15 +65,21 @@ def main() -> None:
                 a, b = [], []
                 block = max(5, args.repeat // 10)
                 for _ in range(max(1, args.repeat // block)):
-                    for side, fn in ((a, partial(whole.run, None, feeds)), (b, partial(sess.run, feeds))):
+                    for side, fn in (
+                        (a, partial(whole.run, None, feeds)),
+                        (b, partial(sess.run, feeds)),
+                    ):
                         for k in range(block + 2):
                             t0 = time.perf_counter()
                             fn()
-                            if k >= 2:  # the first runs of a block still meet the other side's spinning
+                            if (
+                                k >= 2
+                            ):  # the first runs of a block still meet the other side's spinning
                                 side.append(time.perf_counter() - t0)
             wa, wb = np.median(a) * 1e3, np.median(b) * 1e3
             print(
-                f"{name:<14}{args.parts:>6}{wa:>14.3f}{wb:>11.3f}{wb / wa:>8.3f}  {'yes' if wb / wa <= 1.05 else 'NO'}"
+                f"{name:<14}{args.parts:>6}{wa:>14.3f}{wb:>11.3f}{wb / wa:>8.3f}  "
+                f"{'yes' if wb / wa <= 1.05 else 'NO'}"
             )
 
 

@@ -43,7 +43,14 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from model_builders import mlp_graph  # noqa: E402
-from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, stop_process, wait_ready  # noqa: E402
+from netlab import (
+    free_port,
+    make_bundle,
+    serve_command,
+    single_tensor_cuts,
+    stop_process,
+    wait_ready,
+)  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_load import client  # noqa: E402 - the same checked OIP client
@@ -52,7 +59,8 @@ from edgesplit.runtime import oip  # noqa: E402
 
 
 def mlp_model(path: Path, width: int, layers: int, seed: int = 0) -> tuple[Path, str]:
-    """An MLP of ``layers`` ``Gemm`` layers ``width`` wide (ReLU between them), input ``x`` [1, width];
+    """An MLP of ``layers`` ``Gemm`` layers ``width`` wide (ReLU between them), input ``x`` [1,
+    width];
     returns the path and the cut tensor (after the first layer: the server gets the rest)."""
     model = onnx.helper.make_model(
         mlp_graph(width, layers, seed=seed), opset_imports=[onnx.helper.make_opsetid("", 17)]
@@ -99,7 +107,9 @@ def run_mode(bundle: Path, d: Path, flags: list[str], args, requests, expected) 
     proc = subprocess.Popen(
         serve_command(bundle, "127.0.0.1", port, "--threads", str(args.threads), *flags),
         stderr=open(log, "wb"),
-        preexec_fn=lambda: os.nice(-args.nice),  # back to the server's priority (this process is niced)
+        preexec_fn=lambda: os.nice(
+            -args.nice
+        ),  # back to the server's priority (this process is niced)
     )
     rows: dict[int, tuple] = {}
     try:
@@ -108,7 +118,13 @@ def run_mode(bundle: Path, d: Path, flags: list[str], args, requests, expected) 
         for c in args.concurrency:
             asyncio.run(load(url, requests, expected, c, args.warmup))
             lat, errors, wall_s = asyncio.run(load(url, requests, expected, c, args.requests))
-            rows[c] = (len(lat) / wall_s, np.median(lat), np.percentile(lat, 99), len(errors), errors[:1])
+            rows[c] = (
+                len(lat) / wall_s,
+                np.median(lat),
+                np.percentile(lat, 99),
+                len(errors),
+                errors[:1],
+            )
     finally:
         died = proc.poll()
         stop_process(proc)
@@ -121,8 +137,12 @@ def run_mode(bundle: Path, d: Path, flags: list[str], args, requests, expected) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="squeezenet,mlp", help="zoo models and/or mlp, comma-separated")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", default="squeezenet,mlp", help="zoo models and/or mlp, comma-separated"
+    )
     ap.add_argument("--mlp-width", type=int, default=4096)
     ap.add_argument(
         "--mlp-layers", type=int, default=3, help="the device runs the first, the server the rest"
@@ -132,8 +152,12 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--delay-ms", type=float, default=2.0)
     ap.add_argument("--concurrency", default="1,8,32,64")
-    ap.add_argument("--threads", type=int, default=2, help="the server's compute threads (serve --threads)")
-    ap.add_argument("--nice", type=int, default=10, help="niceness of the clients (the server stays at 0)")
+    ap.add_argument(
+        "--threads", type=int, default=2, help="the server's compute threads (serve --threads)"
+    )
+    ap.add_argument(
+        "--nice", type=int, default=10, help="niceness of the clients (the server stays at 0)"
+    )
     args = ap.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     os.nice(args.nice)
@@ -143,7 +167,8 @@ def main() -> None:
             if name == "mlp":
                 path, cut = mlp_model(d / "mlp.onnx", args.mlp_width, args.mlp_layers)
                 label = (
-                    f"mlp ({args.mlp_layers - 1} x {args.mlp_width}x{args.mlp_width} fp32 Gemm on the server)"
+                    f"mlp ({args.mlp_layers - 1} x {args.mlp_width}x{args.mlp_width} fp32 Gemm "
+                    "on the server)"
                 )
             else:
                 from edgesplit.model import zoo
@@ -155,9 +180,17 @@ def main() -> None:
             requests, expected, nbytes = make_requests(bundle, path, cut, max(args.concurrency))
             modes = {
                 "unbatched": ["--max-batch", "1"],
-                "batched": ["--max-batch", str(args.max_batch), "--max-queue-delay-ms", f"{args.delay_ms:g}"],
+                "batched": [
+                    "--max-batch",
+                    str(args.max_batch),
+                    "--max-queue-delay-ms",
+                    f"{args.delay_ms:g}",
+                ],
             }
-            results = {m: run_mode(bundle, d, flags, args, requests, expected) for m, flags in modes.items()}
+            results = {
+                m: run_mode(bundle, d, flags, args, requests, expected)
+                for m, flags in modes.items()
+            }
         report(args, f"{label} (cut at {cut}, {nbytes:,} B per request)", results)
 
 
@@ -166,10 +199,12 @@ def report(args, what: str, results: dict[str, dict[int, tuple]]) -> None:
     print(
         f"{what}, CPU, {args.threads} compute "
         f"threads; batched: --max-batch {args.max_batch} --max-queue-delay-ms {args.delay_ms:g}; "
-        f"{args.requests} requests per client; clients at nice {args.nice} on the server's {os.cpu_count()} cores"
+        f"{args.requests} requests per client; clients at nice {args.nice} on the server's "
+        f"{os.cpu_count()} cores"
     )
     print(
-        "every answer checked against ONNX Runtime run on that request alone (np.allclose, rtol 1e-4, "
+        "every answer checked against ONNX Runtime run on that request alone (np.allclose, rtol "
+        "1e-4, "
         "atol 1e-5); errors count wrong outputs too"
     )
     print(f"{'clients':>7} | {'mode':>9} | {'req/s':>8} | {'p50 ms':>8} | {'p99 ms':>8} | errors")

@@ -83,7 +83,10 @@ def build(out: Path, arch: str, models: list[str]) -> None:
     for name in models:
         path = zoo.save(name, out / f"{name}.onnx")
         graph = load_model(path)
-        for tag, sites in (("gpu", [("gpu", "tvm")]), ("cpu+gpu", [("cpu", "ort"), ("gpu", "tvm")])):
+        for tag, sites in (
+            ("gpu", [("gpu", "tvm")]),
+            ("cpu+gpu", [("cpu", "ort"), ("gpu", "tvm")]),
+        ):
             t0 = time.perf_counter()
             plan = contiguous_plan(graph, str(spec), sites)
             compile_bundle(graph, plan, out / f"{name}.{tag}", device=str(spec), force=True)
@@ -116,7 +119,10 @@ def run(out: Path, runs: int, models: list[str]) -> list[dict]:
         model = out / f"{name}.onnx"
         model = model if model.exists() else out / f"{name}.gpu" / "parts" / "p0.onnx"
         cpu = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-        row: dict = {"model": name, "ort_cpu_ms": _median_ms(functools.partial(cpu.run, None, feeds), runs)}
+        row: dict = {
+            "model": name,
+            "ort_cpu_ms": _median_ms(functools.partial(cpu.run, None, feeds), runs),
+        }
         for tag in ("gpu", "cpu+gpu"):
             if not (out / f"{name}.{tag}").exists():
                 continue  # not built, or not carried to this machine
@@ -124,7 +130,8 @@ def run(out: Path, runs: int, models: list[str]) -> list[dict]:
                 with load(out / f"{name}.{tag}") as sess:
                     got = sess.run(feeds)
                     err = max(
-                        float(np.max(np.abs(got[k] - want[k]))) / (float(np.max(np.abs(want[k]))) + 1e-12)
+                        float(np.max(np.abs(got[k] - want[k])))
+                        / (float(np.max(np.abs(want[k]))) + 1e-12)
                         for k in want
                     )
                     row[tag] = {
@@ -158,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         build(a.out, a.arch, models)
         return 0
     rows = run(a.out, a.runs, models)
-    print(f"\n{'model':<12} {'ORT CPU ms':>10} {'GPU 1 part ms':>14} {'CPU+GPU 2 parts ms':>19}  outputs")
+    print(
+        f"\n{'model':<12} {'ORT CPU ms':>10} {'GPU 1 part ms':>14} {'CPU+GPU 2 parts ms':>19}  "
+        "outputs"
+    )
     for row in rows:
         cells = [row[t].get("ms") if t in row else None for t in ("gpu", "cpu+gpu")]
         ok = all(row[t].get("ok") for t in ("gpu", "cpu+gpu") if t in row)

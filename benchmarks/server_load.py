@@ -46,7 +46,14 @@ import onnxruntime as ort
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, stop_process, wait_ready  # noqa: E402
+from netlab import (
+    free_port,
+    make_bundle,
+    serve_command,
+    single_tensor_cuts,
+    stop_process,
+    wait_ready,
+)  # noqa: E402
 
 from edgesplit.runtime import oip  # noqa: E402
 
@@ -54,7 +61,9 @@ INFLIGHT_MB = 256  # the server's default --max-inflight-mb
 SLACK_MB = 64
 
 
-async def client(url, body, headers, expected, n, latencies, errors, wrong, close: bool = False) -> None:
+async def client(
+    url, body, headers, expected, n, latencies, errors, wrong, close: bool = False
+) -> None:
     """``n`` binary OIP requests back to back on one keep-alive connection; each answer checked
     against ``expected`` (exactly, or within float tolerance with ``close``: batched runs)."""
     import aiohttp
@@ -63,7 +72,9 @@ async def client(url, body, headers, expected, n, latencies, errors, wrong, clos
         for _ in range(n):
             t0 = time.perf_counter()
             try:
-                async with session.post(f"{url}/v2/models/p1/infer", data=body, headers=headers) as r:
+                async with session.post(
+                    f"{url}/v2/models/p1/infer", data=body, headers=headers
+                ) as r:
                     data = await r.read()
                     if r.status != 200:
                         errors.append(f"HTTP {r.status}: {data[:100]!r}")
@@ -74,7 +85,9 @@ async def client(url, body, headers, expected, n, latencies, errors, wrong, clos
                 errors.append(f"{type(e).__name__}: {e}")
                 continue
             if not (
-                np.allclose(out, expected, rtol=1e-4, atol=1e-5) if close else np.array_equal(out, expected)
+                np.allclose(out, expected, rtol=1e-4, atol=1e-5)
+                if close
+                else np.array_equal(out, expected)
             ):
                 wrong.append(1)
                 continue
@@ -113,7 +126,9 @@ def _read_answer(s: socket.socket) -> tuple[int, bytes]:
     return int(lines[0].split()[1]), body
 
 
-def _big_sender(port: int, body: memoryview, head: bytes, expected: float, stop, counts: dict, lock) -> None:
+def _big_sender(
+    port: int, body: memoryview, head: bytes, expected: float, stop, counts: dict, lock
+) -> None:
     """Send valid big requests back to back; count the answers (a 200 is checked)."""
     while not stop.is_set():
         try:
@@ -177,7 +192,9 @@ def attack(port: int, slow_loris: int, big_bodies: int, big_mb: int, stop, ready
 
 
 def probe(port: int, stop, ready, out) -> None:
-    with contextlib.suppress(OSError):  # back to the server's priority, if the main process lowered its own
+    with contextlib.suppress(
+        OSError
+    ):  # back to the server's priority, if the main process lowered its own
         os.setpriority(os.PRIO_PROCESS, 0, 0)
     latencies, failures = [], []
     request = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -203,7 +220,13 @@ def with_big_part(bundle: Path, big_mb: int) -> Path:
 
     from onnx import TensorProto, helper
 
-    from edgesplit.bundle.format import PartArtifact, TensorSpec, checksums, open_bundle, write_manifest
+    from edgesplit.bundle.format import (
+        PartArtifact,
+        TensorSpec,
+        checksums,
+        open_bundle,
+        write_manifest,
+    )
 
     n = big_mb * (1 << 20) // 4
     g = helper.make_graph(
@@ -218,15 +241,26 @@ def with_big_part(bundle: Path, big_mb: int) -> Path:
     manifest = open_bundle(bundle)
     x, y = TensorSpec("x", (n,), "float32"), TensorSpec("y", (1,), "float32")
     big = PartArtifact(
-        name="big", processor="gpu", backend="ort", file="parts/big.onnx", onnx_file="parts/big.onnx",
-        inputs=(x,), outputs=(y,), depends_on=(), remote=True, fallback=None,
-    )  # fmt: skip
+        name="big",
+        processor="gpu",
+        backend="ort",
+        file="parts/big.onnx",
+        onnx_file="parts/big.onnx",
+        inputs=(x,),
+        outputs=(y,),
+        depends_on=(),
+        remote=True,
+        fallback=None,
+    )
     files = [*manifest.files, "parts/big.onnx"]
     write_manifest(
         bundle,
         dataclasses.replace(
             manifest,
-            inputs=(*manifest.inputs, x),  # the bundle's checks want every part input to come from somewhere
+            inputs=(
+                *manifest.inputs,
+                x,
+            ),  # the bundle's checks want every part input to come from somewhere
             outputs=(*manifest.outputs, y),
             parts=(*manifest.parts, big),
             files=checksums(bundle, files),
@@ -243,11 +277,15 @@ def sample_rss(pid: int, stop: threading.Event, peak: list[int]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--requests", type=int, default=200, help="per client")
     ap.add_argument("--model", default="tiny_dag")
-    ap.add_argument("--warmup", type=int, default=20, help="requests per client before measuring memory")
+    ap.add_argument(
+        "--warmup", type=int, default=20, help="requests per client before measuring memory"
+    )
     ap.add_argument("--slow-loris", type=int, default=200)
     ap.add_argument("--big-bodies", type=int, default=12)
     ap.add_argument("--big-mb", type=int, default=60)
@@ -255,7 +293,8 @@ def main() -> None:
         "--nice",
         type=int,
         default=10,
-        help="niceness of the load clients and attackers (0: the server's): on a real network they run "
+        help="niceness of the load clients and attackers (0: the server's): on a real network they "
+        "run "
         "on other machines, here they share its cores",
     )
     args = ap.parse_args()
@@ -265,7 +304,9 @@ def main() -> None:
         path = zoo.save(args.model, Path(d) / f"{args.model}.onnx")
         cuts = single_tensor_cuts(onnx.load(path))
         cut = cuts[len(cuts) // 2]
-        bundle = with_big_part(make_bundle(path, Path(d) / "bundle", [cut], [False, True]), args.big_mb)
+        bundle = with_big_part(
+            make_bundle(path, Path(d) / "bundle", [cut], [False, True]), args.big_mb
+        )
         spec = onnx.load(path).graph.input[0]
         shape = [dim.dim_value for dim in spec.type.tensor_type.shape.dim]
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
@@ -292,26 +333,40 @@ def main() -> None:
             rss_warm = psutil.Process(proc.pid).memory_info().rss
             peak = [rss_warm]
             stop_rss = threading.Event()
-            sampler = threading.Thread(target=sample_rss, args=(proc.pid, stop_rss, peak), daemon=True)
+            sampler = threading.Thread(
+                target=sample_rss, args=(proc.pid, stop_rss, peak), daemon=True
+            )
             sampler.start()
             side = [
                 ctx.Process(
                     target=attack,
-                    args=(port, args.slow_loris, args.big_bodies, args.big_mb, stop, ready[0], results),
+                    args=(
+                        port,
+                        args.slow_loris,
+                        args.big_bodies,
+                        args.big_mb,
+                        stop,
+                        ready[0],
+                        results,
+                    ),
                 ),
                 ctx.Process(target=probe, args=(port, stop, ready[1], results)),
             ]
             for p in side:
                 p.start()
             found: dict = {}
-            for r in ready:  # the slow-loris sockets are open, the big bodies flowing, the probe probing
+            for r in (
+                ready
+            ):  # the slow-loris sockets are open, the big bodies flowing, the probe probing
                 r.wait(120)
             time.sleep(1.0)
             cpu0 = sum(psutil.Process(proc.pid).cpu_times()[:2])
             lat, errors, wrong, wall_s = asyncio.run(
                 load(url, body, headers, expected, args.clients, args.requests)
             )
-            found["server_cpu_pct"] = (sum(psutil.Process(proc.pid).cpu_times()[:2]) - cpu0) / wall_s * 100
+            found["server_cpu_pct"] = (
+                (sum(psutil.Process(proc.pid).cpu_times()[:2]) - cpu0) / wall_s * 100
+            )
             found["load_avg"] = psutil.getloadavg()[0]
             stop.set()
             for _ in side:
@@ -332,7 +387,16 @@ def main() -> None:
                 )
 
     report(
-        args, mid, expected, lat, errors + warm_errors, wrong + warm_wrong, wall_s, rss_warm, peak[0], found
+        args,
+        mid,
+        expected,
+        lat,
+        errors + warm_errors,
+        wrong + warm_wrong,
+        wall_s,
+        rss_warm,
+        peak[0],
+        found,
     )
 
 
@@ -341,11 +405,14 @@ def report(args, mid, expected, lat, errors, wrong, wall_s, rss_warm, rss_peak, 
     health = np.array(found["latencies"])
     cap = rss_warm + (INFLIGHT_MB + SLACK_MB) * (1 << 20)
     print(
-        f"{args.model} second half ({mid.nbytes:,} B in, {expected.nbytes:,} B out), {args.clients} clients x "
-        f"{args.requests} requests, loopback; clients and attackers at nice {args.nice} on the server's cores"
+        f"{args.model} second half ({mid.nbytes:,} B in, {expected.nbytes:,} B out), "
+        f"{args.clients} clients x "
+        f"{args.requests} requests, loopback; clients and attackers at nice {args.nice} on the "
+        "server's cores"
     )
     print(
-        f"attack        {args.slow_loris} slow-loris sockets ({found['slow_loris_opened']} opened in all), "
+        f"attack        {args.slow_loris} slow-loris sockets ({found['slow_loris_opened']} opened "
+        "in all), "
         f"{args.big_bodies} senders of {args.big_mb} MB bodies: answers {found['big']}"
     )
     print(
@@ -353,14 +420,17 @@ def report(args, mid, expected, lat, errors, wrong, wall_s, rss_warm, rss_peak, 
         + (f" (first error: {errors[0]})" if errors else "")
     )
     print(
-        f"throughput    {len(lat) / wall_s:,.0f} requests/s in {wall_s:.1f} s; server CPU {found['server_cpu_pct']:.0f} % "
+        f"throughput    {len(lat) / wall_s:,.0f} requests/s in {wall_s:.1f} s; server CPU "
+        f"{found['server_cpu_pct']:.0f} % "
         f"of one core; machine load average {found['load_avg']:.1f} on {psutil.cpu_count()} cores"
     )
     print(
-        f"latency       p50 {np.median(lat):.2f} ms   p99 {np.percentile(lat, 99):.2f} ms   max {max(lat):.2f} ms"
+        f"latency       p50 {np.median(lat):.2f} ms   p99 {np.percentile(lat, 99):.2f} ms   max "
+        f"{max(lat):.2f} ms"
     )
     print(
-        f"health        {len(health)} probes, {len(found['failures'])} failed; p50 {np.median(health):.2f} ms   "
+        f"health        {len(health)} probes, {len(found['failures'])} failed; p50 "
+        f"{np.median(health):.2f} ms   "
         f"p99 {np.percentile(health, 99):.2f} ms   max {health.max():.2f} ms"
     )
     print(

@@ -109,15 +109,18 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}"
             wait_ready(url, proc)
             print(
-                f"{args.op} part, {x.nbytes:,} B FP32 in and out, loopback, {args.requests} sequential requests"
+                f"{args.op} part, {x.nbytes:,} B FP32 in and out, loopback, {args.requests} "
+                "sequential requests"
             )
             print(
-                f"{'client':<20}{'e2e p50':>10}{'e2e p90':>10}{'compute p50':>12}{'overhead p50':>14}"
+                f"{'client':<20}{'e2e p50':>10}{'e2e p90':>10}{'compute p50':>12}"
+                f"{'overhead p50':>14}"
                 f"{'overhead p90':>14}   (ms)"
             )
             e2e, compute = ours(url, x, args.requests)
             row = summarize("edgesplit client", e2e, compute)
-            # tritonclient hides the response headers: its rows use the compute times measured above.
+            # tritonclient hides the response headers: its rows use the compute times measured
+            # above.
             summarize("tritonclient.http", triton(url, x, args.requests), compute)
         finally:
             stop_process(proc)

@@ -32,27 +32,40 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=9.0, help="MILP time limit in s per solve")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--families", default="dnn-like,layered")
-    ap.add_argument("--makespan", action="store_true", help="also time the full latency (makespan) objective")
+    ap.add_argument(
+        "--makespan", action="store_true", help="also time the full latency (makespan) objective"
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"{'family':<9} {'nodes':>6} {'objective':<8} {'build+solve s':>13} {'result':<18} solver")
+    print(
+        f"{'family':<9} {'nodes':>6} {'objective':<8} {'build+solve s':>13} {'result':<18} solver"
+    )
     for family in args.families.split(","):
         for n in sizes:
             cm = random_costs(
-                n, args.procs, args.seed, device_like=True, blocks=family == "dnn-like", unsupported=0.1
+                n,
+                args.procs,
+                args.seed,
+                device_like=True,
+                blocks=family == "dnn-like",
+                unsupported=0.1,
             )
             for objective in ("latency", "energy"):
                 t0 = time.perf_counter()
                 sol = solve_sequential(cm, objective, time_limit_s=args.time_limit)
                 dt = time.perf_counter() - t0
                 result = "optimal" if sol.optimal and sol.gap == 0 else f"gap {sol.gap:.3%}"
-                print(f"{family:<9} {n:>6} {objective:<8} {dt:>13.3f} {result:<18} {sol.solver}", flush=True)
+                print(
+                    f"{family:<9} {n:>6} {objective:<8} {dt:>13.3f} {result:<18} {sol.solver}",
+                    flush=True,
+                )
             if args.makespan and family == "dnn-like":
                 t0 = time.perf_counter()
                 out = solve(cm, "latency", time_limit_s=args.time_limit, max_evals=100)
                 dt = time.perf_counter() - t0
                 print(
-                    f"{family:<9} {n:>6} {'makespan':<8} {dt:>13.3f} {'gap %.1f%%' % (100 * out.solver.gap):<18} "
+                    f"{family:<9} {n:>6} {'makespan':<8} {dt:>13.3f} "
+                    f"{'gap %.1f%%' % (100 * out.solver.gap):<18} "
                     f"{out.solver.name}",
                     flush=True,
                 )

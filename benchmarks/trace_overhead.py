@@ -83,10 +83,13 @@ def main() -> None:
             pa, pb = float(np.median(a)), float(np.median(b))
             run_ms = float(np.median([p.run_ns for p in plain.trace_records().parts])) / 1e6
     print(
-        f"{args.model} in {args.parts} parts on {args.device}/{args.processor}: {pa:.3f} ms per part run "
+        f"{args.model} in {args.parts} parts on {args.device}/{args.processor}: {pa:.3f} ms per "
+        "part run "
         f"(median run call {run_ms:.3f} ms); record-keeping is {cost / 1e6 / pa:.2%} of it"
     )
-    print(f"detailed trace (ORT profiler + thread CPU time): {pb:.3f} ms per part run, {pb / pa:.2f}x")
+    print(
+        f"detailed trace (ORT profiler + thread CPU time): {pb:.3f} ms per part run, {pb / pa:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,9 @@ def worker() -> None:
 
         def options(name: str, urls=urls):
             return (
-                {"remote": {"url": urls[name], "timeout_s": 300, "fallback": False}} if name in urls else None
+                {"remote": {"url": urls[name], "timeout_s": 300, "fallback": False}}
+                if name in urls
+                else None
             )
 
         bundles = {n: Path(p) for n, p in job["bundles"].items()}
@@ -79,12 +81,18 @@ def _specs(tmp: Path):
 
     from edgesplit.device.spec import load_device
 
-    peak, bw, launch = ROOFLINE["peak_gflops"], ROOFLINE["mem_bandwidth_gbps"], ROOFLINE["launch_overhead_ms"]
+    peak, bw, launch = (
+        ROOFLINE["peak_gflops"],
+        ROOFLINE["mem_bandwidth_gbps"],
+        ROOFLINE["launch_overhead_ms"],
+    )
     (tmp / "lab-device.yaml").write_text(
         DEVICE_SPEC.format(quota=QUOTA_PCT, peak=peak * QUOTA_PCT / 100, bw=bw, launch=launch)
     )
     for kind, name in (("server", "lab-server.yaml"), ("device", "lab-server-local.yaml")):
-        (tmp / name).write_text(SERVER_SPEC.format(kind=kind, peak=peak, bw=bw, launch=launch, threads=1))
+        (tmp / name).write_text(
+            SERVER_SPEC.format(kind=kind, peak=peak, bw=bw, launch=launch, threads=1)
+        )
     return load_device(tmp / "lab-device.yaml"), load_device(tmp / "lab-server.yaml")
 
 
@@ -99,7 +107,9 @@ def _offload_model(name, args, run_group, model_file, quota, dev, srv, tmp) -> l
     graph = load_model(path, input_shapes=shapes)
     prof = Path(args.profile_dir) / f"{name}.offload-lab.profile.json"
     if not prof.is_file() and args.label != "plain":
-        prof = Path(args.plain_profile_dir) / prof.name  # the lab is not calibrated: the plain profile
+        prof = (
+            Path(args.plain_profile_dir) / prof.name
+        )  # the lab is not calibrated: the plain profile
     if not prof.is_file():
         profiles(path, tmp, quota).save(prof)  # the device in the quota, the server unthrottled
     proc = subprocess.Popen(
@@ -152,13 +162,15 @@ def run_offload(names: list[str], args, run_group, model_file) -> list:
 
 
 def calibrate(args, rows: list) -> bool:
-    """``edgesplit calibrate`` on the bundles of the plain pass (per device and model, all together),
+    """``edgesplit calibrate`` on the bundles of the plain pass (per device and model, all
+    together),
     into ``WORK/profiles-calibrated``;
     False (and why) when this edgesplit has no ``calibrate``."""
     cmd = [sys.executable, "-m", "edgesplit", "calibrate", "--help"]
     if subprocess.run(cmd, capture_output=True).returncode != 0:
         print(
-            "\nedgesplit calibrate is not in this edgesplit: calibrate the plan bundles by hand, put "
+            "\nedgesplit calibrate is not in this edgesplit: calibrate the plan bundles by hand, "
+            "put "
             "the profiles in a folder and run again with --profile-dir DIR --label calibrated"
         )
         return False
@@ -169,7 +181,8 @@ def calibrate(args, rows: list) -> bool:
         _calibrate_pair(args, device, model, _bundles_of(rows, device, model), out)
     if any(r.device.startswith("lab@") for r in rows):
         print(
-            "the offload lab is not calibrated (its bundles need their servers): its plain profile is reused"
+            "the offload lab is not calibrated (its bundles need their servers): its plain profile "
+            "is reused"
         )
     return True
 
@@ -190,7 +203,8 @@ def _bundles_of(rows: list, device: str, model: str) -> list[str]:
 
 
 def _calibrate_pair(args, device: str, model: str, bundles: list[str], out: Path) -> None:
-    """One ``edgesplit calibrate`` on every bundle of (device, model) together, from the plain profile."""
+    """One ``edgesplit calibrate`` on every bundle of (device, model) together, from the plain
+    profile."""
     suffix = "." + "+".join(args.backends.split(",")) if args.backends else ""
     profile = Path(args.profile_dir) / f"{model}.{device}{suffix}.profile.json"
     dest = out / profile.name
@@ -210,5 +224,7 @@ def _calibrate_pair(args, device: str, model: str, bundles: list[str], out: Path
     if r.returncode:
         print(f"calibrate {device} {model}: failed: {r.stderr.strip()[-300:]}", flush=True)
         return
-    said = [ln.strip() for ln in r.stdout.splitlines() if "within" in ln or "contention fitted" in ln]
+    said = [
+        ln.strip() for ln in r.stdout.splitlines() if "within" in ln or "contention fitted" in ln
+    ]
     print(f"calibrated {device} {model} on {len(bundles)} bundles: {' | '.join(said)}", flush=True)

@@ -70,7 +70,9 @@ def profile(graph, work: Path, runs: int):
     if path.exists():
         return load_profile(path)
     t0 = time.perf_counter()
-    prof = profile_model(graph, load_device(DEVICE), ProfileOptions(processors=[PROC], runs=runs, warmup=3))
+    prof = profile_model(
+        graph, load_device(DEVICE), ProfileOptions(processors=[PROC], runs=runs, warmup=3)
+    )
     prof.save(path)
     print(f"  profiled in {time.perf_counter() - t0:.0f} s -> {path}")
     return prof
@@ -82,13 +84,18 @@ def report(graph, prof) -> None:
     wins = [r for r in rows if r[4] < r[3]]
     print(f"  TVM: {tvm.note}")
     print(
-        f"  whole model: ORT {ort.whole_model_ms:.3f} ms, TVM {tvm.whole_model_ms or float('nan'):.3f} ms; "
+        f"  whole model: ORT {ort.whole_model_ms:.3f} ms, TVM "
+        f"{tvm.whole_model_ms or float('nan'):.3f} ms; "
         f"kernels: {len(rows)}, TVM faster on {len(wins)}"
     )
-    print(f"  {'first node':<28}{'ops':<24}{'MFLOP':>8}{'ORT ms':>9}{'TVM ms':>9}{'TVM/ORT':>8}  why")
+    print(
+        f"  {'first node':<28}{'ops':<24}{'MFLOP':>8}{'ORT ms':>9}{'TVM ms':>9}{'TVM/ORT':>8}  why"
+    )
     for first, ops, mflop, o, t in sorted(rows, key=lambda r: r[4] / max(r[3], 1e-9)):
         print(
-            f"  {first[:27]:<28}{ops[:23]:<24}{mflop:>8.2f}{o:>9.4f}{t:>9.4f}{t / max(o, 1e-9):>7.2f}x  "
+            f"  {first[:27]:<28}{ops[:23]:<24}{mflop:>8.2f}{o:>9.4f}{t:>9.4f}"
+            f"{t / max(o, 1e-9):>7.2f}x "
+            " "
             f"{why(ops.split('+'), mflop, t < o)}"
         )
 
@@ -101,7 +108,8 @@ def plan_and_run(graph, prof, work: Path, run: bool, runs: int) -> None:
     on_tvm = sum(len(p.nodes) for p in plan.parts if p.backend == "tvm")
     backends = [p.backend for p in plan.parts]
     print(
-        f"  plan: {len(plan.parts)} parts ({', '.join(f'{b} x{backends.count(b)}' for b in sorted(set(backends)))}), "
+        f"  plan: {len(plan.parts)} parts "
+        f"({', '.join(f'{b} x{backends.count(b)}' for b in sorted(set(backends)))}), "
         f"{on_tvm}/{len(graph.nodes)} nodes on TVM, predicted {plan.predicted.latency_ms:.3f} ms"
     )
     for p in plan.parts:
@@ -125,7 +133,10 @@ def plan_and_run(graph, prof, work: Path, run: bool, runs: int) -> None:
             t0 = time.perf_counter()
             sess.run(feeds)
             t.append((time.perf_counter() - t0) * 1e3)
-    print(f"  measured: the plan's bundle {np.median(t):.3f} ms (whole-model ORT in the profile: see above)")
+    print(
+        f"  measured: the plan's bundle {np.median(t):.3f} ms (whole-model ORT in the profile: see "
+        "above)"
+    )
 
 
 def main() -> None:

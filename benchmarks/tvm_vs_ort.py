@@ -1,7 +1,8 @@
 """Tuned TVM against ONNX Runtime, side by side, one thread on one core, with the shipped databases.
 
 Per model: ORT's latency, TVM's with the tuning databases for this CPU's target (``profiles/tvm/``
-and the cache: :mod:`edgesplit.backends.tvm.database`), their ratio, how many of the model's kernels the
+and the cache: :mod:`edgesplit.backends.tvm.database`), their ratio, how many of the model's kernels
+the
 databases cover, and what tuning them cost (trials and wall time, from the database's
 ``target.json``). Nothing is tuned here: run ``edgesplit tune`` first (the README says how the
 shipped databases were made). ``--untuned`` adds TVM without any database (slow: seconds per run).
@@ -49,7 +50,9 @@ def ort_runner(graph, feeds):
     from edgesplit.device.cpu import ort_session_options
 
     so = ort_session_options(1, (CORE,))
-    sess = ort.InferenceSession(graph.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        graph.model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+    )
     return (lambda: sess.run(None, feeds)), sess.run(None, feeds)
 
 
@@ -64,7 +67,8 @@ def tvm_runner(graph, feeds, lib: Path):
 
 
 def side_by_side(fns, runs: int, rounds: int) -> list[float]:
-    """Median ms of each call in ``fns``, timed in alternating blocks of ``runs`` (after a warm-up)."""
+    """Median ms of each call in ``fns``, timed in alternating blocks of ``runs`` (after a
+    warm-up)."""
     times: list[list[float]] = [[] for _ in fns]
     for fn in fns:
         for _ in range(3):
@@ -96,7 +100,8 @@ def coverage(graph, tuning, paths) -> tuple[int, int]:
 
 
 def tuning_cost(paths, model: str) -> tuple[int, float, str]:
-    """(trials, wall s, how) spent tuning ``model``'s kernels, from the databases' records of runs."""
+    """(trials, wall s, how) spent tuning ``model``'s kernels, from the databases' records of
+    runs."""
     trials, wall, how = 0, 0.0, set()
     for p in paths:
         for run in (read_target_file(p) or {}).get("runs", []):
@@ -118,10 +123,16 @@ def main() -> None:
     target = llvm_target()
     lookup = find_databases(target, 1)
     print(f"target {json.dumps(lookup.tuning)}, one thread on core {CORE}")
-    print("databases: " + (", ".join(str(p) for p in lookup.paths) or "none (run edgesplit tune first)"))
+    print(
+        "databases: "
+        + (", ".join(str(p) for p in lookup.paths) or "none (run edgesplit tune first)")
+    )
     for note in lookup.notes:
         print(f"  not used: {note}")
-    head = f"{'model':<13}{'ORT ms':>9}{'TVM ms':>9}{'TVM/ORT':>9}{'kernels':>9}{'trials':>8}{'tune s':>8}"
+    head = (
+        f"{'model':<13}{'ORT ms':>9}{'TVM ms':>9}{'TVM/ORT':>9}{'kernels':>9}{'trials':>8}"
+        f"{'tune s':>8}"
+    )
     print(head + ("  untuned ms" if args.untuned else "") + "  max rel err")
     from edgesplit.backends.tvm.build import build_library
     from edgesplit.model.values import rel_error
@@ -137,7 +148,10 @@ def main() -> None:
             err = max(rel_error(g, w) for g, w in zip(got, want))
             have, total = coverage(graph, lookup.tuning, lookup.paths)
             trials, wall, _ = tuning_cost(lookup.paths, name)
-            row = f"{name:<13}{t_ort:>9.3f}{t_tvm:>9.3f}{t_tvm / t_ort:>8.2f}x{have:>5}/{total:<3}{trials:>8}{wall:>8.0f}"
+            row = (
+                f"{name:<13}{t_ort:>9.3f}{t_tvm:>9.3f}{t_tvm / t_ort:>8.2f}x{have:>5}/{total:<3}"
+                f"{trials:>8}{wall:>8.0f}"
+            )
             if args.untuned:
                 build_library(graph.model, target, Path(tmp) / f"{name}.u.so", databases=None)
                 untuned = tvm_runner(graph, feeds, Path(tmp) / f"{name}.u.so")[0]
@@ -146,7 +160,8 @@ def main() -> None:
     for p in lookup.paths:
         for run in (read_target_file(p) or {}).get("runs", []):
             print(
-                f"  tuned {run['model']}: {run['trials']} trials ({run['trials_per_task']}/kernel max) "
+                f"  tuned {run['model']}: {run['trials']} trials ({run['trials_per_task']}/kernel "
+                "max) "
                 f"in {run['elapsed_s']:.0f} s on {run['builder_cores']} cores, {run['date']}"
             )
 

@@ -41,10 +41,14 @@ KINDS: dict[str, CacheKind] = {
     k.name: k
     for k in (
         CacheKind(
-            "simplified", "models after folding and shape inference (50 nodes or more)", KEPT_MAX_NBYTES
+            "simplified",
+            "models after folding and shape inference (50 nodes or more)",
+            KEPT_MAX_NBYTES,
         ),
         CacheKind(
-            "tvm-libs", "TVM libraries of parts and profiled kernels, built without tuning", KEPT_MAX_NBYTES
+            "tvm-libs",
+            "TVM libraries of parts and profiled kernels, built without tuning",
+            KEPT_MAX_NBYTES,
         ),
         CacheKind("tvm-tuning", "MetaSchedule tuning records per target (hours of tuning)"),
         CacheKind("calibration", "int8 calibration ranges per model, data and method"),
@@ -82,7 +86,8 @@ def _root() -> Path:
 
 def _walk(path: Path) -> tuple[int, int]:
     """Files and their bytes below the kind's folder ``path`` (itself possibly a link to a folder
-    elsewhere, which is followed; links below it are not: each counts as one file of its own size)."""
+    elsewhere, which is followed; links below it are not: each counts as one file of its own
+    size)."""
     n, nbytes = 0, 0
     try:
         st = path.stat()
@@ -118,7 +123,9 @@ def others() -> list[Path]:
     root = _root()
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.name not in KINDS and not p.name.startswith(".clearing-"))
+    return sorted(
+        p for p in root.iterdir() if p.name not in KINDS and not p.name.startswith(".clearing-")
+    )
 
 
 def check_kinds(names: Iterable[str]) -> tuple[str, ...]:
@@ -130,7 +137,9 @@ def check_kinds(names: Iterable[str]) -> tuple[str, ...]:
     names = list(names)
     unknown = [n for n in names if n != "all" and n not in KINDS]
     if unknown:
-        raise InputError(f"no cache kind {', '.join(map(repr, unknown))} (kinds: {', '.join(KINDS)}, or all)")
+        raise InputError(
+            f"no cache kind {', '.join(map(repr, unknown))} (kinds: {', '.join(KINDS)}, or all)"
+        )
     wanted = set(SAFE_TO_CLEAR if "all" in names else ()) | {n for n in names if n != "all"}
     return tuple(k for k in KINDS if k in wanted)
 
@@ -168,7 +177,8 @@ def clear(kinds: Sequence[str]) -> list[CacheUsage]:
 
 
 def _remove(path: Path) -> None:
-    """Delete ``path``: a folder with what it holds, a file or a link (never what a link points to)."""
+    """Delete ``path``: a folder with what it holds, a file or a link (never what a link points
+    to)."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:
@@ -184,11 +194,14 @@ def _empty(folder: Path) -> None:
 def cache_root() -> Path:
     """Where results worth keeping between runs live (measured accuracy, calibration ranges,
     simplified models, tuning records): ``EDGESPLIT_CACHE``, else ``~/.cache/edgesplit``."""
-    return Path(os.environ.get("EDGESPLIT_CACHE") or os.path.join(Path.home(), ".cache", "edgesplit"))
+    return Path(
+        os.environ.get("EDGESPLIT_CACHE") or os.path.join(Path.home(), ".cache", "edgesplit")
+    )
 
 
 def touch(*paths: str | os.PathLike) -> None:
-    """Mark kept files as just used (their modification time), so :func:`prune` keeps them longest."""
+    """Mark kept files as just used (their modification time), so :func:`prune` keeps them
+    longest."""
     for path in paths:
         with contextlib.suppress(OSError):
             os.utime(path)
@@ -216,7 +229,8 @@ def keep(path: Path, data: bytes, facts: Mapping[str, Any], max_nbytes: int) -> 
     try:
         atomic_write_bytes(path, data)
         atomic_write_text(
-            path.with_suffix(".json"), json.dumps({**facts, "sha256": hashlib.sha256(data).hexdigest()})
+            path.with_suffix(".json"),
+            json.dumps({**facts, "sha256": hashlib.sha256(data).hexdigest()}),
         )
     except (OSError, TypeError, ValueError):
         return

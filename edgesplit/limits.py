@@ -63,7 +63,9 @@ class StageLimits:
         for stage in STAGES:
             v = getattr(self, f"{stage}_s")
             if not 0 < v < float("inf"):
-                raise InputError(f"--{stage}-timeout-s must be a positive number of seconds, not {v}")
+                raise InputError(
+                    f"--{stage}-timeout-s must be a positive number of seconds, not {v}"
+                )
 
 
 class StageTimeout(EdgesplitError):
@@ -71,7 +73,9 @@ class StageTimeout(EdgesplitError):
 
     def __init__(self, where: str, stage: str, limit_s: float):
         self.where, self.stage, self.limit_s = where, stage, limit_s
-        super().__init__(f"{where}: {stage} stopped at its time limit of {limit_s:g} s (--{stage}-timeout-s)")
+        super().__init__(
+            f"{where}: {stage} stopped at its time limit of {limit_s:g} s (--{stage}-timeout-s)"
+        )
 
 
 _lock = threading.Lock()

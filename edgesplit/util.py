@@ -85,7 +85,8 @@ def sha256_file(path: str | os.PathLike) -> str:
 def read_file_bytes(
     path: str | os.PathLike, error: type[Exception], what: str, *, max_nbytes: int = MAX_JSON_NBYTES
 ) -> bytes:
-    """The bytes of a regular file of at most ``max_nbytes``; ``error`` names the file and the problem.
+    """The bytes of a regular file of at most ``max_nbytes``; ``error`` names the file and the
+    problem.
 
     Opened without blocking (a FIFO is refused, not waited on) and checked with ``fstat``.
     """
@@ -124,7 +125,9 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def parse_json_object(raw: bytes | str, source: str | os.PathLike, error: type[Exception], what: str) -> dict:
+def parse_json_object(
+    raw: bytes | str, source: str | os.PathLike, error: type[Exception], what: str
+) -> dict:
     """Strict JSON whose top level is an object: NaN, Infinity and numbers out of range are refused,
     and so is nesting too deep to read (one-line errors naming ``source``)."""
     try:
@@ -145,11 +148,14 @@ def read_json_object(
 
     See :func:`read_file_bytes` (size, file type) and :func:`parse_json_object` (strict numbers).
     """
-    return parse_json_object(read_file_bytes(path, error, what, max_nbytes=max_nbytes), path, error, what)
+    return parse_json_object(
+        read_file_bytes(path, error, what, max_nbytes=max_nbytes), path, error, what
+    )
 
 
 def dump_json(data: Any, *, indent: int | None = 1) -> str:
-    """JSON text with a final newline; a NaN or infinity is a ValueError, never ``NaN`` in a file."""
+    """JSON text with a final newline; a NaN or infinity is a ValueError, never ``NaN`` in a
+    file."""
     return json.dumps(data, indent=indent, allow_nan=False) + "\n"
 
 
@@ -194,7 +200,8 @@ def check_identifier(name: Any, what: str, error: type[Exception]) -> str:
     at most 64): what part names must be, since they become file names and URL paths."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise error(
-            f"{what}: {short(name, 60)} is not a valid name (letters, digits, _ and -, starting with a "
+            f"{what}: {short(name, 60)} is not a valid name (letters, digits, _ and -, starting "
+            "with a "
             "letter or _, at most 64)"
         )
     return name
@@ -206,7 +213,9 @@ def check_number(
     """A finite number (an int if ``integer``; not a bool), non-negative unless ``signed``."""
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
     if isinstance(value, bool) or not ok:
-        raise error(f"{where}: expected {'an integer' if integer else 'a number'}, got {_show(value)}")
+        raise error(
+            f"{where}: expected {'an integer' if integer else 'a number'}, got {_show(value)}"
+        )
     try:
         finite = math.isfinite(float(value))
     except OverflowError:
@@ -218,7 +227,8 @@ def check_number(
 
 
 def _hint_kind(hint: Any) -> tuple[Any, Any, bool] | None:
-    """``(container, element, optional)`` for the field types :func:`check_fields` checks, else None."""
+    """``(container, element, optional)`` for the field types :func:`check_fields` checks, else
+    None."""
     import types
     import typing
 
@@ -257,12 +267,16 @@ def _check_scalar(value: Any, kind: type, where: str, error: type[Exception], si
         check_number(value, where, error, integer=kind is int, signed=signed)
     elif not isinstance(value, kind):
         raise error(
-            f"{where}: expected {'true or false' if kind is bool else 'a string'}, got {short(value, 40)}"
+            f"{where}: expected {'true or false' if kind is bool else 'a string'}, got "
+            f"{short(value, 40)}"
         )
 
 
-def check_fields(obj: Any, where: str, error: type[Exception], *, signed: Collection[str] = ()) -> None:
-    """Check a dataclass read from a file against its annotations, so that nothing later trips on it.
+def check_fields(
+    obj: Any, where: str, error: type[Exception], *, signed: Collection[str] = ()
+) -> None:
+    """Check a dataclass read from a file against its annotations, so that nothing later trips on
+    it.
 
     Fields annotated ``str``, ``bool``, ``int`` or ``float`` (optionally ``| None``), tuples of
     those (``tuple[int, ...]``) and mappings from ``str`` to them are checked: the type, and every
@@ -291,7 +305,12 @@ def check_fields(obj: Any, where: str, error: type[Exception], *, signed: Collec
 
 
 def refuse_to_replace(
-    path: str | os.PathLike, *, force: bool, ours: Callable[[Path], bool], what: str, error: type[Exception]
+    path: str | os.PathLike,
+    *,
+    force: bool,
+    ours: Callable[[Path], bool],
+    what: str,
+    error: type[Exception],
 ) -> None:
     """The rule for an output folder that exists: replace it only when it is empty or one of ours
     (``ours(path)``: an edgesplit bundle, say), or when the user said ``--force``.
@@ -304,12 +323,14 @@ def refuse_to_replace(
         return
     if not p.is_dir():
         raise error(
-            f"{p}: exists and is not a directory; choose another output or pass --force to replace it"
+            f"{p}: exists and is not a directory; choose another output or pass --force to replace "
+            "it"
         )
     if not any(p.iterdir()) or ours(p):
         return
     raise error(
-        f"{p}: not empty and not {what}; choose another output or pass --force to replace it (and all it holds)"
+        f"{p}: not empty and not {what}; choose another output or pass --force to replace it (and "
+        "all it holds)"
     )
 
 

@@ -167,10 +167,16 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "src"))
 import edgesplit
 names = json.load(open(os.path.join(here, "names.json")))
-feeds = {n: np.load(os.path.join(here, "in", f"{i}.npy"), allow_pickle=False) for i, n in enumerate(names)}
+feeds = {
+    n: np.load(os.path.join(here, "in", f"{i}.npy"), allow_pickle=False)
+    for i, n in enumerate(names)
+}
 with edgesplit.load(os.path.join(here, "bundle")) as sess:
     out = sess.run(feeds)
-    parts = [{"name": p.name, "backend": p.backend, "processor": p.processor} for p in sess.manifest.parts]
+    parts = [
+        {"name": p.name, "backend": p.backend, "processor": p.processor}
+        for p in sess.manifest.parts
+    ]
     notes = list(sess.stats().notes)
 os.mkdir(os.path.join(here, "out"))
 for i, n in enumerate(sorted(out)):
@@ -232,7 +238,9 @@ def run_bundle(
                 facts = json.loads(sftp.open(f"{d}/facts.json").read())
                 outs = {}
                 for i, name in enumerate(facts["outputs"]):
-                    outs[name] = np.load(io.BytesIO(sftp.open(f"{d}/out/{i}.npy").read()), allow_pickle=False)
+                    outs[name] = np.load(
+                        io.BytesIO(sftp.open(f"{d}/out/{i}.npy").read()), allow_pickle=False
+                    )
         finally:
             _exec(client, f"rm -rf -- {q}")
     finally:

@@ -106,7 +106,8 @@ def _data_case(folder: str, case_dir: Path) -> Case:
     n_out = len(glob.glob(str(data_dir / "output_*.pb")))
     inputs = [_read_proto(str(data_dir / f"input_{i}.pb"), ins[i].type) for i in range(n_in)]
     outputs = [
-        _read_proto(str(data_dir / f"output_{i}.pb"), model.graph.output[i].type) for i in range(n_out)
+        _read_proto(str(data_dir / f"output_{i}.pb"), model.graph.output[i].type)
+        for i in range(n_out)
     ]
     return Case(folder, case_dir.name, rtol, atol, model, inputs, outputs)
 
@@ -128,8 +129,12 @@ def _real_case(case_dir: Path) -> Case | None:
         if i.name not in weights
     ]
     prefix = str(path)[: -len(".onnx")]
-    outputs = [_read_proto(f"{prefix}_output_{k}.pb", o.type) for k, o in enumerate(model.graph.output)]
-    return Case("real", case_dir.name, float(info["rtol"]), float(info["atol"]), model, inputs, outputs)
+    outputs = [
+        _read_proto(f"{prefix}_output_{k}.pb", o.type) for k, o in enumerate(model.graph.output)
+    ]
+    return Case(
+        "real", case_dir.name, float(info["rtol"]), float(info["atol"]), model, inputs, outputs
+    )
 
 
 def node_modules() -> list[str]:
@@ -183,7 +188,11 @@ def _node_cases(modules: Sequence[str] | None) -> list[Case]:
 
 def data_case(folder: str, name: str) -> Case:
     """One case of a data folder (``simple``, ``pytorch-*``, ``real``) by name."""
-    case = _real_case(DATA / folder / name) if folder == "real" else _data_case(folder, DATA / folder / name)
+    case = (
+        _real_case(DATA / folder / name)
+        if folder == "real"
+        else _data_case(folder, DATA / folder / name)
+    )
     if case is None:
         raise ValueError(f"{folder}/{name}: no model shipped")
     return case
@@ -209,7 +218,9 @@ def node_module_of(case_name: str) -> str | None:
     best: tuple[int, str] | None = None
     root = Path(pkg.__path__[0])
     for m in node_modules():
-        files = [root / f"{m}.py"] if (root / f"{m}.py").is_file() else sorted((root / m).rglob("*.py"))
+        files = (
+            [root / f"{m}.py"] if (root / f"{m}.py").is_file() else sorted((root / m).rglob("*.py"))
+        )
         text = "".join(f.read_text() for f in files)
         for lit in re.findall(r'"(test_[A-Za-z0-9_]*)"', text):
             if lit == base or lit == case_name:
@@ -252,7 +263,9 @@ def run_ort(case: Case) -> tuple[str, str]:
     so = ort.SessionOptions()
     so.log_severity_level = 4
     try:
-        sess = ort.InferenceSession(case.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            case.model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
     except Exception as e:  # noqa: BLE001
         return "session", first_line(e)
     names = [i.name for i in sess.get_inputs()]
@@ -302,7 +315,8 @@ def _load_and_partition(case: Case, path: Path, runs: int, stage: list[str], val
 @dataclass(frozen=True)
 class Outcome:
     """What edgesplit did with a case: ``stage`` ``"pass"`` or the stage that failed, and why; the
-    plan's parts, and the op types of the nodes that read or write a tensor crossing a part boundary."""
+    plan's parts, and the op types of the nodes that read or write a tensor crossing a part
+    boundary."""
 
     stage: str
     reason: str = ""
@@ -311,7 +325,8 @@ class Outcome:
 
 
 def boundary_ops(graph, plan) -> tuple[str, ...]:
-    """Op types of the nodes that write a tensor another part reads, or read one another part wrote."""
+    """Op types of the nodes that write a tensor another part reads, or read one another part
+    wrote."""
     part_of = {n: k for k, p in enumerate(plan.parts) for n in p.nodes}
     ops = set()
     for d_node in graph.nodes:

@@ -36,7 +36,10 @@ def make_model(nodes, inputs, outputs, weights=(), opset=17, value_info=()) -> o
         name, shape = x
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
 
-    inits = [w if isinstance(w, onnx.TensorProto) else numpy_helper.from_array(w[1], w[0]) for w in weights]
+    inits = [
+        w if isinstance(w, onnx.TensorProto) else numpy_helper.from_array(w[1], w[0])
+        for w in weights
+    ]
     g = helper.make_graph(
         list(nodes),
         "g",
@@ -55,7 +58,8 @@ def rand(*shape, seed=0) -> np.ndarray:
 
 
 def conv_chain(path: Path, ch: int = 32, hw: int = 56, n: int = 4, scale: float = 1.0) -> str:
-    """Conv 3x3 / Relu x ``n`` on ``1 x ch x hw x hw`` (same shape throughout), saved at ``path``."""
+    """Conv 3x3 / Relu x ``n`` on ``1 x ch x hw x hw`` (same shape throughout), saved at
+    ``path``."""
     nodes, weights, x = [], [], "x"
     for i in range(n):
         weights.append((f"w{i}", rand(ch, ch, 3, 3, seed=i) * scale))
@@ -97,11 +101,14 @@ def tiny_conv(tmp_path) -> Path:
     return p
 
 
-def gpu_spec(name: str, kind: str = "device", target: str = "{kind: cuda}", header: str = "") -> str:
+def gpu_spec(
+    name: str, kind: str = "device", target: str = "{kind: cuda}", header: str = ""
+) -> str:
     """A spec (YAML) with one GPU processor whose backend is TVM on ``target``; ``header``: more
     top-level lines (``local: true``, a description)."""
     return (
-        f"name: {name}\nkind: {kind}\n{header}processors:\n  gpu:\n    kind: gpu\n    peak_gflops: 10000\n"
+        f"name: {name}\nkind: {kind}\n{header}processors:\n  gpu:\n    kind: gpu\n    peak_gflops: "
+        "10000\n"
         f"    mem_bandwidth_gbps: 1000\n    active_w: 200\n    idle_w: 30\n"
         f"    backends: [{{runtime: tvm, target: {target}}}]\n"
     )
@@ -144,15 +151,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         and item.get_closest_marker("ssh") is None
     ]
     if unmarked:
-        raise pytest.UsageError("tests that use tests/sshd.py need @pytest.mark.ssh: " + ", ".join(unmarked))
+        raise pytest.UsageError(
+            "tests that use tests/sshd.py need @pytest.mark.ssh: " + ", ".join(unmarked)
+        )
 
 
 # Tests marked ``measures`` run alone under pytest-xdist, together and first: tests/measuring.py.
 pytest_plugins = ["measuring", "pytester"]  # pytester: tests/test_measures_alone.py runs pytest
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run the real console script in a subprocess (exit codes and stderr as a user sees them)."""
     exe = Path(sys.executable).with_name("edgesplit")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "edgesplit"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    return subprocess.run(
+        [*cmd, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )

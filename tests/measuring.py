@@ -30,7 +30,9 @@ from pathlib import Path
 
 import pytest
 
-RUN_DIR = "EDGESPLIT_TEST_RUN_DIR"  # the run's lock files and lists; made here, inherited by workers
+RUN_DIR = (
+    "EDGESPLIT_TEST_RUN_DIR"  # the run's lock files and lists; made here, inherited by workers
+)
 MEASURES_LIST = "measures.txt"
 SLOW_LIST = "slow.txt"
 MEASURES_UNIT = "(measures)"
@@ -143,10 +145,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
         def schedule(self) -> None:
             listed = _run_dir() / MEASURES_LIST  # absent where collection stopped on an error
-            if self.collection is None and listed.exists():  # the first call: every worker collected
+            if (
+                self.collection is None and listed.exists()
+            ):  # the first call: every worker collected
                 self.measuring = frozenset(listed.read_text().splitlines())
                 slow = _run_dir() / SLOW_LIST
-                self.slow = frozenset(slow.read_text().splitlines()) if slow.exists() else frozenset()
+                self.slow = (
+                    frozenset(slow.read_text().splitlines()) if slow.exists() else frozenset()
+                )
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:

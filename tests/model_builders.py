@@ -23,10 +23,14 @@ def _vi(name: str, shape, elem=F) -> onnx.ValueInfoProto:
 
 
 def _const(name: str, value) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value)))
+    return helper.make_node(
+        "Constant", [], [name], value=numpy_helper.from_array(np.asarray(value))
+    )
 
 
-def if_branches(prefix: str, cond: str, then_reads: tuple[str, str], else_reads: tuple[str, str], out: str):
+def if_branches(
+    prefix: str, cond: str, then_reads: tuple[str, str], else_reads: tuple[str, str], out: str
+):
     """An If node: then = Add(*then_reads), else = Sub(*else_reads); both read the outer scope."""
     then_g = helper.make_graph(
         [helper.make_node("Add", list(then_reads), [f"{prefix}_t"], name=f"{prefix}_then_add")],
@@ -40,7 +44,9 @@ def if_branches(prefix: str, cond: str, then_reads: tuple[str, str], else_reads:
         [],
         [_vi(f"{prefix}_e", None)],
     )
-    return helper.make_node("If", [cond], [out], then_branch=then_g, else_branch=else_g, name=prefix)
+    return helper.make_node(
+        "If", [cond], [out], then_branch=then_g, else_branch=else_g, name=prefix
+    )
 
 
 def loop_adding(prefix: str, trips: str, init: str, outer: str, out: str) -> onnx.NodeProto:
@@ -57,7 +63,9 @@ def loop_adding(prefix: str, trips: str, init: str, outer: str, out: str) -> onn
     return helper.make_node("Loop", [trips, "", init], [out], body=body, name=prefix)
 
 
-def scan_scaling(prefix: str, init: str, seq: str, outer: str, state_out: str, ys: str) -> onnx.NodeProto:
+def scan_scaling(
+    prefix: str, init: str, seq: str, outer: str, state_out: str, ys: str
+) -> onnx.NodeProto:
     """A Scan over axis 0 of ``seq``: h += x_t * outer (outer-scope), emitting each h."""
     body = helper.make_graph(
         [
@@ -69,11 +77,14 @@ def scan_scaling(prefix: str, init: str, seq: str, outer: str, state_out: str, y
         [_vi("h_in", [8]), _vi("x_t", [8])],
         [_vi("h_out", [8]), _vi("y_t", [8])],
     )
-    return helper.make_node("Scan", [init, seq], [state_out, ys], body=body, num_scan_inputs=1, name=prefix)
+    return helper.make_node(
+        "Scan", [init, seq], [state_out, ys], body=body, num_scan_inputs=1, name=prefix
+    )
 
 
 def control_flow_model() -> onnx.ModelProto:
-    """x[1,8] -> ... If (data-dependent condition), Loop and Scan, all reading outer tensors -> y[1,8].
+    """x[1,8] -> ... If (data-dependent condition), Loop and Scan, all reading outer tensors ->
+    y[1,8].
 
     The nodes are spread so that contiguous cuts into 2 or 3 parts put control-flow nodes in
     different parts from the tensors their subgraphs read.
@@ -110,10 +121,16 @@ def control_flow_model() -> onnx.ModelProto:
 def nested_model() -> onnx.ModelProto:
     """A Loop whose body holds an If whose branches read a top-level tensor two scopes up."""
     then_g = helper.make_graph(
-        [helper.make_node("Add", ["v_in", "top"], ["nt"], name="nest_then")], "nt", [], [_vi("nt", None)]
+        [helper.make_node("Add", ["v_in", "top"], ["nt"], name="nest_then")],
+        "nt",
+        [],
+        [_vi("nt", None)],
     )
     else_g = helper.make_graph(
-        [helper.make_node("Mul", ["v_in", "top"], ["ne"], name="nest_else")], "ne", [], [_vi("ne", None)]
+        [helper.make_node("Mul", ["v_in", "top"], ["ne"], name="nest_else")],
+        "ne",
+        [],
+        [_vi("ne", None)],
     )
     body = helper.make_graph(
         [
@@ -172,16 +189,21 @@ def old_cnn(*, ort_runs_it: bool = False) -> onnx.ModelProto:
         ]
         inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("wf", 128, 10), w("bf", 1, 10)]
     else:
-        nodes.append(helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, broadcast=1, name="fc"))
+        nodes.append(
+            helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, broadcast=1, name="fc")
+        )
         inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("wf", 10, 128), w("bf", 10)]
     g = helper.make_graph(
         nodes,
         "old_cnn",
-        [_vi("x", [1, 3, 8, 8])] + [_vi(t.name, list(t.dims)) for t in inits],  # IR 3: weights are inputs
+        [_vi("x", [1, 3, 8, 8])]
+        + [_vi(t.name, list(t.dims)) for t in inits],  # IR 3: weights are inputs
         [_vi("y", [1, 10])],
         inits,
     )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 6)], producer_name="old-exporter")
+    m = helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 6)], producer_name="old-exporter"
+    )
     m.ir_version = 3
     return m
 

@@ -77,7 +77,9 @@ class DelayRelay:
         self.target = (target_host, target_port)
         self.delay_s = one_way_ms / 1e3
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="delay-relay")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="delay-relay"
+        )
         self._thread.start()
         self._server = asyncio.run_coroutine_threadsafe(
             asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
@@ -184,8 +186,10 @@ class NetLab:
         return self
 
     def set_rate(self, mbps: float) -> None:
-        """Shape both directions to ``mbps`` (tbf with a small bucket: 1 ms of traffic, at least 3.2 kB,
-        so that a transfer after idle does not start with a free burst a real link would not give)."""
+        """Shape both directions to ``mbps`` (tbf with a small bucket: 1 ms of traffic, at least 3.2
+        kB,
+        so that a transfer after idle does not start with a free burst a real link would not
+        give)."""
         self.bandwidth_mbps = mbps
         burst = max(3200, int(mbps * 1e6 / 8 * 0.001))
         for prefix, dev in ((), self.host_if), (("-n", self.ns), self.ns_if):
@@ -273,7 +277,8 @@ class CpuQuota:
         return self
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` prefixed so the process joins the group before it execs (no unthrottled start)."""
+        """``argv`` prefixed so the process joins the group before it execs (no unthrottled
+        start)."""
         procs = shlex.quote(str(self.path / "cgroup.procs"))
         return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *argv]
 
@@ -402,10 +407,17 @@ def single_tensor_cuts(model: onnx.ModelProto) -> list[str]:
 def make_bundle(
     model_path: Path, out: Path, cuts: Sequence[str], remote: Sequence[bool], fallback: bool = True
 ) -> Path:
-    """Write a bundle of ``len(cuts) + 1`` chained parts cut at ``cuts``; ``remote[i]`` marks server parts."""
+    """Write a bundle of ``len(cuts) + 1`` chained parts cut at ``cuts``; ``remote[i]`` marks server
+    parts."""
     from onnx import helper, shape_inference, utils
 
-    from edgesplit.bundle.format import Manifest, PartArtifact, TensorSpec, checksums, write_manifest
+    from edgesplit.bundle.format import (
+        Manifest,
+        PartArtifact,
+        TensorSpec,
+        checksums,
+        write_manifest,
+    )
     from edgesplit.optimize.plan import Part, Plan
     from edgesplit.util import sha256_file
 
@@ -415,7 +427,9 @@ def make_bundle(
     def spec(name: str) -> TensorSpec:
         t = infos[name].type.tensor_type
         return TensorSpec(
-            name, tuple(d.dim_value for d in t.shape.dim), helper.tensor_dtype_to_np_dtype(t.elem_type).name
+            name,
+            tuple(d.dim_value for d in t.shape.dim),
+            helper.tensor_dtype_to_np_dtype(t.elem_type).name,
         )
 
     inits = {i.name for i in model.graph.initializer}
@@ -511,14 +525,17 @@ ADAPTIVE_DEVICE = textwrap.dedent("""
             ok = ok and bool(np.allclose(out, ref, rtol=1e-4, atol=1e-4))
             st = sess.remote_stats()["p1"]
             modes.append(st.mode)
-            if (st.mode == want and modes[-3:] == [want] * 3) or time.monotonic() - t0 > float(max_s):
+            settled = st.mode == want and modes[-3:] == [want] * 3
+            if settled or time.monotonic() - t0 > float(max_s):
                 break
-        print(json.dumps({"ms": ms, "modes": modes, "ok": ok, "stats": dataclasses.asdict(st)}), flush=True)
+        row = {"ms": ms, "modes": modes, "ok": ok, "stats": dataclasses.asdict(st)}
+        print(json.dumps(row), flush=True)
 """)
 
 
 def heavy_convs(path, layers: int = 64) -> None:
-    """96 channels at 16x16 through ``layers`` 3x3 convs sharing one weight: 2.7 GFLOP on a 98 kB tensor."""
+    """96 channels at 16x16 through ``layers`` 3x3 convs sharing one weight: 2.7 GFLOP on a 98 kB
+    tensor."""
     from conftest import make_model, rand
     from onnx import helper
 
@@ -532,7 +549,10 @@ def heavy_convs(path, layers: int = 64) -> None:
         t = out
     onnx.save(
         make_model(
-            nodes, [("x", [1, 96, 16, 16])], [("y", [1, 96, 16, 16])], [("w", rand(96, 96, 3, 3) * 0.5)]
+            nodes,
+            [("x", [1, 96, 16, 16])],
+            [("y", [1, 96, 16, 16])],
+            [("w", rand(96, 96, 3, 3) * 0.5)],
         ),
         path,
     )

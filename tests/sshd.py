@@ -177,7 +177,9 @@ def remote_tmp(tmp_path_factory):
     """The remote temp root; after the test, no agent folder may be left in it."""
     d = tmp_path_factory.mktemp("remote-tmp")
     yield d
-    deadline = time.monotonic() + 15  # a dropped connection is cleaned up by the agent, shortly after
+    deadline = (
+        time.monotonic() + 15
+    )  # a dropped connection is cleaned up by the agent, shortly after
     while any(d.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = sorted(p.name for p in d.iterdir())

@@ -79,12 +79,17 @@ def test_the_bundle_holds_a_band_table_and_each_part_once(adaptive):
     assert bands is not None and len(bands.plans) >= 3
     assert bands.bands[0]["lo_mbps"] == 0.1 and bands.bands[-1]["hi_mbps"] == 1000.0
     assert all(
-        a["hi_mbps"] == b["lo_mbps"] and a["plan"] != b["plan"] for a, b in zip(bands.bands, bands.bands[1:])
+        a["hi_mbps"] == b["lo_mbps"] and a["plan"] != b["plan"]
+        for a, b in zip(bands.bands, bands.bands[1:])
     )
     low, high = bands.plans[bands.plan_at(0.1)].plan, bands.plans[bands.plan_at(1000)].plan
     assert not any(p.remote for p in low.parts) and all(p.remote for p in high.parts)
     # the union of the parts, each stored once; a band plan equal to the default reuses its parts
-    keys = {part_key(p, p.nodes) for plan in (m.plan, *(bp.plan for bp in bands.plans)) for p in plan.parts}
+    keys = {
+        part_key(p, p.nodes)
+        for plan in (m.plan, *(bp.plan for bp in bands.plans))
+        for p in plan.parts
+    }
     assert len({p.name for p in m.parts}) == len(m.parts) == len(keys)
     assert set(m.files) == {f for p in m.parts for f in (p.file, p.onnx_file)}
     default = [part_key(p, p.nodes) for p in m.plan.parts]
@@ -118,10 +123,25 @@ def test_no_bands_flag_and_explain(adaptive, tmp_path, capsys):
 
     d = adaptive["dir"]
     plan = tmp_path / "plan.json"
-    args = ["partition", str(adaptive["model"]), "-d", str(d / "board.yaml"), "--server", "server-a100"]
+    args = [
+        "partition",
+        str(adaptive["model"]),
+        "-d",
+        str(d / "board.yaml"),
+        "--server",
+        "server-a100",
+    ]
     for argv in (
         [*args, "--bandwidth-mbps", "10", "--rtt-ms", "10", "-o", str(plan), "-q"],
-        ["compile", str(adaptive["model"]), "--plan", str(plan), "-o", str(tmp_path / "b"), "--no-bands"],
+        [
+            "compile",
+            str(adaptive["model"]),
+            "--plan",
+            str(plan),
+            "-o",
+            str(tmp_path / "b"),
+            "--no-bands",
+        ],
         ["explain", str(plan), "--bands", "--per-decade", "1"],
     ):
         with pytest.raises(SystemExit) as e:
@@ -168,7 +188,9 @@ def test_uplink_estimate_weighs_the_downlink():
         link.add_transfer(200_000, 160.0, 0.0, up_nbytes=100_000)
     assert link.uplink_mbps(down_ratio=2.0) == pytest.approx(8.0)
     assert link.uplink_mbps(down_ratio=1.0) == pytest.approx(200_000 * 8 / 150e3)
-    link.add_transfer(200_000, 1210.0, 0.0, up_nbytes=100_000)  # the link drops 8x: the newest counts
+    link.add_transfer(
+        200_000, 1210.0, 0.0, up_nbytes=100_000
+    )  # the link drops 8x: the newest counts
     assert link.uplink_mbps(down_ratio=2.0) == pytest.approx(1.0)
     for _ in range(10):  # small transfers are summed until they hold 64 kB
         link.add_transfer(10_000, 20.0, 0.0, up_nbytes=10_000)
@@ -191,11 +213,19 @@ def test_probe_clock_probes_in_request_gaps_and_never_while_the_plan_sends():
     clock.interval_s = 1.0
     assert not clock.due(now=10.5, last_transfer=10.0, busy=False, plan_sends=False)  # quiet 0.5 s
     assert clock.due(now=11.0, last_transfer=10.0, busy=False, plan_sends=False)  # a gap: probe
-    assert not clock.due(now=11.5, last_transfer=10.0, busy=True, plan_sends=False)  # a request runs
-    assert clock.due(now=12.0, last_transfer=10.0, busy=True, plan_sends=False)  # no gap for 2 intervals
-    assert not clock.due(now=99.0, last_transfer=10.0, busy=False, plan_sends=True)  # transfers measure
+    assert not clock.due(
+        now=11.5, last_transfer=10.0, busy=True, plan_sends=False
+    )  # a request runs
+    assert clock.due(
+        now=12.0, last_transfer=10.0, busy=True, plan_sends=False
+    )  # no gap for 2 intervals
+    assert not clock.due(
+        now=99.0, last_transfer=10.0, busy=False, plan_sends=True
+    )  # transfers measure
     clock.last_probe = 98.5
-    assert not clock.due(now=99.0, last_transfer=10.0, busy=False, plan_sends=False)  # a probe is news
+    assert not clock.due(
+        now=99.0, last_transfer=10.0, busy=False, plan_sends=False
+    )  # a probe is news
 
 
 def test_a_step_up_in_the_measured_rate_switches_within_one_observation(adaptive):
@@ -229,7 +259,9 @@ def check_one_plan_per_request(bs) -> None:
 @pytest.mark.slow
 def test_switches_to_the_server_then_falls_back_when_it_dies(adaptive):
     port = free_port()
-    proc = subprocess.Popen(serve_command(adaptive["bundle"], "127.0.0.1", port), stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        serve_command(adaptive["bundle"], "127.0.0.1", port), stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
@@ -259,7 +291,9 @@ def test_no_probes_while_the_plan_in_use_sends(adaptive):
     (which would queue a whole model's work on the server before the next request) stays quiet,
     however long the gaps between requests."""
     port = free_port()
-    proc = subprocess.Popen(serve_command(adaptive["bundle"], "127.0.0.1", port), stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        serve_command(adaptive["bundle"], "127.0.0.1", port), stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
@@ -307,7 +341,9 @@ def test_band_plans_follow_a_shaped_link_and_a_dead_server(adaptive):
         url = f"http://127.0.0.1:{lab.relay(8000).port}"
         wait_ready(url)
         opts = {"remote": {"url": url, "timeout_s": 30.0}}
-        with load_bands(bundle, executor_options=opts, probe_interval_s=0.2, max_probe_interval_s=1.0) as bs:
+        with load_bands(
+            bundle, executor_options=opts, probe_interval_s=0.2, max_probe_interval_s=1.0
+        ) as bs:
             seen = {}
             for rate in (200, 5, 50, 2):
                 lab.set_rate(rate)

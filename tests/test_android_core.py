@@ -1,4 +1,5 @@
-"""The Android demo's pure-Java core (apps/android-demo/core): its JUnit tests, and the same plan run
+"""The Android demo's pure-Java core (apps/android-demo/core): its JUnit tests, and the same plan
+run
 by the Java core over the Open Inference Protocol against a real ``edgesplit serve`` and by the
 Python runtime, which must agree within 1e-5.
 
@@ -90,7 +91,8 @@ def diamond_plan(graph):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> dict:
-    """A diamond bundle of tiny_dag, served with --all-parts; its input and the Python runtime's output."""
+    """A diamond bundle of tiny_dag, served with --all-parts; its input and the Python runtime's
+    output."""
     from edgesplit.model import zoo
     from edgesplit.model.load import load_model
     from edgesplit.runtime.session import load
@@ -136,7 +138,15 @@ def remote_run(core: Path, *args: str, token: str | None = TOKEN) -> subprocess.
     env = {k: v for k, v in os.environ.items() if k != "EDGESPLIT_TOKEN"}
     extra = ["--token", token] if token else []
     return _run(
-        ["java", "-cp", f"{core / 'classes'}:{GSON}", "dev.edgesplit.core.RemoteRun", *args, *extra], env=env
+        [
+            "java",
+            "-cp",
+            f"{core / 'classes'}:{GSON}",
+            "dev.edgesplit.core.RemoteRun",
+            *args,
+            *extra,
+        ],
+        env=env,
     )
 
 
@@ -155,7 +165,9 @@ def test_junit_suite_passes_against_a_real_server(core, served):
         ],
         env={**os.environ, "BUILD_DIR": str(core)},
     )
-    assert r.returncode == 0 and "OK (" in r.stdout, f"JUnit failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    assert r.returncode == 0 and "OK (" in r.stdout, (
+        f"JUnit failed:\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    )
     assert f"LiveServerTest: against {served['url']}" in r.stdout  # the live tests ran, not skipped
 
 
@@ -177,7 +189,9 @@ def test_java_core_runs_the_plan_remotely_and_matches_python(core, served, tmp_p
     np.testing.assert_allclose(got, served["y"], rtol=1e-5, atol=1e-5)
     timings = json.loads((tmp_path / "timings.json").read_text())
     assert [t["part"] for t in timings["parts"]] == ["p0", "p1", "p2", "p3"]
-    assert all(t["ran_on"] == f"server {served['url']}" and not t["fell_back"] for t in timings["parts"])
+    assert all(
+        t["ran_on"] == f"server {served['url']}" and not t["fell_back"] for t in timings["parts"]
+    )
     # p3 waits for both branches; p1 and p2 only for p0.
     start = {t["part"]: t["start_ms"] for t in timings["parts"]}
     end = {t["part"]: t["start_ms"] + t["latency_ms"] for t in timings["parts"]}

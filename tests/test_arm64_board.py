@@ -34,23 +34,35 @@ EM_AARCH64 = 183  # ELF e_machine
 SLOW_SSH = ("--connect-timeout", "120", "--step-timeout", "600")  # every byte of crypto is emulated
 
 
-X86_CPUINFO = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nflags\t\t: fpu sse2 avx2\n"
+X86_CPUINFO = (
+    "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nflags\t\t: fpu sse2 avx2\n"
+)
 ARM_CPUINFO = "processor\t: 0\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\nCPU part\t: 0xd0b\n"
 
 
 @pytest.mark.parametrize(
     "machine, cpuinfo, emulated",
-    [("aarch64", X86_CPUINFO, True), ("aarch64", ARM_CPUINFO, False), ("x86_64", X86_CPUINFO, False)],
+    [
+        ("aarch64", X86_CPUINFO, True),
+        ("aarch64", ARM_CPUINFO, False),
+        ("x86_64", X86_CPUINFO, False),
+    ],
 )
-def test_emulation_is_told_by_cpuinfo_that_disagrees_with_the_machine(machine, cpuinfo, emulated, tmp_path):
+def test_emulation_is_told_by_cpuinfo_that_disagrees_with_the_machine(
+    machine, cpuinfo, emulated, tmp_path
+):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "cpuinfo").write_text(cpuinfo)
     why = emulation(tmp_path, machine=machine)
-    assert bool(why) == emulated and (not why or why.startswith(f"emulated: {machine} code on an x86 CPU"))
+    assert bool(why) == emulated and (
+        not why or why.startswith(f"emulated: {machine} code on an x86 CPU")
+    )
 
 
 def test_the_emulated_flag_survives_a_profile_file_and_old_files_read_as_native(tmp_path):
-    prof = Profile("0" * 64, "m", "raspberry-pi5", {"x": (1, 3)}, (), emulated="emulated: aarch64 code ...")
+    prof = Profile(
+        "0" * 64, "m", "raspberry-pi5", {"x": (1, 3)}, (), emulated="emulated: aarch64 code ..."
+    )
     prof.save(tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == prof
     data = json.loads((tmp_path / "p.json").read_text())

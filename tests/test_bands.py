@@ -59,7 +59,9 @@ def test_band_table_is_optimal_on_a_fine_grid(cm: CostModel, name: str) -> None:
         plan = table.plan_at(float(bw))
         # energy plans are refined on the schedule's energy, never above the sequential figure
         got = schedule(m, plan).energy_mj if form == "energy" else sequential_cost(m, plan, form)
-        assert got <= best + 1e-7 * max(1.0, abs(best)), f"{bw:.4g} Mbit/s: table {got} > optimum {best}"
+        assert got <= best + 1e-7 * max(1.0, abs(best)), (
+            f"{bw:.4g} Mbit/s: table {got} > optimum {best}"
+        )
 
 
 @SETTINGS

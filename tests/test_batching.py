@@ -1,4 +1,5 @@
-"""Dynamic batching on the offload server: batch-free parts, batched = unbatched, errors per request."""
+"""Dynamic batching on the offload server: batch-free parts, batched = unbatched, errors per
+request."""
 
 from __future__ import annotations
 
@@ -138,7 +139,9 @@ def test_unbatchable_part_is_served_unbatched_with_a_note(bundles):
         assert np.array_equal(y, np.ones_like(x))  # softmax over a single row
 
 
-def _infer(url: str, model: str, name: str, x: np.ndarray, out: str, request_id: str = "") -> np.ndarray:
+def _infer(
+    url: str, model: str, name: str, x: np.ndarray, out: str, request_id: str = ""
+) -> np.ndarray:
     client = tritonclient_http.InferenceServerClient(url.removeprefix("http://"))
     datatype = "INT64" if x.dtype == np.int64 else "FP32"
     inp = tritonclient_http.InferInput(name, list(x.shape), datatype)
@@ -151,7 +154,8 @@ def _infer(url: str, model: str, name: str, x: np.ndarray, out: str, request_id:
 
 @pytest.mark.parametrize("delay_ms", [0.0, 20.0])
 def test_batched_outputs_equal_unbatched_under_concurrency(bundles, delay_ms):
-    """32 tritonclient threads, 96 different requests: each answer is its own request's, in order."""
+    """32 tritonclient threads, 96 different requests: each answer is its own request's, in
+    order."""
     cut = bundles["cut"]
     local = ort.InferenceSession(str(bundles["tiny"] / "parts" / "p1.onnx"))
     rng = np.random.default_rng(1)
@@ -179,7 +183,9 @@ def test_a_failing_request_does_not_fail_its_batch_mates(bundles):
     good = [np.array([[i % 10, 1, 2, 3]], np.int64) for i in range(12)]
     bad = np.array([[0, 1, 99, 3]], np.int64)
     table = np.arange(30, dtype=np.float32).reshape(10, 3)
-    with ServerThread(bundles["lookup"], ServeOptions(port=0, max_batch=16, max_queue_delay_ms=50)) as s:
+    with ServerThread(
+        bundles["lookup"], ServeOptions(port=0, max_batch=16, max_queue_delay_ms=50)
+    ) as s:
 
         def call(x: np.ndarray):
             try:
@@ -226,7 +232,9 @@ def test_queue_batches_waiting_jobs_and_pays_the_copy_from_the_byte_budget(bundl
     budget = ByteBudget(1 << 30)
     got, stats = _queue_run(model, feeds, budget)
     assert (stats.runs, stats.batched_jobs) == (1, 8) and budget.used_nbytes == 0
-    assert budget.peak_nbytes == sum(f[cut].nbytes for f in feeds)  # the stacked copy, then given back
+    assert budget.peak_nbytes == sum(
+        f[cut].nbytes for f in feeds
+    )  # the stacked copy, then given back
     for (outputs, _), y in zip(got, want):
         np.testing.assert_allclose(outputs["logits"], y, rtol=1e-5, atol=1e-6)
 

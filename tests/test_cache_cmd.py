@@ -40,27 +40,37 @@ def test_kept_work_is_shown_by_kind_and_cleared_by_kind(cache, tmp_path, capsys)
     from edgesplit.backends.tvm.build import build_library
     from edgesplit.device.host import llvm_target
 
-    assert {k: r["n_files"] for k, r in shown(capsys).items()} == dict.fromkeys(KINDS, 0)  # nothing yet
+    assert {k: r["n_files"] for k, r in shown(capsys).items()} == dict.fromkeys(
+        KINDS, 0
+    )  # nothing yet
     path = zoo.save("squeezenet", tmp_path / "sq.onnx")  # 66 nodes: its simplified model is kept
     graph = load_model(path)
-    relu = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])
+    relu = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])]
+    )
     build_library(relu, llvm_target(), tmp_path / "r.so", threads=1)
     (cache / "tvm-tuning" / "llvm-x").mkdir(parents=True)
     (cache / "tvm-tuning" / "llvm-x" / "database_tuning_record.json").write_text("{}\n")
     (cache / "arm64-board").mkdir()  # another tool's folder beside ours
     rows = shown(capsys)
     kept_model = cache / "simplified"
-    assert rows["simplified"]["n_files"] == 2 and rows["tvm-libs"]["n_files"] == 2  # each a kept pair
+    assert (
+        rows["simplified"]["n_files"] == 2 and rows["tvm-libs"]["n_files"] == 2
+    )  # each a kept pair
     assert rows["simplified"]["nbytes"] == sum(f.stat().st_size for f in kept_model.iterdir())
     assert rows["simplified"]["max_nbytes"] == 2 << 30 and rows["tvm-tuning"]["n_files"] == 1
     code, out, _ = run(capsys, "cache")
-    assert code == 0 and "simplified" in out and f"never cleared here): {cache / 'arm64-board'}" in out
+    assert (
+        code == 0 and "simplified" in out and f"never cleared here): {cache / 'arm64-board'}" in out
+    )
 
     code, out, err = run(capsys, "cache", "--clear", "simplified")
     assert code == 0 and "cleared from" in out, err
     after = shown(capsys)
     assert after["simplified"]["n_files"] == 0 and after["tvm-libs"]["n_files"] == 2
-    assert load_model(path) == graph and len(list(kept_model.iterdir())) == 2  # made again, kept again
+    assert (
+        load_model(path) == graph and len(list(kept_model.iterdir())) == 2
+    )  # made again, kept again
 
     code, _, err = run(capsys, "cache", "--clear", "all")
     assert code == 0, err

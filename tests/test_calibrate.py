@@ -71,7 +71,9 @@ def test_a_call_s_fixed_cost_and_cost_per_mb_are_recovered_from_two_payload_size
     its compute, 0.8 ms and 1.5 ms per MB. The fit finds both terms; the parts' runs on the device
     (whole calls) are left out of the pair fits."""
     cm = random_costs(6, 2, 3, n_remote=1, unsupported=0.0, chain=True)
-    fast = np.where(cm.link_ms_per_byte > 0, 1e-6, 0.0)  # 8 Gbit/s: the calls' noise is not the link's
+    fast = np.where(
+        cm.link_ms_per_byte > 0, 1e-6, 0.0
+    )  # 8 Gbit/s: the calls' noise is not the link's
     cm = replace(cm, link_ms_per_byte=fast)
     remote = int(np.flatnonzero(cm.remote)[0])
     x = np.array([cm.home, remote, cm.home, remote, cm.home, cm.home])
@@ -91,7 +93,11 @@ def test_a_call_s_fixed_cost_and_cost_per_mb_are_recovered_from_two_payload_size
         part_ms[name] = call + 100.0  # a whole call: nothing the pair fit may see
     measured = Measured(part_ms, (), 50.0, 49.0, 30, remote=calls)
     fixed, per_mb, parts = fit_remote_call([Observed(cm, x, names, measured)])
-    assert parts == 2 and fixed == pytest.approx(0.8, abs=0.1) and per_mb == pytest.approx(1.5, rel=0.05)
+    assert (
+        parts == 2
+        and fixed == pytest.approx(0.8, abs=0.1)
+        and per_mb == pytest.approx(1.5, rel=0.05)
+    )
     fits = fit_pairs([Observed(cm, x, names, measured)])
     assert {f.processor for f in fits} == {cm.processors[cm.home]}
 
@@ -101,7 +107,11 @@ def test_fit_keeps_the_measured_terms_where_parts_cannot_tell_them_apart():
     cm = hand_model(["big"], [[4.0], [4.0]], [(0, 1)])
     cm = with_terms(cm, pair={(0, "ort"): PairCost(0.2)})
     fits = fit_pairs(
-        [Observed(cm, np.zeros(2, dtype=np.int64), ("p0",), Measured({"p0": 12.2}, (), 12.5, 12.4, 30))]
+        [
+            Observed(
+                cm, np.zeros(2, dtype=np.int64), ("p0",), Measured({"p0": 12.2}, (), 12.5, 12.4, 30)
+            )
+        ]
     )
     assert fits[0].part_fixed_ms == pytest.approx(0.2, abs=0.1)
     assert fits[0].node_scale == pytest.approx(1.5, rel=0.03)
@@ -184,7 +194,9 @@ def test_contention_is_fitted_from_a_stream_and_restored_by_uncalibrated():
     little = 3.0 * 1.1  # big is the bottleneck: busy the whole period
     big = (4.0 + np.sqrt(16.0 + 4 * 4.0 * 0.3 * little)) / 2  # big = 4 (1 + 0.3 little / big)
     stream = Streamed(big, {"p0": big, "p1": little}, 30)
-    ob = Observed(cm, x, ("p0", "p1"), Measured({"p0": 4.0, "p1": 3.0}, (), 7.2, 7.1, 30, stream=stream))
+    ob = Observed(
+        cm, x, ("p0", "p1"), Measured({"p0": 4.0, "p1": 3.0}, (), 7.2, 7.1, 30, stream=stream)
+    )
     fitted = fit_contention([ob])
     assert fitted[("big", "little")] == pytest.approx(1.3, abs=0.02)
     assert fitted[("little", "big")] == pytest.approx(1.1, abs=0.02)
@@ -225,7 +237,9 @@ def test_a_stream_s_gap_before_a_queued_part_is_fitted_and_priced():
 
     def run(lane, start_ms, collected_ms, submit_ms):
         ns = [int(v * 1e6) for v in (start_ms, collected_ms, submit_ms)]
-        return SimpleNamespace(lane=lane, processor=lane, start_ns=ns[0], collected_ns=ns[1], submit_ns=ns[2])
+        return SimpleNamespace(
+            lane=lane, processor=lane, start_ns=ns[0], collected_ns=ns[1], submit_ns=ns[2]
+        )
 
     runs = [run("big", k * 5.2, k * 5.2 + 5.0, 0.0) for k in range(8)]
     runs += [run("little", k * 9.0, k * 9.0 + 4.0, k * 9.0 - 0.5) for k in range(8)]
@@ -269,14 +283,18 @@ def test_hand_off_curve_takes_the_measured_medians_where_there_are_enough():
 
 
 def test_uncalibrated_restores_the_measured_terms():
-    terms = RunTerms(part_fixed_ms=0.1, handoff_idle_ms=(0.0, 5.0), handoff_ms=(0.05, 0.2), session_ms=0.03)
+    terms = RunTerms(
+        part_fixed_ms=0.1, handoff_idle_ms=(0.0, 5.0), handoff_ms=(0.05, 0.2), session_ms=0.03
+    )
     from edgesplit.profile.store import ProcessorProfile
 
     entry = ProcessorProfile("cpu", "ort", "measured", {"n": NodeCost(1.0, 1.1)}, terms=terms)
     prof = Profile("a" * 64, "m", "dev", {}, (entry,))
     cm = hand_model(["cpu"], [[1.0]], [])
     measured = Measured({"p0": 2.0}, (("cpu", 5.0, 0.9),) * 3, 3.0, 2.5, 30)
-    fitted, _ = fit_profile([Observed(cm, np.zeros(1, dtype=np.int64), ("p0",), measured)], prof, "test")
+    fitted, _ = fit_profile(
+        [Observed(cm, np.zeros(1, dtype=np.int64), ("p0",), measured)], prof, "test"
+    )
     t = fitted.entries[0].terms
     assert t.calibrated == "test" and t.handoff_ms == (0.05, 0.9) and t.node_scale != 1.0
     back = Profile.from_json(json.loads(json.dumps(fitted.to_json())))
@@ -292,7 +310,9 @@ def conv_chain(tmp_path_factory):
     nodes, weights = [], []
     prev = "x"
     for i in range(6):
-        nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]))
+        nodes.append(
+            helper.make_node("Conv", [prev, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1])
+        )
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"))
         weights.append((f"w{i}", rand(32, 32, 3, 3, seed=i)))
         prev = f"r{i}"
@@ -327,7 +347,8 @@ def test_calibration_lowers_the_error_of_a_mis_scaled_profile(conv_chain, tmp_pa
     measurement than before. The error is that of core1's part against core0's, both measured in
     the same requests, so a shared machine's load (which slows both) cancels out. Eight, not a
     smaller factor: other engineers' work can load one core several times more than the other
-    for a while (seen: 4.5x under a load average of 13 on 2 cores), and the fit measures that too."""
+    for a while (seen: 4.5x under a load average of 13 on 2 cores), and the fit measures that
+    too."""
     device = load_device("host-2core")
     good = profile_model(conv_chain, device, ProfileOptions(["ort"], runs=8, warmup=2))
     bad = _mis_scaled(good, "core1", 8.0)
@@ -390,11 +411,21 @@ def test_calibrate_command(conv_chain, tmp_path):
     prof = profile_model(conv_chain, device, ProfileOptions(["ort"], runs=5, warmup=2))
     prof.save(tmp_path / "p.json")
     plan = partition(
-        conv_chain, device, profile=str(tmp_path / "p.json"), pins={conv_chain.nodes[-1].name: "core1"}
+        conv_chain,
+        device,
+        profile=str(tmp_path / "p.json"),
+        pins={conv_chain.nodes[-1].name: "core1"},
     )
     compile_bundle(conv_chain, plan, tmp_path / "b")
     r = run_cli(
-        "calibrate", str(tmp_path / "b"), "-o", str(tmp_path / "cal.json"), "--runs", "5", "--rounds", "2"
+        "calibrate",
+        str(tmp_path / "b"),
+        "-o",
+        str(tmp_path / "cal.json"),
+        "--runs",
+        "5",
+        "--rounds",
+        "2",
     )
     assert r.returncode == 0, r.stderr
     assert "round 1" in r.stdout and "fitted terms" in r.stdout
@@ -444,9 +475,13 @@ def test_calibrate_command(conv_chain, tmp_path):
     from edgesplit.bundle.signing import generate_key
 
     _, public, _ = generate_key(tmp_path / "k")
-    r = run_cli("calibrate", str(tmp_path / "m"), "-o", str(tmp_path / "y.json"), "--trust-key", str(public))
+    r = run_cli(
+        "calibrate", str(tmp_path / "m"), "-o", str(tmp_path / "y.json"), "--trust-key", str(public)
+    )
     assert r.returncode == 2 and "not signed" in r.stderr and "Traceback" not in r.stderr
-    r = run_cli("calibrate", str(tmp_path / "m"), "-o", str(tmp_path / "y.json"), "--tolerance", "nan")
+    r = run_cli(
+        "calibrate", str(tmp_path / "m"), "-o", str(tmp_path / "y.json"), "--tolerance", "nan"
+    )
     assert r.returncode == 2 and "not a finite number" in r.stderr
     assert not (tmp_path / "y.json").exists()
 
@@ -458,7 +493,15 @@ def test_a_deployed_bundle_calibrates_without_profiling_again(conv_chain, tmp_pa
     that is, for profiling the model again)."""
     out = tmp_path / "dep.bundle"
     r = run_cli(
-        "deploy", conv_chain.path, "--device", "host-2core", "-o", str(out), "--runs", "5", "--no-verify"
+        "deploy",
+        conv_chain.path,
+        "--device",
+        "host-2core",
+        "-o",
+        str(out),
+        "--runs",
+        "5",
+        "--no-verify",
     )
     assert r.returncode == 0, r.stderr
     beside = tmp_path / "dep.profile.json"
@@ -468,12 +511,16 @@ def test_a_deployed_bundle_calibrates_without_profiling_again(conv_chain, tmp_pa
     assert {e.processor for e in kept.entries} == {"core0", "core1", "core0+core1"}
     plan = json.loads((out / "manifest.json").read_text())["plan"]
     assert plan["profile_path"] == str(beside)
-    r = run_cli("calibrate", str(out), "-o", str(tmp_path / "cal.json"), "--runs", "3", "--rounds", "1")
+    r = run_cli(
+        "calibrate", str(out), "-o", str(tmp_path / "cal.json"), "--runs", "3", "--rounds", "1"
+    )
     assert r.returncode == 0, r.stderr
     # one round: how the profile as measured did, not "not within 5% after 1 round(s)" (no round
     # after it could check the fitted terms, however close the profile was)
     said = " ".join(r.stdout.split())
-    assert "the profile as measured was" in said and "one round cannot check the fitted terms" in said
+    assert (
+        "the profile as measured was" in said and "one round cannot check the fitted terms" in said
+    )
     assert "after 1 round(s)" not in said
     assert load_profile(tmp_path / "cal.json").calibration["rounds"]
     # a profile given as a file stays where it is: nothing is written beside the bundle
@@ -521,13 +568,17 @@ def test_a_server_call_is_fitted_from_calls_to_a_real_server(conv_chain, tmp_pat
 
     (tmp_path / "srv.yaml").write_text(LAB_SERVER)
     quick = ProfileOptions(["ort"], runs=5, warmup=2)
-    server = read_spec(tmp_path / "srv.yaml").load(local=True)  # measured here, as profile --here does
+    server = read_spec(tmp_path / "srv.yaml").load(
+        local=True
+    )  # measured here, as profile --here does
     profile_model(conv_chain, server, quick).save(tmp_path / "srv.json")
-    profile_model(conv_chain, load_device("host-2core"), replace(quick, processors=("core0",))).save(
-        tmp_path / "dev.json"
-    )
+    profile_model(
+        conv_chain, load_device("host-2core"), replace(quick, processors=("core0",))
+    ).save(tmp_path / "dev.json")
     half = len(conv_chain.nodes) // 2
-    pins = {n.name: "core0" if i < half else "lab-server.cpu" for i, n in enumerate(conv_chain.nodes)}
+    pins = {
+        n.name: "core0" if i < half else "lab-server.cpu" for i, n in enumerate(conv_chain.nodes)
+    }
     plan = partition(
         conv_chain,
         "host-2core",
@@ -549,12 +600,16 @@ def test_a_server_call_is_fitted_from_calls_to_a_real_server(conv_chain, tmp_pat
     fitted = home.remote_call_ms + home.remote_call_ms_per_mb * mb
     costs = plan_costs(plan, result.profile)
     link_ms = 2 * 0.05 / 2 + mb * 1e6 * 8 / 20_000e6 * 1e3  # the plan's link: half the RTT each way
-    got = fresh.call_ms - fresh.compute_ms - link_ms  # what the call cost beyond the link and compute
+    got = (
+        fresh.call_ms - fresh.compute_ms - link_ms
+    )  # what the call cost beyond the link and compute
     assert got > 0.2, fresh  # this client and the server's HTTP handling cost something
     # The call's own cost moves between 0.75 and 1.9 ms from one run of 30 calls to the next here
     # (client, server and ORT threads share 2 cores; a factor-of-2 bound against a fresh run failed
-    # once in a CI dry run, 0.75 against 1.58), so the fresh run bounds the term rather than pins it:
-    # fitted at all, and short of a call less its compute by more than that drift allows (a term that
+    # once in a CI dry run, 0.75 against 1.58), so the fresh run bounds the term rather than pins
+    # it:
+    # fitted at all, and short of a call less its compute by more than that drift allows (a term
+    # that
     # took in the compute, 1.2-1.7 ms, would not be).
     assert 0.2 < fitted < fresh.call_ms - fresh.compute_ms + 0.5, (fitted, got, fresh, home)
     # the call is charged on the server part's run, so the chain's call is priced that much longer

@@ -54,7 +54,10 @@ def test_debug_shows_the_traceback_before_or_after_the_subcommand(cli, where, tm
     )
     code, _, err = cli(*[str(tmp_path / a) if a.endswith(".onnx") else a for a in args])
     assert code == 2 and "Traceback" in err and "ModelLoadError" in err, err
-    assert err.strip().splitlines()[-1] == f"edgesplit: error: {tmp_path / 'no-such.onnx'}: no such file"
+    assert (
+        err.strip().splitlines()[-1]
+        == f"edgesplit: error: {tmp_path / 'no-such.onnx'}: no such file"
+    )
 
 
 def test_without_debug_one_line_and_no_traceback(cli, tmp_path):
@@ -69,7 +72,8 @@ def test_debug_after_a_double_dash_is_an_argument():
 
 
 def test_remote_error_exit_codes():
-    """A host the user named that cannot be used is bad input (2); a run cut short is a failure (1)."""
+    """A host the user named that cannot be used is bad input (2); a run cut short is a failure
+    (1)."""
     assert RemoteError("x").exit_code == 1 and not isinstance(RemoteError("x"), InputError)
     e = RemoteHostError("x")
     assert e.exit_code == 2 and isinstance(e, InputError) and isinstance(e, RemoteError)
@@ -83,9 +87,20 @@ def test_a_refused_ssh_connection_exits_2(cli, tmp_path):
     port = free_port()
     target = f"root@127.0.0.1:{port}"
     code, _, err = cli(
-        "profile", str(model), "--remote", target, "--known-hosts", str(tmp_path / "kh"), "-q", "-o", str(tmp_path / "p.json")
-    )  # fmt: skip
-    assert code == 2 and err.strip() == f"edgesplit: error: {target}: connection refused on port {port}", err
+        "profile",
+        str(model),
+        "--remote",
+        target,
+        "--known-hosts",
+        str(tmp_path / "kh"),
+        "-q",
+        "-o",
+        str(tmp_path / "p.json"),
+    )
+    assert (
+        code == 2
+        and err.strip() == f"edgesplit: error: {target}: connection refused on port {port}"
+    ), err
 
 
 @pytest.mark.parametrize("command", ["profile", "partition", "deploy"])
@@ -93,7 +108,9 @@ def test_a_bad_device_spec_is_reported_before_the_model_is_read(cli, command, tm
     """Reading a model can take seconds (onnxslim alone imports sympy): a spec that cannot be used
     is reported first. The model here does not exist, so the old order named the model."""
     spec = tmp_path / "broken.yaml"
-    spec.write_text("name: broken\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: -1}\n")
+    spec.write_text(
+        "name: broken\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: -1}\n"
+    )
     code, _, err = cli(
         command, str(tmp_path / "no-such.onnx"), "--device", str(spec), "-o", str(tmp_path / "o")
     )

@@ -171,7 +171,9 @@ def test_quiet_and_debug_on_a_command(capsys, tmp_path, where, monkeypatch):
     """``-q`` and ``--debug`` parse on a command, and --debug works before or after it."""
     monkeypatch.setenv("EDGESPLIT_DEBUG", "0")  # recorded, so the "1" --debug sets is undone
     key = str(tmp_path / "k")
-    args = ["--debug", "keygen", key, "-q"] if where == "before" else ["keygen", key, "-q", "--debug"]
+    args = (
+        ["--debug", "keygen", key, "-q"] if where == "before" else ["keygen", key, "-q", "--debug"]
+    )
     code, out, _ = _main(capsys, *args)
     assert code == 0 and "wrote" in out
     assert os.environ["EDGESPLIT_DEBUG"] == "1"

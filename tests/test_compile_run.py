@@ -48,7 +48,8 @@ def _whole(path, feeds):
 
 
 def _check_equal(got, want):
-    """Within 1e-4 of the tensor's largest magnitude (and 1e-6 absolute, for all-but-zero outputs)."""
+    """Within 1e-4 of the tensor's largest magnitude (and 1e-6 absolute, for all-but-zero
+    outputs)."""
     assert set(got) == set(want)
     for k in want:
         err = float(np.max(np.abs(got[k] - want[k])))
@@ -72,7 +73,9 @@ def zoo_models(tmp_path_factory):
     return _Zoo(tmp_path_factory.mktemp("zoo"))
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in ZOO])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in ZOO]
+)
 def test_bundle_equals_whole_model_for_1_2_4_parts(name, zoo_models, tmp_path):
     graph = load_model(zoo_models[name])
     for n, sites in SITES.items():
@@ -127,7 +130,8 @@ def test_tvm_failure_falls_back_to_ort_and_says_why(zoo_models, tmp_path):
 
 
 ARM_SPEC = (
-    "name: arm\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: 50, mem_bandwidth_gbps: 10,"
+    "name: arm\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: 50, mem_bandwidth_gbps: "
+    "10,"
     " active_w: 2, idle_w: 0.1, backends: [{runtime: tvm, target: {kind: llvm,"
     " mtriple: aarch64-linux-gnu, mattr: [+neon]}}]}\n"
 )
@@ -168,7 +172,8 @@ def elf_machine(path) -> tuple[bytes, int, int]:
 @pytest.mark.slow
 @pytest.mark.skipif(
     __import__("shutil").which("aarch64-linux-gnu-gcc") is None,
-    reason="needs the aarch64 cross compiler (scripts/setup.sh installs gcc-aarch64-linux-gnu as root)",
+    reason="needs the aarch64 cross compiler (scripts/setup.sh installs gcc-aarch64-linux-gnu as "
+    "root)",
 )
 def test_cross_compiled_part_is_an_aarch64_shared_object(zoo_models, tmp_path):
     r, out = _compile_for_arm(zoo_models["tiny_dag"], tmp_path)
@@ -222,7 +227,9 @@ def test_missing_cross_toolchain_is_named(zoo_models, tmp_path, monkeypatch):
     spec.write_text(ARM_SPEC)
     graph = load_model(zoo_models["tiny_dag"])
     plan = contiguous_plan(graph, str(spec), [("cpu", "tvm")])
-    with pytest.raises(CompileError, match=r"aarch64-linux-gnu-gcc.*apt-get install gcc-aarch64-linux-gnu"):
+    with pytest.raises(
+        CompileError, match=r"aarch64-linux-gnu-gcc.*apt-get install gcc-aarch64-linux-gnu"
+    ):
         compile_bundle(graph, plan, tmp_path / "b", device=str(spec))
     assert CompileError.exit_code == 1 and not (tmp_path / "b").exists()
 
@@ -240,7 +247,8 @@ def _native_libs_loaded_after(bundle_dir) -> tuple[int, str]:
         "import sys, os\n"
         "from edgesplit.cli.main import main\n"
         "import atexit\n"
-        f"atexit.register(lambda: print('LOADED' if any('{bundle_dir}' in l for l in open('/proc/self/maps')) else 'CLEAN'))\n"
+        f"atexit.register(lambda: print('LOADED' if any('{bundle_dir}' in l for l in "
+        "open('/proc/self/maps')) else 'CLEAN'))\n"
         f"main(['run', '{bundle_dir}', '--repeat', '1'])\n"
     )
     import subprocess
@@ -268,7 +276,11 @@ def test_missing_file_and_other_format_version(bundle):
     manifest["format_version"] = 2
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     r = run_cli("run", str(bundle))
-    assert r.returncode == 2 and "format version 2" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert (
+        r.returncode == 2
+        and "format version 2" in r.stderr
+        and len(r.stderr.strip().splitlines()) == 1
+    )
 
 
 def test_plan_for_another_model(zoo_models, tmp_path):
@@ -305,7 +317,9 @@ def test_wrong_inputs_name_the_expected(bundle, tmp_path):
 def test_cli_compile_and_run(zoo_models, tmp_path):
     graph = load_model(zoo_models["tiny_dag"])
     (tmp_path / "plan.json").write_text(
-        json.dumps(contiguous_plan(graph, "host-biglittle", [("big", "ort"), ("little", "ort")]).to_json())
+        json.dumps(
+            contiguous_plan(graph, "host-biglittle", [("big", "ort"), ("little", "ort")]).to_json()
+        )
     )
     r = run_cli(
         "compile",
@@ -316,7 +330,9 @@ def test_cli_compile_and_run(zoo_models, tmp_path):
         str(tmp_path / "b"),
     )
     assert r.returncode == 0, r.stderr
-    r = run_cli("run", str(tmp_path / "b"), "--repeat", "5", "--stream", "8", "-o", str(tmp_path / "out"))
+    r = run_cli(
+        "run", str(tmp_path / "b"), "--repeat", "5", "--stream", "8", "-o", str(tmp_path / "out")
+    )
     assert r.returncode == 0, r.stderr
     assert "per-part timings" in r.stdout and "stream of 8" in r.stdout
     assert (tmp_path / "out" / "logits.npy").exists()
@@ -339,7 +355,8 @@ def _matmul(path):
 
 
 def test_a_tuning_database_is_kept_per_target_and_reused(tmp_path, monkeypatch):
-    """Builds apply the database in the target's cache folder, even with 0 trials, unless told not to."""
+    """Builds apply the database in the target's cache folder, even with 0 trials, unless told not
+    to."""
     from tvm.s_tir import meta_schedule as ms
 
     from edgesplit.backends.tvm.build import build_library, tuning_dir
@@ -399,7 +416,9 @@ def test_metaschedule_tuning_writes_the_database_a_later_build_reuses(tmp_path, 
     assert r.returncode == 0, r.stderr[-3000:]
     first, again = json.loads(r.stdout.strip().splitlines()[-1])
     db = tuning_dir(llvm_target())
-    assert first["tune_trials"] == 1 and first["tuning_database"] == again["tuning_database"] == str(db)
+    assert first["tune_trials"] == 1 and first["tuning_database"] == again[
+        "tuning_database"
+    ] == str(db)
     workloads = (db / "database_workload.json").read_text().splitlines()
     records = (db / "database_tuning_record.json").read_text().splitlines()
     (workload,) = (json.loads(w) for w in workloads)  # [structural hash, base64 of the TIR module]
@@ -435,7 +454,9 @@ def test_a_cuda_part_builds_without_a_gpu_and_names_what_it_needs_to_load(zoo_mo
     m = _cuda_bundle(zoo_models, tmp_path, "{kind: cuda, arch: sm_90}")  # an H100 or H200
     assert m.parts[0].backend == "tvm" and m.parts[0].target["kind"] == "cuda"
     assert "CUDA kernels as source" in m.parts[0].note
-    with pytest.raises(BundleError, match=r"part p0: its cuda runtime does not load on this machine \(lib"):
+    with pytest.raises(
+        BundleError, match=r"part p0: its cuda runtime does not load on this machine \(lib"
+    ):
         load(tmp_path / "b")
 
 

@@ -30,7 +30,8 @@ REAL = ("test_squeezenet",)  # the other real models take 5 to 60 s each here
 
 
 def _known_units() -> dict[tuple[str, str], None]:
-    """The units that hold a known failure: each is run, so that a line cannot outlive its failure."""
+    """The units that hold a known failure: each is run, so that a line cannot outlive its
+    failure."""
     out: dict[tuple[str, str], None] = {}
     for key in kit.known_failures():
         folder, name = key.split("/", 1)
@@ -76,17 +77,24 @@ def _check(folder: str, unit: str, tmp_path: Path) -> None:
         listed = known.get(case.key)
         if listed is not None:
             if out.stage == "pass":
-                problems.append(f"{case.key} passes now: remove its line from {kit.KNOWN_FAILURES.name}")
+                problems.append(
+                    f"{case.key} passes now: remove its line from {kit.KNOWN_FAILURES.name}"
+                )
             elif out.stage != listed[0]:
-                problems.append(f"{case.key} fails at {out.stage}, listed at {listed[0]}: {out.reason}")
+                problems.append(
+                    f"{case.key} fails at {out.stage}, listed at {listed[0]}: {out.reason}"
+                )
         elif out.stage != "pass":
             ort = kit.run_ort(case)
             if ort[0] == "pass":
                 problems.append(
-                    f"{case.key}: ONNX Runtime passes it, edgesplit fails at {out.stage}: {out.reason}"
+                    f"{case.key}: ONNX Runtime passes it, edgesplit fails at {out.stage}: "
+                    f"{out.reason}"
                 )
         elif len(case.model.graph.node) > 1 and out.parts < 2:
-            problems.append(f"{case.key}: {len(case.model.graph.node)} nodes in {out.parts} part: not cut")
+            problems.append(
+                f"{case.key}: {len(case.model.graph.node)} nodes in {out.parts} part: not cut"
+            )
     assert not problems, "\n".join(problems)
 
 
@@ -100,7 +108,8 @@ def test_backend_models_match_onnx_quick(unit, tmp_path):
 
 
 def _slow_suite(units: list[tuple[str, str]]) -> type:
-    """A class of slow tests over ``units``: pytest-xdist (``--dist loadscope``) hands out each class
+    """A class of slow tests over ``units``: pytest-xdist (``--dist loadscope``) hands out each
+    class
     as a unit of its own, so the sample spreads over the workers instead of holding one."""
 
     class Suite:

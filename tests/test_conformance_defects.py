@@ -44,17 +44,24 @@ def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
 
 
-def _model(nodes, inputs, outputs, weights=(), opset=17, extra_opsets=(), value_info=()) -> onnx.ModelProto:
+def _model(
+    nodes, inputs, outputs, weights=(), opset=17, extra_opsets=(), value_info=()
+) -> onnx.ModelProto:
     g = helper.make_graph(nodes, "g", inputs, outputs, list(weights), value_info=list(value_info))
     m = helper.make_model(
         g,
-        opset_imports=[helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra_opsets)],
+        opset_imports=[
+            helper.make_opsetid("", opset),
+            *(helper.make_opsetid(d, v) for d, v in extra_opsets),
+        ],
     )
     m.ir_version = 8 if opset > 6 else 3
     return m
 
 
-def _split_run(model: onnx.ModelProto, tmp_path: Path, pins: dict[str, str], feeds: dict, values=None):
+def _split_run(
+    model: onnx.ModelProto, tmp_path: Path, pins: dict[str, str], feeds: dict, values=None
+):
     """Load (with sample ``values``), plan on host-2core with ``pins``, compile and run; the
     graph, the plan and the outputs."""
     p = tmp_path / "m.onnx"
@@ -99,10 +106,16 @@ def test_defect_a_sequence_crosses_a_part_boundary(tmp_path):
     pins = {"relu": "core0", "split": "core0", "at": "core1", "cat": "core1"}
     g, plan, got = _split_run(m, tmp_path, pins, {"x": x})
     assert len(plan.parts) >= 2 and "s" in _crossing(g, plan) and g.tensors["s"].kind == "sequence"
-    want = dict(zip(["second", "back", "s"], ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})))
+    want = dict(
+        zip(
+            ["second", "back", "s"], ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})
+        )
+    )
     for name in ("second", "back"):
         np.testing.assert_array_equal(got[name], want[name])
-    assert isinstance(got["s"], list) and all(np.array_equal(a, b) for a, b in zip(got["s"], want["s"]))
+    assert isinstance(got["s"], list) and all(
+        np.array_equal(a, b) for a, b in zip(got["s"], want["s"])
+    )
 
 
 @pytest.mark.slow
@@ -131,7 +144,10 @@ def _strings() -> onnx.ModelProto:
             helper.make_node("StringConcat", ["low", "bang"], ["loud"], name="concat"),
             helper.make_node("Equal", ["low", "want"], ["same"], name="eq"),
         ],
-        [helper.make_tensor_value_info("text", s, [1, 3]), helper.make_tensor_value_info("want", s, [1, 3])],
+        [
+            helper.make_tensor_value_info("text", s, [1, 3]),
+            helper.make_tensor_value_info("want", s, [1, 3]),
+        ],
         [
             helper.make_tensor_value_info("loud", s, [1, 3]),
             helper.make_tensor_value_info("same", TensorProto.BOOL, [1, 3]),
@@ -147,10 +163,19 @@ def test_defect_a_string_tensor_crosses_a_part_boundary(tmp_path):
     m = _strings()
     text = np.array([["Monday", "EDGE", "split"]], dtype=object)
     want = np.array([["monday", "edge", "Split"]], dtype=object)
-    feeds = {"text": text, "want": want}  # also as sample values: StringNormalizer's width depends on them
-    g, plan, got = _split_run(m, tmp_path, {"norm": "core0", "concat": "core1", "eq": "core1"}, feeds, feeds)
-    assert len(plan.parts) >= 2 and "low" in _crossing(g, plan) and g.tensors["low"].dtype == "object"
-    np.testing.assert_array_equal(got["loud"], np.array([["monday!", "edge!", "split!"]], dtype=object))
+    feeds = {
+        "text": text,
+        "want": want,
+    }  # also as sample values: StringNormalizer's width depends on them
+    g, plan, got = _split_run(
+        m, tmp_path, {"norm": "core0", "concat": "core1", "eq": "core1"}, feeds, feeds
+    )
+    assert (
+        len(plan.parts) >= 2 and "low" in _crossing(g, plan) and g.tensors["low"].dtype == "object"
+    )
+    np.testing.assert_array_equal(
+        got["loud"], np.array([["monday!", "edge!", "split!"]], dtype=object)
+    )
     np.testing.assert_array_equal(got["same"], [[True, True, False]])
 
 
@@ -175,7 +200,11 @@ def test_strings_stay_on_the_device_with_a_server(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "case", ["test_strnorm_model_monday_casesensintive_upper", "test_strnorm_model_nostopwords_nochangecase"]
+    "case",
+    [
+        "test_strnorm_model_monday_casesensintive_upper",
+        "test_strnorm_model_nostopwords_nochangecase",
+    ],
 )
 def test_defect_onnx_string_models_run(case, tmp_path):
     data = kit.data_case("simple", case)
@@ -199,7 +228,10 @@ def _embedding(rows: int) -> onnx.ModelProto:
         ],
         [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 2])],
-        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.ones((4, 2), np.float32), "w")],
+        [
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(np.ones((4, 2), np.float32), "w"),
+        ],
     )
 
 
@@ -207,7 +239,10 @@ def test_defect_an_embedding_lookup_profiles_on_indices_within_the_table(tmp_pat
     """A table of 3 rows: the made-up ids are 0, 1 or 2 (they were 0 to 7: 'indices element out
     of data bounds'), profiled, split and run."""
     g, plan, got = _split_run(
-        _embedding(3), tmp_path, {"lookup": "core0", "proj": "core1"}, {"ids": np.array([[0, 2, 1, 2, 0]])}
+        _embedding(3),
+        tmp_path,
+        {"lookup": "core0", "proj": "core1"},
+        {"ids": np.array([[0, 2, 1, 2, 0]])},
     )
     assert len(plan.parts) == 2 and got["y"].shape == (1, 5, 2)
 
@@ -215,7 +250,12 @@ def test_defect_an_embedding_lookup_profiles_on_indices_within_the_table(tmp_pat
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
-    ["test_gather_0", "test_gathernd_example_int32_batch_dim1", "test_gather_elements_1", "test_scatternd"],
+    [
+        "test_gather_0",
+        "test_gathernd_example_int32_batch_dim1",
+        "test_gather_elements_1",
+        "test_scatternd",
+    ],
 )
 def test_defect_onnx_index_models_profile_without_their_values(case):
     """ONNX's own index models profile on made-up inputs: no sample values asked for."""
@@ -237,7 +277,10 @@ def test_defect_onnx_index_models_profile_without_their_values(case):
 def test_defect_run_makes_up_indices_within_the_table(tmp_path):
     """``edgesplit run`` without ``--input`` draws the ids within the table of the bundle's part."""
     _split_run(
-        _embedding(3), tmp_path, {"lookup": "core0", "proj": "core1"}, {"ids": np.zeros((1, 5), np.int64)}
+        _embedding(3),
+        tmp_path,
+        {"lookup": "core0", "proj": "core1"},
+        {"ids": np.zeros((1, 5), np.int64)},
     )
     r = run_cli("run", str(tmp_path / "bundle"), "--repeat", "2", "--warmup", "0")
     assert r.returncode == 0, r.stderr
@@ -249,7 +292,13 @@ def _segments() -> onnx.ModelProto:
     r = np.random.default_rng(0)
     ws = [
         numpy_helper.from_array(r.standard_normal(s).astype(np.float32), n)
-        for n, s in [("word", (30, 8)), ("pos", (16, 8)), ("seg", (2, 8)), ("gamma", (8,)), ("beta", (8,))]
+        for n, s in [
+            ("word", (30, 8)),
+            ("pos", (16, 8)),
+            ("seg", (2, 8)),
+            ("gamma", (8,)),
+            ("beta", (8,)),
+        ]
     ]
     node = helper.make_node(
         "EmbedLayerNormalization",
@@ -279,19 +328,33 @@ def test_defect_an_input_no_rule_fills_is_named_with_the_flag_that_fills_it(tmp_
     with pytest.raises(RunInputError) as info:
         partition(load_model(p), "host-2core", profiling=QUICK)
     msg = str(info.value)
-    assert msg.startswith(f"{p}: profiling on core0 (ort) failed (") and "input index out of range" in msg
     assert (
-        "on made-up values of input 'ids', 'segs'; give sample values: --input ids=FILE.npy --input segs=FILE.npy"
-        in msg
+        msg.startswith(f"{p}: profiling on core0 (ort) failed (")
+        and "input index out of range" in msg
+    )
+    assert (
+        "on made-up values of input 'ids', 'segs'; give sample values: --input ids=FILE.npy "
+        "--input segs=FILE.npy" in msg
     )
     np.save(tmp_path / "ids.npy", np.arange(6, dtype=np.int32).reshape(1, 6))
     np.save(tmp_path / "segs.npy", np.array([[0, 0, 0, 1, 1, 1]], np.int32))
     inputs = ["--input", f"ids={tmp_path / 'ids.npy'}", "--input", f"segs={tmp_path / 'segs.npy'}"]
     r = run_cli(
-        "profile", str(p), "-d", "host-2core", "--runs", "1", "-q", "-o", str(tmp_path / "p.json"), *inputs
+        "profile",
+        str(p),
+        "-d",
+        "host-2core",
+        "--runs",
+        "1",
+        "-q",
+        "-o",
+        str(tmp_path / "p.json"),
+        *inputs,
     )
     assert r.returncode == 0, r.stderr
-    r = run_cli("profile", str(p), "-d", "host-2core", "--runs", "1", "-q", "-o", str(tmp_path / "q.json"))
+    r = run_cli(
+        "profile", str(p), "-d", "host-2core", "--runs", "1", "-q", "-o", str(tmp_path / "q.json")
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "--input ids=FILE.npy --input segs=FILE.npy" in r.stderr
 
@@ -300,7 +363,8 @@ def test_defect_an_input_no_rule_fills_is_named_with_the_flag_that_fills_it(tmp_
 
 
 def _prelu6(height: int) -> onnx.ModelProto:
-    """Opset 6, IR 3: Conv, then PRelu with a slope per channel of shape (4,) (6 wide: onnx.reference
+    """Opset 6, IR 3: Conv, then PRelu with a slope per channel of shape (4,) (6 wide:
+    onnx.reference
     broadcasts a slope numpy-style where it can, so its width must not be the channels')."""
     r = np.random.default_rng(2)
     w = numpy_helper.from_array(r.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
@@ -311,7 +375,10 @@ def _prelu6(height: int) -> onnx.ModelProto:
             helper.make_node("PRelu", ["c", "slope"], ["y"], name="prelu"),
         ],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, height, 6])]
-        + [helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims)) for t in (w, slope)],
+        + [
+            helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims))
+            for t in (w, slope)
+        ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, height, 6])],
         [w, slope],
         opset=6,
@@ -345,7 +412,8 @@ def test_an_upgrade_that_changes_the_outputs_is_refused(tmp_path, monkeypatch):
     p = tmp_path / "prelu6.onnx"
     onnx.save(_prelu6(4), p)
     with pytest.raises(
-        ModelLoadError, match="upgrading it to opset 13 changes output 'y' .* against onnx.reference"
+        ModelLoadError,
+        match="upgrading it to opset 13 changes output 'y' .* against onnx.reference",
     ):
         load_model(p)
 

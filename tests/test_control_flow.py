@@ -74,7 +74,9 @@ def test_outer_scope_reads_are_node_inputs(cf_path):
 def test_split_into_2_and_3_contiguous_parts_matches_whole_model(cf_path, tmp_path):
     g = load_model(cf_path)
     for k in (2, 3):
-        plan = contiguous_plan(g, "host-biglittle", [("big", "ort"), ("little", "ort"), ("big", "ort")][:k])
+        plan = contiguous_plan(
+            g, "host-biglittle", [("big", "ort"), ("little", "ort"), ("big", "ort")][:k]
+        )
         assert len(plan.parts) == k
         compile_bundle(g, plan, tmp_path / f"b{k}")
         _check_bundle(cf_path, tmp_path / f"b{k}")
@@ -127,7 +129,9 @@ def test_nested_subgraph_reads_two_scopes_up(nested_path, tmp_path):
     g = load_model(nested_path)
     assert g.nodes[g.index["outer_loop"]].outer_inputs == ("top",)
     for k in (2, 3):
-        plan = contiguous_plan(g, "host-biglittle", [("big", "ort"), ("little", "ort"), ("big", "ort")][:k])
+        plan = contiguous_plan(
+            g, "host-biglittle", [("big", "ort"), ("little", "ort"), ("big", "ort")][:k]
+        )
         compile_bundle(g, plan, tmp_path / f"n{k}")
         _check_bundle(nested_path, tmp_path / f"n{k}")
 
@@ -150,7 +154,9 @@ def test_profile_attributes_subgraph_time_to_the_control_flow_node(cf_path, tmp_
         sess.run(None, {"x": x})
     times = _kernel_times(sess.end_profiling())
     assert {len(times[n]) for n in ("iff", "loop", "scan")} == {2}
-    assert not any(k.startswith(("iff_then", "iff_else", "loop_body", "scan_body")) for k in times), times
+    assert not any(
+        k.startswith(("iff_then", "iff_else", "loop_body", "scan_body")) for k in times
+    ), times
     # the If's region covers the If alone, not the nodes that produce what its branches read
     for names, covered in map_regions(g, g.model.graph):
         if "iff" in names:

@@ -40,7 +40,10 @@ def test_a_device_with_two_cpu_processors_gets_their_group():
 
 def _spec(tmp_path, groups: str) -> str:
     path = tmp_path / "dev.yaml"
-    cpu = "kind: cpu, peak_gflops: 10, mem_bandwidth_gbps: 5, active_w: 1, idle_w: 0.5, backends: [{runtime: ort}]"
+    cpu = (
+        "kind: cpu, peak_gflops: 10, mem_bandwidth_gbps: 5, active_w: 1, idle_w: 0.5, backends: "
+        "[{runtime: ort}]"
+    )
     path.write_text(
         f"""name: dev
 kind: device
@@ -48,7 +51,8 @@ processors:
   a: {{{cpu}, cores: [0]}}
   b: {{{cpu}, cores: [1]}}
   c: {{{cpu}, cores: [1]}}
-  g: {{kind: gpu, peak_gflops: 10, mem_bandwidth_gbps: 5, active_w: 1, idle_w: 0.5, backends: [{{runtime: ort}}]}}
+  g: {{kind: gpu, peak_gflops: 10, mem_bandwidth_gbps: 5, active_w: 1, idle_w: 0.5,
+      backends: [{{runtime: ort}}]}}
 {groups}
 """
     )
@@ -120,7 +124,9 @@ def _dags(draw):
         a = draw(st.integers(0, n - 2))
         edges.add((a, draw(st.integers(a + 1, n - 1))))
     ms = np.array(
-        draw(st.lists(st.lists(st.floats(0.05, 5.0), min_size=4, max_size=4), min_size=n, max_size=n))
+        draw(
+            st.lists(st.lists(st.floats(0.05, 5.0), min_size=4, max_size=4), min_size=n, max_size=n)
+        )
     )
     assign = np.array(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
     return n, sorted(edges), ms, assign
@@ -134,7 +140,9 @@ def test_the_schedule_never_runs_a_group_beside_its_members(case):
     n, edges, ms, assign = case
     cm = _cost_model(n, edges, ms)
     s = schedule(cm, assign)
-    spans = [(p, float(a), float(b)) for p, a, b in zip(s.part_proc, s.part_start_ms, s.part_end_ms)]
+    spans = [
+        (p, float(a), float(b)) for p, a, b in zip(s.part_proc, s.part_start_ms, s.part_end_ms)
+    ]
     for i, (p, a0, a1) in enumerate(spans):
         for q, b0, b1 in spans[i + 1 :]:
             if cm.blocks[p, q]:
@@ -192,7 +200,9 @@ def test_a_single_part_bundle_runs_on_the_callers_thread_and_restores_it(tmp_pat
         list(ref.run_stream([{"x": x}] * 3))
         ref.close()
         for out in sess.run_stream([{"x": x}] * 3):
-            np.testing.assert_allclose(out[graph.outputs[0]], got[graph.outputs[0]], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                out[graph.outputs[0]], got[graph.outputs[0]], rtol=1e-5, atol=1e-6
+            )
         assert len(seen) == 4 and seen[-1] != threading.get_ident()
 
 
@@ -211,17 +221,22 @@ def test_a_core_group_is_priced_by_its_own_measurement(tmp_path):
     model = _conv_model(tmp_path / "m.onnx", ch=64)
     graph = edgesplit.load_model(model)
     device = load_device("host-2core")
-    prof = profile_model(graph, device, ProfileOptions(["ort"], ["core0", "core0+core1"], runs=10, warmup=3))
+    prof = profile_model(
+        graph, device, ProfileOptions(["ort"], ["core0", "core0+core1"], runs=10, warmup=3)
+    )
     cm = build_costs(graph, prof, device)
     predicted = {}
     bundles = {}
     for proc in ("core0", "core0+core1"):
         p = cm.proc_index(proc)
         predicted[proc] = schedule(cm, np.full(cm.n_nodes, p)).makespan_ms
-        compile_bundle(graph, contiguous_plan(graph, "host-2core", [(proc, "ort")]), tmp_path / proc)
+        compile_bundle(
+            graph, contiguous_plan(graph, "host-2core", [(proc, "ort")]), tmp_path / proc
+        )
         bundles[proc] = tmp_path / proc
     got = _median_latency(bundles, rounds=6)
-    # as a ratio to one core measured beside it, so that a loaded machine (everything slower) cancels
+    # as a ratio to one core measured beside it, so that a loaded machine (everything slower)
+    # cancels
     speedup = {
         "measured": got["core0"] / got["core0+core1"],
         "predicted": predicted["core0"] / predicted["core0+core1"],

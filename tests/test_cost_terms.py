@@ -76,7 +76,8 @@ def hand_model(
 def with_terms(cm: CostModel, **kw) -> CostModel:
     base = none(cm.n_nodes, cm.n_procs, len(cm.flows))
     fields = {
-        f: getattr(base, f) for f in ("pair", "blocked_out", "blocked_in", "handoff_gaps_ms", "handoff_ms")
+        f: getattr(base, f)
+        for f in ("pair", "blocked_out", "blocked_in", "handoff_gaps_ms", "handoff_ms")
     }
     fields.update(kw)
     return replace(cm, overheads=Overheads(**fields))
@@ -85,7 +86,9 @@ def with_terms(cm: CostModel, **kw) -> CostModel:
 def test_a_part_starts_when_the_whole_part_it_reads_has_ended():
     """Diamond: A (big) feeds B (little) and C (big); D (big) joins them. The runtime runs {A, C} as
     one part, whose outputs are released at its end, so B cannot start after A alone."""
-    cm = hand_model(["big", "little"], [[1, 9], [5, 2], [4, 9], [1, 9]], [(0, 1), (0, 2), (1, 3), (2, 3)])
+    cm = hand_model(
+        ["big", "little"], [[1, 9], [5, 2], [4, 9], [1, 9]], [(0, 1), (0, 2), (1, 3), (2, 3)]
+    )
     s = schedule(cm, np.array([0, 1, 0, 0]))
     parts = {tuple(p): k for k, p in enumerate(s.parts)}
     ac, b, d = parts[(0, 2)], parts[(1,)], parts[(3,)]
@@ -100,7 +103,8 @@ def test_workers_serve_parts_first_ready_first():
     though the other leads to a long tail (a HEFT rank would put that one first). The runtime does
     the same: each processor's worker is a FIFO queue fed as parts become ready."""
     #  n0 little (10 ms, reads the input)
-    #  n1 big 1 ms -> n2 little 1 ms ; n3 big 1 ms (reads n1, so ready later) -> n4 little 1 ms -> n5 big 20 ms
+    # n1 big 1 ms -> n2 little 1 ms ; n3 big 1 ms (reads n1, so ready later) -> n4 little 1 ms -> n5
+    # big 20 ms
     ms = [[9, 10], [1, 9], [9, 1], [1, 9], [9, 1], [20, 90]]
     edges = [(1, 2), (1, 3), (3, 4), (4, 5), (0, 5), (2, 5)]
     cm = hand_model(["big", "little"], ms, edges)
@@ -161,7 +165,9 @@ def test_fixed_cost_per_part_and_boundary_bytes_and_reorders():
     extra = boundary_ms(timed, x, lay.parts, np.arange(3), ["ort", "tvm", "ort"])
     mb4 = 4_000_000
     assert extra[0] == pytest.approx(0.2 + mb4 * (1e-7 + 2e-7))  # out + reorder of t0
-    assert extra[1] == pytest.approx(0.3 + mb4 * 1e-7 + mb4 * 1e-7)  # in t0, out t1 (no reorders on tvm)
+    assert extra[1] == pytest.approx(
+        0.3 + mb4 * 1e-7 + mb4 * 1e-7
+    )  # in t0, out t1 (no reorders on tvm)
     assert extra[2] == pytest.approx(0.2 + mb4 * 2e-7)  # in t1, reordered into n2's layout
     assert schedule(timed, x).makespan_ms == pytest.approx(3 + extra.sum())
 
@@ -171,9 +177,13 @@ def test_a_tensor_s_own_reorder_figure_is_charged_over_the_per_mb_rate():
     the per-MB rate prices only the tensors it did not measure."""
     cm = hand_model(["cpu"], [[1], [1], [1]], [(0, 1), (1, 2)], nbytes=4_000_000)
     pair = {
-        (0, "ort"): PairCost(0.2, 0.0, 0.0, 2e-7, reorder_in_ms={"t1": 0.07}, reorder_out_ms={"t0": 0.05})
+        (0, "ort"): PairCost(
+            0.2, 0.0, 0.0, 2e-7, reorder_in_ms={"t1": 0.07}, reorder_out_ms={"t0": 0.05}
+        )
     }
-    blocked_out = np.array([[False], [True], [True], [False]])  # t0 and t1 leave their parts blocked
+    blocked_out = np.array(
+        [[False], [True], [True], [False]]
+    )  # t0 and t1 leave their parts blocked
     blocked_in = np.array([[False], [True], [True]])  # n1 and n2 read their inputs blocked
     timed = with_terms(cm, pair=pair, blocked_out=blocked_out, blocked_in=blocked_in)
     x = np.zeros(3, dtype=np.int64)
@@ -188,7 +198,8 @@ def test_contention_slows_only_overlapping_parts():
     """n0 on big and n1 on little both read the input and overlap for 4 ms; a chain does not."""
     cm = hand_model(["big", "little"], [[4, 9], [9, 4]], [])
     cm = replace(
-        cm, flows=(Flow("x", 10, -1, (0, 1)), Flow("y0", 10, 0, (), True), Flow("y1", 10, 1, (), True))
+        cm,
+        flows=(Flow("x", 10, -1, (0, 1)), Flow("y0", 10, 0, (), True), Flow("y1", 10, 1, (), True)),
     )
     contention = np.array([[1.0, 1.5], [1.25, 1.0]])
     s = schedule(with_terms(cm, contention=contention), np.array([0, 1]))
@@ -235,7 +246,9 @@ def test_contention_is_estimated_over_a_time_not_a_fixed_count_of_runs():
 
 
 def test_fewer_parts_within_the_noise():
-    cm = hand_model(["big", "little"], [[1, 9], [5, 2], [4, 9], [1, 9]], [(0, 1), (0, 2), (1, 3), (2, 3)])
+    cm = hand_model(
+        ["big", "little"], [[1, 9], [5, 2], [4, 9], [1, 9]], [(0, 1), (0, 2), (1, 3), (2, 3)]
+    )
     whole, split = np.zeros(4, dtype=np.int64), np.array([0, 1, 0, 0])
     visited = [(10.0, split), (10.3, whole)]
     assert fewest_parts(cm, visited, 0.05)[0] is whole
@@ -247,13 +260,17 @@ def test_the_noise_is_the_noisiest_measured_pair_s_capped():
     model), not the median pair's: a quiet short block must not hide a processor's drift."""
 
     def entry(proc, backend, p90_ms, source="measured"):
-        return ProcessorProfile(proc, backend, source, {}, whole_model_ms=10.0, whole_model_p90_ms=p90_ms)
+        return ProcessorProfile(
+            proc, backend, source, {}, whole_model_ms=10.0, whole_model_p90_ms=p90_ms
+        )
 
     quiet_tvm = [entry("big", "tvm", 10.1), entry("little", "tvm", 10.2)]
     prof = Profile("0" * 64, "m", "host-biglittle", {}, (*quiet_tvm, entry("big", "ort", 10.8)))
     assert noise_rel(prof) == pytest.approx(0.08)  # the median of the three is 0.02
     wild = (*quiet_tvm, entry("little", "ort", 14.0), entry("big", "ort", 50.0, source="predicted"))
-    assert noise_rel(replace(prof, entries=wild)) == pytest.approx(0.10)  # capped; predictions left out
+    assert noise_rel(replace(prof, entries=wild)) == pytest.approx(
+        0.10
+    )  # capped; predictions left out
     assert noise_rel(replace(prof, entries=(entry("big", "ort", 50.0, source="predicted"),))) == 0.0
 
 
@@ -273,7 +290,9 @@ def split_chain():
     """A 4-node chain on two cores, core1 slightly cheaper after the first node, and a fixed cost
     of 0.5 ms per part: the sequential models split it after node 0."""
     cm = hand_model(
-        ["core0", "core1"], [[1.0, 1.2], [2.0, 1.8], [2.0, 1.8], [2.0, 1.8]], [(0, 1), (1, 2), (2, 3)]
+        ["core0", "core1"],
+        [[1.0, 1.2], [2.0, 1.8], [2.0, 1.8], [2.0, 1.8]],
+        [(0, 1), (1, 2), (2, 3)],
     )
     return with_terms(
         replace(cm, idle_w=np.array([0.1, 0.1])),
@@ -288,7 +307,9 @@ def part_cost_models(draw) -> CostModel:
     n, p = draw(st.integers(2, 9)), draw(st.integers(2, 3))
     cm = random_costs(n, p, draw(st.integers(0, 2**31 - 1)), n_remote=0, unsupported=0.0)
     part_ms = draw(st.floats(0.0, 2.0))
-    return with_terms(cm, pair={(q, "ort"): PairCost(part_ms) for q in range(p)}, active_w=np.ones(p))
+    return with_terms(
+        cm, pair={(q, "ort"): PairCost(part_ms) for q in range(p)}, active_w=np.ones(p)
+    )
 
 
 def test_an_energy_plan_pays_its_parts_and_never_costs_more_than_one_processor():
@@ -313,7 +334,9 @@ def test_the_energy_plan_is_never_dearer_than_a_baseline_with_part_costs(cm):
     out = solve(cm, "energy")
     for b in out.baselines:
         if b.feasible:
-            assert out.schedule.energy_mj <= b.energy_mj + 1e-6, b.name  # baselines are rounded to 1e-6
+            assert out.schedule.energy_mj <= b.energy_mj + 1e-6, (
+                b.name
+            )  # baselines are rounded to 1e-6
 
 
 def test_no_pareto_point_is_beaten_by_one_processor_alone():
@@ -331,7 +354,10 @@ def test_pareto_points_are_never_dominated_by_a_baseline(cm):
     out = solve(cm, "pareto")
     for point in out.pareto:
         for b in out.baselines:
-            strictly = b.latency_ms < point["latency_ms"] - 1e-6 and b.energy_mj < point["energy_mj"] - 1e-6
+            strictly = (
+                b.latency_ms < point["latency_ms"] - 1e-6
+                and b.energy_mj < point["energy_mj"] - 1e-6
+            )
             assert not (b.feasible and strictly), (b.name, point)
 
 
@@ -357,7 +383,9 @@ def chain_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def chain_profile(chain_model):
-    return profile_model(chain_model, load_device("host-2core"), ProfileOptions(["ort"], runs=10, warmup=3))
+    return profile_model(
+        chain_model, load_device("host-2core"), ProfileOptions(["ort"], runs=10, warmup=3)
+    )
 
 
 @pytest.mark.measures
@@ -398,7 +426,9 @@ def test_reorders_at_a_conv_boundary_are_those_ort_adds(chain_model, chain_profi
     exactly those (the whole model has none)."""
     plan = contiguous_plan(chain_model, "host-2core", [("core0", "ort")] * 3)
     compile_bundle(chain_model, plan, tmp_path / "b")
-    ops = [op for p in sorted((tmp_path / "b" / "parts").glob("*.onnx")) for op in _optimised_ops(p)]
+    ops = [
+        op for p in sorted((tmp_path / "b" / "parts").glob("*.onnx")) for op in _optimised_ops(p)
+    ]
     whole = _optimised_ops(chain_model.path)
     cm = build_costs(chain_model, chain_profile, load_device("host-2core"))
     ov = cm.ov
@@ -457,7 +487,9 @@ def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp
     part_of = np.zeros(cm.n_nodes, dtype=np.int64)
     for k, p in enumerate(parts):
         part_of[p] = k
-    whole = boundary_ms(cm, x, [list(range(cm.n_nodes))], np.zeros(cm.n_nodes, dtype=np.int64), backends)
+    whole = boundary_ms(
+        cm, x, [list(range(cm.n_nodes))], np.zeros(cm.n_nodes, dtype=np.int64), backends
+    )
     extra_predicted = float(boundary_ms(cm, x, parts, part_of, backends).sum() - whole.sum())
     one_predicted = schedule(cm, x).makespan_ms
     assert extra_predicted > 0
@@ -467,7 +499,9 @@ def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp
 
 
 @pytest.mark.measures
-def test_a_busy_worker_starts_its_next_queued_part_a_hand_off_later(chain_model, chain_profile, tmp_path):
+def test_a_busy_worker_starts_its_next_queued_part_a_hand_off_later(
+    chain_model, chain_profile, tmp_path
+):
     """The chain as a 2-stage pipeline (core0, then core1), in a stream: the worker that sets the
     pace has its next part queued before the last one ends, and still starts it some time after the
     last one's outputs are collected (the Session's bookkeeping: the next stage launched on the
@@ -489,16 +523,22 @@ def test_a_busy_worker_starts_its_next_queued_part_a_hand_off_later(chain_model,
     for lane in ("core0", "core1"):
         rs = sorted((r for r in runs if r.lane == lane), key=lambda r: r.start_ns)
         queued[lane] = [
-            (b.start_ns - a.collected_ns) / 1e6 for a, b in zip(rs, rs[1:]) if b.submit_ns <= a.collected_ns
+            (b.start_ns - a.collected_ns) / 1e6
+            for a, b in zip(rs, rs[1:])
+            if b.submit_ns <= a.collected_ns
         ]
     lane = max(queued, key=lambda k: len(queued[k]))
-    assert len(queued[lane]) > 60, {k: len(v) for k, v in queued.items()}  # that worker's queue stayed full
+    assert len(queued[lane]) > 60, {
+        k: len(v) for k, v in queued.items()
+    }  # that worker's queue stayed full
     handoff0 = chain_profile.entry(lane, "ort").terms.handoff_ms[0]
     gap = float(np.median(queued[lane]))
     assert 0.25 * handoff0 <= gap <= 4 * handoff0, (lane, gap, handoff0)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="ORT's NCHWc layout is x86's")
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64"), reason="ORT's NCHWc layout is x86's"
+)
 @pytest.mark.measures
 def test_reorders_at_a_cut_cost_what_the_profiler_measured_for_that_tensor(tmp_path):
     """A chain of 1x1 convolutions on 512 channels at 13x13, cut in the middle: the reorders the
@@ -519,11 +559,14 @@ def test_reorders_at_a_cut_cost_what_the_profiler_measured_for_that_tensor(tmp_p
         weights.append((f"w{i}", rand(512, 512, 1, 1, seed=i) * 0.05))
         prev = f"r{i}"
     onnx.save(
-        make_model(nodes, [("x", [1, 512, 13, 13])], [(prev, [1, 512, 13, 13])], weights), tmp_path / "m.onnx"
+        make_model(nodes, [("x", [1, 512, 13, 13])], [(prev, [1, 512, 13, 13])], weights),
+        tmp_path / "m.onnx",
     )
     graph = load_model(tmp_path / "m.onnx")
     prof = profile_model(
-        graph, load_device("host-2core"), ProfileOptions(["ort"], processors=["core0"], runs=10, warmup=3)
+        graph,
+        load_device("host-2core"),
+        ProfileOptions(["ort"], processors=["core0"], runs=10, warmup=3),
     )
     entry = prof.entry("core0", "ort")
     t = entry.terms
@@ -550,11 +593,15 @@ def test_a_trivial_bundle_costs_the_session_and_its_wake_ups(tmp_path):
     """A one-node model as a 1-part bundle through the real Session: nearly all of its latency is
     the per-request terms (hand-off, the part's fixed cost, the caller's wake-up, the Session's
     work), which the model predicts within a generous factor; its kernel alone is a small share."""
-    m = make_model([helper.make_node("Neg", ["x"], ["y"], name="neg")], [("x", [1, 16])], [("y", [1, 16])])
+    m = make_model(
+        [helper.make_node("Neg", ["x"], ["y"], name="neg")], [("x", [1, 16])], [("y", [1, 16])]
+    )
     onnx.save(m, tmp_path / "neg.onnx")
     graph = load_model(tmp_path / "neg.onnx")
     device = load_device("host-2core")
-    prof = profile_model(graph, device, ProfileOptions(["ort"], processors=["core0"], runs=20, warmup=3))
+    prof = profile_model(
+        graph, device, ProfileOptions(["ort"], processors=["core0"], runs=20, warmup=3)
+    )
     plan = contiguous_plan(graph, "host-2core", [("core0", "ort")])
     compile_bundle(graph, plan, tmp_path / "b")
     got = _median_latency({"b": tmp_path / "b"}, rounds=4, block=50)["b"]
@@ -571,7 +618,9 @@ def _twin_backends(chain_profile):
     names = {"core0": "big", "core1": "little", "core0+core1": "big+little"}
 
     def moved(e):
-        terms = e.terms and replace(e.terms, contention={names[k]: v for k, v in e.terms.contention.items()})
+        terms = e.terms and replace(
+            e.terms, contention={names[k]: v for k, v in e.terms.contention.items()}
+        )
         # node sums as measured, not scaled to the whole-model time: the twin below has none, and a
         # whole-model run measured under load (say 2x the node sum) would scale ORT alone
         return replace(e, processor=names[e.processor], terms=terms, whole_model_ms=None)
@@ -581,9 +630,12 @@ def _twin_backends(chain_profile):
     )
     big = ort_only.entry("big", "ort")
     faster = {
-        n: replace(c, latency_ms=c.latency_ms * (0.99 if n == "conv3" else 1.5)) for n, c in big.nodes.items()
+        n: replace(c, latency_ms=c.latency_ms * (0.99 if n == "conv3" else 1.5))
+        for n, c in big.nodes.items()
     }
-    return ort_only, replace(ort_only, entries=(*ort_only.entries, replace(big, backend="tvm", nodes=faster)))
+    return ort_only, replace(
+        ort_only, entries=(*ort_only.entries, replace(big, backend="tvm", nodes=faster))
+    )
 
 
 @pytest.mark.parametrize("objective", ["latency", "pareto"])
@@ -594,7 +646,8 @@ def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
     part boundaries for a few microseconds. The plan keeps one backend per processor instead, and
     predicts no worse than the plan without that backend (squeezenet on host-biglittle: five parts
     on big at 11.06 ms predicted against 9.30 for ORT alone, before). A trade-off (pareto) keeps it
-    too, on both figures (squeezenet's point on big: 17.94 ms and 71.1 mJ against 11.86 and 46.9)."""
+    too, on both figures (squeezenet's point on big: 17.94 ms and 71.1 mJ against 11.86 and
+    46.9)."""
     from edgesplit.optimize.planner import solve_plan
     from edgesplit.workflows.resolve import Choices, resolve
 
@@ -635,14 +688,18 @@ def test_band_plans_do_not_cut_a_processor_into_parts_for_a_backend_faster_on_on
     chosen = {}
     for key, profile in (("plain", ort_only), ("mixed", both)):
         problem = resolve(
-            chain_model, "host-biglittle", Choices(profile=profile, server="server-a100", link="wifi")
+            chain_model,
+            "host-biglittle",
+            Choices(profile=profile, server="server-a100", link="wifi"),
         )
         table = problem_band_table(problem, per_decade=1, max_evals=60)
         for plan in band_plans(problem, table):
             assert "tvm" not in {p.backend for p in plan.parts}, [
                 (p.processor, p.backend) for p in plan.parts
             ]
-        values = curves(problem_pricings(problem), table.objective, table.assigns, grid, table.pricing)
+        values = curves(
+            problem_pricings(problem), table.objective, table.assigns, grid, table.pricing
+        )
         chosen[key] = [values[table.band_at(bw).plan][i] for i, bw in enumerate(grid)]
     assert all(m <= p * (1 + 1e-6) for m, p in zip(chosen["mixed"], chosen["plain"])), chosen
 
@@ -653,7 +710,9 @@ def test_a_plan_s_baselines_are_each_the_cheaper_of_their_two_pricings():
     from edgesplit.optimize.planner import _cheaper_baselines
 
     out = solve(split_chain(), "latency")
-    dear = replace(out, baselines=tuple(replace(b, latency_ms=2 * b.latency_ms) for b in out.baselines))
+    dear = replace(
+        out, baselines=tuple(replace(b, latency_ms=2 * b.latency_ms) for b in out.baselines)
+    )
     got = _cheaper_baselines(dear, out, "latency")
     assert got.assign is dear.assign
     assert [b.latency_ms for b in got.baselines] == [b.latency_ms for b in out.baselines]

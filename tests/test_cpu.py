@@ -24,8 +24,8 @@ def test_present_cores_keeps_the_cores_here_and_names_the_others():
     kept, note = present_cores((here[0], *ABSENT))
     assert kept == (here[0],)
     assert (
-        note
-        == f"cores {list(ABSENT)} are not on this machine (it offers {list(here)}): pinned to [{here[0]}]"
+        note == f"cores {list(ABSENT)} are not on this machine (it offers {list(here)}): pinned to "
+        f"[{here[0]}]"
     )
     kept, note = present_cores(ABSENT)
     assert kept is None and note.endswith(": not pinned")
@@ -64,10 +64,14 @@ def test_ort_is_never_asked_for_a_core_that_is_not_there(tmp_path):
     import onnx
 
     conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
-    model = make_model([conv], [("x", [1, 8, 16, 16])], [("y", [1, 8, 16, 16])], [("w", rand(8, 8, 3, 3))])
+    model = make_model(
+        [conv], [("x", [1, 8, 16, 16])], [("y", [1, 8, 16, 16])], [("w", rand(8, 8, 3, 3))]
+    )
     onnx.save(model, tmp_path / "conv.onnx")
     r = subprocess.run(
-        [sys.executable, "-c", RUN_SESSION, str(tmp_path / "conv.onnx")], capture_output=True, text=True
+        [sys.executable, "-c", RUN_SESSION, str(tmp_path / "conv.onnx")],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr
     assert "setaffinity" not in r.stderr, r.stderr

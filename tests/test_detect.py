@@ -67,7 +67,12 @@ def test_big_little_phone_becomes_three_clusters_a_gpu_and_an_npu(tmp_path):
     out = tmp_path / "my-phone.yaml"
     out.write_text(text)
     clusters = ("cpu_prime", "cpu_big", "cpu_little")
-    assert load_device(out).processor_names == (*clusters, "gpu", "npu", "+".join(clusters))  # a core group
+    assert load_device(out).processor_names == (
+        *clusters,
+        "gpu",
+        "npu",
+        "+".join(clusters),
+    )  # a core group
 
 
 def test_without_cpufreq_one_cluster_from_proc_cpuinfo(tmp_path):
@@ -75,7 +80,8 @@ def test_without_cpufreq_one_cluster_from_proc_cpuinfo(tmp_path):
         tmp_path,
         "proc/cpuinfo",
         "\n".join(
-            f"processor\t: {i}\nmodel name\t: Some CPU\ncpu MHz\t\t: 2400.000\nflags\t\t: sse4_2 avx avx2 fma\n"
+            f"processor\t: {i}\nmodel name\t: Some CPU\ncpu MHz\t\t: 2400.000\nflags\t\t: sse4_2 "
+            "avx avx2 fma\n"
             for i in range(4)
         ),
     )
@@ -133,7 +139,9 @@ def test_detect_over_ssh_drafts_a_valid_spec(sshd, remote_tmp, tmp_path):  # noq
 
 
 @pytest.mark.ssh
-@pytest.mark.skipif(not BARE_PYTHON.exists(), reason="no /usr/bin/python3 to stand for a bare device")
+@pytest.mark.skipif(
+    not BARE_PYTHON.exists(), reason="no /usr/bin/python3 to stand for a bare device"
+)
 def test_detect_on_a_device_without_onnxruntime_says_what_to_install(sshd, remote_tmp, tmp_path):  # noqa: F811
     args = sshd.cli_args(remote_tmp)
     args[args.index("--remote-python") + 1] = str(BARE_PYTHON)
@@ -146,7 +154,9 @@ def test_detect_on_a_device_without_onnxruntime_says_what_to_install(sshd, remot
 
 
 def test_nvidia_smi_gpus_become_cuda_processors(tmp_path, monkeypatch):
-    fake = tmp_path / "bin" / "nvidia-smi"  # stands in for the real tool; its CSV format is the real one
+    fake = (
+        tmp_path / "bin" / "nvidia-smi"
+    )  # stands in for the real tool; its CSV format is the real one
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771'\n")
     fake.chmod(0o755)

@@ -57,7 +57,14 @@ def _check_figures(spec: DeviceSpec) -> None:
 
 def test_the_expected_specs_ship():
     names = {p.stem for p in SPECS}
-    assert {"host", "links", "snapdragon-8gen2", "raspberry-pi5", "jetson-orin-nano", "server-a100"} <= names
+    assert {
+        "host",
+        "links",
+        "snapdragon-8gen2",
+        "raspberry-pi5",
+        "jetson-orin-nano",
+        "server-a100",
+    } <= names
 
 
 @pytest.mark.parametrize("path", DEVICE_SPECS, ids=lambda p: p.stem)
@@ -320,7 +327,9 @@ def test_every_problem_is_reported_at_once(tmp_path):
     with pytest.raises(DeviceSpecError) as info:
         load_device(_write(tmp_path, data))
     msg = str(info.value)
-    assert "processors.cpu.peak_gflops" in msg and "processors.gpu.idle_w" in msg and "colour" in msg
+    assert (
+        "processors.cpu.peak_gflops" in msg and "processors.gpu.idle_w" in msg and "colour" in msg
+    )
 
 
 def test_binary_file_is_a_spec_error(tmp_path):
@@ -378,7 +387,10 @@ def test_spec_names_and_paths_resolve(tmp_path, monkeypatch):
     copy_path = tmp_path / "my-phone.yaml"
     shutil.copy(DEVICES_DIR / "snapdragon-8gen2.yaml", copy_path)
     assert resolve(str(copy_path)) == copy_path
-    assert load_device(str(copy_path)).processor_names == load_device("snapdragon-8gen2").processor_names
+    assert (
+        load_device(str(copy_path)).processor_names
+        == load_device("snapdragon-8gen2").processor_names
+    )
     # A relative path with a folder resolves from the working directory.
     monkeypatch.chdir(tmp_path.parent)
     rel = f"{tmp_path.name}/my-phone.yaml"

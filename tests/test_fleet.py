@@ -49,7 +49,9 @@ def test_fleet_profiles_every_reachable_host_and_reports_the_rest(sshd, remote_t
     )
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip().splitlines()[-1] == "edgesplit: error: 1 of 3 hosts failed: down"
-    rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if line.count("│") > 5}
+    rows = {
+        line.split("│")[1].strip(): line for line in r.stdout.splitlines() if line.count("│") > 5
+    }
     assert "ok" in rows["board-a"] and "ok" in rows["board-b"] and "FAILED" in rows["down"]
     assert "connection refused" in r.stdout
     for name in ("board-a", "board-b"):

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from edgesplit.serve.frontdoor import MAX_HEAD_NBYTES, MAX_PEEKING, WAIT, FrontDoor, classify, health_answer
+from edgesplit.serve.frontdoor import (
+    MAX_HEAD_NBYTES,
+    MAX_PEEKING,
+    WAIT,
+    FrontDoor,
+    classify,
+    health_answer,
+)
 
 H = "GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -23,7 +30,11 @@ H = "GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
     [
         (H, "ready"),
         ("GET /v2/health/live HTTP/1.0\r\n\r\n", "live"),
-        ("GET /v2/health/live HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", "live"),
+        (
+            "GET /v2/health/live HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: "
+            "close\r\n\r\n",
+            "live",
+        ),
         ("GET /v2/health/live HTTP/1.0\r\nHost: x\r\nUser-Agent: probe/1\t(x)\r\n\r\n", "live"),
         ("", WAIT),
         ("G", WAIT),
@@ -111,7 +122,9 @@ def exchange(port: int, *chunks: bytes, pause_s: float = 0.0) -> bytes:
 
 def test_health_is_answered_from_the_readiness_flag(door):
     d, port, state = door
-    assert exchange(port, H.encode()).startswith(b"HTTP/1.1 503 ")  # not ready yet (or shutting down)
+    assert exchange(port, H.encode()).startswith(
+        b"HTTP/1.1 503 "
+    )  # not ready yet (or shutting down)
     state["ready"] = True
     got = exchange(port, H.encode())
     assert got.startswith(b"HTTP/1.1 200 OK") and got.endswith(b'{"ready": true}')
@@ -159,7 +172,9 @@ def test_a_connection_closed_before_a_request_is_closed_here(door):
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset
     s.close()
     assert exchange(port, b"GET /v2/health/live HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.1 200")
-    assert d.answered == 1 and d.handed_off == 0  # the two closed ones were never handed to the loop
+    assert (
+        d.answered == 1 and d.handed_off == 0
+    )  # the two closed ones were never handed to the loop
 
 
 def test_a_connection_handed_off_as_the_door_stops_is_set_up_before_the_loop_closes(monkeypatch):

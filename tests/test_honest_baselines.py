@@ -51,7 +51,9 @@ def test_the_candidates_are_the_baselines_a_user_would_pick(chain):
 @pytest.mark.slow  # its fixture profiles a model on three processors
 def test_a_bundle_of_replicas_runs_each_request_on_one_copy(chain, tmp_path):
     model, _, problem = chain
-    plan = next(c for c in candidates(problem, solve_plan(problem), "throughput") if c.name == REPLICAS).plan
+    plan = next(
+        c for c in candidates(problem, solve_plan(problem), "throughput") if c.name == REPLICAS
+    ).plan
     manifest = compile_bundle(problem.graph, plan, tmp_path / "b", device=problem.full_device)
     assert [p.processor for p in manifest.parts] == ["core0", "core1"]
     assert (
@@ -73,7 +75,9 @@ def test_a_manifest_of_broken_replicas_is_refused(chain, tmp_path):
     import json
 
     model, _, problem = chain
-    plan = next(c for c in candidates(problem, solve_plan(problem), "throughput") if c.name == REPLICAS).plan
+    plan = next(
+        c for c in candidates(problem, solve_plan(problem), "throughput") if c.name == REPLICAS
+    ).plan
     compile_bundle(problem.graph, plan, tmp_path / "b", device=problem.full_device)
     path = tmp_path / "b" / "manifest.json"
     good = json.loads(path.read_text())
@@ -95,7 +99,9 @@ def test_verification_ships_plain_ort_when_the_plan_loses_to_it(chain, tmp_path)
     measured faster, and that is what ships, named in the verdict."""
     model, prof, problem = chain
     pins = {n.name: "core0" for n in problem.graph.nodes}
-    m = edgesplit.deploy(model, "host-2core", tmp_path / "b", profile=prof, pins=pins, verify_budget_s=15)
+    m = edgesplit.deploy(
+        model, "host-2core", tmp_path / "b", profile=prof, pins=pins, verify_budget_s=15
+    )
     v = m.verification
     assert v is not None and v.shipped == PLAIN_ORT, v.reason
     assert "plain-ort" in v.reason and not v.kept_plan

@@ -16,11 +16,15 @@ MAX_PARAMS = 8
 def _public_functions(tree: ast.Module):
     """(name, node) of every public function: module level, or a method of a public class."""
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith(
+            "_"
+        ):
             yield node.name, node
         if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
             for sub in node.body:
-                if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef) and not sub.name.startswith("_"):
+                if isinstance(
+                    sub, ast.FunctionDef | ast.AsyncFunctionDef
+                ) and not sub.name.startswith("_"):
                     yield f"{node.name}.{sub.name}", sub
 
 
@@ -37,7 +41,9 @@ def test_no_public_function_takes_more_than_eight_parameters():
         for name, fn in _public_functions(ast.parse(path.read_text())):
             if _count(fn) > MAX_PARAMS:
                 over.append(f"{path.relative_to(PACKAGE.parent)}:{fn.lineno} {name} ({_count(fn)})")
-    assert not over, "public functions over 8 parameters (take a typed options object):\n" + "\n".join(over)
+    assert not over, (
+        "public functions over 8 parameters (take a typed options object):\n" + "\n".join(over)
+    )
 
 
 def test_the_count_sees_keyword_only_and_star_parameters():

@@ -36,7 +36,9 @@ class DriftingMachine:
         yield timed
 
 
-def _entry(proc: str, whole_ms: float, backend: str = "ort", source: str = MEASURED) -> ProcessorProfile:
+def _entry(
+    proc: str, whole_ms: float, backend: str = "ort", source: str = MEASURED
+) -> ProcessorProfile:
     return ProcessorProfile(
         proc, backend, source, {"n": NodeCost(whole_ms, whole_ms, source, 1.0, 3)}, {}, whole_ms
     )

@@ -142,7 +142,10 @@ def test_fixed_input_shape_folds_dynamic_model(tmp_path):
 
 
 def test_parse_input_shapes():
-    assert parse_input_shapes(["x=1,3,224,224", "ids=1,128"]) == {"x": (1, 3, 224, 224), "ids": (1, 128)}
+    assert parse_input_shapes(["x=1,3,224,224", "ids=1,128"]) == {
+        "x": (1, 3, 224, 224),
+        "ids": (1, 128),
+    }
     with pytest.raises(ModelLoadError, match="NAME=D1"):
         parse_input_shapes(["x:1,3"])
     with pytest.raises(ModelLoadError):
@@ -153,7 +156,9 @@ def test_parse_input_shapes():
 
 
 def _bad_models(tmp_path):
-    good = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 4])], [("y", [1, 4])])
+    good = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 4])], [("y", [1, 4])]
+    )
     data = good.SerializeToString()
     cases = {}
     (tmp_path / "garbage.onnx").write_bytes(b"\x00\xffthis is not a protobuf\xff" * 10)
@@ -164,9 +169,13 @@ def _bad_models(tmp_path):
         [("y", [1, 50000])],
         [("w", rand(1, 50000))],
     )
-    (tmp_path / "truncated.onnx").write_bytes(big.SerializeToString()[: len(big.SerializeToString()) // 2])
+    (tmp_path / "truncated.onnx").write_bytes(
+        big.SerializeToString()[: len(big.SerializeToString()) // 2]
+    )
     cases["truncated"] = (tmp_path / "truncated.onnx", "truncated")
-    bad = make_model([helper.make_node("FancyOp", ["x"], ["y"], name="f")], [("x", [1, 4])], [("y", [1, 4])])
+    bad = make_model(
+        [helper.make_node("FancyOp", ["x"], ["y"], name="f")], [("x", [1, 4])], [("y", [1, 4])]
+    )
     onnx.save(bad, tmp_path / "unknown_op.onnx")
     cases["unknown op"] = (tmp_path / "unknown_op.onnx", "unknown op 'FancyOp'")
     bad = make_model(
@@ -277,7 +286,8 @@ def test_real_ppocr_models_load(kind):
 
 def test_a_simplified_model_is_kept_and_read_back_by_the_next_load(tmp_path, monkeypatch):
     """The next load of the same model and shapes reads the simplified model from the cache instead
-    of folding again: the same graph, costs and notes. A changed model, or other shapes, fold again."""
+    of folding again: the same graph, costs and notes. A changed model, or other shapes, fold
+    again."""
     from edgesplit.model import kept, zoo
     from edgesplit.model import simplify as simplify_module
 
@@ -287,7 +297,9 @@ def test_a_simplified_model_is_kept_and_read_back_by_the_next_load(tmp_path, mon
     assert len(list((tmp_path / "cache" / "simplified").glob("*.onnx"))) == 1
     folds = []
     real = simplify_module.simplify
-    monkeypatch.setattr(simplify_module, "simplify", lambda *a, **k: folds.append(a[0]) or real(*a, **k))
+    monkeypatch.setattr(
+        simplify_module, "simplify", lambda *a, **k: folds.append(a[0]) or real(*a, **k)
+    )
     again = load_model(path)
     assert folds == [] and again == first
     assert again.model.SerializeToString() == first.model.SerializeToString()
@@ -330,7 +342,9 @@ def test_kept_models_past_the_cap_go_least_recently_used_first(tmp_path, monkeyp
     for f in (kept_a, kept_a.with_suffix(".json")):
         os.utime(f, ns=(1, 1))  # used long ago (the clock of a shared machine is coarse)
     load_model(tmp_path / "b.onnx")
-    assert kept_a.name not in {f.name for f in folder.iterdir()} and len(list(folder.iterdir())) == 2
+    assert (
+        kept_a.name not in {f.name for f in folder.iterdir()} and len(list(folder.iterdir())) == 2
+    )
     # prune itself: oldest first, a touched file counts as new, the cap is met exactly
     for i, name in enumerate("xyz"):
         (tmp_path / "p" / name).parent.mkdir(exist_ok=True)

@@ -1,5 +1,6 @@
 """The lock that runs ``measures`` tests alone under pytest-xdist (tests/measuring.py), with threads
-standing in for workers: flock locks are per open file, so two threads conflict as two processes do."""
+standing in for workers: flock locks are per open file, so two threads conflict as two processes
+do."""
 
 from __future__ import annotations
 
@@ -90,18 +91,26 @@ def test_a_run_of_measuring_tests_keeps_its_hold_and_others_wait_for_the_whole_r
     other.release.set()
 
 
-def test_the_measuring_tests_of_every_module_run_first_and_together_on_one_worker(pytester, monkeypatch):
+def test_the_measuring_tests_of_every_module_run_first_and_together_on_one_worker(
+    pytester, monkeypatch
+):
     """A real ``pytest -n 2`` over three modules, two of which have a ``measures`` test: both run on
     one worker, one after the other, before that worker's other tests (plain ``loadscope`` runs
     each with its module, on two workers here)."""
-    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT", RUN_DIR):
+    for name in (
+        "PYTEST_XDIST_WORKER",
+        "PYTEST_XDIST_TESTRUNUID",
+        "PYTEST_XDIST_WORKER_COUNT",
+        RUN_DIR,
+    ):
         monkeypatch.delenv(name, raising=False)  # this test may itself run in a worker
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     pytester.makeini("[pytest]\nmarkers =\n    measures: times real runs\n")
     pytester.makeconftest("pytest_plugins = ['measuring']\n")
     measures = "import pytest\nmeasures = pytest.mark.measures\n"
     pytester.makepyfile(
-        test_a=measures + "def test_a1(): pass\n@measures\ndef test_a2(): pass\ndef test_a3(): pass\n",
+        test_a=measures
+        + "def test_a1(): pass\n@measures\ndef test_a2(): pass\ndef test_a3(): pass\n",
         test_b=measures + "@measures\ndef test_b1(): pass\ndef test_b2(): pass\n",
         test_c="def test_c1(): pass\ndef test_c2(): pass\n",
     )
@@ -119,10 +128,17 @@ def test_after_the_measuring_tests_the_longest_modules_go_first(pytester, monkey
     """The units of work are handed out longest first, by a guess from the ``slow`` marks: a module
     of one slow test before one of five quick ones (xdist's own order is most tests first, which
     left a long module of few tests to the end of one worker while the others idled)."""
-    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_TESTRUNUID", "PYTEST_XDIST_WORKER_COUNT", RUN_DIR):
+    for name in (
+        "PYTEST_XDIST_WORKER",
+        "PYTEST_XDIST_TESTRUNUID",
+        "PYTEST_XDIST_WORKER_COUNT",
+        RUN_DIR,
+    ):
         monkeypatch.delenv(name, raising=False)  # this test may itself run in a worker
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
-    pytester.makeini("[pytest]\nmarkers =\n    measures: times real runs\n    slow: takes seconds\n")
+    pytester.makeini(
+        "[pytest]\nmarkers =\n    measures: times real runs\n    slow: takes seconds\n"
+    )
     pytester.makeconftest("pytest_plugins = ['measuring']\n")
     pytester.makepyfile(
         test_many="".join(f"def test_quick{i}(): pass\n" for i in range(5)),

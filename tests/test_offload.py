@@ -1,4 +1,5 @@
-"""The remote executor in a Session: equal outputs, fallback, clear errors, a server killed mid-stream."""
+"""The remote executor in a Session: equal outputs, fallback, clear errors, a server killed
+mid-stream."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from netlab import free_port, make_bundle, serve_command, single_tensor_cuts, stop_process, wait_ready
+from netlab import (
+    free_port,
+    make_bundle,
+    serve_command,
+    single_tensor_cuts,
+    stop_process,
+    wait_ready,
+)
 
 from edgesplit.errors import RemoteError
 from edgesplit.runtime.adaptive import LinkEstimator, OffloadPolicy
@@ -22,7 +30,8 @@ from edgesplit.serve.server import ServeOptions, ServerThread
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> dict:
-    """squeezenet cut in three; the middle and last parts are server parts (with and without fallback)."""
+    """squeezenet cut in three; the middle and last parts are server parts (with and without
+    fallback)."""
     from edgesplit.model import zoo
 
     d = tmp_path_factory.mktemp("offload")
@@ -30,10 +39,15 @@ def model(tmp_path_factory) -> dict:
     cuts = single_tensor_cuts(onnx.load(path))
     cuts = [cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]]
     whole = ort.InferenceSession(str(path))
-    xs = [np.random.default_rng(i).standard_normal((1, 3, 224, 224)).astype(np.float32) for i in range(100)]
+    xs = [
+        np.random.default_rng(i).standard_normal((1, 3, 224, 224)).astype(np.float32)
+        for i in range(100)
+    ]
     return {
         "fallback": make_bundle(path, d / "with_fallback", cuts, [False, True, True]),
-        "nofallback": make_bundle(path, d / "without_fallback", cuts, [False, True, True], fallback=False),
+        "nofallback": make_bundle(
+            path, d / "without_fallback", cuts, [False, True, True], fallback=False
+        ),
         "xs": xs,
         "ys": _Outputs(whole, xs),
     }
@@ -51,7 +65,9 @@ class _Outputs:
 
     def __getitem__(self, i: int) -> np.ndarray:
         if i not in self.cache:
-            self.cache[i] = self.whole.run(None, {"input": self.xs[i]})[0]  # IndexError past the end
+            self.cache[i] = self.whole.run(None, {"input": self.xs[i]})[
+                0
+            ]  # IndexError past the end
         return self.cache[i]
 
 
@@ -62,7 +78,9 @@ def close(a: np.ndarray, b: np.ndarray) -> bool:
 def test_session_over_the_server_equals_the_whole_model(model):
     with (
         ServerThread(model["fallback"], ServeOptions(port=0, token="t")) as srv,
-        load(model["fallback"], executor_options={"remote": {"url": srv.url, "token": "t"}}) as sess,
+        load(
+            model["fallback"], executor_options={"remote": {"url": srv.url, "token": "t"}}
+        ) as sess,
     ):
         for x, y in zip(model["xs"][:5], model["ys"]):
             assert close(sess.run({"input": x})["logits"], y)
@@ -70,7 +88,9 @@ def test_session_over_the_server_equals_the_whole_model(model):
         assert set(stats) == {"p1", "p2"}
         for s in stats.values():
             assert s.remote_runs == 5 and s.local_runs == 0 and s.failures == 0
-            assert s.sent_nbytes > 0 and s.rtt_ms is not None and s.bandwidth_mbps and s.goodput_mbps
+            assert (
+                s.sent_nbytes > 0 and s.rtt_ms is not None and s.bandwidth_mbps and s.goodput_mbps
+            )
             # a remote call split: the server's compute within its own time, within the call
             assert 0 < s.compute_ms_median <= s.server_ms_median <= s.remote_ms_median, s
         assert {p.name: p.executed_by for p in sess.stats().parts} == {
@@ -90,7 +110,15 @@ def test_run_splits_each_remote_call_into_compute_server_and_wire(model):
     with ServerThread(model["fallback"], ServeOptions(port=0)) as srv:
         env = {**os.environ, "COLUMNS": "250"}
         r = run_cli(
-            "run", str(model["fallback"]), "--server", srv.url, "--repeat", "3", "--warmup", "1", env=env
+            "run",
+            str(model["fallback"]),
+            "--server",
+            srv.url,
+            "--repeat",
+            "3",
+            "--warmup",
+            "1",
+            env=env,
         )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -125,18 +153,24 @@ def test_unreachable_server_falls_back_quickly(model):
 
 def test_unreachable_server_without_fallback_fails_clearly_within_the_timeout(model):
     url = f"http://127.0.0.1:{free_port()}"
-    with load(model["nofallback"], executor_options={"remote": {"url": url, "timeout_s": 1}}) as sess:
+    with load(
+        model["nofallback"], executor_options={"remote": {"url": url, "timeout_s": 1}}
+    ) as sess:
         for _ in range(3):
             t0 = time.monotonic()
             with pytest.raises(RemoteError, match=r"part p1: .*(unavailable|cannot connect)"):
                 sess.run({"input": model["xs"][0]}, timeout_s=10)
-            assert time.monotonic() - t0 < 5  # a deadline, not a speed: the run's own timeout is 10 s
+            assert (
+                time.monotonic() - t0 < 5
+            )  # a deadline, not a speed: the run's own timeout is 10 s
 
 
 def test_fallback_can_be_refused(model):
     url = f"http://127.0.0.1:{free_port()}"
     with (
-        load(model["fallback"], executor_options={"remote": {"url": url, "fallback": False}}) as sess,
+        load(
+            model["fallback"], executor_options={"remote": {"url": url, "fallback": False}}
+        ) as sess,
         pytest.raises(RemoteError),
     ):
         sess.run({"input": model["xs"][0]})
@@ -145,7 +179,9 @@ def test_fallback_can_be_refused(model):
 def test_wrong_token_is_an_error_not_a_fallback(model):
     with (
         ServerThread(model["fallback"], ServeOptions(port=0, token="right")) as srv,
-        load(model["fallback"], executor_options={"remote": {"url": srv.url, "token": "wrong"}}) as sess,
+        load(
+            model["fallback"], executor_options={"remote": {"url": srv.url, "token": "wrong"}}
+        ) as sess,
         pytest.raises(RemoteError, match="HTTP 401: missing or wrong bearer token"),
     ):
         sess.run({"input": model["xs"][0]})
@@ -190,7 +226,9 @@ def test_server_killed_in_the_middle_of_a_stream_of_100(model, fallback):
     killer = threading.Timer(0, lambda: os.kill(proc.pid, signal.SIGKILL))
     done: list[float] = []
     try:
-        with load(bundle, executor_options={"remote": {"url": url, "timeout_s": timeout_s}}) as sess:
+        with load(
+            bundle, executor_options={"remote": {"url": url, "timeout_s": timeout_s}}
+        ) as sess:
             results = []
             if fallback:  # pipelined: requests are in flight when the server dies
                 for i, out in enumerate(sess.run_stream({"input": x} for x in model["xs"])):
@@ -228,14 +266,18 @@ def test_link_estimator_and_policy_are_measured_and_hysteretic():
     link = LinkEstimator()
     assert link.estimate().bandwidth_mbps is None
     link.add_ping(10.0)
-    for _ in range(4):  # 125 kB both ways in 10 ms RTT + 100 ms on the wire + 5 ms server: 10 Mbit/s
+    for _ in range(
+        4
+    ):  # 125 kB both ways in 10 ms RTT + 100 ms on the wire + 5 ms server: 10 Mbit/s
         link.add_transfer(125_000, 115.0, 5.0)
     est = link.estimate()
     assert est.rtt_ms == 10.0 and est.bandwidth_mbps == pytest.approx(10.0)
     assert est.transfer_ms(125_000) == pytest.approx(110.0)
 
     policy = OffloadPolicy(125_000, local_ms=90.0, probe_interval_s=1.0)
-    assert policy.choose(est, now=0.0) == "local"  # 110 ms predicted by the link model > 90 ms * 1.1
+    assert (
+        policy.choose(est, now=0.0) == "local"
+    )  # 110 ms predicted by the link model > 90 ms * 1.1
     policy = OffloadPolicy(125_000, local_ms=150.0, probe_interval_s=1.0)
     assert policy.choose(est, now=0.0) == "remote"
     policy.observed_remote(400.0, 5.0, now=0.0)  # the link got slow

@@ -1,4 +1,5 @@
-"""Offloading over a really shaped link (netns + tbf + delay relay) from a really slower device (cgroup)."""
+"""Offloading over a really shaped link (netns + tbf + delay relay) from a really slower device
+(cgroup)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,9 @@ def lab_server(request):
     require_netns()
     mbps, rtt_ms = request.param
     with NetLab(mbps, rtt_ms) as lab:
-        p = lab.spawn([sys.executable, "-c", EXCHANGE_SERVER, lab.server_ip, "9000"], stdout=subprocess.PIPE)
+        p = lab.spawn(
+            [sys.executable, "-c", EXCHANGE_SERVER, lab.server_ip, "9000"], stdout=subprocess.PIPE
+        )
         assert p.stdout.readline().strip() == b"ready"
         yield lab
 
@@ -108,7 +111,8 @@ def test_the_lab_is_cleaned_up_even_on_failure():
 
 
 def test_a_cpu_quota_really_slows_a_process():
-    """At 25 %, a busy process needs 4x its CPU time in wall time (other load here only adds to it)."""
+    """At 25 %, a busy process needs 4x its CPU time in wall time (other load here only adds to
+    it)."""
     require_cgroup()
     work = [
         sys.executable,
@@ -118,9 +122,13 @@ def test_a_cpu_quota_really_slows_a_process():
         "print((time.perf_counter() - t) / (time.process_time() - c))",
     ]
     with CpuQuota(25) as q:
-        stretch = float(subprocess.run(q.wrap(work), capture_output=True, text=True, check=True).stdout)
+        stretch = float(
+            subprocess.run(q.wrap(work), capture_output=True, text=True, check=True).stdout
+        )
         throttled = int(
-            dict(line.split() for line in (q.path / "cpu.stat").read_text().splitlines())["nr_throttled"]
+            dict(line.split() for line in (q.path / "cpu.stat").read_text().splitlines())[
+                "nr_throttled"
+            ]
         )
         path = q.path
     assert stretch > 3.0 and throttled > 0, (stretch, throttled)
@@ -154,7 +162,9 @@ def test_offload_over_a_shaped_link_measures_rtt_and_bandwidth(squeeze_bundle):
         url = serve_in_lab(lab, bundle)
         with load(bundle, executor_options={"remote": {"url": url}}) as sess:
             for _ in range(4):
-                np.testing.assert_allclose(sess.run({"input": x})["logits"], y, rtol=1e-4, atol=1e-5)
+                np.testing.assert_allclose(
+                    sess.run({"input": x})["logits"], y, rtol=1e-4, atol=1e-5
+                )
             s = sess.remote_stats()["p1"]
     wire_s = s.sent_nbytes * 8 / 20e6 / s.remote_runs
     assert s.remote_runs == 4 and s.local_runs == 0
@@ -167,7 +177,8 @@ def test_offload_over_a_shaped_link_measures_rtt_and_bandwidth(squeeze_bundle):
 
 
 def test_adaptive_follows_the_bandwidth_on_a_throttled_device(tmp_path):
-    """Fast link: the slow device offloads; 1 Mbit/s: it runs locally; fast again: back to the server."""
+    """Fast link: the slow device offloads; 1 Mbit/s: it runs locally; fast again: back to the
+    server."""
     require_netns()
     require_cgroup()
     heavy_convs(tmp_path / "heavy.onnx")
@@ -176,7 +187,14 @@ def test_adaptive_follows_the_bandwidth_on_a_throttled_device(tmp_path):
         url = serve_in_lab(lab, bundle)
         device = subprocess.Popen(
             quota.wrap(
-                [sys.executable, "-c", ADAPTIVE_DEVICE, str(bundle), url, str(tmp_path / "heavy.onnx")]
+                [
+                    sys.executable,
+                    "-c",
+                    ADAPTIVE_DEVICE,
+                    str(bundle),
+                    url,
+                    str(tmp_path / "heavy.onnx"),
+                ]
             ),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -53,10 +53,14 @@ def test_opset6_model_ort_runs_deploys_with_the_cli_and_matches_ort_on_the_origi
     onnx.save(old_cnn(ort_runs_it=True), p)
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    want = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    want = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"]).run(None, {"x": X})[
+        0
+    ]
     r = run_cli("deploy", str(p), "-d", "host", "-o", str(tmp_path / "bundle"), "--runs", "2")
     assert r.returncode == 0, r.stderr
-    assert f"note: {p}: upgraded from opset 6 to 13" in " ".join(r.stderr.split())  # deploy says it too
+    assert f"note: {p}: upgraded from opset 6 to 13" in " ".join(
+        r.stderr.split()
+    )  # deploy says it too
     np.testing.assert_allclose(_bundle_output(tmp_path / "bundle"), want, rtol=1e-5, atol=1e-6)
 
 
@@ -73,7 +77,9 @@ def test_opset6_cnn_with_averagepool_deploys_and_matches_the_original(tmp_path):
     # and split in two on the big and little cores
     g = load_model(p)
     compile_bundle(
-        g, contiguous_plan(g, "host-biglittle", [("big", "ort"), ("little", "ort")]), tmp_path / "b2"
+        g,
+        contiguous_plan(g, "host-biglittle", [("big", "ort"), ("little", "ort")]),
+        tmp_path / "b2",
     )
     np.testing.assert_allclose(_bundle_output(tmp_path / "b2"), want, rtol=1e-5, atol=1e-6)
 
@@ -88,7 +94,9 @@ def _image_scaler_model(with_shape_ops: bool) -> onnx.ModelProto:
         np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w"
     )
     nodes = [
-        helper.make_node("ImageScaler", ["x"], ["s"], scale=0.5, bias=[0.1, 0.2, 0.3], name="scaler"),
+        helper.make_node(
+            "ImageScaler", ["x"], ["s"], scale=0.5, bias=[0.1, 0.2, 0.3], name="scaler"
+        ),
         helper.make_node(
             "Conv", ["s", "w"], ["c" if with_shape_ops else "y"], kernel_shape=[3, 3], pads=[1] * 4
         ),
@@ -111,10 +119,16 @@ def test_upgrade_failure_loads_without_folding_when_there_is_nothing_to_fold(tmp
     onnx.save(_image_scaler_model(False), p)
     g = load_model(p)
     assert g.notes == (
-        "opset 6 could not be upgraded to 13 (no onnx schema for ImageScaler); loaded without folding "
+        "opset 6 could not be upgraded to 13 (no onnx schema for ImageScaler); loaded without "
+        "folding "
         "(nothing to fold)",
     )
-    assert [n.op_type for n in g.nodes] == ["ImageScaler", "Conv"] and g.tensors["s"].shape == (1, 3, 8, 8)
+    assert [n.op_type for n in g.nodes] == ["ImageScaler", "Conv"] and g.tensors["s"].shape == (
+        1,
+        3,
+        8,
+        8,
+    )
     want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
     compile_bundle(
         g, contiguous_plan(g, "host-biglittle", [("big", "ort"), ("little", "ort")]), tmp_path / "b"
@@ -126,6 +140,7 @@ def test_upgrade_failure_with_shapes_to_fold_is_named(tmp_path):
     p = tmp_path / "scaler_shapes.onnx"
     onnx.save(_image_scaler_model(True), p)
     with pytest.raises(
-        ModelLoadError, match=r"could not be upgraded to 13 \(no onnx schema for ImageScaler\), and it"
+        ModelLoadError,
+        match=r"could not be upgraded to 13 \(no onnx schema for ImageScaler\), and it",
     ):
         load_model(p)

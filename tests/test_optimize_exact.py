@@ -41,7 +41,9 @@ def problems(draw, memory: bool | None = None, chain: bool | None = None) -> Cos
         chain=draw(st.booleans()) if chain is None else chain,
         memory=draw(st.booleans()) if memory is None else memory,
     )
-    if draw(st.booleans()):  # per-part, hand-off and request terms: the sequential forms charge them too
+    if draw(
+        st.booleans()
+    ):  # per-part, hand-off and request terms: the sequential forms charge them too
         cm = random_overheads(cm, draw(st.integers(0, 2**31 - 1)))
     if draw(st.booleans()):
         n = draw(st.integers(0, n_nodes - 1))
@@ -198,7 +200,8 @@ def test_optimize_is_pure():
     code = (
         "import sys, edgesplit.optimize, edgesplit.optimize.sweep, edgesplit.optimize.plot, "
         "edgesplit.optimize.annotate; bad = [m for m in sys.modules if m.split('.')[0] in "
-        "('onnxruntime', 'tvm') or m.startswith('edgesplit.runtime')]; print(bad); sys.exit(bool(bad))"
+        "('onnxruntime', 'tvm') or m.startswith('edgesplit.runtime')]; print(bad); "
+        "sys.exit(bool(bad))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -236,7 +239,9 @@ def test_schedule_is_bounded_by_sequential_and_lower_bound(cm):
         assert makespan_lower_bound(cm) <= s.makespan_ms + 1e-9
 
 
-@settings(max_examples=max_examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=max_examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(cm=problems(memory=False))
 def test_brute_force_latency_optimum_bounds_every_schedule(cm):
     """Brute force over the part-level schedule itself: no assignment beats the lower bound, and

@@ -36,7 +36,9 @@ def snapdragon():
 
 def _plans(graph, device, server, **kw):
     return {
-        bw: partition(graph, device, server=server, link=network_link("wifi", bandwidth_mbps=bw, **kw))
+        bw: partition(
+            graph, device, server=server, link=network_link("wifi", bandwidth_mbps=bw, **kw)
+        )
         for bw in BANDWIDTHS
     }
 
@@ -98,7 +100,11 @@ def test_plans_respect_support_pins_and_parts(graphs, snapdragon):
     graph = graphs["googlenet"]
     pin = graph.nodes[5].name
     plan = partition(
-        graph, device, server=server, link=network_link("wifi", bandwidth_mbps=50), pins={pin: "gpu"}
+        graph,
+        device,
+        server=server,
+        link=network_link("wifi", bandwidth_mbps=50),
+        pins={pin: "gpu"},
     )
     assert plan.assignment[pin]["processor"] == "gpu"
     seen = set()
@@ -126,10 +132,15 @@ def test_chain_cut_moves_toward_the_input_as_bandwidth_grows(graphs):
     cuts = []
     for bw in np.logspace(0, 3, 13):
         plan = partition(
-            graph, device, server=server, link=network_link("wifi", bandwidth_mbps=float(bw), rtt_ms=1)
+            graph,
+            device,
+            server=server,
+            link=network_link("wifi", bandwidth_mbps=float(bw), rtt_ms=1),
         )
         on_device = [
-            n.name for n in graph.nodes if not plan.assignment[n.name]["processor"].startswith("server")
+            n.name
+            for n in graph.nodes
+            if not plan.assignment[n.name]["processor"].startswith("server")
         ]
         assert on_device == [n.name for n in graph.nodes[: len(on_device)]], "not a prefix"
         cuts.append(len(on_device))
@@ -143,7 +154,11 @@ def test_other_objectives(graphs, snapdragon, objective):
     device, server = snapdragon
     graph = graphs["resnet18"]
     plan = partition(
-        graph, device, server=server, link=network_link("wifi", bandwidth_mbps=100), objective=objective
+        graph,
+        device,
+        server=server,
+        link=network_link("wifi", bandwidth_mbps=100),
+        objective=objective,
     )
     assert plan.objective == objective
     assert plan.predicted.throughput_per_s > 0
@@ -179,7 +194,9 @@ def test_energy_under_slo_and_memory(graphs, snapdragon):
     assert plan.predicted.energy_mj >= free.predicted.energy_mj - 1e-6
     # a tiny NPU memory forces nodes elsewhere; the plan must fit it
     npu = replace(device.processor("npu"), memory_mb=2.0)
-    small = replace(device, processors=tuple(npu if p.name == "npu" else p for p in device.processors))
+    small = replace(
+        device, processors=tuple(npu if p.name == "npu" else p for p in device.processors)
+    )
     from edgesplit.optimize.costs import build_costs
     from edgesplit.profile.predict import complete_profile
 

@@ -1,4 +1,5 @@
-"""``edgesplit partition`` and ``edgesplit explain``: outputs, and one-line errors with exit code 2."""
+"""``edgesplit partition`` and ``edgesplit explain``: outputs, and one-line errors with exit code
+2."""
 
 from __future__ import annotations
 
@@ -124,7 +125,9 @@ def test_partition_writes_plan_onnx_and_plot(tmp_path, capsys, tiny_dag):
 
 def test_unsupported_ops_are_all_listed(tmp_path, capsys, tiny_dag):
     dev = _device(tmp_path, cpu_exclude="Concat, Gemm", gpu_exclude="Concat, Gemm")
-    code, _, err = run(capsys, "partition", str(tiny_dag), "--device", dev, "-o", str(tmp_path / "p.json"))
+    code, _, err = run(
+        capsys, "partition", str(tiny_dag), "--device", dev, "-o", str(tmp_path / "p.json")
+    )
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "Concat" in err and "Gemm" in err
@@ -182,7 +185,9 @@ def test_impossible_slo_names_the_best_latency(tmp_path, capsys, tiny_dag):
 def test_profile_of_another_model(tmp_path, capsys, tiny_dag):
     other = zoo.save("chain_shrink", tmp_path / "other.onnx")
     prof = tmp_path / "other.profile.json"
-    code, _, err = run(capsys, "profile", str(other), "--device", _device(tmp_path), "-o", str(prof), "-q")
+    code, _, err = run(
+        capsys, "profile", str(other), "--device", _device(tmp_path), "-o", str(prof), "-q"
+    )
     assert code == 0, err
     code, _, err = run(
         capsys,
@@ -249,39 +254,81 @@ def test_backend_chooses_what_partition_and_deploy_measure(tmp_path, capsys, tin
     minutes of compiling per model): the kept profile has ORT entries alone, and TVM, measured
     nowhere, is no candidate. With ``--profile`` nothing is measured: refused, one line, exit 2."""
     code, _, err = run(
-        capsys, "partition", str(tiny_dag), "--device", "host-biglittle", "--backend", "ort", "--runs", "3",
-        "-o", str(tmp_path / "p.json"), "-q",
-    )  # fmt: skip
+        capsys,
+        "partition",
+        str(tiny_dag),
+        "--device",
+        "host-biglittle",
+        "--backend",
+        "ort",
+        "--runs",
+        "3",
+        "-o",
+        str(tmp_path / "p.json"),
+        "-q",
+    )
     assert code == 0, err
     prof = json.loads((tmp_path / "p.profile.json").read_text())
     want = {("big", "ort"), ("little", "ort"), ("big+little", "ort")}  # the core group: ORT only
     assert {(e["processor"], e["backend"]) for e in prof["entries"]} == want
-    assert {c["runs"] for e in prof["entries"] for c in e["nodes"].values()} == {3}  # --runs, as deploy's
+    assert {c["runs"] for e in prof["entries"] for c in e["nodes"].values()} == {
+        3
+    }  # --runs, as deploy's
     plan = json.loads((tmp_path / "p.json").read_text())
     assert {a["backend"] for a in plan["assignment"].values()} == {"ort"}
     code, out, err = run(
-        capsys, "deploy", str(tiny_dag), "--device", "host-biglittle", "--backend", "ort", "--runs", "3",
-        "--no-verify", "-o", str(tmp_path / "b"),
-    )  # fmt: skip
+        capsys,
+        "deploy",
+        str(tiny_dag),
+        "--device",
+        "host-biglittle",
+        "--backend",
+        "ort",
+        "--runs",
+        "3",
+        "--no-verify",
+        "-o",
+        str(tmp_path / "b"),
+    )
     assert code == 0, err
     kept = json.loads((tmp_path / "b.profile.json").read_text())
     assert {e["backend"] for e in kept["entries"]} == {"ort"}
     for command in ("partition", "deploy"):
         code, _, err = run(
-            capsys, command, str(tiny_dag), "--device", "host-biglittle", "--backend", "ort",
-            "--profile", str(tmp_path / "p.profile.json"), "-o", str(tmp_path / f"x-{command}"),
-        )  # fmt: skip
+            capsys,
+            command,
+            str(tiny_dag),
+            "--device",
+            "host-biglittle",
+            "--backend",
+            "ort",
+            "--profile",
+            str(tmp_path / "p.profile.json"),
+            "-o",
+            str(tmp_path / f"x-{command}"),
+        )
         assert code == 2 and len(err.strip().splitlines()) == 1, (command, err)
         assert "--backend chooses what to measure, but --profile is given" in err
-        code, _, err = run(capsys, command, str(tiny_dag), "--backend", "nosuch", "-o", str(tmp_path / "y"))
+        code, _, err = run(
+            capsys, command, str(tiny_dag), "--backend", "nosuch", "-o", str(tmp_path / "y")
+        )
         assert code == 2 and "nosuch" in err and "Traceback" not in err, (command, err)
     # a backend the device offers nowhere: refused, not a plan made of predictions alone
     for command in ("partition", "deploy", "profile"):
         code, _, err = run(
-            capsys, command, str(tiny_dag), "--device", "host-2core", "--backend", "tvm",
-            "-o", str(tmp_path / f"z-{command}"),
-        )  # fmt: skip
-        assert code == 2 and "host-2core: no processor offers backend 'tvm' (its backends: ort)" in err, err
+            capsys,
+            command,
+            str(tiny_dag),
+            "--device",
+            "host-2core",
+            "--backend",
+            "tvm",
+            "-o",
+            str(tmp_path / f"z-{command}"),
+        )
+        assert (
+            code == 2 and "host-2core: no processor offers backend 'tvm' (its backends: ort)" in err
+        ), err
         assert not (tmp_path / f"z-{command}").exists()
 
 

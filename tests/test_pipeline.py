@@ -102,11 +102,14 @@ def test_partition_takes_paths_as_os_pathlike(tiny, board):
 
 
 def test_link_flags_without_a_server_are_refused_everywhere(capsys, tiny, board, tmp_path):
-    """``deploy --link`` without ``--server`` was silently ignored, while ``partition`` refused it."""
+    """``deploy --link`` without ``--server`` was silently ignored, while ``partition`` refused
+    it."""
     msg = "--link, --bandwidth-mbps and --rtt-ms need --server"
     for cmd in ("partition", "deploy"):
         for flag in (["--link", "lte"], ["--bandwidth-mbps", "5"], ["--rtt-ms", "30"]):
-            code, _, err = run(capsys, cmd, str(tiny), "-d", str(board), *flag, "-o", str(tmp_path / cmd))
+            code, _, err = run(
+                capsys, cmd, str(tiny), "-d", str(board), *flag, "-o", str(tmp_path / cmd)
+            )
             assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, (cmd, flag, err)
     with pytest.raises(PlanError, match=msg):
         edgesplit.partition(tiny, board, link="wifi")
@@ -122,11 +125,22 @@ def test_api_and_cli_measure_the_same_way_without_a_profile(capsys, tiny, local,
 
     labels: list[str] = []
     few = ProfileOptions(runs=3)  # and --runs 3: how many runs is not what differed
-    edgesplit.partition(tiny, local, profiling=few, progress=lambda label, done, total: labels.append(label))
+    edgesplit.partition(
+        tiny, local, profiling=few, progress=lambda label, done, total: labels.append(label)
+    )
     assert "cpu/ort" in labels  # measured here, as the CLI does
     api = resolve(tiny, local, Choices(profiling=few)).profile
     code, _, err = run(
-        capsys, "partition", str(tiny), "-d", str(local), "--runs", "3", "-o", str(tmp_path / "p.json"), "-q"
+        capsys,
+        "partition",
+        str(tiny),
+        "-d",
+        str(local),
+        "--runs",
+        "3",
+        "-o",
+        str(tmp_path / "p.json"),
+        "-q",
     )
     assert code == 0, err
     cli = json.loads((tmp_path / "p.profile.json").read_text())
@@ -172,7 +186,9 @@ def test_every_objective_is_offered_everywhere(capsys, tiny, board, local, tmp_p
         str(tmp_path / "b"),
     )
     assert code == 0, err
-    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["plan"]["objective"] == "pareto"
+    assert (
+        json.loads((tmp_path / "b" / "manifest.json").read_text())["plan"]["objective"] == "pareto"
+    )
     with pytest.raises(
         PlanError, match=r"unknown objective 'speed' \(objectives: latency, latency_sequential"
     ):
@@ -202,7 +218,9 @@ def test_compile_uses_the_spec_file_the_plan_was_made_with(capsys, tiny, board, 
     plan = tmp_path / "plan.json"
     code, _, err = run(capsys, "partition", str(tiny), "-d", str(board), "-o", str(plan), "-q")
     assert code == 0, err
-    code, _, err = run(capsys, "compile", str(tiny), "--plan", str(plan), "-o", str(tmp_path / "bundle"))
+    code, _, err = run(
+        capsys, "compile", str(tiny), "--plan", str(plan), "-o", str(tmp_path / "bundle")
+    )
     assert code == 0, err
     assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["device"] == "pathboard"
 
@@ -218,7 +236,12 @@ def test_the_agent_reads_its_spec_like_load_device(tmp_path, tiny):
     work.mkdir()
     (work / "model.onnx").write_bytes(tiny.read_bytes())
     agent = Agent(str(work), io.BytesIO(), io.BytesIO())
-    msg = {"op": "profile", "model": "model.onnx", "device": data, "options": {"runs": 1, "warmup": 0}}
+    msg = {
+        "op": "profile",
+        "model": "model.onnx",
+        "device": data,
+        "options": {"runs": 1, "warmup": 0},
+    }
     with pytest.raises(DeviceSpecError, match="links.0.between: unknown processor 'nope'"):
         agent.profile(msg)
 
@@ -238,7 +261,9 @@ def test_resolve_checks_cheap_things_before_loading(tmp_path):
         resolve(missing, "host", Choices(rtt_ms=3))
 
 
-def test_a_pin_on_an_unknown_node_or_processor_is_refused_before_measuring(tiny, local, monkeypatch):
+def test_a_pin_on_an_unknown_node_or_processor_is_refused_before_measuring(
+    tiny, local, monkeypatch
+):
     """An unknown node or processor in the pins was found when the cost model was built, after
     the local processors had been measured (seconds to minutes on a real model)."""
     import edgesplit.workflows.resolve
@@ -265,7 +290,10 @@ def test_commands_check_flags_before_loading(capsys, tmp_path):
     bad flags still fail first: the model here does not exist."""
     missing = str(tmp_path / "nope.onnx")
     for cmd in ("partition", "deploy"):
-        for flag, msg in ((["--pin", "x"], "is not NODE=PROC"), (["--rtt-ms", "3"], "need --server")):
+        for flag, msg in (
+            (["--pin", "x"], "is not NODE=PROC"),
+            (["--rtt-ms", "3"], "need --server"),
+        ):
             code, _, err = run(capsys, cmd, missing, *flag, "-o", str(tmp_path / cmd))
             assert code == 2 and msg in err and "nope.onnx" not in err, (cmd, flag, err)
 
@@ -275,7 +303,9 @@ def test_a_server_must_be_a_server_and_a_link_gets_its_overrides(tiny, board):
 
     with pytest.raises(PlanError, match="'host' is a device spec, not a server"):
         resolve(tiny, board, Choices(server="host"))
-    problem = resolve(tiny, board, Choices(server="server-a100", link="lte", bandwidth_mbps=7, rtt_ms=11))
+    problem = resolve(
+        tiny, board, Choices(server="server-a100", link="lte", bandwidth_mbps=7, rtt_ms=11)
+    )
     assert (problem.link.up_mbps, problem.link.down_mbps, problem.link.rtt_ms) == (7, 7, 11)
     assert problem.link.name == "lte@7mbps"
     assert [p.name for p in problem.full_device.processors][-1].startswith("server-a100.")
@@ -286,7 +316,9 @@ def test_problem_from_plan_loads_what_the_plan_recorded(tiny, board, tmp_path):
 
     prof = resolve(tiny, board).profile
     prof.save(tmp_path / "p.json")
-    plan = edgesplit.partition(tiny, board, server="server-a100", profile=tmp_path / "p.json", pins={})
+    plan = edgesplit.partition(
+        tiny, board, server="server-a100", profile=tmp_path / "p.json", pins={}
+    )
     problem = problem_from_plan(plan)
     assert problem.device.path == os.fspath(board) and problem.server.name == "server-a100"
     assert problem.profile_path == os.path.abspath(tmp_path / "p.json")

@@ -47,7 +47,10 @@ def rapl_tree(root: Path) -> None:
 def test_rapl_sums_top_level_zones_and_unwraps_counters(tmp_path):
     rapl_tree(tmp_path)
     rails = find_rails(tmp_path)
-    assert rails.source == "rapl" and [r.name for r in rails.rails] == ["rapl:package-0", "rapl:package-1"]
+    assert rails.source == "rapl" and [r.name for r in rails.rails] == [
+        "rapl:package-0",
+        "rapl:package-1",
+    ]
     assert all(r.kind == ENERGY and r.wrap == 10_000_000 for r in rails.rails)
     clock = Clock()
     s = PowerSampler(rails, clock=clock)
@@ -144,7 +147,10 @@ def test_measured_energy_is_power_times_latency(tmp_path):
     put(tmp_path, "sys/class/hwmon/hwmon0/power1_input", 5_000_000)  # a steady 5 W
     graph = load_model(zoo.save("tiny_dag", tmp_path / "t.onnx"))
     prof = profile_steps(
-        graph, load_device("host"), ProfileOptions(["ort"], runs=3, warmup=1), rails=find_rails(tmp_path)
+        graph,
+        load_device("host"),
+        ProfileOptions(["ort"], runs=3, warmup=1),
+        rails=find_rails(tmp_path),
     )
     assert prof.energy == "measured"
     e = prof.entry("cpu", "ort")

@@ -37,7 +37,8 @@ ALLOWED = {"Conv", "Relu", "GlobalAveragePool", "Flatten", "Gemm", "Add"}
 
 @pytest.fixture(scope="module")
 def _module_cache(tmp_path_factory):
-    """One private EDGESPLIT_CACHE for the module: the calibration ranges of a model and data set are
+    """One private EDGESPLIT_CACHE for the module: the calibration ranges of a model and data set
+    are
     computed once and shared by its tests (the user's cache is never touched)."""
     return tmp_path_factory.mktemp("cache")
 
@@ -52,7 +53,9 @@ def _split_net(path) -> str:
     GlobalAveragePool-Flatten-Gemm: a classifier whose int8 nodes form three parts."""
 
     def c(i: str, o: str, n: int):
-        return helper.make_node("Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}")
+        return helper.make_node(
+            "Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}"
+        )
 
     nodes = [
         c("x", "c1", 1),
@@ -118,7 +121,9 @@ def split_net(tmp_path):
 def _profile(graph, device) -> Profile:
     """Made-up costs: every allowed node 4x faster on the npu, so the plan has three int8 parts."""
     cpu = {n.name: NodeCost(1.0, 1.0, MEASURED, 3.0, 5) for n in graph.nodes}
-    npu = {n.name: NodeCost(0.25, 0.25, MEASURED, 0.75, 5) for n in graph.nodes if n.op_type in ALLOWED}
+    npu = {
+        n.name: NodeCost(0.25, 0.25, MEASURED, 0.75, 5) for n in graph.nodes if n.op_type in ALLOWED
+    }
     bad = {n.name: f"{n.op_type} is not supported" for n in graph.nodes if n.op_type not in ALLOWED}
     entries = (
         ProcessorProfile("cpu", "ort", MEASURED, cpu, dispatch_ms=0.05),
@@ -177,7 +182,10 @@ def test_an_op_outside_the_allowlist_never_lands_on_the_npu(problem):
     on_npu = {n for p in plan.parts if p.processor == "npu" for n in p.nodes}
     ops = {n.name: n.op_type for n in problem.graph.nodes}
     assert on_npu and {ops[n] for n in on_npu} <= ALLOWED
-    assert plan.assignment["hsig"]["processor"] == "cpu" and plan.assignment["div"]["processor"] == "cpu"
+    assert (
+        plan.assignment["hsig"]["processor"] == "cpu"
+        and plan.assignment["div"]["processor"] == "cpu"
+    )
     assert all(p.precision == ("int8" if p.processor == "npu" else "fp32") for p in plan.parts)
     assert len([p for p in plan.parts if p.precision == "int8"]) == 3
     with pytest.raises(PlanError, match="cannot run HardSigmoid"):
@@ -194,7 +202,9 @@ def test_the_real_profiler_measures_int8_and_leaves_unlisted_ops_unsupported(spl
     assert npu.edge_in_ms_per_mb > 0 and npu.edge_out_ms_per_mb > 0  # Q/DQ at part edges, measured
     assert prof.entry("cpu", "ort").edge_in_ms_per_mb is None
     assert sum(c.latency_ms for c in npu.nodes.values()) > 0
-    plan = edgesplit.partition(graph, device, profile=prof, accuracy=AccuracyBudget(min_snr_db=-SNR_CAP_DB))
+    plan = edgesplit.partition(
+        graph, device, profile=prof, accuracy=AccuracyBudget(min_snr_db=-SNR_CAP_DB)
+    )
     assert all(plan.assignment[n]["processor"] == "cpu" for n in ("hsig", "div"))
 
 
@@ -202,7 +212,9 @@ BUDGETS = st.floats(min_value=0.0, max_value=60.0, allow_nan=False)
 
 
 @settings(
-    max_examples=max_examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=max_examples(25),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(a=BUDGETS, b=BUDGETS)
 def test_tightening_the_budget_never_adds_int8_parts(problem, a, b):
@@ -232,7 +244,9 @@ def test_measuring_the_units_of_a_plan_that_misses_the_budget_reports_progress(s
 
     graph, device = split_net
     seen = []
-    choices = Choices(profile=_profile(graph, device), accuracy=AccuracyBudget(min_snr_db=SNR_CAP_DB))
+    choices = Choices(
+        profile=_profile(graph, device), accuracy=AccuracyBudget(min_snr_db=SNR_CAP_DB)
+    )
     plan = solve_plan(resolve(graph, device, choices, progress=lambda *a: seen.append(a)))
     drops = plan.accuracy.dropped
     assert drops and {label for label, _, _ in seen} == {PROGRESS_LABEL}
@@ -281,20 +295,28 @@ def test_units_measured_alone_one_after_another_reuse_the_parts_they_begin_with(
             reused += shared
         runs_before = [(p.inputs, p.outputs, p.precision) for p in parts]
     assert reused > 0
-    assert measurer(cases[1]) == compare(measurer.reference, [measurer.run(cases[1], s) for s in samples])
+    assert measurer(cases[1]) == compare(
+        measurer.reference, [measurer.run(cases[1], s) for s in samples]
+    )
 
 
-def test_a_second_partition_of_the_same_model_converts_no_part_again(split_net, tmp_path, monkeypatch):
+def test_a_second_partition_of_the_same_model_converts_no_part_again(
+    split_net, tmp_path, monkeypatch
+):
     """Measurers share what they found by content: partitioning the same model again (a loaded
     copy, a fresh measurer, as a sweep over bandwidths does) converts and runs no part again, and
     gives the same figures; other calibration data is measured afresh."""
     graph, device = split_net
     made = []
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))  # no figures earlier tests kept
-    monkeypatch.setattr(edgesplit.precision.measure, "_MEMOS", OrderedDict())  # what earlier tests left
+    monkeypatch.setattr(
+        edgesplit.precision.measure, "_MEMOS", OrderedDict()
+    )  # what earlier tests left
     real = edgesplit.precision.measure.part_model
     monkeypatch.setattr(
-        edgesplit.precision.measure, "part_model", lambda *a, **k: made.append(a[3]) or real(*a, **k)
+        edgesplit.precision.measure,
+        "part_model",
+        lambda *a, **k: made.append(a[3]) or real(*a, **k),
     )
 
     def plan(g, data=None):
@@ -323,12 +345,16 @@ def test_a_new_process_reads_the_figures_from_disk_and_measures_an_unreadable_fi
     made = []
     real = edgesplit.precision.measure.part_model
     monkeypatch.setattr(
-        edgesplit.precision.measure, "part_model", lambda *a, **k: made.append(a[3]) or real(*a, **k)
+        edgesplit.precision.measure,
+        "part_model",
+        lambda *a, **k: made.append(a[3]) or real(*a, **k),
     )
 
     def plan():
         monkeypatch.setattr(edgesplit.precision.measure, "_MEMOS", OrderedDict())  # a new process
-        p = resolve(edgesplit.load_model(graph.path), device, Choices(profile=_profile(graph, device)))
+        p = resolve(
+            edgesplit.load_model(graph.path), device, Choices(profile=_profile(graph, device))
+        )
         return _solve(p, AccuracyBudget(min_snr_db=30.0))
 
     first = plan()
@@ -345,7 +371,9 @@ def test_a_new_process_reads_the_figures_from_disk_and_measures_an_unreadable_fi
     assert "int8" in made and third.accuracy == first.accuracy
     assert {f: json.loads(f.read_text()) for f in files} == kept  # measured again, the same
     shutil.rmtree(tmp_path / "cache" / "accuracy")
-    (tmp_path / "cache" / "accuracy").write_text("a file where the folder goes")  # nothing can be kept
+    (tmp_path / "cache" / "accuracy").write_text(
+        "a file where the folder goes"
+    )  # nothing can be kept
     assert plan().accuracy == first.accuracy
 
 
@@ -353,7 +381,9 @@ def test_a_bundle_with_int8_parts_runs_and_meets_its_budget(problem, tmp_path):
     budget = AccuracyBudget(min_snr_db=15.0)
     plan = _solve(problem, budget)
     assert _int8_nodes(plan) and plan.accuracy.meets
-    manifest = edgesplit.compile_bundle(problem.graph, plan, tmp_path / "bundle", device=problem.device)
+    manifest = edgesplit.compile_bundle(
+        problem.graph, plan, tmp_path / "bundle", device=problem.device
+    )
     int8 = [p for p in manifest.parts if p.precision == "int8"]
     assert int8 and all(p.backend == "ort-int8" and p.file.endswith(".int8.onnx") for p in int8)
     x = calibration_set(problem.graph).held_out[0]
@@ -369,11 +399,14 @@ def _ranges(path) -> dict[str, tuple[float, float]]:
     from onnxruntime.quantization.calibrate import load_tensors_data
 
     return {
-        k: tuple(float(np.min(x)) for x in v.range_value) for k, v in load_tensors_data(path).data.items()
+        k: tuple(float(np.min(x)) for x in v.range_value)
+        for k, v in load_tensors_data(path).data.items()
     }
 
 
-ENTROPY = pytest.param("entropy", marks=pytest.mark.slow)  # ORT's entropy calibrator takes 10 s here
+ENTROPY = pytest.param(
+    "entropy", marks=pytest.mark.slow
+)  # ORT's entropy calibrator takes 10 s here
 
 
 @pytest.mark.parametrize("method", ["percentile", ENTROPY])
@@ -387,7 +420,11 @@ def test_a_calibration_method_is_cached_apart_recorded_and_compiled_with(problem
     graph, device = problem.graph, problem.device
     data = calibration_set(graph)
     minmax, other = calibrate(graph, data, "minmax"), calibrate(graph, data, method)
-    assert other != minmax and other.stem.split("-")[2] == method and calibrate(graph, data, method) == other
+    assert (
+        other != minmax
+        and other.stem.split("-")[2] == method
+        and calibrate(graph, data, method) == other
+    )
     wide, mine = _ranges(minmax), _ranges(other)
     assert wide.keys() == mine.keys() and wide != mine
     if method == "percentile":
@@ -422,7 +459,9 @@ def test_a_calibration_method_is_cached_apart_recorded_and_compiled_with(problem
 
 def _scales(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {
-        i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer if i.name.endswith("_scale")
+        i.name: onnx.numpy_helper.to_array(i)
+        for i in model.graph.initializer
+        if i.name.endswith("_scale")
     }
 
 
@@ -437,7 +476,9 @@ def test_a_plan_recorded_before_calibration_methods_is_minmax():
     assert recorded_calibration(None) == (None, DEFAULT_CALIBRATION_METHOD)
 
 
-def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(problem, tmp_path, monkeypatch):
+def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(
+    problem, tmp_path, monkeypatch
+):
     """An int8 part is checked by the plan's accuracy measure, not the fp32 tolerance: compile runs
     the artifacts that ship on the held-out samples and reports the SNR against the budget. With
     the calibration's ranges shrunk 100-fold (int8 scales far too small: every activation clips),
@@ -478,7 +519,9 @@ def test_verification_never_ships_a_plan_that_misses_the_accuracy_budget(problem
     from edgesplit.workflows.verify import VerifyOptions, verify_plan
 
     def held_to(budget):
-        return dataclasses.replace(problem, accuracy=dataclasses.replace(problem.accuracy, budget=budget))
+        return dataclasses.replace(
+            problem, accuracy=dataclasses.replace(problem.accuracy, budget=budget)
+        )
 
     loose = AccuracyBudget(min_snr_db=15.0)
     plan = _solve(problem, loose)
@@ -493,9 +536,13 @@ def test_verification_never_ships_a_plan_that_misses_the_accuracy_budget(problem
     assert "SNR" in row.accuracy_misses and v.accuracy_budget == tight.summary()
     # plain ORT on host-npu is its one CPU core (the NPU's core is no CPU core): only:cpu's bundle
     assert v.candidate("only:cpu").same_as == "plain-ort"
-    assert v.shipped == "plain-ort" and not v.kept_plan and "misses the accuracy budget" in v.reason, v.reason
+    assert (
+        v.shipped == "plain-ort" and not v.kept_plan and "misses the accuracy budget" in v.reason
+    ), v.reason
     assert v.candidate("plain-ort").meets_budget is None  # all fp32: exact, not run
-    assert all(p.precision == "fp32" for p in m.parts) and m.plan.solver.name == "baseline:plain-ort"
+    assert (
+        all(p.precision == "fp32" for p in m.parts) and m.plan.solver.name == "baseline:plain-ort"
+    )
     print_verification(v)
     assert "shipped plain-ort: the plan misses the accuracy budget" in " ".join(
         capsys.readouterr().out.split()
@@ -515,7 +562,9 @@ def test_verification_never_ships_an_int8_baseline_that_misses_the_budget(split_
 
     graph, _ = split_net
     (tmp_path / "all.yaml").write_text(
-        NPU_SPEC.replace("    ops: {only: [Conv, Relu, GlobalAveragePool, Flatten, Gemm, Add]}\n", "")
+        NPU_SPEC.replace(
+            "    ops: {only: [Conv, Relu, GlobalAveragePool, Flatten, Gemm, Add]}\n", ""
+        )
     )
     device = edgesplit.load_device(tmp_path / "all.yaml")
     cpu = {n.name: NodeCost(1.0, 1.0, MEASURED, 3.0, 5) for n in graph.nodes}
@@ -529,7 +578,9 @@ def test_verification_never_ships_an_int8_baseline_that_misses_the_budget(split_
     problem = resolve(graph, device, Choices(profile=prof, accuracy=budget))
     plan = solve_plan(problem)
     assert not _int8_nodes(plan)
-    v = verify_plan(problem, plan, tmp_path / "out", options=VerifyOptions(budget_s=3.0)).verification
+    v = verify_plan(
+        problem, plan, tmp_path / "out", options=VerifyOptions(budget_s=3.0)
+    ).verification
     row = v.candidate("only:npu")
     assert row.error is None and row.meets_budget is False and row.snr_db < 80.0, row
     assert v.shipped != "only:npu" and v.accuracy_budget == budget.summary()
@@ -538,18 +589,26 @@ def test_verification_never_ships_an_int8_baseline_that_misses_the_budget(split_
         return MeasuredCandidate(name, "", 1, None, ms, rounds_ms=(ms, ms, ms), **kw)
 
     npu_row = timed("only:npu", 1.0, snr_db=20.0, meets_budget=False, accuracy_misses="SNR 20 < 80")
-    assert decide([timed("plan", 4.0), timed("only:cpu", 5.0), npu_row], "latency", None)[0] == "plan"
+    assert (
+        decide([timed("plan", 4.0), timed("only:cpu", 5.0), npu_row], "latency", None)[0] == "plan"
+    )
     missing = timed("plan", 2.0, snr_db=20.0, meets_budget=False, accuracy_misses="SNR 20 < 80")
     assert decide([missing, timed("only:cpu", 5.0), npu_row], "latency", None)[0] == "only:cpu"
 
 
 def test_an_int8_only_processor_never_gets_an_fp32_part(tmp_path, split_net):
     (tmp_path / "bad.yaml").write_text(NPU_SPEC.replace("runtime: ort-int8", "runtime: ort"))
-    with pytest.raises(DeviceSpecError, match=r"processors.npu.backends.0.runtime: 'ort' runs fp32"):
+    with pytest.raises(
+        DeviceSpecError, match=r"processors.npu.backends.0.runtime: 'ort' runs fp32"
+    ):
         edgesplit.load_device(tmp_path / "bad.yaml")
     graph, device = split_net
-    plan = _solve(resolve(graph, device, Choices(profile=_profile(graph, device))), AccuracyBudget())
-    forged = dataclasses.replace(plan, parts=tuple(dataclasses.replace(p, backend="ort") for p in plan.parts))
+    plan = _solve(
+        resolve(graph, device, Choices(profile=_profile(graph, device))), AccuracyBudget()
+    )
+    forged = dataclasses.replace(
+        plan, parts=tuple(dataclasses.replace(p, backend="ort") for p in plan.parts)
+    )
     with pytest.raises(PlanError, match=r"npu runs \['int8'\], not fp32"):
         with_precisions(forged, device)
 
@@ -559,9 +618,15 @@ def test_a_snapdragon_plan_has_int8_npu_parts_checked_here(tmp_path):
     on the same int8 QDQ parts, and compile makes them int8 artifacts for the QNN provider."""
 
     def conv(i: str, o: str, n: int):
-        return helper.make_node("Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}")
+        return helper.make_node(
+            "Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}"
+        )
 
-    nodes = [conv("x", "c1", 1), helper.make_node("Relu", ["c1"], ["r1"], name="relu1"), conv("r1", "c2", 2)]
+    nodes = [
+        conv("x", "c1", 1),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        conv("r1", "c2", 2),
+    ]
     nodes += [
         helper.make_node("GlobalAveragePool", ["c2"], ["p"], name="gap"),
         helper.make_node("Flatten", ["p"], ["f"], name="flat"),
@@ -570,7 +635,9 @@ def test_a_snapdragon_plan_has_int8_npu_parts_checked_here(tmp_path):
     weights = [("wf", rand(10, 32, seed=9) * 10), ("bf", rand(10, seed=8))]
     for n, ci in ((1, 3), (2, 32)):
         weights += [(f"w{n}", rand(32, ci, 3, 3, seed=n)), (f"b{n}", rand(32, seed=10 + n))]
-    onnx.save(make_model(nodes, [("x", [1, 3, 224, 224])], [("y", [1, 10])], weights), tmp_path / "m.onnx")
+    onnx.save(
+        make_model(nodes, [("x", [1, 3, 224, 224])], [("y", [1, 10])], weights), tmp_path / "m.onnx"
+    )
     graph = edgesplit.load_model(tmp_path / "m.onnx")
     plan = edgesplit.partition(graph, "snapdragon-8gen2", accuracy=AccuracyBudget(min_snr_db=15.0))
     npu = [p for p in plan.parts if p.processor == "npu"]
@@ -600,7 +667,8 @@ def test_an_old_opset_model_quantizes_per_channel(tmp_path):
     q = convert(graph.model, "int8", calibrate(graph, data))
     assert q.opset_import[0].version >= 13
     assert any(
-        n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute) for n in q.graph.node
+        n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute)
+        for n in q.graph.node
     )
     sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     x = data.held_out[0]
@@ -686,7 +754,9 @@ def _noisy_tail_chain(path) -> str:
             prev = "down"
         cin = 3 if k == 0 else 8
         nodes += [
-            helper.make_node("Conv", [prev, f"w{k}"], [f"c{k}"], pads=[1, 1, 1, 1], name=f"conv{k}"),
+            helper.make_node(
+                "Conv", [prev, f"w{k}"], [f"c{k}"], pads=[1, 1, 1, 1], name=f"conv{k}"
+            ),
             helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}"),
         ]
         weights.append((f"w{k}", rand(8, cin, 3, 3, seed=20 + k)))
@@ -709,7 +779,9 @@ def test_a_budget_drops_the_noisy_half_of_a_long_int8_part_not_all_of_it(tmp_pat
     int8 = [p for p in first.parts if p.precision == "int8"]
     assert len(int8) == 1 and len(int8[0].nodes) == 16
     halves = units(graph, int8[0])
-    assert [len(u.nodes) for u in halves] == [8, 8] and {"add_big", "add_back"} <= set(halves[1].nodes)
+    assert [len(u.nodes) for u in halves] == [8, 8] and {"add_big", "add_back"} <= set(
+        halves[1].nodes
+    )
     measure = PlanMeasurer(graph)
     whole, clean = measure(first.parts), measure(_alone(first, halves[0], graph))
     assert clean.snr_db > whole.snr_db + 10, (clean.summary(), whole.summary())
@@ -743,13 +815,18 @@ def test_int8_part_edges_cost_what_the_profiler_measured(tmp_path):
     graph = edgesplit.load_model(tmp_path / "c.onnx")
     (tmp_path / "npu.yaml").write_text(NPU_SPEC)
     device = edgesplit.load_device(tmp_path / "npu.yaml")
-    npu = edgesplit.profile_model(graph, device, edgesplit.ProfileOptions(["ort-int8"], runs=5, warmup=2))
+    npu = edgesplit.profile_model(
+        graph, device, edgesplit.ProfileOptions(["ort-int8"], runs=5, warmup=2)
+    )
     entry = npu.entry("npu", "ort-int8")
     assert (
-        "in (QuantizeLinear, Transpose)" in entry.note and "out (Transpose, DequantizeLinear)" in entry.note
+        "in (QuantizeLinear, Transpose)" in entry.note
+        and "out (Transpose, DequantizeLinear)" in entry.note
     )
     part = part_model(graph, ["r0"], ["r1"], "int8", calibrate(graph, calibration_set(graph)))
-    so = ort_session_options(1, None, enable_profiling=True, profile_file_prefix=str(tmp_path / "p"))
+    so = ort_session_options(
+        1, None, enable_profiling=True, profile_file_prefix=str(tmp_path / "p")
+    )
     so.optimized_model_filepath = str(tmp_path / "opt.onnx")
     sess = ort.InferenceSession(part.SerializeToString(), so, providers=["CPUExecutionProvider"])
     x = {"r0": np.abs(rand(1, 48, 160, 160, seed=5))}
@@ -760,7 +837,11 @@ def test_int8_part_edges_cost_what_the_profiler_measured(tmp_path):
     q_in = next(n for n in opt.node if "r0" in n.input)
     into = [q_in] + [n for n in opt.node if q_in.output[0] in n.input and n.op_type == "Transpose"]
     dq_out = made["r1"]
-    out_of = [made[dq_out.input[0]], dq_out] if made[dq_out.input[0]].op_type == "Transpose" else [dq_out]
+    out_of = (
+        [made[dq_out.input[0]], dq_out]
+        if made[dq_out.input[0]].op_type == "Transpose"
+        else [dq_out]
+    )
     assert [n.op_type for n in into] == ["QuantizeLinear", "Transpose"]
     assert [n.op_type for n in out_of] == ["Transpose", "DequantizeLinear"]
     from edgesplit.backends.ort.profile import _kernel_times

@@ -76,7 +76,9 @@ GPU_SPEC = gpu_spec("gpu-box", header="local: true\n")
 def _gpu_profile(tiny_conv, tmp_path):
     (tmp_path / "gpu.yaml").write_text(GPU_SPEC)
     graph = load_model(tiny_conv)
-    prof = profile_model(graph, load_device(tmp_path / "gpu.yaml"), ProfileOptions(runs=5, warmup=1))
+    prof = profile_model(
+        graph, load_device(tmp_path / "gpu.yaml"), ProfileOptions(runs=5, warmup=1)
+    )
     return graph, prof.entry("gpu", "tvm")
 
 
@@ -135,7 +137,18 @@ def test_profile_json_round_trip_and_bad_files(tiny_conv, host, tmp_path):
 @pytest.mark.slow
 def test_cli_profile_prints_tables(tiny_conv, tmp_path):
     out = tmp_path / "tiny.json"
-    r = run_cli("profile", str(tiny_conv), "--device", "host", "--runs", "3", "--warmup", "1", "-o", str(out))
+    r = run_cli(
+        "profile",
+        str(tiny_conv),
+        "--device",
+        "host",
+        "--runs",
+        "3",
+        "--warmup",
+        "1",
+        "-o",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     assert "totals per processor" in r.stdout and "cpu/ort" in r.stdout and "cpu/tvm" in r.stdout
     assert "top 10 operators" in r.stdout
@@ -144,7 +157,9 @@ def test_cli_profile_prints_tables(tiny_conv, tmp_path):
 
 def test_cli_bad_device_spec_exits_2(tiny_conv, tmp_path):
     spec = tmp_path / "broken.yaml"
-    spec.write_text("name: broken\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: -1}\n")
+    spec.write_text(
+        "name: broken\nkind: device\nprocessors:\n  cpu: {kind: cpu, peak_gflops: -1}\n"
+    )
     out = tmp_path / "x.json"
     r = run_cli("profile", str(tiny_conv), "--device", str(spec), "-o", str(out))
     assert r.returncode == 2

@@ -74,7 +74,9 @@ def test_the_profiler_and_the_compiler_keep_their_builds_apart(cpu_tvm, tmp_path
     from edgesplit.backends.tvm.build import build_library
 
     cpu, _ = cpu_tvm
-    relu = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])
+    relu = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])]
+    )
     tvm_profiler.build_vm(relu, {"kind": "llvm"}, cpu.threads)
     assert len(list((tmp_path / "cache" / "tvm-libs").glob("*.so"))) == 1
     build_library(relu, {"kind": "llvm"}, tmp_path / "a.so", threads=cpu.threads)

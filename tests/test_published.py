@@ -85,7 +85,8 @@ def test_a_bad_published_file_is_refused_naming_the_file(tmp_path: Path, mutate,
 
 
 def _synthetic_models(rng: np.random.Generator, n: int) -> list[fit.NodeArrays]:
-    """Models from call-bound (a few tiny nodes) and node-overhead-bound to compute- and memory-bound."""
+    """Models from call-bound (a few tiny nodes) and node-overhead-bound to compute- and
+    memory-bound."""
     out = []
     for i in range(n):
         nodes = int(rng.integers(2, 5)) if i < 3 else int(rng.integers(10, 300))
@@ -129,7 +130,12 @@ def test_predictor_uses_the_calibration_when_present_and_the_plain_roofline_when
     proc = spec.processor("cpu")
     backend = proc.backend("ort")
     assert run_precision(proc, backend) == "fp32"
-    entry = {"processor": "cpu", "precision": "fp32", "compute_efficiency": 0.2, "memory_efficiency": 0.3}
+    entry = {
+        "processor": "cpu",
+        "precision": "fp32",
+        "compute_efficiency": 0.2,
+        "memory_efficiency": 0.3,
+    }
     entry |= {"overhead_ms": 0.05, "call_ms": 0.7, "figures": ["x"]}
     monkeypatch.setenv("EDGESPLIT_PROFILES_DIR", str(_calibration_dir(tmp_path, spec.name, entry)))
     calibrated = predict(squeezenet, proc, backend, device=spec.name)
@@ -165,7 +171,9 @@ def test_calibration_applies_only_at_the_precision_the_processor_runs(squeezenet
     assert int8.dispatch_ms == shipped.lookup("npu", "int8").call_ms  # priced from the int8 figures
     cpu_profile = predict(squeezenet, cpu, cpu.backend("ort"), device=spec.name)
     assert cpu_profile.dispatch_ms is None  # only fp16/int8 figures exist for it: plain roofline
-    fp16 = replace(cpu.backend("ort"), runtime="ort-fp16", precision="fp16")  # an fp16 backend there
+    fp16 = replace(
+        cpu.backend("ort"), runtime="ort-fp16", precision="fp16"
+    )  # an fp16 backend there
     assert run_precision(cpu, fp16) == "fp16"
     assert (
         predict(squeezenet, cpu, fp16, device=spec.name).dispatch_ms

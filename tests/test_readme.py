@@ -31,7 +31,15 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
 def test_public_api_is_complete():
     for name in edgesplit.__all__:
         assert hasattr(edgesplit, name), name
-    for name in ("load_model", "profile_model", "partition", "compile_bundle", "deploy", "load", "Session"):
+    for name in (
+        "load_model",
+        "profile_model",
+        "partition",
+        "compile_bundle",
+        "deploy",
+        "load",
+        "Session",
+    ):
         assert name in edgesplit.__all__, name
 
 

@@ -58,7 +58,9 @@ def test_a_toy_backend_runs_end_to_end(toy, tmp_path):
     prof = edgesplit.profile_model(graph, device, edgesplit.ProfileOptions(runs=3, warmup=1))
     entry = prof.entry("cpu", toy.NAME)
     assert entry is not None and entry.source == "measured" and entry.whole_model_ms > 0
-    assert set(entry.nodes) == {n.name for n in graph.nodes}  # unoptimised: ORT's kernels are our nodes
+    assert set(entry.nodes) == {
+        n.name for n in graph.nodes
+    }  # unoptimised: ORT's kernels are our nodes
 
     plan = edgesplit.partition(graph, device, profile=prof)
     assert {p.backend for p in plan.parts} == {toy.NAME}
@@ -66,7 +68,9 @@ def test_a_toy_backend_runs_end_to_end(toy, tmp_path):
     assert {p.backend for p in manifest.parts} == {toy.NAME}
 
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
-    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(
+        None, {"input": x}
+    )[0]
     with edgesplit.load(tmp_path / "bundle") as session:
         got = session.run({"input": x})["logits"]
     assert toy.RUNS == [p.name for p in manifest.parts]  # the toy's executor ran every part
@@ -79,7 +83,9 @@ def test_an_unregistered_backend_is_refused_by_the_spec_schema(tmp_path):
 
     (tmp_path / "toy.yaml").write_text(TOY_DEVICE)
     known = re.escape(str(list(BACKENDS)))
-    with pytest.raises(DeviceSpecError, match=rf"runtime: '{toy_backend.NAME}' is not one of {known}"):
+    with pytest.raises(
+        DeviceSpecError, match=rf"runtime: '{toy_backend.NAME}' is not one of {known}"
+    ):
         edgesplit.load_device(tmp_path / "toy.yaml")
 
 
@@ -147,13 +153,16 @@ def test_compile_never_imports_the_runtime_and_runtime_modules_have_no_cycle():
         bad = sorted(m for m in _imports(path) if m.startswith("edgesplit.runtime"))
         assert not bad, f"{path.name} imports {bad}"
     graph = {
-        f"edgesplit.runtime.{p.stem}": {m for m in _imports(p) if m.startswith("edgesplit.runtime.")}
+        f"edgesplit.runtime.{p.stem}": {
+            m for m in _imports(p) if m.startswith("edgesplit.runtime.")
+        }
         for p, _ in _sources(PKG / "runtime")
     }
     assert _cycle(graph) is None, _cycle(graph)
     code = (
         "import sys, edgesplit.compile.build, edgesplit.compile.backends; "
-        "bad = [m for m in sys.modules if m.startswith('edgesplit.runtime')]; print(bad); sys.exit(bool(bad))"
+        "bad = [m for m in sys.modules if m.startswith('edgesplit.runtime')]; print(bad); "
+        "sys.exit(bool(bad))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,4 +1,5 @@
-"""Remote profiling over a real OpenSSH sshd on 127.0.0.1: format, host keys, auth, quoting, cleanup."""
+"""Remote profiling over a real OpenSSH sshd on 127.0.0.1: format, host keys, auth, quoting,
+cleanup."""
 
 from __future__ import annotations
 
@@ -54,7 +55,12 @@ def one_line_error(r) -> str:
 
 def test_parse_target():
     t = parse_target("pi@10.0.0.5:2222")
-    assert (t.user, t.host, t.port, t.known_hosts_name) == ("pi", "10.0.0.5", 2222, "[10.0.0.5]:2222")
+    assert (t.user, t.host, t.port, t.known_hosts_name) == (
+        "pi",
+        "10.0.0.5",
+        2222,
+        "[10.0.0.5]:2222",
+    )
     v6 = parse_target("u@[::1]:22")
     assert (v6.host, v6.port, str(v6)) == ("::1", 22, "u@[::1]")
     assert parse_target("host").port == 22
@@ -182,7 +188,12 @@ def test_changed_host_key_is_always_refused(remote_tmp, tiny, tmp_path):  # noqa
         s.new_host_key()  # known_hosts still has the old key
         for extra in ([], ["--accept-new-host-key"]):
             r = run_cli(
-                "profile", str(tiny), *s.cli_args(remote_tmp, *extra), "-q", "-o", str(tmp_path / "p.json")
+                "profile",
+                str(tiny),
+                *s.cli_args(remote_tmp, *extra),
+                "-q",
+                "-o",
+                str(tmp_path / "p.json"),
             )
             assert r.returncode == 2
             line = one_line_error(r)
@@ -234,7 +245,9 @@ def test_encrypted_key_without_passphrase_is_a_clear_input_error(
     monkeypatch,
 ):
     key = tmp_path / "locked"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "sesame", "-f", str(key)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "sesame", "-f", str(key)], check=True
+    )
     args = sshd.cli_args(remote_tmp)
     args[args.index("--identity") + 1] = str(key)
     r = run_cli("profile", str(tiny), *args, "-q", "-o", str(tmp_path / "p.json"))
@@ -252,7 +265,10 @@ def test_unreachable_port_and_missing_python_are_clear(sshd, remote_tmp, tiny, t
     opts = options(sshd, remote_tmp, connect_timeout_s=3)
     with pytest.raises(RemoteError, match=r"root@127.0.0.1:\d+: connection refused"):
         profile_remote(
-            tiny, f"{sshd.user}@127.0.0.1:{free_port()}", RemoteOptions(opts), output=tmp_path / "x.json"
+            tiny,
+            f"{sshd.user}@127.0.0.1:{free_port()}",
+            RemoteOptions(opts),
+            output=tmp_path / "x.json",
         )
     opts = options(sshd, remote_tmp, remote_python="/no/such/python3")
     with pytest.raises(RemoteError, match="remote Python '/no/such/python3' not found"):
@@ -267,7 +283,8 @@ def test_a_silent_agent_hits_the_step_timeout_and_is_cleaned_up(sshd, remote_tmp
     opts = options(sshd, remote_tmp, remote_python=str(hang), step_timeout_s=1.5)
     started = time.monotonic()
     with pytest.raises(
-        RemoteError, match=r"no word from the agent for 1.5 s while starting the agent \(step timeout\)"
+        RemoteError,
+        match=r"no word from the agent for 1.5 s while starting the agent \(step timeout\)",
     ):
         profile_remote(tiny, sshd.target, RemoteOptions(opts), output=tmp_path / "x.json")
     assert time.monotonic() - started < 20
@@ -275,7 +292,9 @@ def test_a_silent_agent_hits_the_step_timeout_and_is_cleaned_up(sshd, remote_tmp
 
 
 @pytest.mark.ssh
-@pytest.mark.skipif(not BARE_PYTHON.exists(), reason="no /usr/bin/python3 to stand for a bare device")
+@pytest.mark.skipif(
+    not BARE_PYTHON.exists(), reason="no /usr/bin/python3 to stand for a bare device"
+)
 def test_missing_modules_say_what_to_install(sshd, remote_tmp, tiny, tmp_path):  # noqa: F811
     args = sshd.cli_args(remote_tmp)
     args[args.index("--remote-python") + 1] = str(BARE_PYTHON)
@@ -303,4 +322,8 @@ def test_agent_zip_is_deterministic_and_self_contained():
     build_agent.cache_clear()
     assert build_agent() == data
     cmd = remote_command("/opt/my python/bin/python3", "/tmp/a b", {"X": "$(reboot)"})
-    assert "'/opt/my python/bin/python3'" in cmd and "TMPDIR='/tmp/a b'" in cmd and "X='$(reboot)'" in cmd
+    assert (
+        "'/opt/my python/bin/python3'" in cmd
+        and "TMPDIR='/tmp/a b'" in cmd
+        and "X='$(reboot)'" in cmd
+    )

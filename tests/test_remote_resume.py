@@ -27,7 +27,13 @@ class Cli:
 
     def __init__(self, *args: str):
         exe = Path(sys.executable).with_name("edgesplit")
-        env = {**os.environ, "TTY_COMPATIBLE": "1", "NO_COLOR": "1", "TERM": "xterm", "COLUMNS": "200"}
+        env = {
+            **os.environ,
+            "TTY_COMPATIBLE": "1",
+            "NO_COLOR": "1",
+            "TERM": "xterm",
+            "COLUMNS": "200",
+        }
         # SIGINT as a terminal delivers it, even when this process ignores it (a runner started in
         # the background by a shell without job control, or a test before this one, may have set
         # SIG_IGN, which the CLI would inherit and then never see Ctrl-C)
@@ -106,7 +112,12 @@ def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_t
     assert p.proc.returncode == 1, err
     line = err.strip().splitlines()[-1]
     assert line.startswith("edgesplit: error: ") and "Traceback" not in err
-    assert sshd.target in line and "connection dropped" in line and "--resume" in line and str(part) in line
+    assert (
+        sshd.target in line
+        and "connection dropped" in line
+        and "--resume" in line
+        and str(part) in line
+    )
     saved = load_profile(part)
     assert [e.key for e in saved.entries] == ["cpu/ort"] and not out.exists()
     assert saved.entry("cpu", "ort").dispatch_ms is not None  # checkpoints keep every field
@@ -116,7 +127,9 @@ def test_dropped_connection_then_resume_reuses_the_measured_pairs(sshd, remote_t
     assert p.proc.returncode == 0, err
     prof = load_profile(out)
     assert [e.key for e in prof.entries] == ["cpu/ort", "cpu/tvm"]
-    assert prof.entry("cpu", "ort") == saved.entry("cpu", "ort")  # reused as measured, not measured again
+    assert prof.entry("cpu", "ort") == saved.entry(
+        "cpu", "ort"
+    )  # reused as measured, not measured again
     assert prof.entry("cpu", "tvm").nodes and not part.exists()
 
 
@@ -142,12 +155,24 @@ def test_local_resume_keeps_the_saved_pairs_too(tmp_path):
     model = zoo.save("tiny_dag", tmp_path / "tiny_dag.onnx")
     first = tmp_path / "first.json"
     r = run_cli(
-        "profile", str(model), "--backend", "ort", "--runs", "2", "--warmup", "1", "-q", "-o", str(first)
+        "profile",
+        str(model),
+        "--backend",
+        "ort",
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+        "-q",
+        "-o",
+        str(first),
     )
     assert r.returncode == 0, r.stderr
     out = tmp_path / "out.json"
     Path(f"{out}.partial").write_text(first.read_text())  # as if the run had stopped after cpu/ort
-    r = run_cli("profile", str(model), "--runs", "2", "--warmup", "1", "-q", "-o", str(out), "--resume")
+    r = run_cli(
+        "profile", str(model), "--runs", "2", "--warmup", "1", "-q", "-o", str(out), "--resume"
+    )
     assert r.returncode == 0, r.stderr
     prof = load_profile(out)
     assert [e.key for e in prof.entries] == ["cpu/ort", "cpu/tvm"]

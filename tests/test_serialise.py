@@ -50,7 +50,12 @@ def via_json(d):
 
 
 node_costs = st.builds(
-    NodeCost, floats, floats, st.sampled_from(["measured", "predicted"]), maybe, st.integers(0, 1000)
+    NodeCost,
+    floats,
+    floats,
+    st.sampled_from(["measured", "predicted"]),
+    maybe,
+    st.integers(0, 1000),
 )
 run_terms = st.builds(
     RunTerms,
@@ -129,7 +134,9 @@ def test_an_older_entry_reads_with_defaults():
 
 @SETTINGS
 @given(
-    backends=st.one_of(st.none(), st.lists(st.sampled_from(sorted(BACKENDS)), min_size=1, max_size=2)),
+    backends=st.one_of(
+        st.none(), st.lists(st.sampled_from(sorted(BACKENDS)), min_size=1, max_size=2)
+    ),
     processors=st.one_of(st.none(), st.lists(names, min_size=1, max_size=2)),
     runs=st.integers(1, 50),
     warmup=st.integers(0, 10),
@@ -153,7 +160,9 @@ def test_profile_options_refuse_unknown_backends_and_bad_counts():
 
 def _backend(draw_runtime: str) -> dict:
     return (
-        {"runtime": draw_runtime, "target": {"kind": "llvm"}} if draw_runtime == "tvm" else {"runtime": "ort"}
+        {"runtime": draw_runtime, "target": {"kind": "llvm"}}
+        if draw_runtime == "tvm"
+        else {"runtime": "ort"}
     )
 
 
@@ -166,7 +175,8 @@ def spec_mappings(draw) -> dict:
         d = {
             "kind": draw(st.sampled_from(["cpu", "gpu", "npu", "dsp"])),
             "backends": [
-                _backend(r) for r in draw(st.lists(st.sampled_from(["ort", "tvm"]), min_size=1, max_size=2))
+                _backend(r)
+                for r in draw(st.lists(st.sampled_from(["ort", "tvm"]), min_size=1, max_size=2))
             ],
             "peak_gflops": draw(pos),
             "mem_bandwidth_gbps": draw(pos),
@@ -177,12 +187,16 @@ def spec_mappings(draw) -> dict:
             d["cores"] = draw(st.lists(st.integers(0, 7), min_size=1, max_size=3))
             d["threads"] = draw(st.integers(1, 4))
         if draw(st.booleans()):
-            d["ops"] = {"exclude": draw(st.lists(st.sampled_from(["LSTM", "GRU", "Loop"]), unique=True))}
+            d["ops"] = {
+                "exclude": draw(st.lists(st.sampled_from(["LSTM", "GRU", "Loop"]), unique=True))
+            }
         if draw(st.booleans()):
             d["memory_mb"] = draw(pos)
         data["processors"][p] = d
     if len(procs) > 1 and draw(st.booleans()):
-        data["links"] = [{"between": procs[:2], "bandwidth_gbps": draw(pos), "latency_ms": draw(floats)}]
+        data["links"] = [
+            {"between": procs[:2], "bandwidth_gbps": draw(pos), "latency_ms": draw(floats)}
+        ]
     if draw(st.booleans()):
         data["memory_mb"] = draw(pos)
     data["local"] = draw(st.booleans())
@@ -197,9 +211,12 @@ def test_device_spec_round_trips(data):
     assert device_from_mapping(written, "spec.yaml") == spec
 
 
-@pytest.mark.parametrize("path", [p for p in list_specs() if p.stem != "links"], ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", [p for p in list_specs() if p.stem != "links"], ids=lambda p: p.stem
+)
 def test_load_device_is_the_mapping_reader(path):
-    """``load_device`` is read_spec + device_from_mapping: the same DeviceSpec, and it round-trips."""
+    """``load_device`` is read_spec + device_from_mapping: the same DeviceSpec, and it
+    round-trips."""
     spec = load_device(path)
     assert read_spec(path).load() == spec
     assert device_from_mapping(via_json(device_to_mapping(spec)), spec.path) == spec
@@ -240,7 +257,9 @@ parts = st.builds(
     end_ms=maybe,
     stage=st.integers(0, 5),
 )
-transfers = st.builds(Transfer, texts, st.integers(0, 10**9), names, names, names, names, floats, floats)
+transfers = st.builds(
+    Transfer, texts, st.integers(0, 10**9), names, names, names, names, floats, floats
+)
 baselines = st.builds(Baseline, names, maybe, maybe, st.booleans(), st.text(max_size=10), maybe)
 solvers = st.builds(SolverInfo, names, floats, st.booleans(), maybe, names, st.text(max_size=10))
 links = st.one_of(
@@ -325,7 +344,16 @@ def test_an_older_plan_reads_and_unknown_keys_are_left(plan):
     """A plan written before the optional fields existed reads with their defaults; a key from a
     newer writer is left alone (adding a field is one line in the dataclass)."""
     d = via_json(plan.to_json())
-    for key in ("server", "link", "slo_ms", "transfers", "baselines", "solver", "pins", "device_path"):
+    for key in (
+        "server",
+        "link",
+        "slo_ms",
+        "transfers",
+        "baselines",
+        "solver",
+        "pins",
+        "device_path",
+    ):
         d.pop(key)
     for p in d["parts"]:
         for key in ("latency_ms", "energy_mj", "start_ms", "end_ms", "stage", "remote"):

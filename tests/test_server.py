@@ -53,16 +53,21 @@ def tiny(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def server(tiny):
-    with ServerThread(tiny["bundle"], ServeOptions(port=0, token=TOKEN, max_request_nbytes=1 << 20)) as s:
+    with ServerThread(
+        tiny["bundle"], ServeOptions(port=0, token=TOKEN, max_request_nbytes=1 << 20)
+    ) as s:
         yield s
 
 
 def auth() -> dict[str, str]:
-    return {"Authorization": f"Bearer {TOKEN}"}  # fresh each call: tritonclient adds to the dict it is given
+    return {
+        "Authorization": f"Bearer {TOKEN}"
+    }  # fresh each call: tritonclient adds to the dict it is given
 
 
 def fresh_health(server, path: str = "/v2/health/ready") -> tuple[int, bytes]:
-    """``GET path`` on a new connection, without a token (health stays open); the status and body."""
+    """``GET path`` on a new connection, without a token (health stays open); the status and
+    body."""
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as s:
         s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
@@ -114,7 +119,9 @@ def test_health_and_metadata(server, tiny):
     assert client.is_model_ready("p1", headers=auth())
     meta = client.get_model_metadata("p1", headers=auth())
     assert meta["name"] == "p1" and meta["platform"] == "onnxruntime_onnx"
-    assert meta["inputs"] == [{"name": tiny["cut"], "datatype": "FP32", "shape": list(tiny["mid"].shape)}]
+    assert meta["inputs"] == [
+        {"name": tiny["cut"], "datatype": "FP32", "shape": list(tiny["mid"].shape)}
+    ]
     assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [1, 10]}]
     assert client.get_server_metadata(headers=auth())["extensions"] == ["binary_tensor_data"]
     assert "p0" not in server.server.models  # only the server parts are served
@@ -129,7 +136,9 @@ def test_tritonclient_all_outputs_and_gzip(server, tiny):
     client = tritonclient_http.InferenceServerClient(server.url.removeprefix("http://"))
     inp = tritonclient_http.InferInput(tiny["cut"], list(tiny["mid"].shape), "FP32")
     inp.set_data_from_numpy(tiny["mid"])
-    got = client.infer("p1", [inp], headers=auth(), request_compression_algorithm="gzip").as_numpy("logits")
+    got = client.infer("p1", [inp], headers=auth(), request_compression_algorithm="gzip").as_numpy(
+        "logits"
+    )
     np.testing.assert_allclose(got, tiny["y"], rtol=1e-6, atol=1e-6)
 
 
@@ -180,7 +189,10 @@ def binary_request(
             "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
         }
     ).encode()
-    return head + arr.tobytes() + extra, {"Inference-Header-Content-Length": str(len(head)), **auth()}
+    return head + arr.tobytes() + extra, {
+        "Inference-Header-Content-Length": str(len(head)),
+        **auth(),
+    }
 
 
 def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
@@ -189,7 +201,12 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
     good, good_h = binary_request(cut, mid)
     cases = {
         "bad json": (infer, b'{"inputs": [', auth(), 400, "not valid JSON"),
-        "wrong datatype": (infer, *binary_request(cut, mid.astype(np.float64), "FP64"), 400, "datatype FP64"),
+        "wrong datatype": (
+            infer,
+            *binary_request(cut, mid.astype(np.float64), "FP64"),
+            400,
+            "datatype FP64",
+        ),
         "binary size != header": (
             infer,
             *binary_request(cut, mid, size=mid.nbytes - 4),
@@ -209,7 +226,16 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
         "json data of wrong length": (
             infer,
             json.dumps(
-                {"inputs": [{"name": cut, "shape": list(mid.shape), "datatype": "FP32", "data": [1.0, 2.0]}]}
+                {
+                    "inputs": [
+                        {
+                            "name": cut,
+                            "shape": list(mid.shape),
+                            "datatype": "FP32",
+                            "data": [1.0, 2.0],
+                        }
+                    ]
+                }
             ).encode(),
             auth(),
             400,
@@ -226,7 +252,13 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
         "wrong token": (infer, good, {**good_h, "Authorization": "Bearer wrong"}, 401, "token"),
         "unknown model": ("/v2/models/p0/infer", good, good_h, 404, "no model 'p0'"),
         "bad gzip": (infer, b"not gzip", {**auth(), "Content-Encoding": "gzip"}, 400, "gzip"),
-        "unknown encoding": (infer, good, {**good_h, "Content-Encoding": "br"}, 415, "Content-Encoding"),
+        "unknown encoding": (
+            infer,
+            good,
+            {**good_h, "Content-Encoding": "br"},
+            415,
+            "Content-Encoding",
+        ),
     }
     for what, (path, body, headers, status, message) in cases.items():
         got_status, got = raw(server, "POST", path, body, headers)
@@ -236,7 +268,9 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
         np.testing.assert_allclose(triton_infer(server, tiny), tiny["y"], rtol=1e-6, atol=1e-6)
     status, got = raw(server, "GET", infer, headers=auth())
     assert status == 405 and got["error"]
-    status, got = raw(server, "POST", "/v2/models/a%0D%0Ab/infer", good, good_h)  # no header injection
+    status, got = raw(
+        server, "POST", "/v2/models/a%0D%0Ab/infer", good, good_h
+    )  # no header injection
     assert status == 404 and "no model" in got["error"]
     status, got = raw(
         server,
@@ -252,7 +286,9 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server, tiny):
 
 def start_server(bundle: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen(serve_command(bundle, "127.0.0.1", port, *extra), stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        serve_command(bundle, "127.0.0.1", port, *extra), stderr=subprocess.PIPE
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
@@ -363,7 +399,9 @@ def test_light_load_no_errors_and_flat_memory(tiny):
 def test_listening_line(tiny):
     port = free_port()
     proc = subprocess.Popen(
-        serve_command(tiny["bundle"], "127.0.0.1", port, "--token", "t"), stderr=subprocess.PIPE, text=True
+        serve_command(tiny["bundle"], "127.0.0.1", port, "--token", "t"),
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stderr.readline()

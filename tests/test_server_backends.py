@@ -22,7 +22,9 @@ def _bundle(tmp_path, target: str):
     from edgesplit.model import zoo
 
     spec = tmp_path / "lab.yaml"
-    spec.write_text(gpu_spec("lab", "server", target, "description: this machine, standing for a server\n"))
+    spec.write_text(
+        gpu_spec("lab", "server", target, "description: this machine, standing for a server\n")
+    )
     graph = load_model(zoo.save("tiny_dag", tmp_path / "tiny_dag.onnx"))
     plan = contiguous_plan(graph, "host", [("cpu", "ort"), ("lab.gpu", "tvm")])
     plan = dataclasses.replace(plan, server="lab", server_path=str(spec))
@@ -84,5 +86,8 @@ def test_a_triton_export_says_which_parts_lose_their_artifact(tmp_path):
     _bundle(tmp_path, "{kind: llvm}")
     r = run_cli("export-triton", str(tmp_path / "b"), "-o", str(tmp_path / "repo"))
     assert r.returncode == 0, r.stderr
-    assert "note: p1: Triton runs its ONNX file in ONNX Runtime (fp32), not its tvm artifact" in r.stderr
+    assert (
+        "note: p1: Triton runs its ONNX file in ONNX Runtime (fp32), not its tvm artifact"
+        in r.stderr
+    )
     assert (tmp_path / "repo" / "p1" / "1" / "model.onnx").is_file()

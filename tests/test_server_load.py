@@ -77,7 +77,9 @@ def test_loaded_costs_scale_only_server_nodes_and_grow_with_the_load():
     got = loaded_costs(cm, solve, ServerLoad(64))
     local = ~cm.remote
     assert np.array_equal(got.costs.node_ms[:, local], cm.node_ms[:, local])
-    np.testing.assert_allclose(got.costs.node_ms[:, cm.remote], cm.node_ms[:, cm.remote] * got.factor)
+    np.testing.assert_allclose(
+        got.costs.node_ms[:, cm.remote], cm.node_ms[:, cm.remote] * got.factor
+    )
 
 
 def _on_server(plan) -> int:
@@ -86,7 +88,9 @@ def _on_server(plan) -> int:
 
 def test_the_cut_moves_toward_the_device_as_the_server_gets_crowded(tiny, slow):
     kw = {"server": "server-a100", "bandwidth_mbps": 1000.0, "rtt_ms": 1.0}
-    plans = {n: edgesplit.partition(tiny, slow, server_load=n, **kw) for n in (1, 16, 64, 256, 4096)}
+    plans = {
+        n: edgesplit.partition(tiny, slow, server_load=n, **kw) for n in (1, 16, 64, 256, 4096)
+    }
     counts = [_on_server(p) for p in plans.values()]
     assert counts == sorted(counts, reverse=True), counts
     assert counts[0] == 10 and counts[-1] == 0, counts  # alone: all offloaded; crowded: all at home
@@ -103,7 +107,15 @@ def test_the_cut_moves_toward_the_device_as_the_server_gets_crowded(tiny, slow):
 
 def test_server_load_flags(capsys, tiny, board, tmp_path):
     code, _, err = run(
-        capsys, "partition", str(tiny), "-d", str(board), "--server-load", "8", "-o", str(tmp_path / "a.json")
+        capsys,
+        "partition",
+        str(tiny),
+        "-d",
+        str(board),
+        "--server-load",
+        "8",
+        "-o",
+        str(tmp_path / "a.json"),
     )
     assert code == 2 and "--server-load needs --server" in err
     code, _, err = run(

@@ -70,9 +70,13 @@ def test_the_server_is_priced_by_its_profile_not_its_roofline(lab):
     measured = load_profile(lab["dir"] / "srv.json").entry("cpu", "ort")
     assert measured is not None and measured.source == "measured"
     rooflined = _resolve(lab).profile.entry("lab-server.cpu", "ort")
-    priced = _resolve(lab, server_profile=lab["dir"] / "srv.json").profile.entry("lab-server.cpu", "ort")
+    priced = _resolve(lab, server_profile=lab["dir"] / "srv.json").profile.entry(
+        "lab-server.cpu", "ort"
+    )
     assert rooflined.source == "predicted" and priced.source == "measured"
-    plan = partition(lab["graph"], "host-2core", profile=lab["dir"] / "dev.json", server=str(lab["spec"]))
+    plan = partition(
+        lab["graph"], "host-2core", profile=lab["dir"] / "dev.json", server=str(lab["spec"])
+    )
     assert plan.cost_sources["lab-server.cpu/ort"] == "predicted"  # what a plan shows it rests on
     assert priced.nodes == measured.nodes
     # the roofline's 10 MFLOP/s against what one core really takes
@@ -81,7 +85,11 @@ def test_the_server_is_priced_by_its_profile_not_its_roofline(lab):
 
 def test_a_server_profile_must_be_of_the_model_the_server_and_its_processors(lab, tmp_path):
     with pytest.raises(PlanError, match="--server-profile needs --server"):
-        resolve(lab["graph"], "host-2core", Choices(profile=lab["dir"] / "dev.json", server_profile="x.json"))
+        resolve(
+            lab["graph"],
+            "host-2core",
+            Choices(profile=lab["dir"] / "dev.json", server_profile="x.json"),
+        )
     with pytest.raises(
         PlanError, match=r"dev\.json: it is a profile of device 'host-2core', not of the server"
     ):
@@ -103,9 +111,13 @@ def test_a_plan_records_the_server_profile_and_its_problem_merges_it_again(lab):
     it (compile's bands, explain, verify) prices the server as measured, not by the roofline."""
     d = lab["dir"]
     args = ["--device", "host-2core", "--profile", d / "dev.json", "--server", lab["spec"]]
-    r = run_cli("partition", lab["model"], *args, "--server-profile", d / "srv.json", "-o", d / "plan.json")
+    r = run_cli(
+        "partition", lab["model"], *args, "--server-profile", d / "srv.json", "-o", d / "plan.json"
+    )
     assert r.returncode == 0, r.stderr
-    assert "measured on the server lab-server.cpu/ort" in " ".join(r.stdout.split())  # the costs line
+    assert "measured on the server lab-server.cpu/ort" in " ".join(
+        r.stdout.split()
+    )  # the costs line
     measured = load_profile(d / "srv.json").entry("cpu", "ort").nodes
     in_code = partition(
         lab["graph"],
@@ -115,7 +127,10 @@ def test_a_plan_records_the_server_profile_and_its_problem_merges_it_again(lab):
         server_profile=d / "srv.json",
     )
     for plan in (load_plan(d / "plan.json"), in_code):
-        assert (plan.profile_path, plan.server_profile_path) == (str(d / "dev.json"), str(d / "srv.json"))
+        assert (plan.profile_path, plan.server_profile_path) == (
+            str(d / "dev.json"),
+            str(d / "srv.json"),
+        )
         assert plan.cost_sources["lab-server.cpu/ort"] == "measured"
         again = problem_from_plan(plan, lab["graph"]).profile.entry("lab-server.cpu", "ort")
         assert again.source == "measured" and again.nodes == measured
@@ -125,7 +140,9 @@ def test_profile_here_measures_a_spec_not_marked_local_and_says_when_nothing_was
     """On the server itself, ``profile --device SERVER --here`` measures it; without --here a spec
     not marked local is all roofline, and the command says so."""
     d, args = lab["dir"], ["--runs", "3", "--warmup", "1", "-q"]
-    r = run_cli("profile", lab["model"], "--device", lab["spec"], "--here", "-o", d / "here.json", *args)
+    r = run_cli(
+        "profile", lab["model"], "--device", lab["spec"], "--here", "-o", d / "here.json", *args
+    )
     assert r.returncode == 0, r.stderr
     assert load_profile(d / "here.json").entry("cpu", "ort").source == "measured"
     assert "nothing was measured" not in r.stdout
@@ -148,9 +165,14 @@ def test_the_h200_as_measured_moves_mobilenetv2_from_the_server_gpu_to_its_cpu(t
     server = {}
     for key, server_profile in (("roofline", None), ("measured", shipped)):
         plan = partition(
-            graph, "raspberry-pi5", server="server-h200", link="wifi", bandwidth_mbps=1000, rtt_ms=1,
+            graph,
+            "raspberry-pi5",
+            server="server-h200",
+            link="wifi",
+            bandwidth_mbps=1000,
+            rtt_ms=1,
             server_profile=server_profile,
-        )  # fmt: skip
+        )
         server[key] = [p for p in plan.parts if p.processor.startswith("server-h200.")]
     assert [p.processor for p in server["roofline"]] == ["server-h200.gpu"]
     assert [p.processor for p in server["measured"]] == ["server-h200.cpu"]

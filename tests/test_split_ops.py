@@ -26,7 +26,9 @@ TOL = 1e-5
 def _run(graph) -> list[np.ndarray]:
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(graph.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        graph.model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+    )
     return sess.run(None, random_inputs(graph, 0))
 
 
@@ -56,16 +58,26 @@ def _conv_heads(draw):
     bias = draw(st.booleans())
     weights = [("w", rand(cout, cin, k, k, seed=1))] + ([("b", rand(cout, seed=2))] if bias else [])
     conv = helper.make_node(
-        "Conv", ["x", "w"] + (["b"] if bias else []), ["c"], name="conv", strides=[s, s],
-        pads=[p, p, p, p], dilations=[d, d],
-    )  # fmt: skip
+        "Conv",
+        ["x", "w"] + (["b"] if bias else []),
+        ["c"],
+        name="conv",
+        strides=[s, s],
+        pads=[p, p, p, p],
+        dilations=[d, d],
+    )
     h = (hw + 2 * p - d * (k - 1) - 1) // s + 1
     nodes, last = [conv], "c"
     inputs = [("x", [1, cin, hw, hw])]
     if draw(st.booleans()):
-        weights += [(n, np.abs(rand(cout, seed=3 + i)) + 0.5) for i, n in enumerate(["sc", "bi", "mu", "va"])]
+        weights += [
+            (n, np.abs(rand(cout, seed=3 + i)) + 0.5)
+            for i, n in enumerate(["sc", "bi", "mu", "va"])
+        ]
         nodes.append(
-            helper.make_node("BatchNormalization", [last, "sc", "bi", "mu", "va"], ["bn"], name="bn")
+            helper.make_node(
+                "BatchNormalization", [last, "sc", "bi", "mu", "va"], ["bn"], name="bn"
+            )
         )
         last = "bn"
     if draw(st.booleans()):
@@ -76,7 +88,9 @@ def _conv_heads(draw):
     if act:
         nodes.append(helper.make_node(act, [last], ["act"], name="act"))
         last = "act"
-    nodes.append(helper.make_node("Identity", [last], ["y"], name="out"))  # a reader after the chain
+    nodes.append(
+        helper.make_node("Identity", [last], ["y"], name="out")
+    )  # a reader after the chain
     return (
         make_model(nodes, inputs, [("y", [1, cout, h, h])], weights),
         cout,
@@ -117,7 +131,9 @@ def _gemms(draw):
         t = op == "GemmT"
         w = rand(n, k, seed=1) if t else rand(k, n, seed=1)
         nodes = [
-            helper.make_node("Gemm", ["x", "w", "b"], ["m"], name="mm", transB=int(t), alpha=0.5, beta=2.0)
+            helper.make_node(
+                "Gemm", ["x", "w", "b"], ["m"], name="mm", transB=int(t), alpha=0.5, beta=2.0
+            )
         ]
         weights = [("w", w), ("b", rand(n, seed=2))]
         rows = [draw(st.integers(1, 4)), k]
@@ -147,7 +163,12 @@ def test_a_gemm_or_matmul_split_by_output_features_is_the_whole_node(tmp_path_fa
         return
     names = tuple(graph.nodes[k].name for k in chain)
     split = Split(
-        "channels", names, graph.nodes[head].inputs[0], graph.nodes[chain[-1]].outputs[0], bands, ("a",) * 9
+        "channels",
+        names,
+        graph.nodes[head].inputs[0],
+        graph.nodes[chain[-1]].outputs[0],
+        bands,
+        ("a",) * 9,
     )
     _close(_run(graph), _run(rewrite(graph, [replace(split, processors=("a",) * len(bands))])))
 
@@ -166,14 +187,33 @@ def _stacks(draw):
         if kind == "conv":
             d = draw(st.integers(1, 2)) if h > 8 else 1
             weights.append((f"w{i}", rand(ch, ch, k, k, seed=i)))
-            nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"t{i}"], name=f"conv{i}", strides=[s, s],
-                                          pads=[p, p, p, p], dilations=[d, d]))  # fmt: skip
+            nodes.append(
+                helper.make_node(
+                    "Conv",
+                    [x, f"w{i}"],
+                    [f"t{i}"],
+                    name=f"conv{i}",
+                    strides=[s, s],
+                    pads=[p, p, p, p],
+                    dilations=[d, d],
+                )
+            )
             h = (h + 2 * p - d * (k - 1) - 1) // s + 1
         elif kind in ("maxpool", "avgpool"):
             ceil = draw(st.integers(0, 1)) if kind == "maxpool" else 0
             op = "MaxPool" if kind == "maxpool" else "AveragePool"
-            nodes.append(helper.make_node(op, [x], [f"t{i}"], name=f"pool{i}", kernel_shape=[k, k], strides=[s, s],
-                                          pads=[p, p, p, p], ceil_mode=ceil))  # fmt: skip
+            nodes.append(
+                helper.make_node(
+                    op,
+                    [x],
+                    [f"t{i}"],
+                    name=f"pool{i}",
+                    kernel_shape=[k, k],
+                    strides=[s, s],
+                    pads=[p, p, p, p],
+                    ceil_mode=ceil,
+                )
+            )
             span = h + 2 * p - k
             h = (-(-span // s) if ceil else span // s) + 1
         else:
@@ -186,8 +226,14 @@ def _stacks(draw):
                 helper.make_node("Conv", [x, f"wa{i}"], [f"a{i}"], name=f"a{i}", pads=[1, 1, 1, 1]),
                 helper.make_node("Relu", [f"a{i}"], [f"ar{i}"], name=f"ar{i}"),
                 helper.make_node("Conv", [x, f"wb{i}"], [f"b{i}"], name=f"b{i}"),
-                helper.make_node(join_op, [f"ar{i}", f"b{i}"], [f"t{i}"], name=f"j{i}", **({"axis": 1} if join_op == "Concat" else {})),
-            ]  # fmt: skip
+                helper.make_node(
+                    join_op,
+                    [f"ar{i}", f"b{i}"],
+                    [f"t{i}"],
+                    name=f"j{i}",
+                    **({"axis": 1} if join_op == "Concat" else {}),
+                ),
+            ]
             if join_op == "Concat":
                 weights.append((f"wc{i}", rand(ch, 2 * ch, 1, 1, seed=30 + i)))
                 nodes.append(helper.make_node("Conv", [f"t{i}", f"wc{i}"], [f"u{i}"], name=f"c{i}"))
@@ -197,8 +243,12 @@ def _stacks(draw):
         if h < 2:
             break
     nodes.append(helper.make_node("Identity", [x], ["y"], name="out"))
-    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, ch, "h", "w"])  # inferred at load
-    return make_model(nodes, [("x", [1, ch, hw, hw])], [out], weights), _shares(draw, draw(st.integers(2, 3)))
+    out = helper.make_tensor_value_info(
+        "y", onnx.TensorProto.FLOAT, [1, ch, "h", "w"]
+    )  # inferred at load
+    return make_model(nodes, [("x", [1, ch, hw, hw])], [out], weights), _shares(
+        draw, draw(st.integers(2, 3))
+    )
 
 
 @settings(max_examples=max_examples(60), deadline=None)
@@ -231,7 +281,8 @@ def test_a_split_that_does_not_fit_is_refused(tmp_path):
         helper.make_node("Relu", ["c"], ["y"], name="relu"),
     ]
     graph = _load(
-        tmp_path, make_model(nodes, [("x", [1, 2, 8, 8])], [("y", [1, 4, 8, 8])], [("w", rand(4, 2, 3, 3))])
+        tmp_path,
+        make_model(nodes, [("x", [1, 2, 8, 8])], [("y", [1, 4, 8, 8])], [("w", rand(4, 2, 3, 3))]),
     )
     ok = Split("channels", ("conv", "relu"), "x", "y", ((0, 2), (2, 4)), ("a", "b"))
     rewrite(graph, [ok])
@@ -254,7 +305,8 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
     """host-biglittle, a conv chain split by rows 70/30 between big and little: the plan
     round-trips through plan.json, compiles (each part checked against the model with the split
     written in) and runs to the whole model's outputs, its pieces on big and little at once; each
-    piece's part measures what the plan predicts for it within a factor of 1.6 (the micro-measurement
+    piece's part measures what the plan predicts for it within a factor of 1.6 (the
+    micro-measurement
     of the split's pricing), and ``--split-operators`` plans run through the CLI."""
     from conftest import run_cli
 
@@ -273,16 +325,25 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
     nodes += [helper.make_node("GlobalAveragePool", [x], ["y"], name="gap")]
     path = tmp_path / "chain.onnx"
     onnx.save(make_model(nodes, [("x", [1, 3, 96, 96])], [("y", [1, 32, 1, 1])], weights), path)
-    problem = resolve(str(path), "host-biglittle", Choices(profiling=ProfileOptions(["ort"], runs=5)))
+    problem = resolve(
+        str(path), "host-biglittle", Choices(profiling=ProfileOptions(["ort"], runs=5))
+    )
     base = solve_plan(problem)
     seg = join(row_segments(problem.graph))
     names = tuple(problem.graph.nodes[k].name for k in seg.nodes)
     split = Split(
-        "rows", names, seg.input, seg.output, split_bands(seg.out_height, [0.7, 0.3]), ("big", "little")
+        "rows",
+        names,
+        seg.input,
+        seg.output,
+        split_bands(seg.out_height, [0.7, 0.3]),
+        ("big", "little"),
     )
     plan = plan_with_splits(
         problem,
-        replace(base, assignment={n: {"processor": "big", "backend": "ort"} for n in base.assignment}),
+        replace(
+            base, assignment={n: {"processor": "big", "backend": "ort"} for n in base.assignment}
+        ),
         [split],
     )
     plan.save(tmp_path / "plan.json")
@@ -291,15 +352,21 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
     from edgesplit.optimize.annotate import annotate_model
     from edgesplit.optimize.split import for_plan
 
-    annotated = annotate_model(for_plan(problem.graph, plan.splits)[0].model, plan)  # partition's copy
+    annotated = annotate_model(
+        for_plan(problem.graph, plan.splits)[0].model, plan
+    )  # partition's copy
     assert {n.name for n in annotated.graph.node} == set(plan.assignment)
     problem.profile.save(tmp_path / "chain.profile.json")
-    r = run_cli("compile", str(path), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "b"))
+    r = run_cli(
+        "compile", str(path), "--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "b")
+    )
     assert r.returncode == 0, r.stderr
     feeds = random_inputs(problem.graph, 1)
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    want = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)[
+        0
+    ]
     with edgesplit.load(tmp_path / "b") as sess:
         np.testing.assert_allclose(sess.run(feeds)["y"], want, rtol=1e-4, atol=1e-5)
         for _ in range(30):
@@ -310,12 +377,27 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
     assert {p.processor for p in pieces} == {"big", "little"}
     for p in pieces:
         got = stats[p.name].median_ms
-        assert 1 / 1.6 <= got / predicted[p.name] <= 1.6, (p.name, p.processor, got, predicted[p.name])
+        assert 1 / 1.6 <= got / predicted[p.name] <= 1.6, (
+            p.name,
+            p.processor,
+            got,
+            predicted[p.name],
+        )
     r = run_cli(
-        "partition", str(path), "-d", "host-biglittle", "--profile", str(tmp_path / "chain.profile.json"),
-        "--split-operators", "-o", str(tmp_path / "auto.json"), "-q",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr  # with or without splits (the prediction decides), annotated too
+        "partition",
+        str(path),
+        "-d",
+        "host-biglittle",
+        "--profile",
+        str(tmp_path / "chain.profile.json"),
+        "--split-operators",
+        "-o",
+        str(tmp_path / "auto.json"),
+        "-q",
+    )
+    assert r.returncode == 0, (
+        r.stderr
+    )  # with or without splits (the prediction decides), annotated too
     plan = edgesplit.load_plan(tmp_path / "auto.json")
     annotated = onnx.load(tmp_path / "auto.onnx")
     assert {n.name for n in annotated.graph.node} == set(plan.assignment)

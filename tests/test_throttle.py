@@ -66,7 +66,8 @@ def test_duty_cycle_spins_only_while_busy_and_stops_with_its_thread():
 @needs_rt
 def test_threads_of_one_processor_share_one_duty_cycle():
     pools = [
-        ThreadPoolExecutor(1, initializer=lambda: configure_thread("little", (1,), 40)) for _ in range(2)
+        ThreadPoolExecutor(1, initializer=lambda: configure_thread("little", (1,), 40))
+        for _ in range(2)
     ]
     for p in pools:
         p.submit(lambda: None).result()
@@ -82,9 +83,12 @@ def test_an_unserved_thread_is_not_throttled_and_busy_is_a_no_op():
     assert throttle.busy_call(lambda x: x + 1, 1) == 2
 
 
-@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs setpriv and root")
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs setpriv and root"
+)
 def test_refused_real_time_priority_falls_back_to_the_cgroup_quota():
-    # A process without CAP_SYS_NICE really is refused SCHED_FIFO: the worker says so and uses the quota.
+    # A process without CAP_SYS_NICE really is refused SCHED_FIFO: the worker says so and uses the
+    # quota.
     code = (
         "import threading; from edgesplit.device.cpu import configure_thread; notes = []; "
         "t = threading.Thread(target=lambda: notes.extend(configure_thread('little', (1,), 40))); "

@@ -63,7 +63,15 @@ def test_one_record_per_part_run_on_its_processor_in_time_order(report):
     assert set(trace.lanes) == {"core0", "core1"}
     for r in trace.parts:
         assert r.lane == r.processor == procs[r.part]
-        times = [r.ready_ns, r.submit_ns, r.start_ns, r.run_start_ns, r.run_end_ns, r.collected_ns, r.done_ns]
+        times = [
+            r.ready_ns,
+            r.submit_ns,
+            r.start_ns,
+            r.run_start_ns,
+            r.run_end_ns,
+            r.collected_ns,
+            r.done_ns,
+        ]
         assert times == sorted(times)
         req = trace.request(r.request)
         assert req.start_ns <= r.ready_ns and r.done_ns <= req.end_ns
@@ -89,8 +97,11 @@ def test_two_parts_ready_at_once_on_one_processor_queue(report):
 def test_worker_idle_is_derived_from_the_lane_timeline():
     from edgesplit.bundle.format import PartArtifact
 
-    parts = [PartArtifact(n, "cpu", "ort", f"{n}.onnx", f"{n}.onnx", (), ()) for n in ("a", "b", "c")]
-    raw = [  # (request, part, run_index, ready, submit, start, run_start, run_end, collected, done, cpu)
+    parts = [
+        PartArtifact(n, "cpu", "ort", f"{n}.onnx", f"{n}.onnx", (), ()) for n in ("a", "b", "c")
+    ]
+    # (request, part, run_index, ready, submit, start, run_start, run_end, collected, done, cpu)
+    raw = [
         (0, "a", 0, 0, 1, 2, 3, 10, 11, 12, None),
         (0, "b", 0, 12, 13, 14, 15, 20, 21, 22, None),  # submitted after a was done: idle
         (0, "c", 0, 12, 14, 22, 23, 30, 31, 32, None),  # submitted while b was queued: busy
@@ -131,20 +142,33 @@ def _check_trace_event_format(obj: dict) -> None:
     """The JSON object form of the Trace Event Format, as the spec documents it."""
     assert set(obj) >= {"traceEvents"} and obj.get("displayTimeUnit") in ("ms", "ns")
     for ev in obj["traceEvents"]:
-        assert isinstance(ev["name"], str) and isinstance(ev["pid"], int) and isinstance(ev["tid"], int)
+        assert (
+            isinstance(ev["name"], str)
+            and isinstance(ev["pid"], int)
+            and isinstance(ev["tid"], int)
+        )
         assert ev["ph"] in ("X", "M")
         if ev["ph"] == "X":
             assert isinstance(ev["ts"], int | float) and isinstance(ev["dur"], int | float)
             assert ev["ts"] >= 0 and ev["dur"] >= 0
         else:
-            assert ev["name"] in ("process_name", "thread_name", "process_sort_index", "thread_sort_index")
+            assert ev["name"] in (
+                "process_name",
+                "thread_name",
+                "process_sort_index",
+                "thread_sort_index",
+            )
             assert isinstance(ev["args"], dict)
     json.dumps(obj)
     assert trace_event_problems(obj) == []
 
 
 def _threads(obj: dict) -> dict[tuple[int, int], str]:
-    return {(e["pid"], e["tid"]): e["args"]["name"] for e in obj["traceEvents"] if e["name"] == "thread_name"}
+    return {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in obj["traceEvents"]
+        if e["name"] == "thread_name"
+    }
 
 
 def _spans(obj: dict, pid: int, cat: str) -> list[dict]:
@@ -155,11 +179,16 @@ def test_run_trace_writes_a_chrome_trace_with_predicted_spans(bundle, tmp_path):
     out = tmp_path / "trace.json"
     r = run_cli("run", str(bundle), "--repeat", "5", "--warmup", "1", "--trace", str(out))
     assert r.returncode == 0, r.stderr
-    assert "where the time goes" in r.stdout and "critical path" in r.stdout and str(out) in r.stdout
+    assert (
+        "where the time goes" in r.stdout and "critical path" in r.stdout and str(out) in r.stdout
+    )
     obj = json.loads(out.read_text())
     _check_trace_event_format(obj)
     threads = _threads(obj)
-    procs = {p["name"]: p["processor"] for p in json.loads((bundle / "manifest.json").read_text())["parts"]}
+    procs = {
+        p["name"]: p["processor"]
+        for p in json.loads((bundle / "manifest.json").read_text())["parts"]
+    }
     parts = _spans(obj, 1, "part")
     assert len(parts) == 5 * len(procs)  # N requests x P parts, one span each
     for e in parts:
@@ -188,7 +217,14 @@ def test_run_trace_writes_a_chrome_trace_with_predicted_spans(bundle, tmp_path):
 
 def test_trace_request_out_of_range_is_a_usage_error(bundle, tmp_path):
     r = run_cli(
-        "run", str(bundle), "--repeat", "2", "--trace", str(tmp_path / "t.json"), "--trace-request", "2"
+        "run",
+        str(bundle),
+        "--repeat",
+        "2",
+        "--trace",
+        str(tmp_path / "t.json"),
+        "--trace-request",
+        "2",
     )
     assert r.returncode == 2 and "--trace-request" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "t.json").exists()
@@ -198,7 +234,9 @@ def test_detailed_trace_has_cpu_time_and_kernels_inside_run_calls(bundle):
     with load(bundle, detailed=True) as sess:
         rep = benchmark(sess, random_feeds(sess), repeat=3, warmup=1)
         manifest = sess.manifest
-        assert sess.end_detailed_trace().kernels == rep.trace.kernels  # a second call reads nothing new
+        assert (
+            sess.end_detailed_trace().kernels == rep.trace.kernels
+        )  # a second call reads nothing new
     trace = rep.trace
     assert len(trace.engine_runs) == 3 * len(manifest.parts)
     runs = {(p.request, p.part): p for p in trace.parts}

@@ -1,4 +1,5 @@
-"""``edgesplit export-triton``: a Triton model repository whose configs Triton's own schema accepts."""
+"""``edgesplit export-triton``: a Triton model repository whose configs Triton's own schema
+accepts."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def test_export_writes_configs_triton_parses_and_an_ensemble(bundles, tmp_path):
     a, b = bundles["cuts"]
     for name, (inp, out) in {"p1": (a, b), "p2": (b, "logits")}.items():
         cfg = parse(repo / name / "config.pbtxt")
-        assert cfg.name == name and cfg.platform == "onnxruntime_onnx" and cfg.backend == "onnxruntime"
+        assert (
+            cfg.name == name and cfg.platform == "onnxruntime_onnx" and cfg.backend == "onnxruntime"
+        )
         assert cfg.max_batch_size == 0
         assert [i.name for i in cfg.input] == [inp] and [o.name for o in cfg.output] == [out]
         assert all(t.data_type == pb.DataType.Value("TYPE_FP32") for t in [*cfg.input, *cfg.output])
@@ -90,7 +93,8 @@ def test_export_triton_cli(bundles, tmp_path):
 
 
 def test_export_with_dynamic_batching(bundles, tmp_path):
-    """--max-batch: batch-free parts, dims without the batch, dynamic_batching, a batching ensemble."""
+    """--max-batch: batch-free parts, dims without the batch, dynamic_batching, a batching
+    ensemble."""
     import numpy as np
     import onnxruntime as ort
 
@@ -153,5 +157,7 @@ def test_export_batching_leaves_parts_that_mix_rows_unbatched(tmp_path):
     assert "note: p0: not batched: output y mixes the requests of a batch" in r.stderr
     cfg = parse(tmp_path / "repo" / "p0" / "config.pbtxt")
     assert (
-        cfg.max_batch_size == 0 and not cfg.HasField("dynamic_batching") and list(cfg.input[0].dims) == [1, 4]
+        cfg.max_batch_size == 0
+        and not cfg.HasField("dynamic_batching")
+        and list(cfg.input[0].dims) == [1, 4]
     )

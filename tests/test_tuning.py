@@ -28,7 +28,8 @@ POPULATION = 4
 
 
 def conv_model(tail: str) -> onnx.ModelProto:
-    """Conv(8->8, 3x3) + ReLU, then ``tail``: the first kernel is the same workload in every model."""
+    """Conv(8->8, 3x3) + ReLU, then ``tail``: the first kernel is the same workload in every
+    model."""
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
         helper.make_node("Relu", ["c"], ["r"], name="relu"),
@@ -69,7 +70,8 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def first(cache, tmp_path_factory):
-    """Model A tuned with PER_TASK trials per kernel, one thread; (report, progress calls, database)."""
+    """Model A tuned with PER_TASK trials per kernel, one thread; (report, progress calls,
+    database)."""
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.s_tir import meta_schedule as ms
 
@@ -84,7 +86,9 @@ def first(cache, tmp_path_factory):
         return real(*args, **kw)
 
     mod = from_onnx(conv_model("matmul"), keep_params_in_input=False)
-    options = TuneOptions(trials_per_task=PER_TASK, threads=1, builder_workers=1, population=POPULATION)
+    options = TuneOptions(
+        trials_per_task=PER_TASK, threads=1, builder_workers=1, population=POPULATION
+    )
     ms.search_strategy.EvolutionarySearch = search
     try:
         _, report = tune_module(mod, llvm_target(), options, lambda *a: seen.append(a))
@@ -100,7 +104,9 @@ def test_the_per_task_budget_is_respected(first):
     assert report.tasks == 2 and report.tuned == 2 and report.reused == 0
     assert sorted(counts.values()) == [PER_TASK, PER_TASK]  # every trial is one record
     assert report.trials == 2 * PER_TASK
-    assert db == Path(os.environ["EDGESPLIT_CACHE"]) / "tvm-tuning" / db.name  # the target's cache folder
+    assert (
+        db == Path(os.environ["EDGESPLIT_CACHE"]) / "tvm-tuning" / db.name
+    )  # the target's cache folder
     assert json.loads((db / TARGET_FILE).read_text())["target"] == tuning_target(llvm_target(), 1)
     assert searches and set(searches) == {POPULATION} and report.population == POPULATION
 
@@ -123,7 +129,9 @@ def test_a_kernel_shared_with_another_model_is_not_tuned_again(first):
     _, _, db, _ = first
     before = records_per_workload(db)
     mod = from_onnx(conv_model("conv"), keep_params_in_input=False)
-    options = TuneOptions(trials_per_task=PER_TASK, threads=1, builder_workers=1, population=POPULATION)
+    options = TuneOptions(
+        trials_per_task=PER_TASK, threads=1, builder_workers=1, population=POPULATION
+    )
     _, report = tune_module(mod, llvm_target(), options)
     after = records_per_workload(db)
     assert (report.tasks, report.reused, report.tuned, report.trials) == (2, 1, 1, PER_TASK)
@@ -140,7 +148,9 @@ def test_builds_and_profiles_apply_the_database_of_their_target_only(first, tmp_
     info = build_library(model, llvm_target(), tmp_path / "a.so", threads=1)
     assert info["tuning_database"] == str(db)
     # the same target with another thread count is another tuning target: nothing to apply
-    assert "tuning_database" not in build_library(model, llvm_target(), tmp_path / "b.so", threads=3)
+    assert "tuning_database" not in build_library(
+        model, llvm_target(), tmp_path / "b.so", threads=3
+    )
     # a copy that says it was tuned for another CPU is refused, even when named explicitly
     other = tmp_path / "other"
     shutil.copytree(db, other)
@@ -148,7 +158,9 @@ def test_builds_and_profiles_apply_the_database_of_their_target_only(first, tmp_
     meta["target"] = {**meta["target"], "mcpu": "znver4"}
     (other / TARGET_FILE).write_text(json.dumps(meta))
     lookup = find_databases(llvm_target(), 1, extra=[other])
-    assert other not in lookup.paths and any("tuned for" in n and "znver4" in n for n in lookup.notes)
+    assert other not in lookup.paths and any(
+        "tuned for" in n and "znver4" in n for n in lookup.notes
+    )
     info = build_library(
         model, {**llvm_target(), "mcpu": "x86-64"}, tmp_path / "c.so", threads=1, databases=[other]
     )
@@ -289,7 +301,9 @@ def test_a_database_is_parsed_once_until_tuning_writes_to_it(tmp_path):
     # all 27 take (the test counts parses, not records)
     workloads = (folder / WORKLOADS).read_text().splitlines(keepends=True)
     (folder / WORKLOADS).write_text("".join(workloads[:3]))
-    kept = [r for r in (folder / RECORDS).read_text().splitlines(keepends=True) if json.loads(r)[0] < 3]
+    kept = [
+        r for r in (folder / RECORDS).read_text().splitlines(keepends=True) if json.loads(r)[0] < 3
+    ]
     (folder / RECORDS).write_text("".join(kept))
     first = open_database([folder])
     assert len(first.get_all_tuning_records()) == len(kept) > 0

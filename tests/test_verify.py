@@ -80,7 +80,9 @@ def _chain(path: Path, n_convs: int = 6, ch: int = 32, hw: int = 48) -> Path:
     for i in range(n_convs):
         weights += [(f"w{i}", rand(ch, ch, 3, 3, seed=i)), (f"b{i}", rand(ch, seed=100 + i))]
         nodes += [
-            helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+            helper.make_node(
+                "Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"
+            ),
             helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
         ]
         x = f"r{i}"
@@ -101,7 +103,9 @@ def _setup(root: Path, processors: tuple[str, ...]):
     spec = root / "verifyboard.yaml"
     spec.write_text(SPEC)
     graph = load_model(str(model))
-    prof = profile_model(graph, edgesplit.load_device(spec), ProfileOptions(("ort",), processors, 5, 2))
+    prof = profile_model(
+        graph, edgesplit.load_device(spec), ProfileOptions(("ort",), processors, 5, 2)
+    )
     prof_path = root / "chain.profile.json"
     prof.save(prof_path)
     return model, spec, prof_path, [n.name for n in graph.nodes]
@@ -109,7 +113,8 @@ def _setup(root: Path, processors: tuple[str, ...]):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """The model, the device spec, and a profile of big and little measured once (norelu predicted)."""
+    """The model, the device spec, and a profile of big and little measured once (norelu
+    predicted)."""
     return _setup(tmp_path_factory.mktemp("verify"), ("big", "little"))
 
 
@@ -122,7 +127,8 @@ def setup_big(tmp_path_factory):
 
 def _deploy(setup, out: Path, on: str | None, few_rounds: bool = False, **kw) -> Manifest:
     """Deploy with every node on ``on``. ``few_rounds``: measure the fewest rounds that give a
-    verdict (``MIN_ROUNDS``) rather than as many as fit the budget, for the tests of what is measured
+    verdict (``MIN_ROUNDS``) rather than as many as fit the budget, for the tests of what is
+    measured
     and reported rather than of which candidate wins (the budget still bounds a slow round)."""
     model, spec, prof, nodes = setup
     pins = {n: on for n in nodes} if on else None
@@ -152,7 +158,8 @@ def test_a_plan_much_worse_than_a_baseline_is_replaced_by_it(setup, tmp_path):
     plan, big = v.candidate("plan"), v.candidate("only:big")
     assert plan.measured_ms > big.measured_ms and big.ratio_to_best == 1.0
     assert plan.n_parts == 1 and len(plan.rounds_ms) == v.rounds
-    # the plan *is* the whole model on little: that candidate is the plan's measurement, not a second one
+    # the plan *is* the whole model on little: that candidate is the plan's measurement, not a
+    # second one
     assert v.candidate("only:little").same_as == "plan"
     # a candidate that cannot be built is listed with the reason, not dropped
     norelu = v.candidate("only:norelu")
@@ -188,7 +195,10 @@ def test_rounds_and_turns_fit_the_budget():
         class manifest:  # noqa: N801 - a stand-in with the one attribute read
             parts = (1, 2)
 
-    benches = [_Bench("a", _Sess(), "latency", warm_ms=10.0), _Bench("b", _Sess(), "latency", warm_ms=50.0)]
+    benches = [
+        _Bench("a", _Sess(), "latency", warm_ms=10.0),
+        _Bench("b", _Sess(), "latency", warm_ms=50.0),
+    ]
     for budget_s in (0.2, 0.5, 1.0, 3.0, 30.0):
         rounds, k = _choose(benches, budget_s, "latency", 3, 9)
         if rounds:
@@ -242,9 +252,16 @@ def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_on
 
     v = deploy("a").verification
     assert "no server URL" in v.candidate("server-only").error
-    cut = v.candidate("best-single-cut")  # over Wi-Fi the best cut may keep every node on the device
-    # (the device's part on its fastest whole-model processor, whichever the profile found that to be)
-    assert (cut.error and "no server URL" in cut.error) or cut.same_as in ("plan", "only:big", "only:little")
+    cut = v.candidate(
+        "best-single-cut"
+    )  # over Wi-Fi the best cut may keep every node on the device
+    # (the device's part on its fastest whole-model processor, whichever the profile found that to
+    # be)
+    assert (cut.error and "no server URL" in cut.error) or cut.same_as in (
+        "plan",
+        "only:big",
+        "only:little",
+    )
     assert any("no server URL was given" in n for n in v.notes)
     # a candidate that was not measured is never shipped (which of the measured ones is, is not
     # this test's: it runs beside the other worker, and a full-suite run on 2026-12-05 measured
@@ -260,8 +277,12 @@ def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_on
         m = deploy("c", server_url=srv.url)
     assert m.verification.candidate("server-only").measured
     nodes = setup[3]
-    split = {n: "big" if i < 6 else "little" for i, n in enumerate(nodes)}  # its p0 is the first 6 nodes
-    edgesplit.deploy(setup[0], setup[1], tmp_path / "split", profile=setup[2], pins=split, verify=False)
+    split = {
+        n: "big" if i < 6 else "little" for i, n in enumerate(nodes)
+    }  # its p0 is the first 6 nodes
+    edgesplit.deploy(
+        setup[0], setup[1], tmp_path / "split", profile=setup[2], pins=split, verify=False
+    )
     with ServerThread(tmp_path / "split", ServeOptions(port=0, all_parts=True)) as srv:
         m = deploy("d", server_url=srv.url)
     assert "serves another part p0" in m.verification.candidate("server-only").error
@@ -270,19 +291,30 @@ def test_remote_candidates_are_skipped_without_a_server_url_and_measured_with_on
 @pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_the_objective_decides_the_metric(setup, tmp_path):
     v = _deploy(
-        setup, tmp_path / "t", "big", few_rounds=True, objective="throughput", verify_budget_s=STREAM_BUDGET_S
+        setup,
+        tmp_path / "t",
+        "big",
+        few_rounds=True,
+        objective="throughput",
+        verify_budget_s=STREAM_BUDGET_S,
     )
     v = v.verification
     assert v.metric == "throughput", v.reason
     assert v.candidate("only:little").measured, v.reason
     # the candidates are priced by the stream's period: the shipped one's figure is its bundle's
-    # period (which one is shipped is not this test's: a CI dry run on 2026-12-05 shipped only:little)
+    # period (which one is shipped is not this test's: a CI dry run on 2026-12-05 shipped
+    # only:little)
     shipped = "plan" if v.kept_plan else v.shipped
     assert v.candidate(shipped).predicted_ms == pytest.approx(
         open_bundle(tmp_path / "t").plan.predicted.period_ms, rel=1e-6
     ), (v.reason, v.candidates)
     v = _deploy(
-        setup, tmp_path / "e", "big", few_rounds=True, objective="energy", verify_budget_s=QUICK_BUDGET_S
+        setup,
+        tmp_path / "e",
+        "big",
+        few_rounds=True,
+        objective="energy",
+        verify_budget_s=QUICK_BUDGET_S,
     )
     v = v.verification
     assert v.metric == "energy" and any("energy is modelled" in n for n in v.notes)
@@ -320,7 +352,8 @@ def test_the_verdict_round_trips_and_older_manifests_read():
 @pytest.mark.slow  # measures candidates for seconds (the verification budget)
 @pytest.mark.measures
 def test_compile_verify_measures_a_saved_plan(setup, tmp_path, capsys):
-    """``compile --verify`` loads the plan's problem again (model, spec, profile) and verifies it."""
+    """``compile --verify`` loads the plan's problem again (model, spec, profile) and verifies
+    it."""
     model, spec, prof, nodes = setup
     plan = edgesplit.partition(model, spec, profile=prof, pins={n: "little" for n in nodes})
     plan.save(tmp_path / "plan.json")
@@ -333,11 +366,14 @@ def test_compile_verify_measures_a_saved_plan(setup, tmp_path, capsys):
     assert open_bundle(tmp_path / "b").verification.shipped == "only:big"
     with pytest.raises(SystemExit) as e:
         main([*args[:-1], str(tmp_path / "c")])
-    assert e.value.code == 0 and open_bundle(tmp_path / "c").verification is None  # no --verify: as before
+    assert (
+        e.value.code == 0 and open_bundle(tmp_path / "c").verification is None
+    )  # no --verify: as before
 
 
 def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
-    """The decision on given figures (no measuring): paired per-round ratios against the best other."""
+    """The decision on given figures (no measuring): paired per-round ratios against the best
+    other."""
     from edgesplit.workflows.verify.decide import decide
 
     def row(name, rounds, **kw):
@@ -358,11 +394,15 @@ def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
     assert decide([failed, big, little], "latency", None)[0] == "only:big"
     assert decide([row("plan", [50, 50, 50]), big], "latency", "not enough time")[0] == "plan"
     assert (
-        decide([row("plan", [9, 11, 10]), MeasuredCandidate("only:x", "", error="e")], "latency", None)[0]
+        decide(
+            [row("plan", [9, 11, 10]), MeasuredCandidate("only:x", "", error="e")], "latency", None
+        )[0]
         == "plan"
     )
     # fewer rounds than the minimum (a small budget): a verdict, but the plan is not kept on it
-    shipped, reason, _, _ = decide([row("plan", [9]), row("only:big", [10]), little], "latency", None)
+    shipped, reason, _, _ = decide(
+        [row("plan", [9]), row("only:big", [10]), little], "latency", None
+    )
     assert shipped == "only:big" and "fewer than the 3 needed" in reason
 
 
@@ -398,7 +438,12 @@ def test_a_manifest_with_a_hostile_verdict_is_refused(setup_big, tmp_path):
     raw = json.loads((out / "manifest.json").read_text())
     for bad in ({"measured_ms": -1.0}, {"rounds_ms": ["fast"]}, {"name": 3}):
         cand = {"name": "plan", "summary": "s", "measured_ms": 1.0, **bad}
-        raw["verification"] = {"metric": "latency", "shipped": "plan", "kept_plan": True, "reason": "r"}
+        raw["verification"] = {
+            "metric": "latency",
+            "shipped": "plan",
+            "kept_plan": True,
+            "reason": "r",
+        }
         raw["verification"]["candidates"] = [cand]
         with pytest.raises(BundleError, match="manifest.json"):
             Manifest.from_json(raw, str(out / "manifest.json"))

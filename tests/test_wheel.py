@@ -26,7 +26,17 @@ from conftest import REPO
 pytestmark = pytest.mark.slow
 
 # top-level entries the build does not need
-_SKIP = {".git", ".venv", "out", "build", "apps", "tests", "benchmarks", ".hypothesis", ".ruff_cache"}
+_SKIP = {
+    ".git",
+    ".venv",
+    "out",
+    "build",
+    "apps",
+    "tests",
+    "benchmarks",
+    ".hypothesis",
+    ".ruff_cache",
+}
 
 
 def _ignore(folder: str, names: list[str]) -> set[str]:
@@ -48,7 +58,15 @@ class Installed:
         self.venv = root / "venv"
         venv.create(self.venv, with_pip=False)
         self.python = self.venv / "bin" / "python"
-        install = [*pip, "--python", str(self.python), "install", "--no-deps", "--no-index", str(self.wheel)]
+        install = [
+            *pip,
+            "--python",
+            str(self.python),
+            "install",
+            "--no-deps",
+            "--no-index",
+            str(self.wheel),
+        ]
         subprocess.run(install, check=True, capture_output=True, timeout=300)
         # only now the dependencies: pip never sees the test venv's own edgesplit from the new venv
         site = Path(self._ask("import sysconfig; print(sysconfig.get_paths()['purelib'])"))
@@ -83,7 +101,12 @@ class Installed:
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         exe = self.venv / "bin" / "edgesplit"
         r = subprocess.run(
-            [str(exe), *args], capture_output=True, text=True, env=self.env(), cwd=self.work, timeout=600
+            [str(exe), *args],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd=self.work,
+            timeout=600,
         )
         assert r.returncode == 0, f"edgesplit {' '.join(args)}: {r.stderr[-3000:]}"
         return r
@@ -111,7 +134,10 @@ def test_the_package_comes_from_the_wheel_with_its_data(installed):
     assert package.is_relative_to(installed.venv) and not package.is_relative_to(REPO)
     assert Path(spec) == package / "_data" / "devices" / "snapdragon-8gen2.yaml"
     assert {"wifi", "lte", "5g"} <= set(links)
-    assert Path(profiles) == package / "_data" / "profiles" and (Path(profiles) / "README.md").is_file()
+    assert (
+        Path(profiles) == package / "_data" / "profiles"
+        and (Path(profiles) / "README.md").is_file()
+    )
     assert calibrated and n_published > 0  # the predictor's calibration travels with the package
     # the tuning databases too (profiles/tvm/NAME/: MetaSchedule's files and their target.json)
     assert Path(tuning_root) == package / "_data" / "profiles" / "tvm"
@@ -130,22 +156,58 @@ def test_version_is_pyproject_s(installed):
 
 def test_devices_zoo_partition_profile_deploy_and_run_outside_the_checkout(installed):
     listed = installed.cli("devices").stdout
-    for name in ("host", "host-biglittle", "snapdragon-8gen2", "raspberry-pi5", "server-a100", "links"):
+    for name in (
+        "host",
+        "host-biglittle",
+        "snapdragon-8gen2",
+        "raspberry-pi5",
+        "server-a100",
+        "links",
+    ):
         assert name in listed, listed
     shown = installed.cli("devices", "show", "snapdragon-8gen2").stdout
-    assert "_data/devices/snapdragon-8gen2.yaml" in "".join(shown.split())  # the title, maybe wrapped
+    assert "_data/devices/snapdragon-8gen2.yaml" in "".join(
+        shown.split()
+    )  # the title, maybe wrapped
     assert "tiny_dag" in installed.cli("zoo", "--list").stdout
     installed.cli("zoo", "tiny_dag", "-o", "tiny.onnx")
     installed.cli(
-        "partition", "tiny.onnx", "--device", "snapdragon-8gen2", "--server", "server-a100", "--link", "wifi",
-        "-o", "plan.json",
-    )  # fmt: skip
+        "partition",
+        "tiny.onnx",
+        "--device",
+        "snapdragon-8gen2",
+        "--server",
+        "server-a100",
+        "--link",
+        "wifi",
+        "-o",
+        "plan.json",
+    )
     assert (installed.work / "plan.json").is_file()
     installed.cli(
-        "profile", "tiny.onnx", "--backend", "ort", "--runs", "2", "--warmup", "1", "-q", "-o", "p.json"
+        "profile",
+        "tiny.onnx",
+        "--backend",
+        "ort",
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+        "-q",
+        "-o",
+        "p.json",
     )
     installed.cli(
-        "deploy", "tiny.onnx", "--device", "host", "--profile", "p.json", "--runs", "2", "-o", "bundle"
+        "deploy",
+        "tiny.onnx",
+        "--device",
+        "host",
+        "--profile",
+        "p.json",
+        "--runs",
+        "2",
+        "-o",
+        "bundle",
     )
     assert (installed.work / "bundle" / "manifest.json").is_file()
     installed.cli("run", "bundle", "--repeat", "3")

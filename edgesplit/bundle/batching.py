@@ -120,14 +120,20 @@ def _run_check(
         a, b = alone[0][k], alone[1][k]
         got = both[k]
         if a.ndim == 0 or got.shape != (a.shape[0] * 2, *a.shape[1:]):
-            return f"output {name} does not grow with the batch ({list(a.shape)} -> {list(got.shape)})"
+            return (
+                f"output {name} does not grow with the batch ({list(a.shape)} -> {list(got.shape)})"
+            )
         want = np.concatenate([a, b])
         if not np.allclose(got, want, rtol=RTOL, atol=ATOL, equal_nan=True):
-            return f"output {name} mixes the requests of a batch (batched differs from one at a time)"
+            return (
+                f"output {name} mixes the requests of a batch (batched differs from one at a time)"
+            )
     return ""
 
 
-def free_batch(onnx_bytes: bytes, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> Batchable:
+def free_batch(
+    onnx_bytes: bytes, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]
+) -> Batchable:
     """The part ``onnx_bytes`` (tensors ``inputs`` -> ``outputs``) with a free first dimension.
 
     Returns :class:`Batchable` with the rewritten ONNX when a stacked run matches runs one at a

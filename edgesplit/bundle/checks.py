@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from edgesplit.bundle.format import Manifest, PartArtifact, TensorSpec
 
 VALUE_KINDS = ("tensor", "sequence", "optional")
-"""What crosses a part boundary: tensors, sequences of tensors, optional values (``TensorSpec.kind``)."""
+"""What crosses a part boundary: tensors, sequences of tensors, optional values
+(``TensorSpec.kind``)."""
 
 MAX_TENSOR_NBYTES = 1 << 32
 """Largest tensor a manifest may declare (4 GiB): a larger claim is an edited manifest."""
@@ -32,13 +33,18 @@ def _check_spec(t: TensorSpec, where: str) -> None:
     try:
         dtype = np.dtype(t.dtype)
     except (TypeError, ValueError, SyntaxError) as e:
-        raise BundleError(f"{where}: tensor {short(t.name, 60)}: unknown dtype {short(t.dtype, 40)}") from e
+        raise BundleError(
+            f"{where}: tensor {short(t.name, 60)}: unknown dtype {short(t.dtype, 40)}"
+        ) from e
     if dtype.kind not in "biufO" or dtype.shape != () or dtype.names is not None:
         raise BundleError(
-            f"{where}: tensor {short(t.name, 60)}: dtype {short(t.dtype, 40)} is not a numeric type or strings"
+            f"{where}: tensor {short(t.name, 60)}: dtype {short(t.dtype, 40)} is not a numeric "
+            "type or strings"
         )
     if t.kind not in VALUE_KINDS:
-        raise BundleError(f"{where}: tensor {short(t.name, 60)}: unknown kind {short(str(t.kind), 40)}")
+        raise BundleError(
+            f"{where}: tensor {short(t.name, 60)}: unknown kind {short(str(t.kind), 40)}"
+        )
     nbytes = dtype.itemsize
     for d in t.shape:
         nbytes *= d
@@ -65,7 +71,8 @@ def _check_part(p: PartArtifact, i: int, files: Mapping[str, str], source: str) 
     for f in (p.file, p.onnx_file, (fb or {}).get("file")):
         if f and f not in files:
             raise BundleError(
-                f"{source}: part {p.name} names {short(f, 80)}, which the manifest has no checksum for"
+                f"{source}: part {p.name} names {short(f, 80)}, which the manifest has no checksum "
+                "for"
             )
     if p.precision not in PRECISIONS:
         raise BundleError(
@@ -114,7 +121,8 @@ def check_manifest(m: Manifest, source: str) -> None:
         missing = [n for n in (*bp.parts, *m.bands.default_parts) if n not in names]
         if missing:
             raise BundleError(
-                f"{source}: band plan {k} names parts the bundle lacks: {short(', '.join(missing), 120)}"
+                f"{source}: band plan {k} names parts the bundle lacks: "
+                f"{short(', '.join(missing), 120)}"
             )
     _check_plan_parts(m, m.plan_parts(), source)
     for k in range(len(m.bands.plans)):
@@ -154,11 +162,18 @@ def _check_bands(m: Manifest, source: str) -> None:
         raise BundleError(f"{source}: bands: an empty band table")
     for i, b in enumerate(m.bands.bands):
         lo, hi, plan = b.get("lo_mbps"), b.get("hi_mbps"), b.get("plan")
-        ok = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi)) and 0 < lo < hi
+        ok = (
+            all(isinstance(x, int | float) and not isinstance(x, bool) for x in (lo, hi))
+            and 0 < lo < hi
+        )
         if not ok or (prev is not None and lo != prev):
-            raise BundleError(f"{source}: bands[{i}]: not a band following the one before ({short(b, 80)})")
+            raise BundleError(
+                f"{source}: bands[{i}]: not a band following the one before ({short(b, 80)})"
+            )
         if not isinstance(plan, int) or isinstance(plan, bool) or not 0 <= plan < n:
-            raise BundleError(f"{source}: bands[{i}]: plan {short(plan, 20)} is not one of the {n} plans")
+            raise BundleError(
+                f"{source}: bands[{i}]: plan {short(plan, 20)} is not one of the {n} plans"
+            )
         prev = hi
 
 
@@ -172,7 +187,8 @@ def _check_plan_parts(m: Manifest, plan_parts: Sequence[PartArtifact], source: s
         for t in p.outputs:
             if t.name in written:
                 raise BundleError(
-                    f"{source}: tensor {short(t.name, 60)} is written by parts {written[t.name][0]} and {p.name}"
+                    f"{source}: tensor {short(t.name, 60)} is written by parts "
+                    f"{written[t.name][0]} and {p.name}"
                 )
             written[t.name] = (p.name, t)
     for p in plan_parts:
@@ -192,15 +208,21 @@ def _check_plan_parts(m: Manifest, plan_parts: Sequence[PartArtifact], source: s
                 _same_spec(t, model_in[t.name], where, "the model's inputs")
             else:
                 raise BundleError(
-                    f"{where} reads tensor {short(t.name, 60)}, which no part writes and the model does not take"
+                    f"{where} reads tensor {short(t.name, 60)}, which no part writes and the model "
+                    "does not take"
                 )
     cycle = find_cycle({p.name: p.depends_on for p in plan_parts})
     if cycle:
-        raise BundleError(f"{source}: the parts depend on each other in a cycle ({' -> '.join(cycle)})")
+        raise BundleError(
+            f"{source}: the parts depend on each other in a cycle ({' -> '.join(cycle)})"
+        )
     for t in m.outputs:
         src = written.get(t.name)
         if src is None and t.name not in model_in:
             raise BundleError(f"{source}: model output {short(t.name, 60)} is written by no part")
         _same_spec(
-            t, src[1] if src else model_in[t.name], source, f"part {src[0]}" if src else "the model's inputs"
+            t,
+            src[1] if src else model_in[t.name],
+            source,
+            f"part {src[0]}" if src else "the model's inputs",
         )

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from edgesplit.bundle.checks import check_manifest
 from edgesplit.bundle.safeio import copy_checked, hash_checked, read_checked
-from edgesplit.bundle.signing import SIGNATURE, check_signature, key_id, load_public_key, write_signature
+from edgesplit.bundle.signing import (
+    SIGNATURE,
+    check_signature,
+    key_id,
+    load_public_key,
+    write_signature,
+)
 from edgesplit.bundle.verdict import Verification
 from edgesplit.errors import BundleError, PlanError
 from edgesplit.optimize.plan import Plan
@@ -36,7 +42,10 @@ from edgesplit.util import (
 )
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -231,7 +240,12 @@ class Manifest:
         parts = [self.part(n) for n in names]
         producer = {t.name: p.name for p in parts for t in p.outputs}
         return tuple(
-            replace(p, depends_on=tuple(sorted({producer[t.name] for t in p.inputs if t.name in producer})))
+            replace(
+                p,
+                depends_on=tuple(
+                    sorted({producer[t.name] for t in p.inputs if t.name in producer})
+                ),
+            )
             for p in parts
         )
 
@@ -250,7 +264,8 @@ class Manifest:
         version = d.get("format_version") if isinstance(d, Mapping) else None
         if version != FORMAT_VERSION:
             raise BundleError(
-                f"{source}: manifest format version {version!r}, this edgesplit reads {FORMAT_VERSION}"
+                f"{source}: manifest format version {version!r}, this edgesplit reads "
+                f"{FORMAT_VERSION}"
             )
         try:
             kw = known_fields(Manifest, d)
@@ -277,7 +292,9 @@ class Manifest:
             check_fields(p, f"{source}: part {short(p.name, 60)}", BundleError)
             for t in (*p.inputs, *p.outputs):
                 check_fields(
-                    t, f"{source}: part {short(p.name, 60)}: tensor {short(t.name, 60)}", BundleError
+                    t,
+                    f"{source}: part {short(p.name, 60)}: tensor {short(t.name, 60)}",
+                    BundleError,
                 )
         for t in (*manifest.inputs, *manifest.outputs):
             check_fields(t, f"{source}: tensor {short(t.name, 60)}", BundleError)
@@ -335,12 +352,14 @@ class VerifiedBundle:
         return digest
 
     def read(self, rel: str) -> bytes:
-        """The file's bytes, checked against the manifest as they are read (ONNX parts load from these)."""
+        """The file's bytes, checked against the manifest as they are read (ONNX parts load from
+        these)."""
         return read_checked(self.root, rel, self._digest(rel))
 
     @contextlib.contextmanager
     def private_copy(self, rel: str) -> Iterator[Path]:
-        """A checked copy in a private folder, removed after the block (native libraries load this)."""
+        """A checked copy in a private folder, removed after the block (native libraries load
+        this)."""
         with copy_checked(self.root, rel, self._digest(rel)) as path:
             yield path
 
@@ -351,7 +370,8 @@ def open_verified(
     trust_key: str | os.PathLike | Ed25519PublicKey | None = None,
     verify: bool = True,
 ) -> VerifiedBundle:
-    """Open a bundle: signature (with ``trust_key``), manifest, and (with ``verify``) every checksum.
+    """Open a bundle: signature (with ``trust_key``), manifest, and (with ``verify``) every
+    checksum.
 
     Args:
         trust_key: A public key (a file: PEM, OpenSSH, or the private key file); the manifest must
@@ -377,7 +397,9 @@ def open_verified(
         sig = read_checked(root, SIGNATURE, None, max_nbytes=1 << 16) if has_sig else None
         check_signature(raw, sig, key, str(root))
         trusted = key_id(key)
-    manifest = Manifest.from_json(parse_json_object(raw, mpath, BundleError, "manifest"), str(mpath))
+    manifest = Manifest.from_json(
+        parse_json_object(raw, mpath, BundleError, "manifest"), str(mpath)
+    )
     check_manifest(manifest, str(mpath))
     if verify:
         for rel, digest in manifest.files.items():

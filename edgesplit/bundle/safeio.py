@@ -57,7 +57,9 @@ def open_regular(root: Path, rel: str) -> int:
         raise BundleError(f"{root}: cannot open the bundle directory ({e.strerror})") from e
     try:
         for name in parts[:-1]:
-            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            nxt = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
             os.close(fd)
             fd = nxt
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -79,7 +81,8 @@ def open_regular(root: Path, rel: str) -> int:
 
 
 def _first_link(root: Path, parts: list[str]) -> Path:
-    """The first component of ``root/parts`` that is a symlink (or not a folder), for the message."""
+    """The first component of ``root/parts`` that is a symlink (or not a folder), for the
+    message."""
     p = root
     for name in parts:
         p = p / name
@@ -92,7 +95,9 @@ def _mismatch(path: Path) -> BundleError:
     return BundleError(f"{path}: checksum mismatch (the file was changed after compile)")
 
 
-def read_checked(root: Path, rel: str, sha256: str | None, *, max_nbytes: int | None = None) -> bytes:
+def read_checked(
+    root: Path, rel: str, sha256: str | None, *, max_nbytes: int | None = None
+) -> bytes:
     """The bytes of ``rel``, read once through one descriptor, and checked against ``sha256``
     (None: not checked, for the manifest itself, whose check is its signature).
 
@@ -103,7 +108,9 @@ def read_checked(root: Path, rel: str, sha256: str | None, *, max_nbytes: int | 
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(fd).st_size
         if max_nbytes is not None and size > max_nbytes:
-            raise BundleError(f"{root / rel}: {size:,} bytes, more than it may hold ({max_nbytes:,})")
+            raise BundleError(
+                f"{root / rel}: {size:,} bytes, more than it may hold ({max_nbytes:,})"
+            )
         data = f.read() if max_nbytes is None else f.read(max_nbytes + 1)
     if max_nbytes is not None and len(data) > max_nbytes:
         raise BundleError(f"{root / rel}: more than {max_nbytes:,} bytes, more than it may hold")

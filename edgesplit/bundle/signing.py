@@ -23,7 +23,10 @@ from edgesplit.errors import BundleError, InputError
 from edgesplit.util import atomic_write_bytes, dump_json, parse_json_object, read_file_bytes
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 SIGNATURE = "manifest.json.sig"
 _MAX_KEY_NBYTES = 64 << 10
@@ -53,7 +56,9 @@ def load_private_key(path: str | os.PathLike | Ed25519PrivateKey) -> Ed25519Priv
     try:
         key = loader(data, password=None)
     except TypeError as e:  # cryptography's word for "encrypted, and no password given"
-        raise InputError(f"{path}: an encrypted key; sign with an unencrypted ed25519 key ({e})") from e
+        raise InputError(
+            f"{path}: an encrypted key; sign with an unencrypted ed25519 key ({e})"
+        ) from e
     except (ValueError, UnsupportedAlgorithm) as e:
         raise InputError(f"{path}: not a PEM or OpenSSH private key ({e})") from e
     if not isinstance(key, Ed25519PrivateKey):
@@ -124,9 +129,14 @@ def check_signature(
         key.verify(sig, manifest_bytes)
     except InvalidSignature:
         signer = doc.get("key_id")
-        by = f"signed by key {signer:.16}, " if isinstance(signer, str) and signer != key_id(key) else ""
+        by = (
+            f"signed by key {signer:.16}, "
+            if isinstance(signer, str) and signer != key_id(key)
+            else ""
+        )
         raise BundleError(
-            f"{source}: the manifest's signature does not verify with the trusted key {key_id(key)} "
+            f"{source}: the manifest's signature does not verify with the trusted key "
+            f"{key_id(key)} "
             f"({by}or the manifest was changed after signing)"
         ) from None
 
@@ -149,9 +159,13 @@ def generate_key(path: str | os.PathLike, *, force: bool = False) -> tuple[Path,
             raise InputError(f"{p}: exists; choose another name or pass --force to replace it")
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption())
-    atomic_write_bytes(private, pem)  # its temp file is made 0600 (mkstemp), so never readable by others
+    atomic_write_bytes(
+        private, pem
+    )  # its temp file is made 0600 (mkstemp), so never readable by others
     os.chmod(private, 0o600)
     pub = key.public_key()
-    atomic_write_bytes(public, pub.public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo))
+    atomic_write_bytes(
+        public, pub.public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo)
+    )
     os.chmod(public, 0o644)
     return private, public, key_id(pub)

@@ -1,7 +1,8 @@
 """The verdict of a verification, as the bundle's manifest records it (``Manifest.verification``).
 
 ``deploy`` (and ``compile --verify``) measures the compiled plan against the best baselines on the
-target (:mod:`edgesplit.workflows.verify`) and ships the measured winner; these dataclasses are what it
+target (:mod:`edgesplit.workflows.verify`) and ships the measured winner; these dataclasses are what
+it
 found: every candidate with its figures (or why it could not be built or run), which one was
 shipped and why. They are plain data, so a bundle reader needs nothing from the runtime.
 
@@ -38,7 +39,8 @@ class MeasuredCandidate:
         ratio_to_best: The metric over the best measured candidate's (energy for ``energy``).
         energy_mj: Modelled energy per request from the measured latency (``energy`` metric only).
         rounds_ms: The per-round medians, in the order of the rounds.
-        same_as: The candidate whose bundle this one is identical to (measured once, under that name).
+        same_as: The candidate whose bundle this one is identical to (measured once, under that
+        name).
         error: Why it could not be built or run (then it has no figures).
         snr_db, top1_agreement: Its outputs against fp32 on the held-out calibration samples (None
             when every part is fp32: exact, not run).

@@ -24,9 +24,12 @@ def _size(nbytes: int | None) -> str:
     multiple=True,
     metavar="KIND",
     help="Delete one kind of kept work (repeatable): simplified, tvm-libs, calibration, accuracy, "
-    "tvm-tuning, or all (every kind but tvm-tuning, whose records only hours of tuning make again).",
+    "tvm-tuning, or all (every kind but tvm-tuning, whose records only hours of tuning make "
+    "again).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print what is kept (or was cleared) as JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print what is kept (or was cleared) as JSON."
+)
 @verbosity_options
 def command(kinds: tuple[str, ...], as_json: bool, verbosity: Verbosity) -> None:
     """Show what edgesplit keeps between runs under $EDGESPLIT_CACHE (default ~/.cache/edgesplit):

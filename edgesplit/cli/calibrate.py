@@ -24,13 +24,21 @@ rounds_options = option_group(
     Rounds,
     "rounds",
     click.option(
-        "--runs", default=30, show_default=True, type=click.IntRange(3), help="Timed runs per round."
+        "--runs",
+        default=30,
+        show_default=True,
+        type=click.IntRange(3),
+        help="Timed runs per round.",
     ),
     click.option(
         "--warmup", default=5, show_default=True, type=click.IntRange(0), help="Untimed runs first."
     ),
     click.option(
-        "--rounds", default=3, show_default=True, type=click.IntRange(1), help="At most this many rounds."
+        "--rounds",
+        default=3,
+        show_default=True,
+        type=click.IntRange(1),
+        help="At most this many rounds.",
     ),
     click.option(
         "--tolerance",
@@ -131,7 +139,9 @@ def print_result(result) -> None:
                 f"{c.error:+.1%}",
             )
     console.print(table)
-    fits = Table(title="fitted terms (last round; contention from the streams goes into the profile too)")
+    fits = Table(
+        title="fitted terms (last round; contention from the streams goes into the profile too)"
+    )
     for col in ("processor/backend", "parts", "node scale", "fixed ms per part", "ms per crossing"):
         fits.add_column(col, justify="right")
     for f in result.rounds[-1].fits:
@@ -159,12 +169,15 @@ def _print_fitted(result) -> None:
         for other, factor in t.contention.items():
             if factor != was.get(other):
                 console.print(
-                    f"contention fitted from the streams: {e.processor} runs {factor:.3f}x slower while "
+                    f"contention fitted from the streams: {e.processor} runs {factor:.3f}x slower "
+                    "while "
                     f"{other} is busy (profiled {was.get(other, 1.0):.3f}x)"
                 )
         if t.stream_gap_ms is not None:
             hand_off = (
-                f"; the profiled hand-off at zero idle gap {t.handoff_ms[0]:.3f} ms" if t.handoff_ms else ""
+                f"; the profiled hand-off at zero idle gap {t.handoff_ms[0]:.3f} ms"
+                if t.handoff_ms
+                else ""
             )
             console.print(
                 f"a busy worker's gap before a queued part, from the streams: {e.processor} "
@@ -174,7 +187,8 @@ def _print_fitted(result) -> None:
     t = next((t for t in terms if t.remote_call_ms or t.remote_call_ms_per_mb), None)
     if t is not None:
         console.print(
-            f"a call to the server beyond the link and its compute: {t.remote_call_ms:.3f} ms per call "
+            f"a call to the server beyond the link and its compute: {t.remote_call_ms:.3f} ms per "
+            "call "
             f"+ {t.remote_call_ms_per_mb:.3f} ms per MB sent or received"
         )
 
@@ -183,7 +197,8 @@ def _print_convergence(result) -> None:
     """Whether the rounds converged, and the latency the profile predicts now."""
     if result.converged_after is not None:
         console.print(
-            f"converged after {result.converged_after} round(s) of fitting: within {result.tolerance:.0%}"
+            f"converged after {result.converged_after} round(s) of fitting: within "
+            f"{result.tolerance:.0%}"
         )
     elif len(result.rounds) == 1:  # the fitted terms predict no round yet: say how the profile did
         worst = max(result.rounds[0].cases, key=lambda c: abs(c.error))

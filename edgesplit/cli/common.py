@@ -33,7 +33,8 @@ input_values_option = click.option(
     multiple=True,
     metavar="NAME=FILE.npy",
     help="A sample value for an input (repeatable): profiling and checks run on it instead of "
-    "made-up data; needed for an input whose values decide shapes, and one made-up values do not fill.",
+    "made-up data; needed for an input whose values decide shapes, and one made-up values do not "
+    "fill.",
 )
 device_option = click.option(
     "--device",
@@ -64,7 +65,11 @@ class FiniteFloat(click.ParamType):
         if not math.isfinite(v):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         if self.minimum is not None and (v < self.minimum or (self.open_min and v == self.minimum)):
-            self.fail(f"{v:g} is not {'above' if self.open_min else 'at least'} {self.minimum:g}", param, ctx)
+            self.fail(
+                f"{v:g} is not {'above' if self.open_min else 'at least'} {self.minimum:g}",
+                param,
+                ctx,
+            )
         return v
 
 
@@ -133,7 +138,9 @@ runs_option = click.option(
     help="Timed runs per measurement, where the device is measured (no --profile).",
 )
 slo_option = click.option(
-    "--slo-ms", type=FiniteFloat(minimum=0, open_min=True), help="Latency limit in ms (energy, pareto)."
+    "--slo-ms",
+    type=FiniteFloat(minimum=0, open_min=True),
+    help="Latency limit in ms (energy, pareto).",
 )
 
 
@@ -141,14 +148,18 @@ def link_options(f):
     """``--server``, ``--server-profile``, ``--link``, ``--bandwidth-mbps`` and ``--rtt-ms``
     (partition and deploy)."""
     f = click.option(
-        "--rtt-ms", type=FiniteFloat(minimum=0), help="Network round-trip time (overrides the preset)."
+        "--rtt-ms",
+        type=FiniteFloat(minimum=0),
+        help="Network round-trip time (overrides the preset).",
     )(f)
     f = click.option(
         "--bandwidth-mbps",
         type=FiniteFloat(minimum=0, open_min=True),
         help="Network bandwidth, up and down (overrides the preset).",
     )(f)
-    f = click.option("--link", help="Network preset from devices/links.yaml (wifi, lte, 5g ...).")(f)
+    f = click.option("--link", help="Network preset from devices/links.yaml (wifi, lte, 5g ...).")(
+        f
+    )
     f = click.option(
         "--server-profile",
         type=click.Path(dir_okay=False),
@@ -189,7 +200,8 @@ def stage_limit_options(f):
             default=None,
             expose_value=False,
             callback=_set_stage_limit,
-            help=f"Time limit for {_STAGE_HELP[stage]} [default: {getattr(StageLimits(), f'{stage}_s'):g}].",
+            help=f"Time limit for {_STAGE_HELP[stage]} [default: "
+            f"{getattr(StageLimits(), f'{stage}_s'):g}].",
         )(f)
     return f
 
@@ -214,7 +226,11 @@ trust_key_option = click.option(
 
 
 pin_option = click.option(
-    "--pin", "pins", multiple=True, metavar="NODE=PROC", help="Force a node onto a processor (repeatable)."
+    "--pin",
+    "pins",
+    multiple=True,
+    metavar="NODE=PROC",
+    help="Force a node onto a processor (repeatable).",
 )
 
 
@@ -313,13 +329,15 @@ def accuracy_options(f):
     f = click.option(
         "--calibration-data",
         type=click.Path(),
-        help="An .npz of arrays named after the inputs, or a folder of .npy files, to calibrate int8 "
+        help="An .npz of arrays named after the inputs, or a folder of .npy files, to calibrate "
+        "int8 "
         "parts and measure accuracy on (default: photographs for a vision model, else synthetic).",
     )(f)
     f = click.option(
         "--max-accuracy-drop",
         type=click.FloatRange(0, 1),
-        help="Largest accuracy drop against fp32: top-1 classes changed, or relative RMS error (0-1).",
+        help="Largest accuracy drop against fp32: top-1 classes changed, or relative RMS error "
+        "(0-1).",
     )(f)
     f = click.option(
         "--min-top1-agreement",

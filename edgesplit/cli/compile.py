@@ -20,7 +20,11 @@ from edgesplit.cli.options import (
 @click.command("compile")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option(
-    "--plan", "plan_path", required=True, type=click.Path(dir_okay=False), help="plan.json from partition."
+    "--plan",
+    "plan_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="plan.json from partition.",
 )
 @bundle_output_options(
     "Bundle directory to write (an existing one must be empty or a bundle, unless --force)."
@@ -59,7 +63,9 @@ def command(
     request = bundle_request(bundle, build, verify)
     bar = verify or bool(build.tune_trials or build.tune_trials_per_task)
     with progress_bar(bar and not verbosity.quiet) as update:
-        manifest = compile_plan(model, plan_path, request, device=device, **inputs.parsed(), progress=update)
+        manifest = compile_plan(
+            model, plan_path, request, device=device, **inputs.parsed(), progress=update
+        )
     if not verbosity.quiet:
         print_manifest(manifest)
         if manifest.verification is not None:
@@ -163,7 +169,8 @@ def print_verification(v) -> None:
 
     unit = "ms per request (stream period)" if v.metric == "throughput" else "ms"
     t = Table(
-        title=f"verification on this device: {v.metric}, {v.rounds} rounds x {v.requests_per_turn} ({unit})"
+        title=f"verification on this device: {v.metric}, {v.rounds} rounds x {v.requests_per_turn} "
+        f"({unit})"
     )
     cols = ["candidate", "parts", "predicted ms", "measured median ms", "spread", "ratio to best"]
     cols += ["energy mJ (modelled)"] if v.metric == "energy" else []
@@ -188,7 +195,9 @@ def print_verification(v) -> None:
         row += [_fmt(c.energy_mj, ".3f")] if v.metric == "energy" else []
         row += [_snr_cell(c)] if accuracy else []
         if c.meets_budget is False:
-            note = ", ".join(x for x in (note, f"misses the accuracy budget: {c.accuracy_misses}") if x)
+            note = ", ".join(
+                x for x in (note, f"misses the accuracy budget: {c.accuracy_misses}") if x
+            )
         t.add_row(*row, note)
     console.print(t)
     for n in v.notes:

@@ -23,7 +23,9 @@ from edgesplit.cli.options import (
 @click.command("deploy")
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
-@bundle_output_options("Bundle directory (an existing one must be empty or a bundle, unless --force).")
+@bundle_output_options(
+    "Bundle directory (an existing one must be empty or a bundle, unless --force)."
+)
 @plan_options("Use this profile instead of measuring.")
 @model_input_options
 @stage_limit_options
@@ -53,7 +55,9 @@ def command(
     choices = plan.choices(inputs)
     request = bundle_request(bundle, build, not no_verify)
     with progress_bar(not verbosity.quiet) as update:
-        manifest = deploy_model(model, device, choices, request, progress=update, on_note=print_note)
+        manifest = deploy_model(
+            model, device, choices, request, progress=update, on_note=print_note
+        )
     if not verbosity.quiet:
         _report(manifest, no_verify)
     kept = f" and its profile {profile_beside(bundle.output)}" if choices.profile is None else ""

@@ -59,7 +59,8 @@ def show_cmd(name: str, verbosity: Verbosity) -> None:
         if p.ops_exclude:
             ops += f" minus {len(p.ops_exclude)}"
         backends = ", ".join(
-            f"{b.runtime}:{b.target.get('kind')}" if b.target is not None else b.provider for b in p.backends
+            f"{b.runtime}:{b.target.get('kind')}" if b.target is not None else b.provider
+            for b in p.backends
         )
         table.add_row(
             p.name,
@@ -77,12 +78,19 @@ def show_cmd(name: str, verbosity: Verbosity) -> None:
 
 @command.command("detect")
 @remote_options("Probe this host over SSH (default: this machine).")
-@click.option("--name", help="The spec's name (default: the output file's stem, else the host name).")
 @click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), help="Write the spec here (default: print it)."
+    "--name", help="The spec's name (default: the output file's stem, else the host name)."
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Write the spec here (default: print it).",
 )
 @verbosity_options
-def detect_cmd(remote: RemoteFlags, name: str | None, output: str | None, verbosity: Verbosity) -> None:
+def detect_cmd(
+    remote: RemoteFlags, name: str | None, output: str | None, verbosity: Verbosity
+) -> None:
     """Draft a device spec from what a device has: CPU clusters, memory, GPU/NPU nodes, runtimes."""
     from pathlib import Path
 
@@ -106,7 +114,8 @@ def detect_cmd(remote: RemoteFlags, name: str | None, output: str | None, verbos
         return
     atomic_write_text(output, text)
     table = Table(
-        title=f"{draft.data['name']}: drafted from {facts.get('ssh_target') or facts.get('hostname')}"
+        title=f"{draft.data['name']}: drafted from "
+        f"{facts.get('ssh_target') or facts.get('hostname')}"
     )
     for col in ("processor", "kind", "cores", "backends", "GFLOP/s (est.)", "description"):
         table.add_column(col)

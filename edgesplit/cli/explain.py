@@ -10,7 +10,9 @@ from edgesplit.cli.options import Verbosity, verbosity_options
 
 @click.command("explain")
 @click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
-@click.option("--bandwidth-sweep", is_flag=True, help="Re-solve from 0.1 to 1000 Mbit/s (log-spaced).")
+@click.option(
+    "--bandwidth-sweep", is_flag=True, help="Re-solve from 0.1 to 1000 Mbit/s (log-spaced)."
+)
 @click.option(
     "--per-decade",
     default=4,
@@ -24,7 +26,9 @@ from edgesplit.cli.options import Verbosity, verbosity_options
     is_flag=True,
     help="The band table: each band plan's latency against bandwidth, and their envelope.",
 )
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the sweep as a PNG.")
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the sweep as a PNG."
+)
 @verbosity_options
 def command(
     plan_path: str,
@@ -58,14 +62,20 @@ def explain_sweep(plan, per_decade: int, plot_path: str | None, quiet: bool = Fa
     needs_network(bool(plan.server and plan.link))  # before the problem is loaded (and measured)
     rows = sweep(problem_from_plan(plan), log_bandwidths(0.1, 1000.0, per_decade))
     names = list(dict.fromkeys(k for r in rows for k in r.baselines))
-    table = Table(title=f"{plan.model_name} on {plan.device} + {plan.server}: latency against bandwidth")
+    table = Table(
+        title=f"{plan.model_name} on {plan.device} + {plan.server}: latency against bandwidth"
+    )
     for col in ("Mbit/s", "plan ms", "mJ", *names, "decision"):
         table.add_column(col, justify="left" if col == "decision" else "right")
     for r in rows:
         cells = [f"{r.baselines[n]:.2f}" if r.baselines.get(n) is not None else "-" for n in names]
         mark = "* " if r.changed else "  "
         table.add_row(
-            f"{r.bandwidth_mbps:g}", f"{r.latency_ms:.3f}", f"{r.energy_mj:.2f}", *cells, mark + r.decision
+            f"{r.bandwidth_mbps:g}",
+            f"{r.latency_ms:.3f}",
+            f"{r.energy_mj:.2f}",
+            *cells,
+            mark + r.decision,
         )
     if not quiet:
         console.print(table)
@@ -97,10 +107,14 @@ def explain_bands(plan, per_decade: int, plot_path: str | None, quiet: bool = Fa
     needs_network(bool(plan.server and plan.link))
     problem = problem_from_plan(plan)
     table = problem_band_table(problem)
-    grid = sorted({*log_bandwidths(table.lo_mbps, table.hi_mbps, per_decade), *table.breakpoints_mbps})
+    grid = sorted(
+        {*log_bandwidths(table.lo_mbps, table.hi_mbps, per_decade), *table.breakpoints_mbps}
+    )
     values = curves(problem_pricings(problem), table.objective, table.assigns, grid, table.pricing)
     unit = OBJECTIVES[table.objective].unit
-    t = Table(title=f"{plan.model_name}: {table.objective} ({unit}) of each band plan against uplink rate")
+    t = Table(
+        title=f"{plan.model_name}: {table.objective} ({unit}) of each band plan against uplink rate"
+    )
     for col in ("Mbit/s", *(f"plan {k}" for k in range(len(table.assigns))), "envelope", "best"):
         t.add_column(col, justify="right")
     for i, bw in enumerate(grid):
@@ -120,5 +134,7 @@ def explain_bands(plan, per_decade: int, plot_path: str | None, quiet: bool = Fa
     if plot_path:
         from edgesplit.optimize.plot import bands_plot
 
-        bands_plot(grid, values, table.breakpoints_mbps, plot_path, f"{plan.model_name}: band plans", unit)
+        bands_plot(
+            grid, values, table.breakpoints_mbps, plot_path, f"{plan.model_name}: band plans", unit
+        )
         console.print(f"wrote {plot_path}")

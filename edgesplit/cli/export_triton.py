@@ -25,7 +25,9 @@ from edgesplit.cli.options import Batching, Verbosity, batching_options, verbosi
     "Triton's max_queue_delay_microseconds, in ms, as 'serve --max-queue-delay-ms'.",
 )
 @verbosity_options
-def command(bundle: str, repo: str, all_parts: bool, batching: Batching, verbosity: Verbosity) -> None:
+def command(
+    bundle: str, repo: str, all_parts: bool, batching: Batching, verbosity: Verbosity
+) -> None:
     """Write REPO/<part>/config.pbtxt and REPO/<part>/1/model.onnx for BUNDLE's server parts.
 
     Server parts that feed each other are also chained in an 'ensemble' model. Serve it with
@@ -45,7 +47,8 @@ def command(bundle: str, repo: str, all_parts: bool, batching: Batching, verbosi
         err_console.print(f"note: {name}: not batched: {why}")
     for name, backend in result.as_onnx:
         err_console.print(
-            f"note: {name}: Triton runs its ONNX file in ONNX Runtime (fp32), not its {backend} artifact "
+            f"note: {name}: Triton runs its ONNX file in ONNX Runtime (fp32), not its {backend} "
+            "artifact "
             "(the plan's figures for it do not hold there; 'edgesplit serve' runs the artifact)"
         )
     console.print(

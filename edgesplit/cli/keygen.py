@@ -1,4 +1,5 @@
-"""``edgesplit keygen``: an ed25519 key pair to sign bundles with (``compile/deploy --sign-key``)."""
+"""``edgesplit keygen``: an ed25519 key pair to sign bundles with (``compile/deploy
+--sign-key``)."""
 
 from __future__ import annotations
 

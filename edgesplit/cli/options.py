@@ -188,7 +188,9 @@ server_load_options = [
 
 def plan_options(profile_help: str) -> Callable:
     """The options of :class:`PlanOptions` (``--profile`` with this command's help)."""
-    profile = click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help=profile_help)
+    profile = click.option(
+        "--profile", "profile_path", type=click.Path(dir_okay=False), help=profile_help
+    )
     return option_group(
         PlanOptions,
         "plan",
@@ -221,7 +223,9 @@ def bundle_output_options(output_help: str) -> Callable:
     """``-o`` (required, with this command's help), ``--force`` and ``--sign-key``."""
     from edgesplit.cli.common import force_option, sign_key_option
 
-    output = click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help=output_help)
+    output = click.option(
+        "-o", "--output", required=True, type=click.Path(file_okay=False), help=output_help
+    )
     return option_group(BundleOutput, "bundle", output, force_option, sign_key_option)
 
 
@@ -242,7 +246,9 @@ class BuildOptions:
             return None
         from edgesplit.backends.tvm.tune import TuneOptions
 
-        return TuneOptions(trials_per_task=self.tune_trials_per_task, max_trials=self.tune_trials or None)
+        return TuneOptions(
+            trials_per_task=self.tune_trials_per_task, max_trials=self.tune_trials or None
+        )
 
     def verify_options(self) -> VerifyOptions:
         """``--verify-budget-s``, ``--server-url`` and ``--token`` as :class:`VerifyOptions`."""
@@ -260,7 +266,8 @@ def build_options(tune_trials_help: str, *between: Callable) -> Callable:
         click.option(
             "--no-bands",
             is_flag=True,
-            help="With a server: do not add a plan per bandwidth band (the bundle runs the one plan).",
+            help="With a server: do not add a plan per bandwidth band (the bundle runs the one "
+            "plan).",
         ),
         click.option(
             "--tune-trials",

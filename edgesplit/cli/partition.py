@@ -6,7 +6,13 @@ from dataclasses import dataclass
 
 import click
 
-from edgesplit.cli.common import console, device_option, err_console, progress_bar, stage_limit_options
+from edgesplit.cli.common import (
+    console,
+    device_option,
+    err_console,
+    progress_bar,
+    stage_limit_options,
+)
 from edgesplit.cli.options import (
     ModelInputs,
     PlanOptions,
@@ -30,8 +36,12 @@ class PlanOutput:
 plan_output_options = option_group(
     PlanOutput,
     "files",
-    click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a Gantt chart (PNG)."),
-    click.option("-o", "--output", default="plan.json", show_default=True, type=click.Path(dir_okay=False)),
+    click.option(
+        "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a Gantt chart (PNG)."
+    ),
+    click.option(
+        "-o", "--output", default="plan.json", show_default=True, type=click.Path(dir_okay=False)
+    ),
     click.option(
         "--onnx-out",
         type=click.Path(dir_okay=False),
@@ -45,7 +55,9 @@ plan_output_options = option_group(
 @device_option
 @model_input_options
 @stage_limit_options
-@plan_options("A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest).")
+@plan_options(
+    "A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest)."
+)
 @plan_output_options
 @verbosity_options
 def command(
@@ -140,7 +152,11 @@ def cost_sources_line(plan) -> str:
         by_source.setdefault(
             "predicted by the spec's roofline" if source == "predicted" else label, []
         ).append(key)
-    return "costs: " + "; ".join(f"{k} {', '.join(v)}" for k, v in by_source.items()) if by_source else ""
+    return (
+        "costs: " + "; ".join(f"{k} {', '.join(v)}" for k, v in by_source.items())
+        if by_source
+        else ""
+    )
 
 
 def _print_transfers(plan) -> None:
@@ -178,7 +194,9 @@ def _print_baselines(plan) -> None:
         "accuracy",
         "what",
     ):
-        bt.add_column(col, justify="left" if col in ("plan / baseline", "accuracy", "what") else "right")
+        bt.add_column(
+            col, justify="left" if col in ("plan / baseline", "accuracy", "what") else "right"
+        )
     bt.add_row(
         "plan",
         f"{pred.latency_ms:.3f}",
@@ -219,7 +237,8 @@ def accuracy_cell(plan) -> str:
 
 
 def accuracy_lines(plan) -> list[str]:
-    """The accuracy check: budget, what it was measured on, each reduced part alone, what was dropped."""
+    """The accuracy check: budget, what it was measured on, each reduced part alone, what was
+    dropped."""
     from edgesplit.precision.record import CalibrationRecord
 
     a = plan.accuracy
@@ -240,7 +259,8 @@ def accuracy_lines(plan) -> list[str]:
         lines.append(f"  part {name} alone: {fig.summary()}")
     for step in a.dropped or ():
         lines.append(
-            f"  dropped {step.precision} part {step.part} ({step.nodes} nodes on {step.processor}): "
+            f"  dropped {step.precision} part {step.part} ({step.nodes} nodes on "
+            f"{step.processor}): "
             f"{step.why}"
         )
     return lines

@@ -54,10 +54,18 @@ measure_options = option_group(
     Measure,
     "measure",
     backend_option,
-    click.option("--processor", "processors", multiple=True, help="Only these processors (repeatable)."),
-    click.option("--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs."),
     click.option(
-        "--warmup", default=5, show_default=True, type=click.IntRange(0, 10000), help="Untimed runs first."
+        "--processor", "processors", multiple=True, help="Only these processors (repeatable)."
+    ),
+    click.option(
+        "--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs."
+    ),
+    click.option(
+        "--warmup",
+        default=5,
+        show_default=True,
+        type=click.IntRange(0, 10000),
+        help="Untimed runs first.",
     ),
 )
 target_options = option_group(
@@ -77,7 +85,9 @@ target_options = option_group(
         help="Profile on every host of this fleet file (YAML), in parallel.",
     ),
     click.option(
-        "--jobs", type=click.IntRange(1, 256), help="Hosts at a time with --hosts (default: the file's)."
+        "--jobs",
+        type=click.IntRange(1, 256),
+        help="Hosts at a time with --hosts (default: the file's).",
     ),
     click.option(
         "--resume",
@@ -162,7 +172,8 @@ def print_profiled(done: ProfiledModel, top: int, quiet: bool) -> None:
         console.print(f"note: {prof.emulated}")
     if spec is not None and not any(e.source == "measured" for e in prof.entries):
         why = (
-            f"{spec.name} is not marked local (on that device itself, pass --here; from here, --remote)"
+            f"{spec.name} is not marked local (on that device itself, pass --here; from here, "
+            "--remote)"
             if not spec.local
             else "no processor of it could be measured on this machine"
         )
@@ -224,7 +235,9 @@ class _FleetRows:
             elif kind == "done":
                 ok = ev["result"].ok
                 completed = 1.0 if ok else bar.tasks[task].completed
-                bar.update(task, description=f"{name}: {'done' if ok else 'FAILED'}", completed=completed)
+                bar.update(
+                    task, description=f"{name}: {'done' if ok else 'FAILED'}", completed=completed
+                )
                 bar.stop_task(task)
 
 
@@ -235,9 +248,20 @@ def print_fleet(graph, results) -> None:
     from edgesplit.errors import EdgesplitError
 
     table = Table(title=f"{graph.name} on {len(results)} hosts")
-    for col in ("host", "target", "status", "pairs", "reused", "energy", "time s", "profile or error"):
+    for col in (
+        "host",
+        "target",
+        "status",
+        "pairs",
+        "reused",
+        "energy",
+        "time s",
+        "profile or error",
+    ):
         table.add_column(
-            col, justify="right" if col in ("pairs", "reused", "time s") else "left", overflow="fold"
+            col,
+            justify="right" if col in ("pairs", "reused", "time s") else "left",
+            overflow="fold",
         )
     for r in results:
         table.add_row(
@@ -271,14 +295,22 @@ def print_summary(graph, prof, top: int) -> None:
         "note",
     ):
         totals.add_column(
-            col, justify="right" if "ms" in col or col in ("nodes", "sum/whole", "time s") else "left"
+            col,
+            justify="right" if "ms" in col or col in ("nodes", "sum/whole", "time s") else "left",
         )
     for e in prof.entries:
         ratio = f"{e.sum_ms / e.whole_model_ms:.3f}" if e.whole_model_ms and e.nodes else "-"
         whole = f"{e.whole_model_ms:.3f}" if e.whole_model_ms is not None else "-"
         count = f"{len(e.nodes)}" + (f" (+{len(e.unsupported)} n/a)" if e.unsupported else "")
         totals.add_row(
-            e.key, e.source, count, f"{e.sum_ms:.3f}", whole, ratio, f"{e.elapsed_s:.1f}", e.note[:60]
+            e.key,
+            e.source,
+            count,
+            f"{e.sum_ms:.3f}",
+            whole,
+            ratio,
+            f"{e.elapsed_s:.1f}",
+            e.note[:60],
         )
     console.print(totals)
     best = next((e for e in prof.entries if e.source == "measured" and e.nodes), None) or next(

@@ -43,9 +43,13 @@ class Offload:
     def executor_options(self) -> dict | None:
         """The executors' options: the server's URL, token and deadline (None: no server)."""
         if self.deadline_ms is not None and self.deadline_ms != self.deadline_ms:
-            raise click.BadParameter("nan is not a number of milliseconds", param_hint="--deadline-ms")
+            raise click.BadParameter(
+                "nan is not a number of milliseconds", param_hint="--deadline-ms"
+            )
         if self.deadline_ms is not None and not self.server_url:
-            raise click.UsageError("--deadline-ms applies to calls to a server: give --server URL too")
+            raise click.UsageError(
+                "--deadline-ms applies to calls to a server: give --server URL too"
+            )
         if not self.server_url:
             return None
         remote = {"url": self.server_url, "token": self.token}
@@ -67,18 +71,25 @@ class RunFiles:
 timing_options = option_group(
     Timing,
     "timing",
-    click.option("--repeat", default=20, show_default=True, type=click.IntRange(1), help="Timed runs."),
+    click.option(
+        "--repeat", default=20, show_default=True, type=click.IntRange(1), help="Timed runs."
+    ),
     click.option(
         "--warmup", default=3, show_default=True, type=click.IntRange(0), help="Untimed runs first."
     ),
     click.option(
-        "--stream", default=0, type=click.IntRange(0), help="Also run a pipelined stream of N requests."
+        "--stream",
+        default=0,
+        type=click.IntRange(0),
+        help="Also run a pipelined stream of N requests.",
     ),
 )
 offload_options = option_group(
     Offload,
     "offload",
-    click.option("--server", "server_url", default=None, help="Offload server URL for remote parts."),
+    click.option(
+        "--server", "server_url", default=None, help="Offload server URL for remote parts."
+    ),
     click.option(
         "--token",
         default=None,
@@ -91,13 +102,15 @@ offload_options = option_group(
         "--deadline-ms",
         type=click.FloatRange(min=0, min_open=True, max=3.6e6),
         default=None,
-        help="Overall deadline of each call to the server (connect, retries, send, answer); past it "
+        help="Overall deadline of each call to the server (connect, retries, send, answer); past "
+        "it "
         "the part runs on its local fallback.  [default: 10000]",
     ),
     click.option(
         "--adaptive",
         is_flag=True,
-        help="Switch band plans by the measured uplink (an adaptive bundle); else, per remote part, "
+        help="Switch band plans by the measured uplink (an adaptive bundle); else, per remote "
+        "part, "
         "run on the server or the local fallback, whichever is measured faster.",
     ),
 )
@@ -105,10 +118,16 @@ file_options = option_group(
     RunFiles,
     "files",
     click.option(
-        "--output", "-o", type=click.Path(file_okay=False), help="Write the outputs as NAME.npy here."
+        "--output",
+        "-o",
+        type=click.Path(file_okay=False),
+        help="Write the outputs as NAME.npy here.",
     ),
     click.option(
-        "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Chrome trace (Perfetto) here."
+        "--trace",
+        "trace_path",
+        type=click.Path(dir_okay=False),
+        help="Write a Chrome trace (Perfetto) here.",
     ),
     click.option(
         "--trace-detail",
@@ -127,7 +146,9 @@ file_options = option_group(
 
 @click.command("run")
 @click.argument("bundle", type=click.Path())
-@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input (default: random).")
+@click.option(
+    "--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input (default: random)."
+)
 @timing_options
 @offload_options
 @file_options
@@ -145,7 +166,8 @@ def command(
 
     if files.trace_request >= timing.repeat:
         raise click.BadParameter(
-            f"{files.trace_request} is not below --repeat {timing.repeat}", param_hint="--trace-request"
+            f"{files.trace_request} is not below --repeat {timing.repeat}",
+            param_hint="--trace-request",
         )
     request = RunRequest(
         inputs=inputs,
@@ -168,7 +190,9 @@ def command(
     if not verbosity.quiet:
         print_report(result)
     if files.trace_path:
-        console.print(f"trace: {files.trace_path} (open in https://ui.perfetto.dev or chrome://tracing)")
+        console.print(
+            f"trace: {files.trace_path} (open in https://ui.perfetto.dev or chrome://tracing)"
+        )
 
 
 def print_band_stats(st, median_ms: float, p90_ms: float, runs: int) -> None:
@@ -179,19 +203,25 @@ def print_band_stats(st, median_ms: float, p90_ms: float, runs: int) -> None:
         t.add_column(col, justify="right")
     for k, (n, ms) in enumerate(zip(st.plan_requests, st.plan_ms)):
         t.add_row(
-            f"{k}{' (now)' if k == st.current else ''}", str(n), f"{ms:.1f}", f"{ms / n:.3f}" if n else "-"
+            f"{k}{' (now)' if k == st.current else ''}",
+            str(n),
+            f"{ms:.1f}",
+            f"{ms / n:.3f}" if n else "-",
         )
     console.print(t)
     for s in st.switches:
         bw = f"{s.uplink_mbps:.3g} Mbit/s" if s.uplink_mbps is not None else "no measure"
         console.print(
-            f"switch before request {s.request}: plan {s.from_plan} -> {s.to_plan} ({s.reason}, {bw})"
+            f"switch before request {s.request}: plan {s.from_plan} -> {s.to_plan} ({s.reason}, "
+            f"{bw})"
         )
     up = f"{st.uplink_mbps:.3g} Mbit/s" if st.uplink_mbps is not None else "-"
     rtt = f"{st.rtt_ms:.2f} ms" if st.rtt_ms is not None else "-"
     console.print(
-        f"{runs} timed requests: median {median_ms:.3f} ms, p90 {p90_ms:.3f} ms (warm-up included in the "
-        f"plan times); {len(st.switches)} switches; uplink {up}, RTT {rtt}, {st.probes} probes; decision "
+        f"{runs} timed requests: median {median_ms:.3f} ms, p90 {p90_ms:.3f} ms (warm-up included "
+        "in the "
+        f"plan times); {len(st.switches)} switches; uplink {up}, RTT {rtt}, {st.probes} probes; "
+        "decision "
         f"{st.decision_us_median:.1f} us median, {st.decision_us_p99:.1f} us p99"
     )
 
@@ -228,7 +258,15 @@ def print_report(report) -> None:
     if report.breakdown is not None:
         print_breakdown(report.breakdown)
     s = Table(title="end to end")
-    for col in ("mode", "runs", "median ms", "p90 ms", "predicted ms", "throughput /s", "predicted /s"):
+    for col in (
+        "mode",
+        "runs",
+        "median ms",
+        "p90 ms",
+        "predicted ms",
+        "throughput /s",
+        "predicted /s",
+    ):
         s.add_column(col)
     pred = f"{report.predicted_ms:.3f}" if report.predicted_ms is not None else "-"
     s.add_row(
@@ -323,7 +361,16 @@ def print_breakdown(b) -> None:
 
     kernels = any(p.engine_ms is not None for p in b.parts)
     t = Table(title="where the time goes (medians, ms)")
-    cols = ["part", "processor", "run call", "predicted", "run/pred", "queue wait", "hand-off", "in+out"]
+    cols = [
+        "part",
+        "processor",
+        "run call",
+        "predicted",
+        "run/pred",
+        "queue wait",
+        "hand-off",
+        "in+out",
+    ]
     for col in cols + (["engine", "reorders", "reorder ms"] if kernels else []):
         t.add_column(col)
     for p in b.parts:
@@ -337,8 +384,10 @@ def print_breakdown(b) -> None:
     if b.latency_ms is None:
         return
     console.print(
-        f"per request: {f(b.latency_ms)} ms median (predicted {f(b.predicted_ms)}); run calls on the "
-        f"critical path {f(b.critical_run_ms)} ms; unexplained {f(b.unexplained_ms)} ms = hand-offs "
+        f"per request: {f(b.latency_ms)} ms median (predicted {f(b.predicted_ms)}); run calls on "
+        "the "
+        f"critical path {f(b.critical_run_ms)} ms; unexplained {f(b.unexplained_ms)} ms = "
+        "hand-offs "
         f"{f(b.handoff_ms)} + queue waits {f(b.queue_ms)} + inputs/outputs {f(b.io_ms)} + "
         f"bookkeeping {f(b.bookkeeping_ms)} + other {f(b.other_ms)} (each a median)"
     )

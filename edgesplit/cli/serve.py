@@ -7,7 +7,13 @@ from dataclasses import dataclass
 import click
 
 from edgesplit.cli.common import FiniteFloat
-from edgesplit.cli.options import Batching, Verbosity, batching_options, option_group, verbosity_options
+from edgesplit.cli.options import (
+    Batching,
+    Verbosity,
+    batching_options,
+    option_group,
+    verbosity_options,
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,8 @@ access_options = option_group(
         "--token",
         envvar="EDGESPLIT_TOKEN",
         metavar="T",
-        help="Require 'Authorization: Bearer T' on every call but health checks (or set EDGESPLIT_TOKEN).",
+        help="Require 'Authorization: Bearer T' on every call but health checks (or set "
+        "EDGESPLIT_TOKEN).",
     ),
     click.option(
         "--max-request-mb",
@@ -87,7 +94,8 @@ limit_options = option_group(
         default=256.0,
         show_default=True,
         type=click.FloatRange(min=0, min_open=True),
-        help="Request bytes held at once across all requests (503 + Retry-After above; JSON counts 16x).",
+        help="Request bytes held at once across all requests (503 + Retry-After above; JSON counts "
+        "16x).",
     ),
     click.option(
         "--max-connections",
@@ -130,7 +138,9 @@ compute_options = option_group(
     ServeCompute,
     "compute",
     click.option(
-        "--all-parts", is_flag=True, help="Serve every part of the bundle, not only the server parts."
+        "--all-parts",
+        is_flag=True,
+        help="Serve every part of the bundle, not only the server parts.",
     ),
     click.option(
         "--threads",
@@ -142,7 +152,8 @@ compute_options = option_group(
         "--intra-op-threads",
         type=click.IntRange(min=1),
         default=None,
-        help="ONNX Runtime threads per request (default: the part's planned threads, else all cores).",
+        help="ONNX Runtime threads per request (default: the part's planned threads, else all "
+        "cores).",
     ),
 )
 
@@ -193,7 +204,9 @@ def command(
     serve_bundle(bundle, options, on_note=note, on_ready=ready)
 
 
-def serve_options(access: ServeAccess, limits: ServeLimits, compute: ServeCompute, batching: Batching):
+def serve_options(
+    access: ServeAccess, limits: ServeLimits, compute: ServeCompute, batching: Batching
+):
     """The :class:`~edgesplit.serve.server.ServeOptions` of the command line.
 
     Raises:

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 import click
 
 from edgesplit.cli.common import console, device_option, input_shape_option, progress_bar
-from edgesplit.cli.options import RemoteFlags, Verbosity, option_group, remote_options, verbosity_options
+from edgesplit.cli.options import (
+    RemoteFlags,
+    Verbosity,
+    option_group,
+    remote_options,
+    verbosity_options,
+)
 
 if TYPE_CHECKING:
     from edgesplit.backends.tvm.tune import TuneOptions
@@ -49,17 +55,22 @@ search_options = option_group(
         default=64,
         show_default=True,
         type=click.IntRange(1),
-        help="Measured candidates per kernel; kernels a database already holds this many of are skipped.",
+        help="Measured candidates per kernel; kernels a database already holds this many of are "
+        "skipped.",
     ),
     click.option(
-        "--max-trials", type=click.IntRange(1), default=None, help="Cap on the candidates of this run."
+        "--max-trials",
+        type=click.IntRange(1),
+        default=None,
+        help="Cap on the candidates of this run.",
     ),
     click.option(
         "-o",
         "--output",
         type=click.Path(file_okay=False),
         default=None,
-        help="Database folder to write (e.g. profiles/tvm/NAME); default: the target's cache folder.",
+        help="Database folder to write (e.g. profiles/tvm/NAME); default: the target's cache "
+        "folder.",
     ),
     click.option(
         "--trials-per-iter",
@@ -77,7 +88,10 @@ search_options = option_group(
         "candidate measured in a round, 32 to 512). Smaller searches faster and finds less.",
     ),
     click.option(
-        "--builders", type=click.IntRange(1), default=None, help="Build processes (default: every core)."
+        "--builders",
+        type=click.IntRange(1),
+        default=None,
+        help="Build processes (default: every core).",
     ),
 )
 
@@ -86,7 +100,10 @@ search_options = option_group(
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
 @click.option(
-    "--processor", "-p", default=None, help="The processor to tune for (default: the first with TVM)."
+    "--processor",
+    "-p",
+    default=None,
+    help="The processor to tune for (default: the first with TVM).",
 )
 @search_options
 @input_shape_option
@@ -126,6 +143,8 @@ def command(
         f"{report.elapsed_s:.0f} s"
     )
     if report.rpc_sessions is not None:
-        console.print(f"measured on {report.measured_on} ({report.rpc_sessions} RPC sessions there)")
+        console.print(
+            f"measured on {report.measured_on} ({report.rpc_sessions} RPC sessions there)"
+        )
     console.print(f"target {report.target}")
     console.print(f"wrote {report.database}")

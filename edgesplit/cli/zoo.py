@@ -11,12 +11,17 @@ from edgesplit.cli.options import Verbosity, verbosity_options
 @click.command("zoo")
 @click.argument("name", required=False)
 @click.option(
-    "-o", "--output", type=click.Path(dir_okay=False), help="Where to write the model (default NAME.onnx)."
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Where to write the model (default NAME.onnx).",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights.")
 @click.option("--list", "list_", is_flag=True, help="List the reference models.")
 @verbosity_options
-def command(name: str | None, output: str | None, seed: int, list_: bool, verbosity: Verbosity) -> None:
+def command(
+    name: str | None, output: str | None, seed: int, list_: bool, verbosity: Verbosity
+) -> None:
     """Write the reference model NAME (or list them with --list)."""
     from edgesplit.model import zoo
 

@@ -1,6 +1,7 @@
 """Adaptive bundles: a plan per bandwidth band, compiled together, each shared part stored once.
 
-The band analysis itself (a table and a plan per band) is :func:`edgesplit.optimize.bands.band_analysis`;
+The band analysis itself (a table and a plan per band) is
+:func:`edgesplit.optimize.bands.band_analysis`;
 :func:`compile_band_parts` compiles the parts the band plans add to a bundle's. A part with the
 same processor, backend, nodes and boundary as one already compiled is the same artifact, so it is
 named and stored once and the plans list it by that name.
@@ -56,7 +57,9 @@ def compile_band_parts(
     return new_parts, band_plans
 
 
-def bundle_bands(analysis: BandAnalysis, plans: list[BandPlan], default_parts: Sequence[str]) -> BundleBands:
+def bundle_bands(
+    analysis: BandAnalysis, plans: list[BandPlan], default_parts: Sequence[str]
+) -> BundleBands:
     """The manifest's band table."""
     table = analysis.table
     assert table is not None

@@ -71,46 +71,58 @@ def _check_known(plan: Plan, graph: ModelGraph, spec: DeviceSpec, source: str) -
     for p in plan.parts:
         if p.processor not in procs:
             raise PlanError(
-                f"{source}: part {p.name} runs on processor {short(p.processor, 40)}, which {spec.path or spec.name} "
+                f"{source}: part {p.name} runs on processor {short(p.processor, 40)}, which "
+                f"{spec.path or spec.name} "
                 f"lacks (processors: {', '.join(sorted(procs))})"
             )
         runs = backend_precision(spec, p.processor, p.backend)
         if p.precision != runs:  # the manifest, and the Android app's executor table, trust it
             raise PlanError(
-                f"{source}: part {p.name} says {short(p.precision, 20)}, but {p.backend} on {p.processor} runs {runs}"
+                f"{source}: part {p.name} says {short(p.precision, 20)}, but {p.backend} on "
+                f"{p.processor} runs {runs}"
             )
         bad = [short(n, 40) for n in p.nodes if n not in graph.index]
         if bad:
-            raise PlanError(f"{source}: part {p.name} names nodes the model lacks: {', '.join(bad[:5])}")
+            raise PlanError(
+                f"{source}: part {p.name} names nodes the model lacks: {', '.join(bad[:5])}"
+            )
         bad = [short(t, 40) for t in (*p.inputs, *p.outputs) if t not in graph.tensors]
         if bad:
-            raise PlanError(f"{source}: part {p.name} names tensors the model lacks: {', '.join(bad[:5])}")
+            raise PlanError(
+                f"{source}: part {p.name} names tensors the model lacks: {', '.join(bad[:5])}"
+            )
         made = {t for n in p.nodes for t in graph.nodes[graph.index[n]].outputs}
         bad = [short(t, 40) for t in p.outputs if t not in made]
         if bad:
             raise PlanError(
-                f"{source}: part {p.name} lists outputs its nodes do not write: {', '.join(bad[:5])}"
+                f"{source}: part {p.name} lists outputs its nodes do not write: "
+                f"{', '.join(bad[:5])}"
             )
     for q in plan.replicas:
         if q not in procs:
             raise PlanError(
-                f"{source}: replicas: processor {short(q, 40)} is not one of {spec.path or spec.name}'s"
+                f"{source}: replicas: processor {short(q, 40)} is not one of "
+                f"{spec.path or spec.name}'s"
             )
     placed = {n for p in plan.parts for n in p.nodes}
     missing = [short(nd.name, 40) for nd in graph.nodes if nd.name not in placed]
     if missing:
         raise PlanError(
-            f"{source}: {len(missing)} node(s) of the model are in no part: {', '.join(missing[:5])}"
+            f"{source}: {len(missing)} node(s) of the model are in no part: "
+            f"{', '.join(missing[:5])}"
         )
 
 
 def check_output(out: str | os.PathLike, force: bool, inputs: Sequence[str]) -> None:
-    """``-o`` replaces only an empty folder or a bundle, unless ``force``; never one holding an input."""
+    """``-o`` replaces only an empty folder or a bundle, unless ``force``; never one holding an
+    input."""
     target = Path(out).resolve()
     for f in inputs:
         if f and (target == Path(f).resolve() or target in Path(f).resolve().parents):
             raise PlanError(f"{out}: the output would replace {f}, one of the inputs")
-    refuse_to_replace(out, force=force, ours=is_bundle_dir, what="an edgesplit bundle", error=BundleError)
+    refuse_to_replace(
+        out, force=force, ours=is_bundle_dir, what="an edgesplit bundle", error=BundleError
+    )
 
 
 class CompileOptions(TypedDict, total=False):
@@ -148,8 +160,10 @@ def build_bundle(
         plan: The plan, for ``graph`` on ``spec``.
         spec: The device, with its server's processors.
         source: Where the plan came from, for messages (its file, or ``"plan"``).
-        bands: With a server, the band analysis of the plan (:func:`edgesplit.optimize.bands.band_analysis`):
-            a plan per bandwidth band is compiled too (an adaptive bundle, ``BundleBands``, parts shared
+        bands: With a server, the band analysis of the plan
+        (:func:`edgesplit.optimize.bands.band_analysis`):
+            a plan per bandwidth band is compiled too (an adaptive bundle, ``BundleBands``, parts
+            shared
             by plans stored once); an analysis without a table leaves a note saying why.
 
     Raises:
@@ -170,16 +184,27 @@ def build_bundle(
     if analysis is not None and analysis.table is None and plan.server:
         notes.append(f"no band table: {analysis.reason}")
     tune_trials, tune = options.get("tune_trials", 0), options.get("tune")
-    accuracy_budget, check_accuracy = options.get("accuracy_budget"), options.get("check_accuracy", True)
+    accuracy_budget, check_accuracy = (
+        options.get("accuracy_budget"),
+        options.get("check_accuracy", True),
+    )
     with stage_limit("compile", graph.path), atomic_dir(out) as tmp:  # edgesplit.limits
         (tmp / "parts").mkdir()
-        tuning = {"tune_trials": tune_trials, "tune": tune, "progress": progress}  # CompileJob fields
+        tuning = {
+            "tune_trials": tune_trials,
+            "tune": tune,
+            "progress": progress,
+        }  # CompileJob fields
         artifacts = _compile_plan_parts(graph, tmp, plan, spec, local_cpu, tuning, progress, notes)
         replicas = _replicas(plan, spec, artifacts)
         band_set = None
         if analysis is not None and analysis.table is not None:
-            band_set = _compile_bands(graph, tmp, plan, analysis, spec, local_cpu, tuning, artifacts, notes)
-        notes += _check_precision(graph, tmp, plan, band_set, artifacts, accuracy_budget, check_accuracy)
+            band_set = _compile_bands(
+                graph, tmp, plan, analysis, spec, local_cpu, tuning, artifacts, notes
+            )
+        notes += _check_precision(
+            graph, tmp, plan, band_set, artifacts, accuracy_budget, check_accuracy
+        )
         manifest = Manifest(
             model_sha256=graph.sha256,
             model_name=graph.name,
@@ -212,7 +237,9 @@ def _compile_plan_parts(
 ) -> list[PartArtifact]:
     """Extract, check and compile the plan's own parts into ``tmp``; warnings go to ``notes``."""
     extracted = extract_parts(graph, [(p.name, p.inputs, p.outputs) for p in plan.parts])
-    errors = check_parts(graph, extracted, reduced={p.name for p in plan.parts if p.precision != "fp32"})
+    errors = check_parts(
+        graph, extracted, reduced={p.name for p in plan.parts if p.precision != "fp32"}
+    )
     producer = {t: p.name for p in plan.parts for t in p.outputs}
     artifacts: list[PartArtifact] = []
     for k, (p, pm) in enumerate(zip(plan.parts, extracted)):
@@ -243,13 +270,18 @@ def _replicas(plan: Plan, spec: DeviceSpec, artifacts: list[PartArtifact]) -> li
         return []
     (first,) = artifacts
     if first.file != first.onnx_file:  # a compiled library is built for one processor's target
-        raise CompileError(f"replicas: part {first.name} runs {first.file}; only ONNX parts are copied")
+        raise CompileError(
+            f"replicas: part {first.name} runs {first.file}; only ONNX parts are copied"
+        )
     copies = [first]
     for k, name in enumerate(plan.replicas, start=1):
         proc = spec.processor(name)
-        if not any(b.key == first.backend and b.precision == first.precision for b in proc.backends):
+        if not any(
+            b.key == first.backend and b.precision == first.precision for b in proc.backends
+        ):
             raise CompileError(
-                f"replicas: {name} has no {first.precision} {first.backend} backend for {first.name}"
+                f"replicas: {name} has no {first.precision} {first.backend} backend for "
+                f"{first.name}"
             )
         copies.append(
             replace(
@@ -284,7 +316,9 @@ def _compile_bands(
 
     def one(part: Part, pm: PartModel, error: float, producer: dict[str, str]) -> PartArtifact:
         name = pm.name
-        job = CompileJob(pm, graph, tmp, f"parts/{name}.onnx", error, **tuning, **_calibration(plan))
+        job = CompileJob(
+            pm, graph, tmp, f"parts/{name}.onnx", error, **tuning, **_calibration(plan)
+        )
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(
             job, replace(part, name=name), spec.processor(part.processor), local_cpu, producer
@@ -318,7 +352,11 @@ def _check_precision(
     plans = [("", plan, {p.name: by_name[p.name] for p in plan.parts})]
     for k, bp in enumerate(band_set.plans if band_set else ()):
         plans.append(
-            (f" (band plan {k})", bp.plan, {p.name: by_name[n] for p, n in zip(bp.plan.parts, bp.parts)})
+            (
+                f" (band plan {k})",
+                bp.plan,
+                {p.name: by_name[n] for p, n in zip(bp.plan.parts, bp.parts)},
+            )
         )
     notes = []
     for label, each, arts in plans:
@@ -338,14 +376,19 @@ def _calibration(plan: Plan) -> dict[str, str | None]:
 
 
 def _compile_part(
-    job: CompileJob, part: Part, proc: Processor, local_cpu: Processor | None, producer: Mapping[str, str]
+    job: CompileJob,
+    part: Part,
+    proc: Processor,
+    local_cpu: Processor | None,
+    producer: Mapping[str, str],
 ) -> tuple[PartArtifact, str | None]:
     """One part through its backend's compiler; the artifact and a note for the manifest, if any."""
     backend_name = part.backend or "ort"
     compiler = COMPILERS.get(backend_name)
     if compiler is None:
         raise CompileError(
-            f"part {part.name}: no compiler for backend '{backend_name}' (compilers: {', '.join(COMPILERS)})"
+            f"part {part.name}: no compiler for backend '{backend_name}' (compilers: "
+            f"{', '.join(COMPILERS)})"
         )
     done = compiler.compile(job, proc, proc.backend(backend_name))
     remote = part.remote or proc.is_remote

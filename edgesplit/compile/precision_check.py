@@ -1,4 +1,5 @@
-"""compile's check of what ships in int8 or fp16: the artifacts, measured against fp32 by the measure
+"""compile's check of what ships in int8 or fp16: the artifacts, measured against fp32 by the
+measure
 of the plan's accuracy budget.
 
 An fp32 part is checked against the whole model to float rounding (1e-3,
@@ -68,7 +69,8 @@ class PrecisionCheck:
         verdict = "met" if not self.misses else "missed (" + "; ".join(self.misses) + ")"
         return (
             f"precision check{label}: int8/fp16 parts against fp32 on {self.data}: "
-            f"{self.measured.summary()}; budget ({self.budget_from}) {self.budget.summary()}: {verdict}; "
+            f"{self.measured.summary()}; budget ({self.budget_from}) {self.budget.summary()}: "
+            f"{verdict}; "
             f"SNR at each part's outputs: {per}"
         )
 
@@ -115,7 +117,9 @@ def check_precision(
     sessions = {}
     for p in parts:
         art = artifacts[p.name]
-        sessions[p.name] = _session(bundle_dir / (art.file if p.precision != "fp32" else art.onnx_file))
+        sessions[p.name] = _session(
+            bundle_dir / (art.file if p.precision != "fp32" else art.onnx_file)
+        )
     ref_out, got_out = [], []
     alone: dict[str, tuple[list, list]] = {p.name: ([], []) for p in reduced}
     for sample in data.held_out:
@@ -150,6 +154,7 @@ def require(check: PrecisionCheck | None, label: str = "") -> None:
     worst = check.worst_part()
     raise CompileError(
         f"the int8/fp16 parts{label} miss the accuracy budget against fp32 on {check.data}: "
-        f"{'; '.join(check.misses)} (budget from the {check.budget_from}); the worst part is {worst}, "
+        f"{'; '.join(check.misses)} (budget from the {check.budget_from}); the worst part is "
+        f"{worst}, "
         f"SNR {check.parts_snr_db[worst]:.1f} dB at its own outputs"
     )

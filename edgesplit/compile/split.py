@@ -70,7 +70,9 @@ def probe_session(graph: ModelGraph, names: Sequence[str]):
     return ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def reference_tensors(graph: ModelGraph, names: Sequence[str], seed: int = 0) -> dict[str, np.ndarray]:
+def reference_tensors(
+    graph: ModelGraph, names: Sequence[str], seed: int = 0
+) -> dict[str, np.ndarray]:
     """Values of the given tensors (and graph inputs) in one ORT run of the whole model."""
     sess = probe_session(graph, names)
     feeds = random_inputs(graph, seed)
@@ -78,7 +80,9 @@ def reference_tensors(graph: ModelGraph, names: Sequence[str], seed: int = 0) ->
     try:
         got = sess.run(wanted, feeds, run_options())
     except Exception as e:  # noqa: BLE001 - ORT's run errors: on made-up inputs, say which
-        raise run_failure(graph, "running the whole model to check the parts", ort_message(e)) from e
+        raise run_failure(
+            graph, "running the whole model to check the parts", ort_message(e)
+        ) from e
     return {**feeds, **dict(zip(wanted, got))}
 
 
@@ -110,21 +114,25 @@ def check_parts(
     for p in parts:
         tol = REDUCED_RTOL if p.name in reduced else rtol
         so = ort_session_options(None, None)
-        sess = ort.InferenceSession(p.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            p.model.SerializeToString(), so, providers=["CPUExecutionProvider"]
+        )
         got = sess.run(list(p.outputs), {t: ref[t] for t in p.inputs}, run_options())
         worst = 0.0
         for t, value in zip(p.outputs, got):
             expected = ref[t]
             if getattr(value, "shape", None) != getattr(expected, "shape", None):
                 raise CompileError(
-                    f"part {p.name}: output {t} has shape {value.shape}, whole model {expected.shape}"
+                    f"part {p.name}: output {t} has shape {value.shape}, whole model "
+                    f"{expected.shape}"
                 )
             err = rel_error(value, expected)
             worst = max(worst, err)
             if err > tol:
                 what = "" if tol == rtol else " in its fp32 form (boundary check)"
                 raise CompileError(
-                    f"part {p.name}: output {t} differs from the whole model{what} (rel error {err:.2e})"
+                    f"part {p.name}: output {t} differs from the whole model{what} (rel error "
+                    f"{err:.2e})"
                 )
         errors[p.name] = worst
     return errors

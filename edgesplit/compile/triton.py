@@ -30,7 +30,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from edgesplit.bundle.format import Manifest, PartArtifact, TensorSpec, VerifiedBundle, open_verified
+from edgesplit.bundle.format import (
+    Manifest,
+    PartArtifact,
+    TensorSpec,
+    VerifiedBundle,
+    open_verified,
+)
 from edgesplit.errors import BundleError, CompileError
 from edgesplit.util import atomic_dir
 
@@ -96,7 +102,9 @@ class Batching:
 
 def _tensor(pb: ModuleType, kind: str, t: TensorSpec, part: str, batched: bool = False) -> Any:
     if t.dtype not in TRITON_TYPES:
-        raise CompileError(f"part {part}: tensor '{t.name}' has dtype {t.dtype}, which Triton cannot carry")
+        raise CompileError(
+            f"part {part}: tensor '{t.name}' has dtype {t.dtype}, which Triton cannot carry"
+        )
     cls = pb.ModelInput if kind == "input" else pb.ModelOutput
     dims = list(t.shape[1:] if batched else t.shape)  # a batching model's dims leave out the batch
     return cls(name=t.name, data_type=pb.DataType.Value(TRITON_TYPES[t.dtype]), dims=dims)
@@ -107,7 +115,9 @@ def _batching_fields(pb: ModuleType, batching: Batching) -> dict[str, Any]:
         return {"max_batch_size": 0}
     return {
         "max_batch_size": batching.max_batch_size,
-        "dynamic_batching": pb.ModelDynamicBatching(max_queue_delay_microseconds=batching.max_queue_delay_us),
+        "dynamic_batching": pb.ModelDynamicBatching(
+            max_queue_delay_microseconds=batching.max_queue_delay_us
+        ),
     }
 
 
@@ -149,7 +159,11 @@ def _groups(parts: list[PartArtifact]) -> list[list[PartArtifact]]:
 
 
 def ensemble_config(
-    pb: ModuleType, name: str, group: list[PartArtifact], manifest: Manifest, max_batch_size: int = 0
+    pb: ModuleType,
+    name: str,
+    group: list[PartArtifact],
+    manifest: Manifest,
+    max_batch_size: int = 0,
 ) -> Any:
     """An ensemble that runs ``group`` (server parts that feed each other) as one model."""
     members = {p.name for p in group}
@@ -192,14 +206,19 @@ def _checked_text(pb: ModuleType, config: Any) -> str:
     try:
         parsed = text_format.Parse(text, pb.ModelConfig())
     except text_format.ParseError as e:
-        raise CompileError(f"config of {config.name} does not parse as a Triton ModelConfig ({e})") from e
+        raise CompileError(
+            f"config of {config.name} does not parse as a Triton ModelConfig ({e})"
+        ) from e
     if parsed != config:
         raise CompileError(f"config of {config.name} does not survive a text round trip")
     return text
 
 
 def _batch_forms(
-    verified: VerifiedBundle, parts: list[PartArtifact], groups: list[list[PartArtifact]], max_batch: int
+    verified: VerifiedBundle,
+    parts: list[PartArtifact],
+    groups: list[list[PartArtifact]],
+    max_batch: int,
 ) -> tuple[dict[str, tuple[bytes, int]], list[tuple[str, str]]]:
     """Per batchable part its batch-free ONNX and rows; and the unbatched parts with the reason."""
     if max_batch <= 1:
@@ -231,7 +250,8 @@ def export_triton(
     max_batch: int = 1,
     max_queue_delay_ms: float = 0.0,
 ) -> TritonExport:
-    """Write a Triton model repository for the bundle's server parts (every part with ``all_parts``).
+    """Write a Triton model repository for the bundle's server parts (every part with
+    ``all_parts``).
 
     The bundle is verified first; the repository appears only when complete (an existing one at
     ``repo`` is replaced). With ``max_batch > 1`` the parts that can batch get Triton's dynamic
@@ -239,20 +259,24 @@ def export_triton(
 
     Raises:
         BundleError: for a corrupt bundle, or one without server parts.
-        CompileError: for a part whose tensors Triton cannot carry, or a config Triton's schema rejects.
+        CompileError: for a part whose tensors Triton cannot carry, or a config Triton's schema
+        rejects.
     """
     root = Path(bundle)
     verified = open_verified(root)
     manifest = verified.manifest
     parts = [p for p in manifest.parts if p.remote or all_parts]
     if not parts:
-        raise BundleError(f"{root}: no server parts (remote=True) to export; use --all-parts for every part")
+        raise BundleError(
+            f"{root}: no server parts (remote=True) to export; use --all-parts for every part"
+        )
     bad = [p.name for p in parts if not _NAME.match(p.name)]
     if bad:
         raise CompileError(f"part names unfit for Triton model directories: {', '.join(bad)}")
     if max_batch < 1 or not 0 <= max_queue_delay_ms < 60_000:
         raise CompileError(
-            f"max_batch must be >= 1 and the queue delay 0 to 60000 ms ({max_batch}, {max_queue_delay_ms})"
+            f"max_batch must be >= 1 and the queue delay 0 to 60000 ms ({max_batch}, "
+            f"{max_queue_delay_ms})"
         )
     pb = model_config_pb2()
     groups = _groups(parts)
@@ -260,7 +284,9 @@ def export_triton(
     delay_us = round(max_queue_delay_ms * 1e3)
     configs = [
         part_config(
-            pb, p, Batching(max_batch * forms[p.name][1], delay_us) if p.name in forms else Batching()
+            pb,
+            p,
+            Batching(max_batch * forms[p.name][1], delay_us) if p.name in forms else Batching(),
         )
         for p in parts
     ]
@@ -276,12 +302,15 @@ def export_triton(
     with atomic_dir(repo) as tmp:
         for part, config in zip(parts, configs):
             (tmp / part.name / "1").mkdir(parents=True)
-            # the bytes checked as they are read (or their batch-free form), not the file again by path
+            # the bytes checked as they are read (or their batch-free form), not the file again by
+            # path
             data = forms[part.name][0] if part.name in forms else verified.read(part.onnx_file)
             (tmp / part.name / "1" / "model.onnx").write_bytes(data)
             (tmp / part.name / "config.pbtxt").write_text(_checked_text(pb, config))
         for config in ensembles:
-            (tmp / config.name / "1").mkdir(parents=True)  # Triton wants a version folder, even empty
+            (tmp / config.name / "1").mkdir(
+                parents=True
+            )  # Triton wants a version folder, even empty
             (tmp / config.name / "config.pbtxt").write_text(_checked_text(pb, config))
     return TritonExport(
         Path(repo),

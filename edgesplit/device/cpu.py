@@ -36,7 +36,10 @@ def present_cores(cores: tuple[int, ...] | None) -> tuple[tuple[int, ...] | None
         return tuple(cores), None
     missing = [c for c in cores if c not in here]
     kept = f"pinned to {list(present)}" if present else "not pinned"
-    return present or None, f"cores {missing} are not on this machine (it offers {sorted(here)}): {kept}"
+    return (
+        present or None,
+        f"cores {missing} are not on this machine (it offers {sorted(here)}): {kept}",
+    )
 
 
 def whole_machine(cores: tuple[int, ...] | None, throttled: bool) -> bool:
@@ -94,7 +97,8 @@ def configure_thread(
     """Pin and throttle the calling thread as processor ``name``; returns what could not be done.
 
     A processor with several threads on as many cores (a core group, or a cluster) pins the calling
-    thread to its first core: ORT's other threads are pinned to the rest (:func:`ort_session_options`),
+    thread to its first core: ORT's other threads are pinned to the rest
+    (:func:`ort_session_options`),
     and the calling thread runs ORT's first share of each operator, so it must not share a core with
     them. ``core_quotas``: ``(core, pct)`` of a core group's throttled member cores, each given its
     duty cycle while the thread is busy.
@@ -151,7 +155,8 @@ def throttle_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float) 
     """Give the calling thread ``quota_pct`` of its cores; None on success, else why not.
 
     A pinned thread gets a real-time duty cycle on its cores (steady to ~0.1 ms, see
-    :mod:`edgesplit.device.throttle`); an unpinned one, or one refused real-time priority, the cgroup
+    :mod:`edgesplit.device.throttle`); an unpinned one, or one refused real-time priority, the
+    cgroup
     quota (which releases work in bursts of its 2.5 ms period). ``EDGESPLIT_THROTTLE=cgroup-quota``
     forces the quota.
     """
@@ -163,7 +168,9 @@ def throttle_thread(name: str, cores: tuple[int, ...] | None, quota_pct: float) 
             return None
         except OSError as e:
             fallback = join_cpu_quota(name, quota_pct)
-            return f"{e}; using a cgroup quota" + (f", which also failed: {fallback}" if fallback else "")
+            return f"{e}; using a cgroup quota" + (
+                f", which also failed: {fallback}" if fallback else ""
+            )
     return join_cpu_quota(name, quota_pct)
 
 
@@ -191,7 +198,12 @@ def run_as_processor(
 
 
 def ort_session_options(
-    threads: int | None, cores: tuple[int, ...] | None, *, spin: bool = True, throttled: bool = False, **attrs
+    threads: int | None,
+    cores: tuple[int, ...] | None,
+    *,
+    spin: bool = True,
+    throttled: bool = False,
+    **attrs,
 ):
     """ONNX Runtime options for a processor: full graph optimisation, its thread count, and its
     extra threads pinned to its cores. Profiler and runtime build sessions alike with this.

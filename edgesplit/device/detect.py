@@ -154,7 +154,11 @@ def _cpus(root: Path) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
         for i, b in sorted(by_id.items()):
             mhz = b.get("cpu MHz")
             cpus.append(
-                {"id": i, "max_khz": int(float(mhz) * 1000) if mhz else None, "part": b.get("CPU part")}
+                {
+                    "id": i,
+                    "max_khz": int(float(mhz) * 1000) if mhz else None,
+                    "part": b.get("CPU part"),
+                }
             )
     if not cpus:
         source = "os.cpu_count"
@@ -162,7 +166,10 @@ def _cpus(root: Path) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
     first = blocks[0] if blocks else {}
     flags = set((first.get("flags") or first.get("Features") or "").split())
     info = {
-        "cpu_model": first.get("model name") or extra.get("Hardware") or first.get("Hardware") or "",
+        "cpu_model": first.get("model name")
+        or extra.get("Hardware")
+        or first.get("Hardware")
+        or "",
         "cpu_flags": sorted(f for f in _FLAGS if f in flags),
     }
     return cpus, source, info
@@ -194,30 +201,50 @@ def _accelerators(root: Path) -> list[dict[str, Any]]:
         )
     if (dev / "mali0").exists():
         info = _text(root / "sys/class/misc/mali0/device/gpuinfo")
-        found.append({"kind": "gpu", "vendor": "mali", "node": "/dev/mali0", "model": info or "Mali"})
+        found.append(
+            {"kind": "gpu", "vendor": "mali", "node": "/dev/mali0", "model": info or "Mali"}
+        )
     nvhost = sorted(p.name for p in dev.glob("nvhost-*"))
     if nvhost:
         model = _text(root / "proc/device-tree/model") or "NVIDIA Jetson"
         if any(n in ("nvhost-gpu", "nvhost-ctrl-gpu") for n in nvhost) or (dev / "nvgpu").exists():
-            found.append({"kind": "gpu", "vendor": "jetson", "node": "/dev/nvhost-ctrl-gpu", "model": model})
+            found.append(
+                {"kind": "gpu", "vendor": "jetson", "node": "/dev/nvhost-ctrl-gpu", "model": model}
+            )
         for n in nvhost:
             if re.fullmatch(r"nvhost-(ctrl-)?nvdla\d", n) and "ctrl" not in n:
-                found.append({"kind": "npu", "vendor": "nvdla", "node": f"/dev/{n}", "model": f"{model} DLA"})
+                found.append(
+                    {"kind": "npu", "vendor": "nvdla", "node": f"/dev/{n}", "model": f"{model} DLA"}
+                )
     for node in ("fastrpc-cdsp", "adsprpc-smd"):
         if (dev / node).exists():
             found.append(
-                {"kind": "npu", "vendor": "hexagon", "node": f"/dev/{node}", "model": "Qualcomm Hexagon"}
+                {
+                    "kind": "npu",
+                    "vendor": "hexagon",
+                    "node": f"/dev/{node}",
+                    "model": "Qualcomm Hexagon",
+                }
             )
             break
     if (dev / "rknpu").exists() or any((root / "sys/class/devfreq").glob("*.npu")):
-        found.append({"kind": "npu", "vendor": "rknpu", "node": "/dev/rknpu", "model": "Rockchip NPU"})
+        found.append(
+            {"kind": "npu", "vendor": "rknpu", "node": "/dev/rknpu", "model": "Rockchip NPU"}
+        )
     for acc in sorted(dev.glob("accel/accel*")):
         driver = Path(os.path.realpath(root / f"sys/class/accel/{acc.name}/device/driver")).name
         found.append(
-            {"kind": "npu", "vendor": driver or "accel", "node": f"/dev/accel/{acc.name}", "model": driver}
+            {
+                "kind": "npu",
+                "vendor": driver or "accel",
+                "node": f"/dev/accel/{acc.name}",
+                "model": driver,
+            }
         )
     if (dev / "apex_0").exists():
-        found.append({"kind": "npu", "vendor": "edgetpu", "node": "/dev/apex_0", "model": "Coral Edge TPU"})
+        found.append(
+            {"kind": "npu", "vendor": "edgetpu", "node": "/dev/apex_0", "model": "Coral Edge TPU"}
+        )
     found += _nvidia_smi(root)
     return found
 
@@ -289,7 +316,9 @@ def emulation(root: str | os.PathLike = "/", machine: str | None = None) -> str:
     arch = _cpuinfo_arch(r)
     if (machine in _ARM64 and arch == "x86") or (machine in _X86 and arch == "arm"):
         what = "an x86" if arch == "x86" else "an Arm"
-        return f"emulated: {machine} code on {what} CPU (/proc/cpuinfo); timings are not the device's"
+        return (
+            f"emulated: {machine} code on {what} CPU (/proc/cpuinfo); timings are not the device's"
+        )
     if str(root) == "/":
         try:
             exe = os.readlink("/proc/thread-self/exe")

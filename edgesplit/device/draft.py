@@ -77,7 +77,15 @@ _ACCEL: dict[str, tuple[str, dict[str, str], float, float, float, float, str]] =
         0.2,
         "onnxruntime-openvino",
     ),
-    "amdxdna": ("VitisAIExecutionProvider", {}, 5000, 50, 5.0, 0.2, "onnxruntime-vitisai (Ryzen AI)"),
+    "amdxdna": (
+        "VitisAIExecutionProvider",
+        {},
+        5000,
+        50,
+        5.0,
+        0.2,
+        "onnxruntime-vitisai (Ryzen AI)",
+    ),
 }
 
 
@@ -104,9 +112,11 @@ def _clusters(
 
 
 def _names(n: int) -> list[str]:
-    return {1: ["cpu"], 2: ["cpu_big", "cpu_little"], 3: ["cpu_prime", "cpu_big", "cpu_little"]}.get(
-        n, [f"cpu_c{i}" for i in range(n)]
-    )
+    return {
+        1: ["cpu"],
+        2: ["cpu_big", "cpu_little"],
+        3: ["cpu_prime", "cpu_big", "cpu_little"],
+    }.get(n, [f"cpu_c{i}" for i in range(n)])
 
 
 def _core_flops(facts: Mapping[str, Any], part: str | None, slowest: bool) -> tuple[int, str]:
@@ -141,7 +151,9 @@ def _cpu_processor(
     core_w = (0.3 if fpc <= 8 else 1.0 if fpc <= 16 else 2.0) if arm else 5.0
     p = f"processors.{key}"
     desc = (
-        ARM_PARTS[part][0] if part in ARM_PARTS else (facts.get("cpu_model") or facts.get("machine", "cpu"))
+        ARM_PARTS[part][0]
+        if part in ARM_PARTS
+        else (facts.get("cpu_model") or facts.get("machine", "cpu"))
     )
     clock = f"{ghz:.2f} GHz" + ("" if khz else " (clock unknown: assumed)")
     comments[p] = (f"{len(ids)} x {desc} at {clock}, cores {ids} (from {facts.get('cpu_source')})",)
@@ -184,20 +196,29 @@ def _llvm_target(facts: Mapping[str, Any], part: str | None) -> dict[str, Any]:
     flags = set(facts.get("cpu_flags", []))
     return {
         "kind": "llvm",
-        "mcpu": "skylake-avx512" if "avx512f" in flags else "haswell" if "avx2" in flags else "x86-64",
+        "mcpu": "skylake-avx512"
+        if "avx512f" in flags
+        else "haswell"
+        if "avx2" in flags
+        else "x86-64",
     }
 
 
 def draft_spec(facts: Mapping[str, Any], name: str | None = None) -> DraftSpec:
     """A spec for the probed device; every figure that is not measured carries an estimate note."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", name or facts.get("hostname") or "device").strip("-") or "device"
+    name = (
+        re.sub(r"[^A-Za-z0-9_.-]+", "-", name or facts.get("hostname") or "device").strip("-")
+        or "device"
+    )
     providers = facts.get("ort_providers")
     has_tvm = bool((facts.get("modules") or {}).get("tvm"))
     comments: dict[str, tuple[str, ...]] = {}
     procs: dict[str, Any] = {}
     clusters = _clusters(list(facts.get("cpus") or []), facts.get("usable_cpus"))
     for i, (key, (khz, cores)) in enumerate(zip(_names(len(clusters)), clusters)):
-        proc = _cpu_processor(facts, key, khz, cores, i == len(clusters) - 1 and len(clusters) > 1, comments)
+        proc = _cpu_processor(
+            facts, key, khz, cores, i == len(clusters) - 1 and len(clusters) > 1, comments
+        )
         proc["backends"].append({"runtime": "ort", "provider": "CPUExecutionProvider"})
         if has_tvm:
             proc["backends"].append(
@@ -213,7 +234,8 @@ def draft_spec(facts: Mapping[str, Any], name: str | None = None) -> DraftSpec:
         if acc["vendor"] not in _ACCEL:
             comments.setdefault("processors", ())
             comments["processors"] += (
-                f"{acc['model']} at {acc['node']}: no ONNX Runtime execution provider drives it; left out.",
+                f"{acc['model']} at {acc['node']}: no ONNX Runtime execution provider drives it; "
+                "left out.",
             )
             continue
         ep, options, gflops, gbps, active, idle, needs = _ACCEL[acc["vendor"]]
@@ -262,20 +284,23 @@ def draft_spec(facts: Mapping[str, Any], name: str | None = None) -> DraftSpec:
 def _header(facts: Mapping[str, Any]) -> tuple[str, ...]:
     mods = facts.get("modules") or {}
     lines = [
-        f"Drafted by `edgesplit devices detect` on {facts.get('ssh_target') or facts.get('hostname')}: "
+        "Drafted by `edgesplit devices detect` on "
+        f"{facts.get('ssh_target') or facts.get('hostname')}: "
         f"{facts.get('system')} {facts.get('machine')}, Python {facts.get('python')} "
         f"({facts.get('python_executable')}).",
         "Runtimes there: " + ", ".join(f"{k} {v or 'MISSING'}" for k, v in mods.items()) + ".",
-        f"ONNX Runtime execution providers there: {', '.join(facts.get('ort_providers') or []) or 'none'}.",
+        "ONNX Runtime execution providers there: "
+        f"{', '.join(facts.get('ort_providers') or []) or 'none'}.",
     ]
     if mods.get("onnxruntime") is None or facts.get("ort_providers") is None:
         lines.append(
-            f"onnxruntime is missing there ({facts.get('ort_error') or 'not installed'}); install it: "
-            + install_hint(facts)
+            f"onnxruntime is missing there ({facts.get('ort_error') or 'not installed'}); install "
+            "it: " + install_hint(facts)
         )
     power = facts.get("power") or {}
     lines.append(
-        f"Power rails: {power.get('source')} ({', '.join(power.get('rails', []))}): profiles there measure "
+        f"Power rails: {power.get('source')} ({', '.join(power.get('rails', []))}): profiles there "
+        "measure "
         "energy."
         if power.get("source")
         else "Power rails: none readable, so profiles there model energy from active_w below."
@@ -300,7 +325,8 @@ def install_hint(facts: Mapping[str, Any], version: str | None = None) -> str:
     if facts.get("termux") or facts.get("android"):
         return (
             f"PyPI has no onnxruntime wheel for Termux/Android (bionic libc); build it from source "
-            f"(onnxruntime's build.sh --android) or use a glibc userland (proot-distro install debian), "
+            "(onnxruntime's build.sh --android) or use a glibc userland (proot-distro install "
+            "debian), "
             f"where `{cmd}` works on {machine}"
         )
     if machine.startswith(("armv7", "armv6", "arm")) and not machine.startswith("arm64"):
@@ -309,14 +335,19 @@ def install_hint(facts: Mapping[str, Any], version: str | None = None) -> str:
 
 
 def render(draft: DraftSpec) -> str:
-    """YAML text: block mappings for the structure, JSON flow style for values, comments above keys."""
+    """YAML text: block mappings for the structure, JSON flow style for values, comments above
+    keys."""
     lines = [f"# {h}" for h in draft.header]
     _emit_mapping(lines, draft.data, "", 0, draft.comments)
     return "\n".join(lines) + "\n"
 
 
 def _emit_mapping(
-    lines: list[str], data: Mapping[str, Any], path: str, indent: int, comments: Mapping[str, tuple[str, ...]]
+    lines: list[str],
+    data: Mapping[str, Any],
+    path: str,
+    indent: int,
+    comments: Mapping[str, tuple[str, ...]],
 ) -> None:
     pad = " " * indent
     for key, value in data.items():

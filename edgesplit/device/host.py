@@ -59,7 +59,9 @@ def llvm_target() -> dict[str, Any]:
     flags = cpu_flags()
     machine = platform.machine()
     if machine in ("x86_64", "AMD64"):
-        mcpu = "skylake-avx512" if "avx512f" in flags else "haswell" if "avx2" in flags else "x86-64"
+        mcpu = (
+            "skylake-avx512" if "avx512f" in flags else "haswell" if "avx2" in flags else "x86-64"
+        )
         return {"kind": "llvm", "mcpu": mcpu}
     if machine in ("aarch64", "arm64"):
         return {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}

@@ -56,7 +56,9 @@ class BackendKind:
 BACKENDS: dict[str, BackendKind] = {
     "ort": BackendKind((), "ONNX Runtime with an execution provider"),
     "tvm": BackendKind(("target",), "Apache TVM, compiled for a target"),
-    "ort-int8": BackendKind((), "ONNX Runtime on int8 QDQ parts (onnxruntime.quantization)", "int8"),
+    "ort-int8": BackendKind(
+        (), "ONNX Runtime on int8 QDQ parts (onnxruntime.quantization)", "int8"
+    ),
     "ort-fp16": BackendKind((), "ONNX Runtime on float16 parts (onnxconverter-common)", "fp16"),
 }
 
@@ -185,13 +187,16 @@ _SCHEMA: dict[str, Any] = {
 def schema() -> dict[str, Any]:
     """The spec schema, with the backend kinds registered now in the ``runtime`` enum."""
     s = copy.deepcopy(_SCHEMA)
-    backend = s["properties"]["processors"]["additionalProperties"]["properties"]["backends"]["items"]
+    backend = s["properties"]["processors"]["additionalProperties"]["properties"]["backends"][
+        "items"
+    ]
     backend["properties"]["runtime"] = {"enum": list(BACKENDS)}
     return s
 
 
 MAX_DEPTH = 32
-"""Deepest nesting a spec may have (the schema's own is 6; ``options`` and ``target`` are free-form)."""
+"""Deepest nesting a spec may have (the schema's own is 6; ``options`` and ``target`` are
+free-form)."""
 
 
 def check_values(data: Any, path: Path | str) -> None:
@@ -252,12 +257,17 @@ class _SpecLoader(yaml.SafeLoader):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise yaml.composer.ComposerError(
-                None, None, "anchors and aliases (& and *) are not allowed in a spec", event.start_mark
+                None,
+                None,
+                "anchors and aliases (& and *) are not allowed in a spec",
+                event.start_mark,
             )
         return super().compose_node(parent, index)
 
 
-def load_yaml(path: Path, error: type[Exception], what: str, *, max_nbytes: int = MAX_SPEC_NBYTES) -> Any:
+def load_yaml(
+    path: Path, error: type[Exception], what: str, *, max_nbytes: int = MAX_SPEC_NBYTES
+) -> Any:
     """A small YAML file we read settings from (specs, fleet files): at most ``max_nbytes``,
     UTF-8, safe YAML without anchors or aliases, not nested past Python's stack. One-line errors
     naming the file."""
@@ -318,7 +328,11 @@ def _processor_json(p: Processor) -> dict[str, Any]:
         "cpu_quota_pct": p.cpu_quota_pct,
     }
     ops = _ops_json(p.ops_only, p.ops_exclude)
-    return {**out, **({"ops": ops} if ops else {}), **{k: v for k, v in optional.items() if v is not None}}
+    return {
+        **out,
+        **({"ops": ops} if ops else {}),
+        **{k: v for k, v in optional.items() if v is not None},
+    }
 
 
 def device_to_mapping(spec: DeviceSpec) -> dict[str, Any]:
@@ -340,7 +354,10 @@ def device_to_mapping(spec: DeviceSpec) -> dict[str, Any]:
         {"between": [a, b], "bandwidth_gbps": gbps, "latency_ms": ms}
         for (a, b), (gbps, ms) in spec.links.items()
     ]
-    out["default_link"] = {"bandwidth_gbps": spec.default_link[0], "latency_ms": spec.default_link[1]}
+    out["default_link"] = {
+        "bandwidth_gbps": spec.default_link[0],
+        "latency_ms": spec.default_link[1],
+    }
     if spec.servers:
         out["servers"] = list(spec.servers)
     return out

@@ -183,7 +183,9 @@ class DeviceSpec:
             if p.name == name:
                 return p
         names = ", ".join(p.name for p in self.processors)
-        raise DeviceSpecError(f"{self.path or self.name}: unknown processor '{name}' (processors: {names})")
+        raise DeviceSpecError(
+            f"{self.path or self.name}: unknown processor '{name}' (processors: {names})"
+        )
 
     @property
     def processor_names(self) -> tuple[str, ...]:
@@ -196,7 +198,8 @@ class DeviceSpec:
     def with_server(self, server: DeviceSpec) -> DeviceSpec:
         """This device plus a server's processors, named ``<server>.<processor>``."""
         remote = tuple(
-            replace(p, name=f"{server.name}.{p.name}", server=server.name) for p in server.processors
+            replace(p, name=f"{server.name}.{p.name}", server=server.name)
+            for p in server.processors
         )
         return replace(self, processors=self.processors + remote)
 
@@ -244,7 +247,8 @@ def _backend(proc: str, i: int, b: Mapping[str, Any], source: str) -> Backend:
     for key in kind.requires:
         if key not in b:
             raise DeviceSpecError(
-                f"{source}: processors.{proc}.backends.{i}.{key}: a {b['runtime']} backend needs a {key}"
+                f"{source}: processors.{proc}.backends.{i}.{key}: a {b['runtime']} backend needs a "
+                f"{key}"
             )
     only, excl = _ops(b.get("ops"))
     target = b.get("target")
@@ -270,7 +274,8 @@ def _check_precisions(name: str, backends: tuple[Backend, ...], listed: Any, sou
     for i, b in enumerate(backends):
         if b.precision not in listed:
             raise DeviceSpecError(
-                f"{source}: processors.{name}.backends.{i}.runtime: '{b.runtime}' runs {b.precision}, "
+                f"{source}: processors.{name}.backends.{i}.runtime: '{b.runtime}' runs "
+                f"{b.precision}, "
                 f"which processors.{name}.precisions {list(listed)} leaves out"
             )
 
@@ -314,7 +319,8 @@ def device_from_mapping(
     remote profiling agent both come through here.
 
     Args:
-        source: What to name in errors (the file, or ``name (on host)``); kept as ``DeviceSpec.path``.
+        source: What to name in errors (the file, or ``name (on host)``); kept as
+        ``DeviceSpec.path``.
         local: Overrides the spec's ``local`` (the agent profiles the device it runs on).
         validated: The mapping passed the schema already (the remote agent's spec, checked by the
             client), so it is not checked again: a board needs no jsonschema.
@@ -369,7 +375,9 @@ def core_group(name: str, members: tuple[Processor, ...]) -> Processor:
     onlys = [m.ops_only for m in members if m.ops_only is not None]
     dtypes = [set(m.dtypes) for m in members if m.dtypes is not None]
     cores = tuple(c for m in members for c in (m.cores or ()))
-    quotas = tuple((c, float(m.cpu_quota_pct)) for m in members if m.cpu_quota_pct for c in m.cores or ())
+    quotas = tuple(
+        (c, float(m.cpu_quota_pct)) for m in members if m.cpu_quota_pct for c in m.cores or ()
+    )
     threads = sum(m.threads or len(m.cores or ()) or 1 for m in members)
     ort = next(b for b in members[0].backends if b.key == "ort")
     return Processor(
@@ -419,7 +427,9 @@ def _groupable(p: Processor) -> bool:
     return p.kind == "cpu" and "fp32" in p.precisions and any(b.key == "ort" for b in p.backends)
 
 
-def _groups(data: Mapping[str, Any], procs: tuple[Processor, ...], src: str) -> tuple[Processor, ...]:
+def _groups(
+    data: Mapping[str, Any], procs: tuple[Processor, ...], src: str
+) -> tuple[Processor, ...]:
     """The spec's core groups: those it lists under ``groups`` (``{}`` for none), else one group of
     every CPU processor when a device has two or more that share no core (its name joins theirs
     with ``+``)."""
@@ -443,7 +453,9 @@ def _groups(data: Mapping[str, Any], procs: tuple[Processor, ...], src: str) -> 
             if m not in by_name:
                 raise DeviceSpecError(f"{where}: unknown processor '{m}'")
             if not _groupable(by_name[m]):
-                raise DeviceSpecError(f"{where}: '{m}' is not a CPU processor with an fp32 ort backend")
+                raise DeviceSpecError(
+                    f"{where}: '{m}' is not a CPU processor with an fp32 ort backend"
+                )
             members.append(by_name[m])
         seen: set[int] = set()
         for m in members:
@@ -478,7 +490,8 @@ class SpecSource:
 
 
 def read_spec(name_or_path: str | os.PathLike) -> SpecSource:
-    """A spec by name or path, read and validated (detection, if any, is left to :meth:`SpecSource.load`)."""
+    """A spec by name or path, read and validated (detection, if any, is left to
+    :meth:`SpecSource.load`)."""
     path = resolve(name_or_path)
     data = read_yaml(path)
     validate(data, path)
@@ -505,7 +518,10 @@ def load_links(path: str | os.PathLike | None = None) -> dict[str, NetworkLink]:
         name: NetworkLink(
             name=name,
             description=d.get("description", ""),
-            **{k: float(d[k]) for k in ("up_mbps", "down_mbps", "rtt_ms", "tx_power_w", "rx_power_w")},
+            **{
+                k: float(d[k])
+                for k in ("up_mbps", "down_mbps", "rtt_ms", "tx_power_w", "rx_power_w")
+            },
         )
         for name, d in data["presets"].items()
     }
@@ -528,7 +544,9 @@ def network_link(
         base = presets[preset or "wifi"]
     if bandwidth_mbps is not None:
         if not _finite(bandwidth_mbps) or bandwidth_mbps <= 0:
-            raise DeviceSpecError(f"--bandwidth-mbps must be a positive finite number, got {bandwidth_mbps}")
+            raise DeviceSpecError(
+                f"--bandwidth-mbps must be a positive finite number, got {bandwidth_mbps}"
+            )
         base = replace(
             base,
             name=f"{base.name.split('@')[0]}@{bandwidth_mbps:g}mbps",

@@ -71,7 +71,12 @@ class DutyCycle:
     """Spinner processes, one per core: take ``1 - share`` of the cores while the thread is busy."""
 
     def __init__(
-        self, cores: tuple[int, ...], share: float, period_us: int = DEFAULT_PERIOD_US, *, fitted: bool = True
+        self,
+        cores: tuple[int, ...],
+        share: float,
+        period_us: int = DEFAULT_PERIOD_US,
+        *,
+        fitted: bool = True,
     ):
         """``fitted``: tell each core's spinner the share fitted so that the work there gets
         ``share`` (:mod:`edgesplit.device.throttle_fit`); else ``share`` itself."""
@@ -105,7 +110,11 @@ class DutyCycle:
         answer = proc.stdout.readline().decode().strip()
         if answer != "ok":
             _stop(proc)
-            why = answer[3:] if answer.startswith("no:") else f"the spinner exited ({proc.returncode})"
+            why = (
+                answer[3:]
+                if answer.startswith("no:")
+                else f"the spinner exited ({proc.returncode})"
+            )
             raise OSError(f"no real-time priority for a duty cycle on core {core}: {why}")
         return proc
 
@@ -207,7 +216,8 @@ def cycles() -> tuple[DutyCycle, ...]:
 @contextlib.contextmanager
 def borrowed(served_by: tuple[DutyCycle, ...]) -> Iterator[None]:
     """Serve the calling thread with another thread's duty cycles for the block: a caller that runs
-    a processor's part itself, in its worker's stead (:meth:`edgesplit.runtime.session.Session.run`)."""
+    a processor's part itself, in its worker's stead
+    (:meth:`edgesplit.runtime.session.Session.run`)."""
     before = getattr(_local, "cycles", ())
     _local.cycles = tuple(served_by)
     try:

@@ -72,7 +72,9 @@ def _on_core(core: int, fn: Callable[[], float]) -> float:
     return float(run_as_processor(f"duty-fit-{core}", (core,), None, fn)[0])
 
 
-def measure_share(core: int, told: float, period_us: int, run: Callable[[], None], repeat: int) -> float:
+def measure_share(
+    core: int, told: float, period_us: int, run: Callable[[], None], repeat: int
+) -> float:
     """The share of ``core`` that work gets while a spinner told ``told`` cycles there."""
     from edgesplit.device.throttle import DutyCycle
 
@@ -94,7 +96,8 @@ def measure_share(core: int, told: float, period_us: int, run: Callable[[], None
 
 
 def fit_share(core: int, share: float, period_us: int) -> float:
-    """The share to tell a spinner on ``core`` so that the work there gets ``share`` (fitted here)."""
+    """The share to tell a spinner on ``core`` so that the work there gets ``share`` (fitted
+    here)."""
     run = _workload()
     run()
     repeat = max(1, int(round(4.0 / max(_on_core(core, lambda: _timed_ms(run, 1)), 0.05))))

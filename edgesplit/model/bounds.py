@@ -39,7 +39,9 @@ class Bounds:
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
-    return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == name), default)
+    return next(
+        (int(helper.get_attribute_value(a)) for a in node.attribute if a.name == name), default
+    )
 
 
 Lookup = Callable[[str], Shape | None]
@@ -71,7 +73,11 @@ def _nd_columns(node: onnx.NodeProto, shape: Lookup, _const: Const) -> Bounds | 
 def _depth(node: onnx.NodeProto, _shape: Lookup, const: Const) -> Bounds | None:
     """``OneHot`` indices below a constant depth."""
     depth = const(node.input[1]) if len(node.input) > 1 else None
-    return None if depth is None or depth.size != 1 else Bounds(0, np.asarray(int(depth.reshape(-1)[0])))
+    return (
+        None
+        if depth is None or depth.size != 1
+        else Bounds(0, np.asarray(int(depth.reshape(-1)[0])))
+    )
 
 
 def _rank(node: onnx.NodeProto, shape: Lookup, _const: Const) -> Bounds | None:
@@ -155,7 +161,8 @@ RULES: dict[tuple[str, int], Callable[[onnx.NodeProto, Lookup, Const], Bounds | 
     ("Mod", 1): _nonzero,
     ("Dropout", 1): _probability,
 }
-"""(op type, input position) -> the values that input accepts, from the node, shapes and constants."""
+"""(op type, input position) -> the values that input accepts, from the node, shapes and
+constants."""
 
 PASS_ON = frozenset({"Identity", "Cast", "CastLike", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 """Ops whose first input's values reach their output unchanged: bounds on the output hold for it."""
@@ -184,7 +191,9 @@ def input_bounds(
                     hit = True
                     b = rule(node, shape, const)
                     if b is None:
-                        found = Bounds(0, np.asarray(0))  # a rule that cannot be met: no value is known good
+                        found = Bounds(
+                            0, np.asarray(0)
+                        )  # a rule that cannot be met: no value is known good
                     else:
                         found = b if found is None else found.meet(b)
                 elif node.op_type in PASS_ON and k == 0:
@@ -203,8 +212,12 @@ def draw(bounds: Bounds, shape: Shape, dtype: np.dtype, rng: np.random.Generator
     if high.ndim == 1 and not (shape and shape[-1] == high.shape[0]):
         high = np.asarray(high.min())
     if dtype.kind == "f":
-        return (bounds.low + rng.random(shape) * (np.broadcast_to(high, shape) - bounds.low)).astype(dtype)
-    return rng.integers(int(bounds.low), np.broadcast_to(high, shape).astype(np.int64)).astype(dtype)
+        return (
+            bounds.low + rng.random(shape) * (np.broadcast_to(high, shape) - bounds.low)
+        ).astype(dtype)
+    return rng.integers(int(bounds.low), np.broadcast_to(high, shape).astype(np.int64)).astype(
+        dtype
+    )
 
 
 def model_bounds(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, Bounds | None]:

@@ -79,8 +79,15 @@ class CalibrationSet:
 
     def describe(self) -> dict[str, object]:
         """What a plan records about its data."""
-        out: dict[str, object] = {"source": self.source, "origin": self.origin, "sha256": self.sha256}
-        out |= {"calibration_samples": len(self.calibration), "held_out_samples": len(self.held_out)}
+        out: dict[str, object] = {
+            "source": self.source,
+            "origin": self.origin,
+            "sha256": self.sha256,
+        }
+        out |= {
+            "calibration_samples": len(self.calibration),
+            "held_out_samples": len(self.held_out),
+        }
         return out | ({"warning": self.warning} if self.warning else {})
 
 
@@ -103,7 +110,9 @@ def _split(name: str, value: np.ndarray, graph: ModelGraph, source: str) -> list
     elif tuple(value.shape[1:]) == want:
         samples = list(value)
     else:
-        raise InputError(f"{source}: '{name}' has shape {list(value.shape)}, the model wants {list(want)}")
+        raise InputError(
+            f"{source}: '{name}' has shape {list(value.shape)}, the model wants {list(want)}"
+        )
     if value.dtype.kind != np.dtype(info.dtype).kind:
         raise InputError(f"{source}: '{name}' is {value.dtype}, the model wants {info.dtype}")
     return [np.ascontiguousarray(s, dtype=info.dtype) for s in samples]
@@ -113,9 +122,9 @@ def _arrays(path: Path, graph: ModelGraph) -> dict[str, list[np.ndarray]]:
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
             found = {k: z[k] for k in z.files}
-        return {k: _split(k, v, graph, str(path)) for k, v in found.items() if k in graph.inputs} | {
-            k: [] for k in found if k not in graph.inputs
-        }
+        return {
+            k: _split(k, v, graph, str(path)) for k, v in found.items() if k in graph.inputs
+        } | {k: [] for k in found if k not in graph.inputs}
     files = sorted(path.glob("*.npy"))
     named = {f.stem: f for f in files if f.stem in graph.inputs}
     if not named and len(graph.inputs) == 1:  # any .npy file holds samples of the one input
@@ -142,17 +151,22 @@ def load_samples(path: str | os.PathLike, graph: ModelGraph) -> list[dict[str, n
     unknown = [k for k, v in arrays.items() if k not in graph.inputs]
     missing = [k for k in graph.inputs if k not in arrays]
     if unknown or missing:
-        what = [f"unknown inputs {unknown}"] * bool(unknown) + [f"missing inputs {missing}"] * bool(missing)
+        what = [f"unknown inputs {unknown}"] * bool(unknown) + [f"missing inputs {missing}"] * bool(
+            missing
+        )
         raise InputError(f"{p}: {'; '.join(what)} (model inputs: {list(graph.inputs)})")
     counts = {k: len(v) for k, v in arrays.items()}
     if len(set(counts.values())) != 1 or not next(iter(counts.values())):
-        raise InputError(f"{p}: every input needs the same number of samples, at least one (found {counts})")
+        raise InputError(
+            f"{p}: every input needs the same number of samples, at least one (found {counts})"
+        )
     n = next(iter(counts.values()))
     return [{k: arrays[k][i] for k in graph.inputs} for i in range(n)]
 
 
 def image_layout(graph: ModelGraph) -> tuple[str, int, int, int] | None:
-    """``(input, batch, height, width)`` with the layout's channel axis, for a vision model; else None."""
+    """``(input, batch, height, width)`` with the layout's channel axis, for a vision model; else
+    None."""
     if len(graph.inputs) != 1:
         return None
     (name,) = graph.inputs
@@ -168,13 +182,16 @@ def image_layout(graph: ModelGraph) -> tuple[str, int, int, int] | None:
 def photo_samples(
     graph: ModelGraph, count: int = DEFAULT_SAMPLES, seed: int = 0
 ) -> list[dict[str, np.ndarray]]:
-    """Seeded augmented crops of ``skimage.data`` photographs, as NCHW inputs of the vision model."""
+    """Seeded augmented crops of ``skimage.data`` photographs, as NCHW inputs of the vision
+    model."""
     layout = image_layout(graph)
     assert layout is not None, "not a vision model"
     name, batch, height, width = layout
     images = _photo_images(height, width, count * batch, seed)
     dtype = graph.tensors[name].dtype
-    return [{name: np.stack(images[k * batch : (k + 1) * batch]).astype(dtype)} for k in range(count)]
+    return [
+        {name: np.stack(images[k * batch : (k + 1) * batch]).astype(dtype)} for k in range(count)
+    ]
 
 
 @functools.cache
@@ -237,7 +254,11 @@ def calibration_set(
         return CalibrationSet(tuple(samples), "file", str(path), data_sha256(samples))
     if image_layout(graph) is not None:
         samples = photo_samples(graph, count)
-        origin = "skimage.data photographs, augmented (" + ", ".join(PHOTOS[: min(count, len(PHOTOS))]) + ")"
+        origin = (
+            "skimage.data photographs, augmented ("
+            + ", ".join(PHOTOS[: min(count, len(PHOTOS))])
+            + ")"
+        )
         return CalibrationSet(tuple(samples), "photos", origin, data_sha256(samples))
     samples = [random_inputs(graph, seed) for seed in range(count)]
     return CalibrationSet(

@@ -41,9 +41,13 @@ class PartExtractor:
         if name in self._types:  # a sequence's or an optional's type as inference gave it
             vi.type.CopyFrom(self._types[name])
         elif t.kind == "sequence":
-            vi.type.CopyFrom(helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None)))
+            vi.type.CopyFrom(
+                helper.make_sequence_type_proto(helper.make_tensor_type_proto(elem, None))
+            )
         else:
-            vi.type.CopyFrom(helper.make_optional_type_proto(helper.make_tensor_type_proto(elem, None)))
+            vi.type.CopyFrom(
+                helper.make_optional_type_proto(helper.make_tensor_type_proto(elem, None))
+            )
         return vi
 
     def nodes_between(self, inputs: Sequence[str], outputs: Sequence[str]) -> list[int]:
@@ -72,10 +76,14 @@ class PartExtractor:
                 seen.add(i)
                 stack.extend(graph.nodes[i].inputs)
         if lacking:
-            raise ValueError(f"the part needs {', '.join(sorted(lacking))}, which it neither reads nor makes")
+            raise ValueError(
+                f"the part needs {', '.join(sorted(lacking))}, which it neither reads nor makes"
+            )
         return sorted(seen)
 
-    def extract(self, inputs: Sequence[str], outputs: Sequence[str], name: str = "part") -> onnx.ModelProto:
+    def extract(
+        self, inputs: Sequence[str], outputs: Sequence[str], name: str = "part"
+    ) -> onnx.ModelProto:
         """A standalone model that computes ``outputs`` from ``inputs`` (and the weights it reads).
 
         In a part with control flow (If, Loop, Scan) the inputs and inner tensors are typed by
@@ -100,7 +108,9 @@ class PartExtractor:
             sparse_initializer=[self._sparse[t] for t in sorted(read) if t in self._sparse],
         )
         src = graph.model
-        m = helper.make_model(g, opset_imports=list(src.opset_import), functions=list(src.functions))
+        m = helper.make_model(
+            g, opset_imports=list(src.opset_import), functions=list(src.functions)
+        )
         m.ir_version = src.ir_version
         m.producer_name = "edgesplit"
         return m

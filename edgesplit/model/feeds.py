@@ -23,7 +23,9 @@ from edgesplit.model.graph import ModelGraph, TensorInfo
 WORDS = np.array(["monday", "tuesday", "a", "b", "edge", "split", "onnx", ""], dtype=object)
 
 
-def random_tensor(info: TensorInfo, rng: np.random.Generator, bounds: Bounds | None = None) -> np.ndarray:
+def random_tensor(
+    info: TensorInfo, rng: np.random.Generator, bounds: Bounds | None = None
+) -> np.ndarray:
     """Seeded data for one tensor: normal floats, small integers, coin flips, short words;
     within ``bounds`` where given.
 
@@ -32,7 +34,8 @@ def random_tensor(info: TensorInfo, rng: np.random.Generator, bounds: Bounds | N
     """
     if info.kind != "tensor":
         raise RunInputError(
-            f"no made-up value for {info.kind} '{info.name}'; pass its value (--input {info.name}=FILE)"
+            f"no made-up value for {info.kind} '{info.name}'; pass its value (--input "
+            f"{info.name}=FILE)"
         )
     dtype = np.dtype(info.dtype)
     if bounds is not None and dtype.kind in "iuf":
@@ -46,7 +49,9 @@ def random_tensor(info: TensorInfo, rng: np.random.Generator, bounds: Bounds | N
     elif dtype.kind == "O":
         made = WORDS[rng.integers(0, len(WORDS), size=info.shape)]
     else:
-        raise RunInputError(f"no random data for tensor '{info.name}' of dtype {dtype}; pass its value")
+        raise RunInputError(
+            f"no random data for tensor '{info.name}' of dtype {dtype}; pass its value"
+        )
     return np.asarray(made, dtype=dtype)  # an array even of shape (): ORT takes no numpy scalars
 
 
@@ -106,8 +111,11 @@ def run_failure(graph: ModelGraph, what: str, why: str) -> EdgesplitError:
     names = made_up(graph)
     if not names:
         return EdgesplitError(f"{graph.path}: {what} failed ({why})")
-    shown = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    shown = ", ".join(repr(n) for n in names[:3]) + (
+        f" and {len(names) - 3} more" if len(names) > 3 else ""
+    )
     flags = " ".join(f"--input {n}=FILE.npy" for n in names[:3])
     return RunInputError(
-        f"{graph.path}: {what} failed ({why}) on made-up values of input {shown}; give sample values: {flags}"
+        f"{graph.path}: {what} failed ({why}) on made-up values of input {shown}; give sample "
+        f"values: {flags}"
     )

@@ -146,7 +146,9 @@ _COUNTERS: dict[str, Callable[[onnx.NodeProto, list, list], int]] = {
 }
 
 
-def count_flops(node: onnx.NodeProto, in_shapes: list[Shape | None], out_shapes: list[Shape]) -> int:
+def count_flops(
+    node: onnx.NodeProto, in_shapes: list[Shape | None], out_shapes: list[Shape]
+) -> int:
     """FLOPs of one node.
 
     Args:
@@ -242,7 +244,9 @@ def control_flow_flops(node: onnx.NodeProto, shapes: Mapping[str, Shape], trips:
         shapes: Static shapes of the enclosing scope's tensors.
         trips: Iterations of a Loop or Scan, where known (else 1).
     """
-    per_graph = [_graph_flops(g, {**shapes, **_bound_inputs(node, g, shapes)}) for g in subgraphs(node)]
+    per_graph = [
+        _graph_flops(g, {**shapes, **_bound_inputs(node, g, shapes)}) for g in subgraphs(node)
+    ]
     if not per_graph:
         return 0
     if node.op_type == "If":

@@ -117,7 +117,10 @@ class ModelGraph:
     def edges(self) -> tuple[tuple[int, int, str], ...]:
         """Data edges ``(src, dst, tensor)`` between nodes, one per consumer of a tensor."""
         return tuple(
-            (self.producer[t], d, t) for t, ds in self.consumers.items() if t in self.producer for d in ds
+            (self.producer[t], d, t)
+            for t, ds in self.consumers.items()
+            if t in self.producer
+            for d in ds
         )
 
     @property
@@ -137,7 +140,9 @@ class ModelGraph:
         return all(d == s + 1 for s, d, _ in self.edges)
 
 
-def part_boundaries(graph: ModelGraph, groups: Sequence[Sequence[int]]) -> list[tuple[list[str], list[str]]]:
+def part_boundaries(
+    graph: ModelGraph, groups: Sequence[Sequence[int]]
+) -> list[tuple[list[str], list[str]]]:
     """For groups of node indices: (tensors read from outside, tensors used outside) of each. Nodes
     in no group count as outside every group."""
     owner = {i: k for k, g in enumerate(groups) for i in g}

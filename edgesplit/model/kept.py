@@ -46,14 +46,18 @@ def kept_path(
 ) -> Path | None:
     """Where the simplified ``model`` for ``shapes`` is kept; None for one over protobuf's 2 GB (no
     bytes to key it by). Small models are kept too: folding one takes a fraction of a second, but
-    importing onnxslim 0.4 s (a 10-node model loaded in a fresh process: 0.85 s, 0.3-0.45 s kept)."""
-    digest = model_digest(model, _code_tag(), [sorted((k, list(v)) for k, v in shapes.items()), cannot_fold])
+    importing onnxslim 0.4 s (a 10-node model loaded in a fresh process: 0.85 s, 0.3-0.45 s
+    kept)."""
+    digest = model_digest(
+        model, _code_tag(), [sorted((k, list(v)) for k, v in shapes.items()), cannot_fold]
+    )
     return None if digest is None else cache_folder("simplified") / f"{digest}.onnx"
 
 
 def model_digest(model: onnx.ModelProto, code_tag: str, facts: Any, *extra: bytes) -> str | None:
     """A key for what is made from ``model``: a hash of the code that makes it, ``facts`` (as JSON),
-    ``extra`` bytes and the model's bytes; None for a model over protobuf's 2 GB (no bytes to hash)."""
+    ``extra`` bytes and the model's bytes; None for a model over protobuf's 2 GB (no bytes to
+    hash)."""
     try:
         data = model.SerializeToString(deterministic=True)
     except (EncodeError, ValueError):

@@ -130,7 +130,9 @@ def _load(
     shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
     model, sha256 = read_model(path, max_model_mb)
     problems = value_problems(model, values, shapes)
-    shapes.update({k: tuple(v.shape) for k, v in values.items() if k not in shapes and hasattr(v, "shape")})
+    shapes.update(
+        {k: tuple(v.shape) for k, v in values.items() if k not in shapes and hasattr(v, "shape")}
+    )
     problems += structure_problems(model, shapes, max_tensor_mb)
     if problems:
         raise ModelLoadError(where, problems)
@@ -143,7 +145,9 @@ def _load(
 
     def make(made: list[str]) -> onnx.ModelProto:
         if model is not up.original:
-            note = upgrade.check_upgrade(where, up.original, model, _check_feeds(model, shapes, values))
+            note = upgrade.check_upgrade(
+                where, up.original, model, _check_feeds(model, shapes, values)
+            )
             made.extend([note] if note else [])
         return simplify.simplify(where, model, shapes, cannot_fold=not_upgraded, notes=made)
 

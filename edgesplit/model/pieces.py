@@ -8,7 +8,8 @@ Two kinds of split (CoDL, MobiSys'22; muLayer, EuroSys'19):
   (BatchNormalization, activations, a bias or a residual Add), cut along output channels (the
   last axis for Gemm and MatMul); each piece holds its slice of the weights.
 
-:func:`rewrite` writes a split into the model as its pieces followed by a ``Concat`` that joins their
+:func:`rewrite` writes a split into the model as its pieces followed by a ``Concat`` that joins
+their
 outputs back into the original tensor, so the rest of the graph is unchanged and the pieces are
 independent branches: every later stage (profile, schedule, compile, runtime) handles them as any
 other nodes, and a piece on another processor runs at the same time as its sibling. The rewritten
@@ -34,10 +35,21 @@ JOIN_MARK = "edgesplit: joins the pieces of a split"
 
 CHANNEL_HEADS = frozenset({"Conv", "Gemm", "MatMul"})
 CHANNEL_FOLLOWERS = frozenset(
-    {"BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish",
-     "Add", "Mul"}
-)  # fmt: skip
-"""Nodes whose output channel c reads channel c of their input only (given per-channel constants)."""
+    {
+        "BatchNormalization",
+        "Relu",
+        "LeakyRelu",
+        "Clip",
+        "Sigmoid",
+        "Tanh",
+        "HardSigmoid",
+        "HardSwish",
+        "Add",
+        "Mul",
+    }
+)
+"""Nodes whose output channel c reads channel c of their input only (given per-channel
+constants)."""
 
 
 @dataclass(frozen=True)
@@ -210,7 +222,9 @@ def channel_piece_nodes(
                 _channel_slice(nodes, inits, t, lo, hi, axis, want)
                 ins.append(want)
         outs = [local(t) for t in proto.output]
-        nodes.append(helper.make_node(proto.op_type, ins, outs, name=f"{proto.name}@{tag}", **_attrs(proto)))
+        nodes.append(
+            helper.make_node(proto.op_type, ins, outs, name=f"{proto.name}@{tag}", **_attrs(proto))
+        )
     return nodes, inits, local(graph.nodes[chain[-1]].outputs[0])
 
 
@@ -258,7 +272,8 @@ def _row_segment(graph: ModelGraph, split: Split) -> RowSegment:
     names = tuple(graph.nodes[k].name for s in run for k in s.nodes)
     if not run or run[-1].output != split.output or names != tuple(split.nodes):
         raise PlanError(
-            f"split of {split.output}: its nodes are not one run of row-local nodes from {split.input}"
+            f"split of {split.output}: its nodes are not one run of row-local nodes from "
+            f"{split.input}"
         )
     return join(run)
 
@@ -273,7 +288,9 @@ def check_split(graph: ModelGraph, split: Split) -> None:
     where = f"split of {split.output}"
     missing = [n for n in split.nodes if n not in graph.index]
     if missing or split.output not in graph.tensors or split.input not in graph.tensors:
-        raise PlanError(f"{where}: names nodes or tensors the model lacks ({', '.join(missing[:3])})")
+        raise PlanError(
+            f"{where}: names nodes or tensors the model lacks ({', '.join(missing[:3])})"
+        )
     if len(split.bands) != len(split.processors) or len(split.bands) < 2:
         raise PlanError(f"{where}: needs two bands or more, one processor each")
     shape = graph.tensors[split.output].shape
@@ -282,15 +299,21 @@ def check_split(graph: ModelGraph, split: Split) -> None:
         _row_segment(graph, split)
     elif split.kind == "channels":
         chain = channel_segment(graph, graph.index[split.nodes[0]])
-        if chain is None or [graph.nodes[k].name for k in chain][: len(split.nodes)] != list(split.nodes):
-            raise PlanError(f"{where}: {split.nodes[0]} and the nodes after it cannot be cut by channels")
+        if chain is None or [graph.nodes[k].name for k in chain][: len(split.nodes)] != list(
+            split.nodes
+        ):
+            raise PlanError(
+                f"{where}: {split.nodes[0]} and the nodes after it cannot be cut by channels"
+            )
         axis = channel_axis(graph, chain[0])
         size = shape[axis] if axis is not None else -1
     else:
         raise PlanError(f"{where}: unknown kind '{split.kind}' (rows or channels)")
     edges = [b for band in split.bands for b in band]
     tiled = edges[0] == 0 and edges[-1] == size and all(a < b for a, b in split.bands)
-    if not tiled or any(split.bands[i][1] != split.bands[i + 1][0] for i in range(len(split.bands) - 1)):
+    if not tiled or any(
+        split.bands[i][1] != split.bands[i + 1][0] for i in range(len(split.bands) - 1)
+    ):
         raise PlanError(f"{where}: bands {list(split.bands)} do not tile 0..{size}")
 
 
@@ -357,7 +380,9 @@ def _pieces(graph: ModelGraph, split: Split) -> tuple[list[onnx.NodeProto], list
         axis = H_AXIS
     else:
         axis = channel_axis(graph, graph.index[split.nodes[0]])
-    join_node = helper.make_node("Concat", outs, [split.output], name=f"{split.output}.join", axis=axis)
+    join_node = helper.make_node(
+        "Concat", outs, [split.output], name=f"{split.output}.join", axis=axis
+    )
     join_node.doc_string = JOIN_MARK
     nodes.append(join_node)
     return nodes, inits

@@ -64,7 +64,9 @@ def read_model(path: Path, max_model_mb: float) -> tuple[onnx.ModelProto, str]:
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
         raise ModelLoadError(where, f"not an ONNX model, or truncated ({first_line(e)})") from e
     if model.ir_version == 0 or not model.HasField("graph") or not model.opset_import:
-        raise ModelLoadError(where, "not an ONNX model, or truncated (no IR version, graph or opset import)")
+        raise ModelLoadError(
+            where, "not an ONNX model, or truncated (no IR version, graph or opset import)"
+        )
     regions = external_regions(path, model)
     external = sum(r.nbytes for r in {(r.file, r.offset, r.nbytes): r for r in regions}.values())
     if size + external > limit:
@@ -72,7 +74,8 @@ def read_model(path: Path, max_model_mb: float) -> tuple[onnx.ModelProto, str]:
         shown = ", ".join(files[:3]) + (" ..." if len(files) > 3 else "")
         raise ModelLoadError(
             where,
-            f"{external / 1e6:.1f} MB of external data ({shown}) plus {size / 1e6:.1f} MB of model is over "
+            f"{external / 1e6:.1f} MB of external data ({shown}) plus {size / 1e6:.1f} MB of model "
+            "is over "
             f"the model size limit of {max_model_mb:g} MB",
         )
     for r in regions:
@@ -150,7 +153,9 @@ def _region(t: onnx.TensorProto, base: Path, sizes: dict[Path, int]) -> External
         )
     needed = _declared_nbytes(t)
     if needed is not None and length < needed:
-        raise ValueError(f"external data in '{location}' holds {length} bytes, its shape needs {needed}")
+        raise ValueError(
+            f"external data in '{location}' holds {length} bytes, its shape needs {needed}"
+        )
     return ExternalRegion(t, file, offset, length)
 
 
@@ -172,9 +177,13 @@ def _read_region(where: str, r: ExternalRegion) -> None:
             f.seek(r.offset)
             data = f.read(r.nbytes)
     except OSError as e:
-        raise ModelLoadError(where, f"tensor '{r.tensor.name}': cannot read external data ({e})") from e
+        raise ModelLoadError(
+            where, f"tensor '{r.tensor.name}': cannot read external data ({e})"
+        ) from e
     if len(data) != r.nbytes:
-        raise ModelLoadError(where, f"tensor '{r.tensor.name}': external data '{r.file.name}' is truncated")
+        raise ModelLoadError(
+            where, f"tensor '{r.tensor.name}': external data '{r.file.name}' is truncated"
+        )
     r.tensor.raw_data = data
     del r.tensor.external_data[:]
     r.tensor.data_location = onnx.TensorProto.DEFAULT

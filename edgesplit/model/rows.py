@@ -258,7 +258,9 @@ def row_shares(graph: ModelGraph, seg: RowSegment, out: Rows) -> dict[int, float
     for k in seg.nodes:
         node = graph.nodes[k]
         rows = need.get(node.outputs[0])
-        share[k] = rows.n / graph.tensors[node.outputs[0]].shape[H_AXIS] if rows is not None else 0.0
+        share[k] = (
+            rows.n / graph.tensors[node.outputs[0]].shape[H_AXIS] if rows is not None else 0.0
+        )
     return share
 
 
@@ -272,7 +274,8 @@ def row_piece_nodes(
 ) -> tuple[list[onnx.NodeProto], dict[str, onnx.TensorProto], Rows, str]:
     """The nodes of the piece computing rows ``out`` of the segment, reading the whole of its input
     (a ``Slice`` takes the band) and writing ``<output>@<tag>``; every tensor and node it makes is
-    named ``<name>@<tag>``. Returns the nodes, the weights they read, the band and the output name."""
+    named ``<name>@<tag>``. Returns the nodes, the weights they read, the band and the output
+    name."""
     protos = graph.model.graph.node
     need = needed_rows(graph, seg, out)
     weights = {t.name: t for t in graph.model.graph.initializer}
@@ -289,7 +292,9 @@ def row_piece_nodes(
         _slice(nodes, inits, seg.input, Rows(0, full), band, f"{seg.input}@{tag}")
     else:
         nodes.append(
-            helper.make_node("Identity", [seg.input], [f"{seg.input}@{tag}"], name=f"{seg.input}@{tag}.in")
+            helper.make_node(
+                "Identity", [seg.input], [f"{seg.input}@{tag}"], name=f"{seg.input}@{tag}.in"
+            )
         )
     made[seg.input] = band
     for k in seg.nodes:
@@ -316,14 +321,21 @@ def row_piece_nodes(
         outs = [local(t) for t in proto.output]
         nodes.append(
             helper.make_node(
-                proto.op_type, inputs, outs, name=f"{proto.name}@{tag}", domain=proto.domain, **attrs
+                proto.op_type,
+                inputs,
+                outs,
+                name=f"{proto.name}@{tag}",
+                domain=proto.domain,
+                **attrs,
             )
         )
         made[node.outputs[0]] = rows
     return nodes, inits, band, local(seg.output)
 
 
-def row_piece(graph: ModelGraph, seg: RowSegment, out: Rows, name: str) -> tuple[onnx.ModelProto, Rows]:
+def row_piece(
+    graph: ModelGraph, seg: RowSegment, out: Rows, name: str
+) -> tuple[onnx.ModelProto, Rows]:
     """A stand-alone ONNX model of one piece: it takes the band of the segment's input that rows
     ``out`` need (named as the segment's input) and writes those rows of its output (named as the
     segment's output). Returns it with that band."""

@@ -29,7 +29,9 @@ def outer_reads(node: onnx.NodeProto) -> list[str]:
     they are not outer reads, at any depth of nesting.
     """
     out: dict[str, None] = {}
-    stack: list[tuple[onnx.GraphProto, frozenset[str]]] = [(g, frozenset()) for g in subgraphs(node)]
+    stack: list[tuple[onnx.GraphProto, frozenset[str]]] = [
+        (g, frozenset()) for g in subgraphs(node)
+    ]
     while stack:
         g, bound_above = stack.pop()
         bound = set(bound_above)

@@ -38,11 +38,14 @@ class ValueType(NamedTuple):
 Infos = dict[str, ValueType]
 
 PROBE_TIMEOUT_S = 60.0
-"""The one run that finds data-dependent shapes is stopped after this long (ORT's terminate flag)."""
+"""The one run that finds data-dependent shapes is stopped after this long (ORT's terminate
+flag)."""
 
 
 def _tensor_type(tt: onnx.TypeProto.Tensor) -> ValueType:
-    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim]
+    dims = [
+        d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in tt.shape.dim
+    ]
     static = tt.HasField("shape") and all(d is not None for d in dims)
     return ValueType(tuple(dims) if static else None, tt.elem_type)  # type: ignore[arg-type]
 
@@ -58,7 +61,9 @@ def value_type(t: onnx.TypeProto) -> ValueType | None:
     if which == "optional_type":
         inner = value_type(t.optional_type.elem_type)
         if inner is not None and inner.kind != "optional":
-            return ValueType(() if inner.kind == "sequence" else inner.shape, inner.elem, "optional")
+            return ValueType(
+                () if inner.kind == "sequence" else inner.shape, inner.elem, "optional"
+            )
     return None
 
 
@@ -76,7 +81,9 @@ def value_infos(model: onnx.ModelProto) -> Infos:
 
 
 def _needed(g: onnx.GraphProto) -> set[str]:
-    return {t for n in g.node for t in [*all_inputs(n), *n.output] if t} | {o.name for o in g.output}
+    return {t for n in g.node for t in [*all_inputs(n), *n.output] if t} | {
+        o.name for o in g.output
+    }
 
 
 def _unknown(infos: Infos, t: str) -> bool:
@@ -103,7 +110,8 @@ def check_sizes(where: str, model: onnx.ModelProto, infos: Infos, max_tensor_mb:
             by = f" (written by node '{producer[name]}')" if name in producer else ""
             raise ModelLoadError(
                 where,
-                f"tensor '{name}'{by} of shape {list(shape)} needs {human_bytes(nbytes)}, over the tensor "
+                f"tensor '{name}'{by} of shape {list(shape)} needs {human_bytes(nbytes)}, over the "
+                "tensor "
                 f"size limit of {max_tensor_mb:g} MB",
             )
 
@@ -116,7 +124,9 @@ def _itemsize(elem: int) -> int:
         return 1
 
 
-SHAPE_INPUTS = frozenset({("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1), ("OneHot", 1)})
+SHAPE_INPUTS = frozenset(
+    {("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1), ("OneHot", 1)}
+)
 """Float inputs whose values decide the output's shape (Resize scales, a OneHot depth; integer and
 bool ones are suspected anyway)."""
 
@@ -167,13 +177,17 @@ def _shapes_by_running(
     sess = ort_session(where, probe)
     weights = {t.name for t in model.graph.initializer}
     infos = value_infos(model)
-    made_up = [vi.name for vi in model.graph.input if vi.name not in weights and vi.name not in values]
+    made_up = [
+        vi.name for vi in model.graph.input if vi.name not in weights and vi.name not in values
+    ]
     bounds = model_bounds(model, made_up)
     rng = np.random.default_rng(0)
     feeds: dict[str, object] = {n: values[n] for n in values}
     for name in made_up:
         shape, elem, _ = infos[name]  # the inputs' types are checked before: static tensors
-        info = TensorInfo(name, shape or (), np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name, 0)
+        info = TensorInfo(
+            name, shape or (), np.dtype(helper.tensor_dtype_to_np_dtype(elem)).name, 0
+        )
         feeds[name] = random_tensor(info, rng, bounds.get(name))
     stop = limits.run_options()  # stopped at the load stage's deadline too
     timer = threading.Timer(PROBE_TIMEOUT_S, lambda: setattr(stop, "terminate", True))
@@ -196,13 +210,19 @@ def _shapes_by_running(
 
 
 def _elem(arr: np.ndarray) -> int:
-    return helper.np_dtype_to_tensor_dtype(arr.dtype) if arr.dtype != object else onnx.TensorProto.STRING
+    return (
+        helper.np_dtype_to_tensor_dtype(arr.dtype)
+        if arr.dtype != object
+        else onnx.TensorProto.STRING
+    )
 
 
 def _run_type(value: object) -> ValueType:
     """The type of a value ORT returned: an array, a list (a sequence), None (an empty optional)."""
     if isinstance(value, list):
-        return ValueType((), _elem(np.asarray(value[0])) if value else onnx.TensorProto.UNDEFINED, "sequence")
+        return ValueType(
+            (), _elem(np.asarray(value[0])) if value else onnx.TensorProto.UNDEFINED, "sequence"
+        )
     if value is None:
         return ValueType((), onnx.TensorProto.UNDEFINED, "optional")
     arr = np.asarray(value)
@@ -298,7 +318,9 @@ def build_graph(
         try:
             flops = _flops(n, tensors, consts)
         except Exception as e:  # noqa: BLE001 - a malformed node's shapes; say which
-            raise ModelLoadError(where, f"node '{n.name}' ({n.op_type}): cannot count FLOPs ({e})") from e
+            raise ModelLoadError(
+                where, f"node '{n.name}' ({n.op_type}): cannot count FLOPs ({e})"
+            ) from e
         nodes.append(
             Node(
                 name=n.name,

@@ -28,7 +28,9 @@ def topological(g: onnx.GraphProto) -> list[onnx.NodeProto]:
     producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
     deps = [sorted({producer[t] for t in all_inputs(n) if t in producer}) for n in g.node]
     order: list[int] = []
-    state = [0] * len(g.node)  # 0 new, 1 on stack, 2 done; iterative DFS keeps file order where it can
+    state = [0] * len(
+        g.node
+    )  # 0 new, 1 on stack, 2 done; iterative DFS keeps file order where it can
     for root in range(len(g.node)):
         stack = [(root, 0)]
         while stack:
@@ -105,7 +107,8 @@ def simplify(
             except Exception:  # noqa: BLE001
                 raise ModelLoadError(where, f"shape inference failed ({first_line(e)})") from e
             notes.append(
-                f"strict shape inference failed ({first_line(e)[:120]}); shapes it left open are run"
+                f"strict shape inference failed ({first_line(e)[:120]}); shapes it left open are "
+                "run"
             )
         sort_and_name(slim.graph)
         return slim
@@ -118,10 +121,14 @@ def _slim(
     declared = {i.name: _static_dims(i) for i in model.graph.input}
     # shapes the model declares already are not given: onnxslim, given input shapes, infers every
     # shape again and drops the value infos it cannot infer (a Loop's carried values)
-    spec = [f"{k}:{','.join(map(str, v))}" for k, v in shapes.items() if declared.get(k) != tuple(v)]
+    spec = [
+        f"{k}:{','.join(map(str, v))}" for k, v in shapes.items() if declared.get(k) != tuple(v)
+    ]
     try:
         left = limits.remaining_s()  # (None outside a stage: no deadline)
-        data, error = slim_worker.slim(model.SerializeToString(), spec, 1e9 if left is None else left)
+        data, error = slim_worker.slim(
+            model.SerializeToString(), spec, 1e9 if left is None else left
+        )
     except slim_worker.SlimTimeout:
         raise limits.nearest_error() or ModelLoadError(where, "onnxslim gave no answer") from None
     except slim_worker.SlimCrashed as e:
@@ -138,14 +145,20 @@ def _slim(
         # onnxslim can break a model (an If branch whose output it removed): where ORT runs the
         # model as it was, it loads without folding
         ort_session(where, with_input_shapes(model, shapes))
-        notes.append(f"onnxslim's result does not run ({e.problems[0][:120]}); loaded without folding")
+        notes.append(
+            f"onnxslim's result does not run ({e.problems[0][:120]}); loaded without folding"
+        )
         return None
     return slim
 
 
 def _static_dims(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
     t = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
-    if t is None or not t.HasField("shape") or not all(d.HasField("dim_value") for d in t.shape.dim):
+    if (
+        t is None
+        or not t.HasField("shape")
+        or not all(d.HasField("dim_value") for d in t.shape.dim)
+    ):
         return None
     return tuple(d.dim_value for d in t.shape.dim)
 
@@ -187,7 +200,9 @@ def _too_big_for_onnxslim(g: onnx.GraphProto) -> bool:
     return any(c > _ONNXSLIM_MAX_FAN for c in fan.values())
 
 
-def with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+def with_input_shapes(
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
+) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for vi in out.graph.input:
@@ -208,6 +223,8 @@ def _nothing_to_fold(model: onnx.ModelProto) -> bool:
     }
     for n in g.node:
         ins = [t for t in all_inputs(n) if t]
-        if n.op_type in ("Shape", "Size") or (n.op_type != "Constant" and ins and set(ins) <= constants):
+        if n.op_type in ("Shape", "Size") or (
+            n.op_type != "Constant" and ins and set(ins) <= constants
+        ):
             return False
     return True

@@ -71,7 +71,9 @@ class SlimWorker:
             proc.kill()
             proc.wait()
 
-    def slim(self, model: bytes, input_shapes: list[str], timeout_s: float) -> tuple[bytes, str | None]:
+    def slim(
+        self, model: bytes, input_shapes: list[str], timeout_s: float
+    ) -> tuple[bytes, str | None]:
         """The simplified model's bytes, and None; or ``b""`` and onnxslim's error.
 
         Raises:

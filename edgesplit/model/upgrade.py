@@ -51,7 +51,9 @@ class Upgrade(NamedTuple):
     original: onnx.ModelProto
 
 
-def upgrade(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], notes: list[str]) -> Upgrade:
+def upgrade(
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], notes: list[str]
+) -> Upgrade:
     """Upgrade an old-opset model. ``shapes``: the input shapes given (the PRelu rewrite needs
     the rank and channels of its input)."""
     opset = default_opset(model)
@@ -66,9 +68,17 @@ def upgrade(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], notes: 
         new = version_converter.convert_version(meant, UPGRADE_TO_OPSET)
         onnx.checker.check_model(new)
     except Exception as e:  # noqa: BLE001 - the converter raises bare errors per adapter
-        no_schema = sorted({n.op_type for n in model.graph.node if not onnx.defs.has(n.op_type, n.domain)})
-        why = f"no onnx schema for {', '.join(no_schema)}" if no_schema else _ASSERTION.sub("", first_line(e))
-        return Upgrade(model, f"opset {opset} could not be upgraded to {UPGRADE_TO_OPSET} ({why})", model)
+        no_schema = sorted(
+            {n.op_type for n in model.graph.node if not onnx.defs.has(n.op_type, n.domain)}
+        )
+        why = (
+            f"no onnx schema for {', '.join(no_schema)}"
+            if no_schema
+            else _ASSERTION.sub("", first_line(e))
+        )
+        return Upgrade(
+            model, f"opset {opset} could not be upgraded to {UPGRADE_TO_OPSET} ({why})", model
+        )
     weights = {t.name for t in new.graph.initializer}
     keep = [i for i in new.graph.input if i.name not in weights]  # IR < 4 listed weights as inputs
     del new.graph.input[:]
@@ -78,7 +88,9 @@ def upgrade(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], notes: 
     return Upgrade(new, None, meant)
 
 
-def _per_channel_prelu(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+def _per_channel_prelu(
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
+) -> onnx.ModelProto:
     """A copy in which every opset-6 ``PRelu`` whose slope is ``(C,)`` for an input ``(N, C, ...)``
     reads its slope through ``Unsqueeze`` to ``(C, 1, ..., 1)``: what it meant before opset 7."""
     from edgesplit.model.simplify import with_input_shapes
@@ -93,7 +105,11 @@ def _per_channel_prelu(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int
     out.CopyFrom(model)
     nodes = []
     for i, n in enumerate(out.graph.node):
-        x, slope = (rank.get(t) for t in (n.input[0], n.input[1])) if n.op_type == "PRelu" else (None, None)
+        x, slope = (
+            (rank.get(t) for t in (n.input[0], n.input[1]))
+            if n.op_type == "PRelu"
+            else (None, None)
+        )
         if x and slope and len(slope) == 1 and len(x) >= 3 and slope[0] == x[1] and slope[0] != 1:
             wide = f"{n.input[1]}_per_channel_{i}"
             axes = list(range(1, len(x) - 1))
@@ -127,7 +143,10 @@ def check_upgrade(
     try:
         got = _ort(upgraded, feeds)
     except Exception as e:  # noqa: BLE001 - ORT's errors; the upgraded model is checked again later
-        return f"the upgrade was not checked (ONNX Runtime cannot run the upgraded model: {ort_message(e)})"
+        return (
+            "the upgrade was not checked (ONNX Runtime cannot run the upgraded model: "
+            f"{ort_message(e)})"
+        )
     try:
         want, by = _ort(original, feeds), "ONNX Runtime"
     except Exception:  # noqa: BLE001 - ORT lacks the old kernels: the reference evaluator has them
@@ -137,14 +156,19 @@ def check_upgrade(
             with quiet_ort():
                 want, by = ReferenceEvaluator(original).run(None, dict(feeds)), "onnx.reference"
         except Exception as e:  # noqa: BLE001 - an op the reference evaluator lacks
-            return f"the upgrade was not checked (onnx.reference cannot run the original: {first_line(e)})"
+            return (
+                "the upgrade was not checked (onnx.reference cannot run the original: "
+                f"{first_line(e)})"
+            )
     for out, g, w in zip(upgraded.graph.output, got, want):
         err = rel_error(g, np.asarray(w) if isinstance(w, np.generic) else w)
         if not err <= CHECK_RTOL:
             raise ModelLoadError(
                 where,
-                f"upgrading it to opset {UPGRADE_TO_OPSET} changes output '{out.name}' (relative error "
-                f"{err:.2g} against {by} on the original model); onnx.version_converter cannot convert it",
+                f"upgrading it to opset {UPGRADE_TO_OPSET} changes output '{out.name}' (relative "
+                "error "
+                f"{err:.2g} against {by} on the original model); onnx.version_converter cannot "
+                "convert it",
             )
     return None
 

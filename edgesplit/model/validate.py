@@ -77,7 +77,9 @@ def opset_problems(model: onnx.ModelProto) -> list[str]:
         lo, hi = known.get("" if o.domain == "ai.onnx" else o.domain, (1, None))
         if o.version < lo or (hi is not None and o.version > hi):
             label = o.domain or "ai.onnx"
-            out.append(f"opset {o.version} of domain '{label}' is not a released opset ({lo} to {hi})")
+            out.append(
+                f"opset {o.version} of domain '{label}' is not a released opset ({lo} to {hi})"
+            )
     return out
 
 
@@ -92,7 +94,9 @@ def _op_problems(model: onnx.ModelProto) -> list[str]:
             if node.domain not in KNOWN_DOMAINS:
                 if node.domain not in opsets:  # a listed domain is reported once by opset_problems
                     unknown[f"unknown domain '{node.domain}' (op {node.op_type})"] = None
-            elif not onnx.defs.has(node.op_type, node.domain) and not _ort_has(node.domain, node.op_type):
+            elif not onnx.defs.has(node.op_type, node.domain) and not _ort_has(
+                node.domain, node.op_type
+            ):
                 where = f" in domain '{node.domain}'" if node.domain else ""
                 unknown[f"unknown op '{node.op_type}'{where}"] = None
     return list(unknown)
@@ -106,7 +110,8 @@ def _ort_kernels() -> frozenset[tuple[str, str]]:
 
 
 def _ort_has(domain: str, op: str) -> bool:
-    """ORT has a CPU kernel for the op: contrib ops, and experimental ones onnx dropped (ImageScaler)."""
+    """ORT has a CPU kernel for the op: contrib ops, and experimental ones onnx dropped
+    (ImageScaler)."""
     return ("" if domain == "ai.onnx" else domain, op) in _ort_kernels()
 
 
@@ -117,14 +122,17 @@ def structure_problems(
     g = model.graph
     problems = opset_problems(model) + _op_problems(model)
     if not g.node:
-        problems.append("the graph has no nodes (its outputs are inputs or weights): nothing to split or run")
+        problems.append(
+            "the graph has no nodes (its outputs are inputs or weights): nothing to split or run"
+        )
     weights = {t.name for t in g.initializer}
     produced = {i.name for i in g.input} | weights | {o for n in g.node for o in n.output if o}
     for i, node in enumerate(g.node):
         for t in all_inputs(node):
             if t not in produced:
                 problems.append(
-                    f"node '{node.name or f'#{i}'}' ({node.op_type}) reads '{t}', which nothing produces"
+                    f"node '{node.name or f'#{i}'}' ({node.op_type}) reads '{t}', which nothing "
+                    "produces"
                 )
                 if len(problems) > 20:
                     return [*problems, "..."]
@@ -136,7 +144,9 @@ def structure_problems(
             # a part produces every output the runtime returns: an input or weight passed
             # straight through has no part to come from
             what = "a weight" if out.name in weights else "an input"
-            problems.append(f"graph output '{out.name}' is {what} passed through, not computed by a node")
+            problems.append(
+                f"graph output '{out.name}' is {what} passed through, not computed by a node"
+            )
     cyclic = cycle_nodes(g)
     if cyclic:
         shown = ", ".join(cyclic[:5]) + (" ..." if len(cyclic) > 5 else "")
@@ -144,16 +154,21 @@ def structure_problems(
     graph_inputs = {i.name: i for i in g.input if i.name not in weights}
     for name in shapes:
         if name not in graph_inputs:
-            problems.append(f"--input-shape names '{name}', not an input (inputs: {', '.join(graph_inputs)})")
+            problems.append(
+                f"--input-shape names '{name}', not an input (inputs: {', '.join(graph_inputs)})"
+            )
     for name, vi in graph_inputs.items():
         problems.extend(_input_problems(name, vi, shapes.get(name), max_tensor_mb))
     for vi in g.output:
         elem = _elem_type(vi.type)
         if elem is None:
-            problems.append(f"output '{vi.name}' is not a tensor, a sequence of tensors or an optional")
+            problems.append(
+                f"output '{vi.name}' is not a tensor, a sequence of tensors or an optional"
+            )
         elif elem not in MOVABLE_TYPES | {TensorProto.UNDEFINED}:
             problems.append(
-                f"output '{vi.name}' has element type {type_name(elem)}; edgesplit moves numbers, bools "
+                f"output '{vi.name}' has element type {type_name(elem)}; edgesplit moves numbers, "
+                "bools "
                 "and strings only"
             )
     return problems
@@ -167,7 +182,10 @@ def _elem_type(t: onnx.TypeProto) -> int | None:
         return t.tensor_type.elem_type
     if which == "sequence_type" and t.sequence_type.elem_type.HasField("tensor_type"):
         return t.sequence_type.elem_type.tensor_type.elem_type
-    if which == "optional_type" and t.optional_type.elem_type.WhichOneof("value") != "optional_type":
+    if (
+        which == "optional_type"
+        and t.optional_type.elem_type.WhichOneof("value") != "optional_type"
+    ):
         return _elem_type(t.optional_type.elem_type)
     return None
 
@@ -180,7 +198,8 @@ def _input_problems(
         return [f"input '{name}' is not a tensor, a sequence of tensors or an optional"]
     if elem not in MOVABLE_TYPES:
         return [
-            f"input '{name}' has element type {type_name(elem)}; edgesplit feeds numbers, bools and "
+            f"input '{name}' has element type {type_name(elem)}; edgesplit feeds numbers, bools "
+            "and "
             "strings only"
         ]
     if not vi.type.HasField("tensor_type"):  # a sequence or an optional: its value gives its size
@@ -200,23 +219,29 @@ def _input_problems(
             isinstance(d, int) and d != s for d, s in zip(dims, given)
         )
         if tt.HasField("shape") and (len(given) != len(dims) or fixed_mismatch):
-            return [f"--input-shape {name}={','.join(map(str, given))} does not fit its shape {dims}"]
+            return [
+                f"--input-shape {name}={','.join(map(str, given))} does not fit its shape {dims}"
+            ]
         shape = list(given)
     elif not tt.HasField("shape"):
         return [f"input '{name}' has no shape; pass --input-shape {name}=D1,D2,..."]
     elif 0 in dims:
         return [
-            f"input '{name}' has a zero-size dimension {dims}: it holds no data, so there is nothing to run"
+            f"input '{name}' has a zero-size dimension {dims}: it holds no data, so there is "
+            "nothing to run"
         ]
     elif any(not isinstance(d, int) for d in dims):
         example = ",".join(str(d) if isinstance(d, int) else "N" for d in dims)
-        return [f"input '{name}' has dynamic dimensions {dims}; pass --input-shape {name}={example}"]
+        return [
+            f"input '{name}' has dynamic dimensions {dims}; pass --input-shape {name}={example}"
+        ]
     else:
         shape = [int(d) for d in dims]
     nbytes = math.prod(shape) * helper.tensor_dtype_to_np_dtype(tt.elem_type).itemsize
     if nbytes > max_tensor_mb * 1e6:
         return [
-            f"input '{name}' of shape {shape} needs {human_bytes(nbytes)}, over the tensor size limit "
+            f"input '{name}' of shape {shape} needs {human_bytes(nbytes)}, over the tensor size "
+            "limit "
             f"of {max_tensor_mb:g} MB"
         ]
     return []
@@ -263,7 +288,9 @@ def _value_problem(name: str, value: object, t: onnx.TypeProto) -> str | None:
     if not isinstance(value, np.ndarray):
         return f"--input {name}: the model takes a tensor, not {type(value).__name__}"
     want = np.dtype(helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type))
-    return None if value.dtype == want else f"--input {name} is {value.dtype}, the model takes {want}"
+    return (
+        None if value.dtype == want else f"--input {name} is {value.dtype}, the model takes {want}"
+    )
 
 
 def value_problems(
@@ -285,7 +312,9 @@ def value_problems(
             out.append(problem)
         shape = getattr(value, "shape", None)
         if name in shapes and shape is not None and tuple(shapes[name]) != shape:
-            out.append(f"--input {name} has shape {list(shape)}, --input-shape says {list(shapes[name])}")
+            out.append(
+                f"--input {name} has shape {list(shape)}, --input-shape says {list(shapes[name])}"
+            )
     return out
 
 

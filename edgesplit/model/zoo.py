@@ -169,7 +169,9 @@ class _Builder:
         return name
 
     def normal(self, name: str, shape: Sequence[int], std: float, mean: float = 0.0) -> str:
-        value = self.rng.standard_normal(tuple(shape), dtype=np.float32) * np.float32(std) + np.float32(mean)
+        value = self.rng.standard_normal(tuple(shape), dtype=np.float32) * np.float32(
+            std
+        ) + np.float32(mean)
         return self.tensor(name, value.astype(np.float32))
 
     def uniform(self, name: str, shape: Sequence[int], low: float, high: float) -> str:
@@ -180,14 +182,23 @@ class _Builder:
         arr = np.asarray(value, dtype=dtype)
         key = (arr.dtype.str, arr.shape, arr.tobytes())
         if key not in self._consts:
-            text = "_".join(str(v) for v in arr.reshape(-1).tolist()).replace("-", "m").replace(".", "p")
+            text = (
+                "_".join(str(v) for v in arr.reshape(-1).tolist())
+                .replace("-", "m")
+                .replace(".", "p")
+            )
             self._consts[key] = self.tensor(f"const.{arr.dtype.name}.{text}", arr)
         return self._consts[key]
 
     # -- nodes ---------------------------------------------------------------------------------
 
     def node(
-        self, op: str, inputs: Sequence[str], name: str, outputs: Sequence[str] | None = None, **attrs
+        self,
+        op: str,
+        inputs: Sequence[str],
+        name: str,
+        outputs: Sequence[str] | None = None,
+        **attrs,
     ) -> str:
         """Append one node; returns its first output (named ``name`` unless given)."""
         outs = list(outputs) if outputs is not None else [name]
@@ -209,11 +220,20 @@ class _Builder:
         """Conv with He-normal weights; ``pad`` defaults to 'same' for odd kernels."""
         pad = k // 2 if pad is None else pad
         fan_in = cin // group * k * k
-        inputs = [x, self.normal(f"{name}.weight", (cout, cin // group, k, k), math.sqrt(2.0 / fan_in))]
+        inputs = [
+            x,
+            self.normal(f"{name}.weight", (cout, cin // group, k, k), math.sqrt(2.0 / fan_in)),
+        ]
         if bias:
             inputs.append(self.normal(f"{name}.bias", (cout,), 0.01))
         return self.node(
-            "Conv", inputs, name, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=group
+            "Conv",
+            inputs,
+            name,
+            kernel_shape=[k, k],
+            strides=[stride, stride],
+            pads=[pad] * 4,
+            group=group,
         )
 
     def bn(self, x: str, name: str, c: int, gamma: float = 1.0) -> str:
@@ -243,7 +263,9 @@ class _Builder:
     def concat(self, xs: Sequence[str], name: str, axis: int = 1) -> str:
         return self.node("Concat", list(xs), name, axis=axis)
 
-    def maxpool(self, x: str, name: str, k: int, stride: int, pad: int = 0, ceil: bool = False) -> str:
+    def maxpool(
+        self, x: str, name: str, k: int, stride: int, pad: int = 0, ceil: bool = False
+    ) -> str:
         return self.node(
             "MaxPool",
             [x],
@@ -273,7 +295,11 @@ class _Builder:
         return self.node("Add", [y, self.normal(f"{name}.bias", (n_out,), 0.01)], name)
 
     def layernorm(self, x: str, name: str, d: int) -> str:
-        inputs = [x, self.uniform(f"{name}.weight", (d,), 0.9, 1.1), self.normal(f"{name}.bias", (d,), 0.02)]
+        inputs = [
+            x,
+            self.uniform(f"{name}.weight", (d,), 0.9, 1.1),
+            self.normal(f"{name}.bias", (d,), 0.02),
+        ]
         return self.node("LayerNormalization", inputs, name, axis=-1, epsilon=1e-5)
 
     # -- model ---------------------------------------------------------------------------------
@@ -285,8 +311,14 @@ class _Builder:
         graph = helper.make_graph(
             self.nodes,
             self.graph_name,
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs.items()],
-            [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in outputs.items()],
+            [
+                helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
+                for n, s in inputs.items()
+            ],
+            [
+                helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
+                for n, s in outputs.items()
+            ],
             initializer=self.initializers,
             doc_string=doc,
         )

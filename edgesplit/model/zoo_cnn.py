@@ -1,4 +1,5 @@
-"""Convolutional networks of the zoo: MobileNetV1/V2, ResNet-18/50, SqueezeNet 1.1, GoogLeNet and two
+"""Convolutional networks of the zoo: MobileNetV1/V2, ResNet-18/50, SqueezeNet 1.1, GoogLeNet and
+two
 small test graphs (a pure chain and a tiny DAG).
 
 Layer names follow torchvision where it has the model (``layer1.0.conv1``, ``features.3.dw``), so
@@ -72,7 +73,9 @@ def mobilenetv2(seed: int = 0) -> onnx.ModelProto:
             residual = stride == 1 and cin == c
             # A smaller last-BN scale on residual blocks keeps the running sum from growing (as
             # "zero-init residual" training recipes do, but not all the way to zero).
-            y = _conv_bn(b, y, f"{name}.project", hidden, c, 1, act=None, gamma=0.5 if residual else 1.0)
+            y = _conv_bn(
+                b, y, f"{name}.project", hidden, c, 1, act=None, gamma=0.5 if residual else 1.0
+            )
             x = b.add(x, y, f"{name}.add") if residual else y
             cin, i = c, i + 1
     x = _conv_bn(b, x, f"features.{i}", cin, 1280, 1, act="relu6")
@@ -199,7 +202,16 @@ def squeezenet(seed: int = 0) -> onnx.ModelProto:
 
 
 def _inception(
-    b: _Builder, x: str, name: str, cin: int, c1: int, c3r: int, c3: int, c5r: int, c5: int, pool: int
+    b: _Builder,
+    x: str,
+    name: str,
+    cin: int,
+    c1: int,
+    c3r: int,
+    c3: int,
+    c5r: int,
+    c5: int,
+    pool: int,
 ) -> tuple[str, int]:
     """Four branches on one input (1x1; 1x1-3x3; 1x1-5x5; maxpool-1x1) joined by a Concat."""
 
@@ -243,7 +255,9 @@ def googlenet(seed: int = 0) -> onnx.ModelProto:
         else:
             x, c = _inception(b, x, name, c, *cfg)
     _classifier(b, x, c)
-    return b.model({"input": _IMAGE}, {"logits": (1, 1000)}, "GoogLeNet / Inception v1, random weights")
+    return b.model(
+        {"input": _IMAGE}, {"logits": (1, 1000)}, "GoogLeNet / Inception v1, random weights"
+    )
 
 
 def chain_shrink(seed: int = 0) -> onnx.ModelProto:

@@ -61,7 +61,14 @@ def _encoder_layer(b: _Builder, x: str, name: str, seq: int, d: int, heads: int,
 
 
 def encoder(
-    seed: int, *, layers: int, seq: int, d: int, heads: int, ffn: int, graph_name: str = "transformer"
+    seed: int,
+    *,
+    layers: int,
+    seq: int,
+    d: int,
+    heads: int,
+    ffn: int,
+    graph_name: str = "transformer",
 ) -> onnx.ModelProto:
     """A BERT-style encoder over precomputed embeddings.
 
@@ -84,12 +91,16 @@ def encoder(
     for i in range(layers):
         x = _encoder_layer(b, x, f"encoder.layer.{i}", seq, d, heads, ffn)
     b.node("Identity", [x], "encoder.output", ["hidden"])
-    doc = f"BERT-style encoder: {layers} layers, d={d}, {heads} heads, ffn {ffn}, seq {seq}; random weights"
+    doc = (
+        f"BERT-style encoder: {layers} layers, d={d}, {heads} heads, ffn {ffn}, seq {seq}; "
+        "random weights"
+    )
     return b.model({"input": (1, seq, d)}, {"hidden": (1, seq, d)}, doc)
 
 
 def transformer(seed: int = 0) -> onnx.ModelProto:
-    """BERT-style encoder: 4 layers, d_model 256, 4 heads, FFN 1024; ``input``/``hidden`` 1x128x256."""
+    """BERT-style encoder: 4 layers, d_model 256, 4 heads, FFN 1024; ``input``/``hidden``
+    1x128x256."""
     return encoder(seed, layers=4, seq=128, d=256, heads=4, ffn=1024, graph_name="transformer")
 
 
@@ -98,7 +109,9 @@ def transformer_large(seed: int = 0) -> onnx.ModelProto:
 
     Many nodes but few FLOPs: it exercises the partitioner's scaling, not the processors.
     """
-    return encoder(seed, layers=LARGE_LAYERS, seq=64, d=128, heads=4, ffn=256, graph_name="transformer_large")
+    return encoder(
+        seed, layers=LARGE_LAYERS, seq=64, d=128, heads=4, ffn=256, graph_name="transformer_large"
+    )
 
 
 def lstm(seed: int = 0) -> onnx.ModelProto:
@@ -113,13 +126,19 @@ def lstm(seed: int = 0) -> onnx.ModelProto:
     w = b.uniform("lstm.W", (1, 4 * hidden, feat), -bound, bound)
     r = b.uniform("lstm.R", (1, 4 * hidden, hidden), -bound, bound)
     bias = b.uniform("lstm.B", (1, 8 * hidden), -bound, bound)
-    y = b.node("LSTM", [x, w, r, bias], "lstm", ["lstm.Y"], hidden_size=hidden)  # (seq, 1, batch, hidden)
+    y = b.node(
+        "LSTM", [x, w, r, bias], "lstm", ["lstm.Y"], hidden_size=hidden
+    )  # (seq, 1, batch, hidden)
     y = b.node("Squeeze", [y, b.const([1], np.int64)], "lstm.squeeze")  # (seq, batch, hidden)
     w = b.uniform("gru.W", (1, 3 * hidden, hidden), -bound, bound)
     r = b.uniform("gru.R", (1, 3 * hidden, hidden), -bound, bound)
     bias = b.uniform("gru.B", (1, 6 * hidden), -bound, bound)
     # Only Y_h, the hidden state after the last step, is needed: the sequence output stays unnamed.
-    b.node("GRU", [y, w, r, bias], "gru", ["", "gru.Y_h"], hidden_size=hidden, linear_before_reset=1)
+    b.node(
+        "GRU", [y, w, r, bias], "gru", ["", "gru.Y_h"], hidden_size=hidden, linear_before_reset=1
+    )
     h = b.node("Reshape", ["gru.Y_h", b.const([batch, hidden], np.int64)], "last_step")
     b.gemm(h, "fc", hidden, classes, output="logits")
-    return b.model({"input": (batch, seq, feat)}, {"logits": (batch, classes)}, "LSTM + GRU classifier")
+    return b.model(
+        {"input": (batch, seq, feat)}, {"logits": (batch, classes)}, "LSTM + GRU classifier"
+    )

@@ -2,7 +2,8 @@
 
 Pure: a function of a resolved :class:`Problem` (graph, costs, objective). Nothing here imports
 onnxruntime, TVM or ``edgesplit.runtime``; the public ``partition`` (paths and names in) is
-:func:`edgesplit.workflows.resolve.partition`, which resolves the problem and calls :func:`solve_plan`.
+:func:`edgesplit.workflows.resolve.partition`, which resolves the problem and calls
+:func:`solve_plan`.
 
 Names are resolved on first use (as in ``edgesplit/__init__.py``): the runtime reads a bundle's
 :class:`Plan` through ``edgesplit.optimize.plan`` and must not pull the solvers (scipy) in.

@@ -1,6 +1,7 @@
 """The accuracy budget of a plan: reduced-precision parts only where the whole plan meets it.
 
-Pure: the measuring is handed in (:class:`AccuracyCheck`, built by :mod:`edgesplit.workflows.resolve` on
+Pure: the measuring is handed in (:class:`AccuracyCheck`, built by
+:mod:`edgesplit.workflows.resolve` on
 :class:`edgesplit.precision.measure.PlanMeasurer`); nothing here runs a model.
 
 :func:`fit_budget` starts from the plan the objective chose and measures it whole. While it
@@ -10,7 +11,8 @@ power, plus changed top-1 classes). A unit is a reduced-precision (int8, fp16) p
 of at least ``2 * MIN_UNIT_NODES`` nodes, a run of its consecutive nodes (up to ``MAX_UNITS`` runs
 of near-equal length): a whole model in one int8 part then loses its noisiest quarter, not all of
 its int8. Dropping a unit means re-solving with reduced precision allowed only on the plan's
-other reduced nodes, so the next plan's reduced nodes are a strict subset of this one's. The sequence of plans does not depend on
+other reduced nodes, so the next plan's reduced nodes are a strict subset of this one's. The
+sequence of plans does not depend on
 the budget, and a budget stops it at the first plan that meets it: a tighter budget stops later,
 so it never has more reduced-precision nodes. An all-fp32 plan meets every budget.
 """
@@ -67,7 +69,9 @@ def with_precisions(plan: Plan, device: DeviceSpec) -> Plan:
     parts = []
     for p in plan.parts:
         precision = backend_precision(device, p.processor, p.backend)
-        runs = next((q.precisions for q in device.processors if q.name == p.processor), (precision,))
+        runs = next(
+            (q.precisions for q in device.processors if q.name == p.processor), (precision,)
+        )
         if precision not in runs:
             raise PlanError(f"part {p.name}: {p.processor} runs {list(runs)}, not {precision}")
         parts.append(replace(p, precision=precision))
@@ -78,7 +82,9 @@ def reduced(plan: Plan) -> list[Part]:
     return [p for p in plan.parts if p.precision != "fp32"]
 
 
-def restrict(profile: Profile, device: DeviceSpec, allowed: frozenset[str], n_nodes: int) -> Profile:
+def restrict(
+    profile: Profile, device: DeviceSpec, allowed: frozenset[str], n_nodes: int
+) -> Profile:
     """``profile`` with reduced-precision entries covering only ``allowed`` nodes. A calibrated
     entry (whole-model time over the sum of nodes) keeps its scale, baked into its nodes."""
     entries = []
@@ -93,8 +99,12 @@ def restrict(profile: Profile, device: DeviceSpec, allowed: frozenset[str], n_no
             for k, c in e.nodes.items()
             if k in allowed
         }
-        dropped = {k: "left in fp32 to meet the accuracy budget" for k in e.nodes if k not in allowed}
-        entries.append(replace(e, nodes=nodes, unsupported={**e.unsupported, **dropped}, whole_model_ms=None))
+        dropped = {
+            k: "left in fp32 to meet the accuracy budget" for k in e.nodes if k not in allowed
+        }
+        entries.append(
+            replace(e, nodes=nodes, unsupported={**e.unsupported, **dropped}, whole_model_ms=None)
+        )
     return replace(profile, entries=tuple(entries))
 
 
@@ -129,7 +139,13 @@ def units(graph: ModelGraph, part: Part) -> list[Part]:
         nodes = part.nodes[k * n // pieces : (k + 1) * n // pieces]
         [(inputs, outputs)] = part_boundaries(graph, [[graph.index[x] for x in nodes]])
         out.append(
-            replace(part, name=f"{part.name}.{k}", nodes=nodes, inputs=tuple(inputs), outputs=tuple(outputs))
+            replace(
+                part,
+                name=f"{part.name}.{k}",
+                nodes=nodes,
+                inputs=tuple(inputs),
+                outputs=tuple(outputs),
+            )
         )
     return out
 
@@ -194,10 +210,15 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
         acc = check.measure(plan.parts)
         if check.budget.meets(acc):
             kept = baselines if not steps else plan.baselines  # after a drop: as above
-            return replace(plan, baselines=kept, accuracy=_figures(check, plan, acc, steps, problem.graph))
+            return replace(
+                plan, baselines=kept, accuracy=_figures(check, plan, acc, steps, problem.graph)
+            )
         cands = [u for p in reduced(plan) for u in units(problem.graph, p)]
         alone = _measure_alone(check, plan, cands, problem.graph)
-        value = {u.name: max(_saving_ms(problem, u), 0.0) / max(alone[u.name].noise, 1e-12) for u in cands}
+        value = {
+            u.name: max(_saving_ms(problem, u), 0.0) / max(alone[u.name].noise, 1e-12)
+            for u in cands
+        }
         worst = min(cands, key=lambda u: (value[u.name], u.name))
         steps.append(
             DroppedPart(

@@ -28,7 +28,8 @@ def annotate_model(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
     missing = [n.name for n in out.graph.node if n.name not in plan.assignment]
     if missing:
         raise PlanError(
-            f"the plan does not cover {len(missing)} nodes of the model ({', '.join(missing[:3])} ...)"
+            f"the plan does not cover {len(missing)} nodes of the model ({', '.join(missing[:3])} "
+            "...)"
         )
     for node in out.graph.node:
         keep = [e for e in node.metadata_props if not e.key.startswith("edgesplit.")]
@@ -42,7 +43,10 @@ def annotate_model(model: onnx.ModelProto, plan: Plan) -> onnx.ModelProto:
         ):
             node.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
     meta = {e.key: e for e in out.metadata_props}
-    for key, value in (("edgesplit.device.spec", plan.device), ("edgesplit.objective", plan.objective)):
+    for key, value in (
+        ("edgesplit.device.spec", plan.device),
+        ("edgesplit.objective", plan.objective),
+    ):
         if key in meta:
             meta[key].value = value
         else:

@@ -26,7 +26,8 @@ plans found, and checked against the solver on both sides of each breakpoint.
 
 A processor with two backends (ORT and TVM) can be priced two ways: each node on its fastest
 backend, or one backend for the whole processor (which saves the hand-offs between them; see
-:func:`edgesplit.optimize.planner._fewest_backends`). The table takes both pricings as candidates, so a
+:func:`edgesplit.optimize.planner._fewest_backends`). The table takes both pricings as candidates,
+so a
 band's plan is never one that cuts a processor's run into ORT and TVM parts where one runtime alone
 is faster (squeezenet on ``host`` with an H200 server: at 0.1 Mbit/s the first pricing's best plan,
 12 parts on the CPU, was predicted at 7.04 ms, ORT alone at 5.66 ms).
@@ -132,7 +133,9 @@ def link_rates(cm: CostModel) -> tuple[float, float]:
     up = cm.link_ms_per_byte[cm.channel == UP]
     down = cm.link_ms_per_byte[cm.channel == DOWN]
     if up.size == 0 or down.size == 0:
-        raise PlanError("the problem has no server and link, so bandwidth changes nothing (give a server)")
+        raise PlanError(
+            "the problem has no server and link, so bandwidth changes nothing (give a server)"
+        )
     return 8e-3 / float(up.max()), 8e-3 / float(down.max())
 
 
@@ -168,8 +171,15 @@ class _Envelope:
     """Candidates (a plan in one of the pricings), their values at bandwidths (cached), and the
     solver's plans at bandwidths (one per pricing)."""
 
-    def __init__(self, cms: Sequence[CostModel], objective_name: str, slo_ms: float | None, max_evals: int):
-        self.bases, self.name, self.slo_ms, self.max_evals = tuple(cms), objective_name, slo_ms, max_evals
+    def __init__(
+        self, cms: Sequence[CostModel], objective_name: str, slo_ms: float | None, max_evals: int
+    ):
+        self.bases, self.name, self.slo_ms, self.max_evals = (
+            tuple(cms),
+            objective_name,
+            slo_ms,
+            max_evals,
+        )
         self.obj = objective(objective_name)
         self.cands: list[np.ndarray] = []
         self.pricing: list[int] = []
@@ -218,7 +228,9 @@ class _Envelope:
             except PlanError:
                 if self.slo_ms is None:
                     raise
-                out = solve(cm, "latency", max_evals=self.max_evals)  # none meets the SLO: the fastest
+                out = solve(
+                    cm, "latency", max_evals=self.max_evals
+                )  # none meets the SLO: the fastest
             self.add(out.assign, k)
 
     def best(self, bw: float) -> int:
@@ -240,7 +252,9 @@ class _Envelope:
         return math.exp(hi)
 
 
-def _refine(env: _Envelope, a: float, b: float, rel_tol: float, tol: float, depth: int = 0) -> list[float]:
+def _refine(
+    env: _Envelope, a: float, b: float, rel_tol: float, tol: float, depth: int = 0
+) -> list[float]:
     """The breakpoints in ``(a, b)``, solving at each crossing of the two plans best at its ends."""
     ia, ib = env.best(a), env.best(b)
     if ia == ib or b / a <= 1 + rel_tol:
@@ -250,7 +264,9 @@ def _refine(env: _Envelope, a: float, b: float, rel_tol: float, tol: float, dept
     w = env.best(x)
     here = min(env.value(ia, x), env.value(ib, x))
     if w not in (ia, ib) and env.value(w, x) < here - tol * max(abs(here), 1e-12) and depth < 60:
-        return _refine(env, a, x, rel_tol, tol, depth + 1) + _refine(env, x, b, rel_tol, tol, depth + 1)
+        return _refine(env, a, x, rel_tol, tol, depth + 1) + _refine(
+            env, x, b, rel_tol, tol, depth + 1
+        )
     return [x]
 
 
@@ -316,7 +332,9 @@ def band_table(
         search.get("max_evals", 150),
     )
     if not 0 < lo_mbps < hi_mbps:
-        raise PlanError(f"the bandwidth range must be 0 < lo < hi, got {lo_mbps:g} to {hi_mbps:g} Mbit/s")
+        raise PlanError(
+            f"the bandwidth range must be 0 < lo < hi, got {lo_mbps:g} to {hi_mbps:g} Mbit/s"
+        )
     t0 = time.perf_counter()
     link_rates(cm)
     env = _Envelope([cm, *alternatives], objective_name, slo_ms, max_evals)
@@ -424,7 +442,9 @@ def problem_band_table(
 
 def plan_assignment(cm: CostModel, plan: Plan) -> np.ndarray:
     """A plan's node -> processor as the indices of ``cm`` (to seed a band table with it)."""
-    return np.array([cm.proc_index(plan.assignment[n]["processor"]) for n in cm.nodes], dtype=np.int64)
+    return np.array(
+        [cm.proc_index(plan.assignment[n]["processor"]) for n in cm.nodes], dtype=np.int64
+    )
 
 
 def representative_mbps(table: BandTable, plan: int) -> float:
@@ -450,7 +470,8 @@ def band_plans(problem: Problem, table: BandTable) -> tuple[Plan, ...]:
             False,
             None,
             "makespan",
-            f"the best of {len(table.assigns)} plans at {bands} Mbit/s ({table.solver_calls} solver runs)",
+            f"the best of {len(table.assigns)} plans at {bands} Mbit/s ({table.solver_calls} "
+            "solver runs)",
         )
         out = Outcome(
             assign,
@@ -467,7 +488,8 @@ def band_plans(problem: Problem, table: BandTable) -> tuple[Plan, ...]:
 
 @dataclass(frozen=True)
 class BandAnalysis:
-    """A plan's band table and one :class:`Plan` per plan of it (``None`` table: why there is none)."""
+    """A plan's band table and one :class:`Plan` per plan of it (``None`` table: why there is
+    none)."""
 
     table: BandTable | None
     plans: tuple[Plan, ...]

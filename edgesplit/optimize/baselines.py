@@ -55,7 +55,9 @@ def cut_costs(cm: CostModel, d: int, s: int, form: str) -> np.ndarray:
     n_nodes = cm.n_nodes
     a, alpha, beta = cm.linear(form)
     a = np.where(np.isfinite(cm.node_ms), a, np.inf)
-    cost = np.concatenate([[0.0], np.cumsum(a[:, d])]) + np.concatenate([np.cumsum(a[::-1, s])[::-1], [0.0]])
+    cost = np.concatenate([[0.0], np.cumsum(a[:, d])]) + np.concatenate(
+        [np.cumsum(a[::-1, s])[::-1], [0.0]]
+    )
     for f in cm.flows:
         marks = {0, n_nodes + 1}
         if f.src >= 0:
@@ -74,7 +76,9 @@ def cut_costs(cm: CostModel, d: int, s: int, form: str) -> np.ndarray:
     return cost
 
 
-def baseline_candidates(cm: CostModel, metric: str = "latency", keep_cuts: int = 3) -> list[Candidate]:
+def baseline_candidates(
+    cm: CostModel, metric: str = "latency", keep_cuts: int = 3
+) -> list[Candidate]:
     """The baselines' assignments; ``best-single-cut`` lists its ``keep_cuts`` cheapest cuts
     (by the sequential ``metric``: ``latency`` or ``energy``, see
     :attr:`~edgesplit.optimize.objectives.Objective.baseline_metric`) for the caller to score
@@ -115,7 +119,8 @@ def baseline_candidates(cm: CostModel, metric: str = "latency", keep_cuts: int =
                 Candidate(
                     "best-single-cut",
                     assign,
-                    f"nodes [0, {k}) on {cm.processors[dev_p]}, [{k}, {cm.n_nodes}) on {cm.processors[srv]}",
+                    f"nodes [0, {k}) on {cm.processors[dev_p]}, [{k}, {cm.n_nodes}) on "
+                    f"{cm.processors[srv]}",
                 )
             )
             kept += 1
@@ -126,7 +131,9 @@ def baseline_candidates(cm: CostModel, metric: str = "latency", keep_cuts: int =
     order = sorted(
         local,
         key=lambda p: (
-            PROVIDER_ORDER.index(cm.kinds[p]) if cm.kinds[p] in PROVIDER_ORDER else len(PROVIDER_ORDER),
+            PROVIDER_ORDER.index(cm.kinds[p])
+            if cm.kinds[p] in PROVIDER_ORDER
+            else len(PROVIDER_ORDER),
             p,
         ),
     )
@@ -140,7 +147,8 @@ def baseline_candidates(cm: CostModel, metric: str = "latency", keep_cuts: int =
         Candidate(
             "ort-greedy",
             greedy if ok else None,
-            ", ".join(f"{k}: {v}" for k, v in counts.items()) or "no device processor runs every op",
+            ", ".join(f"{k}: {v}" for k, v in counts.items())
+            or "no device processor runs every op",
         )
     )
     return out

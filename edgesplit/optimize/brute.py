@@ -36,7 +36,9 @@ def enumerate_costs(
     active = cm.node_mj[rows, grid].sum(axis=1)
     xfer_ms = np.zeros(k)
     radio = np.zeros(k)
-    seq_ms, seq_per_byte = cm.seq_link  # the link, plus the part a crossing starts (CostModel.linear)
+    seq_ms, seq_per_byte = (
+        cm.seq_link
+    )  # the link, plus the part a crossing starts (CostModel.linear)
     mem = np.zeros((k, n_procs))
     for p in range(n_procs):
         mem[:, p] = np.where(grid == p, cm.mem_nbytes[None, :], 0.0).sum(axis=1)

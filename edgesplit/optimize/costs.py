@@ -1,6 +1,7 @@
 """The cost model: what each node costs on each processor and what each crossing tensor costs.
 
-Built from a :class:`~edgesplit.profile.store.Profile` and a :class:`~edgesplit.device.spec.DeviceSpec`
+Built from a :class:`~edgesplit.profile.store.Profile` and a
+:class:`~edgesplit.device.spec.DeviceSpec`
 (the server's processors appended with ``with_server``), plus a network link when a server is in
 play. Everything the solvers need is in plain numpy arrays indexed by node (``n``) and processor
 (``p``); the solvers never look at the profile, the device or the ONNX model again.
@@ -148,7 +149,8 @@ class CostModel:
     def blocked_by(self) -> tuple[tuple[int, ...], ...]:
         """Per processor, the processors a part on it keeps waiting (itself first)."""
         return tuple(
-            (p, *(q for q in np.flatnonzero(self.blocks[p]).tolist() if q != p)) for p in range(self.n_procs)
+            (p, *(q for q in np.flatnonzero(self.blocks[p]).tolist() if q != p))
+            for p in range(self.n_procs)
         )
 
     def core_busy_ms(self, busy_ms: np.ndarray) -> np.ndarray:
@@ -178,7 +180,9 @@ class CostModel:
         """``site_codes[n, p]``: an integer per (processor, backend) node ``n`` runs on when on
         processor ``p`` (equal exactly where processor and backend are): the parts' key."""
         keys: dict[tuple[int, str | None], int] = {}
-        codes = [[keys.setdefault((p, b), len(keys)) for p, b in enumerate(row)] for row in self.backend]
+        codes = [
+            [keys.setdefault((p, b), len(keys)) for p, b in enumerate(row)] for row in self.backend
+        ]
         return np.array(codes, dtype=np.int64).reshape(self.n_nodes, self.n_procs)
 
     @cached_property
@@ -247,7 +251,9 @@ class CostModel:
         idle = self.idle_total_w
         # while a node runs on p, p and the processors it shares cores with are not idle
         busy_idle_w = self.blocks.astype(float) @ self.idle_w
-        a = np.where(self.allowed, self.node_mj + self.node_ms * (idle - busy_idle_w[None, :]), np.inf)
+        a = np.where(
+            self.allowed, self.node_mj + self.node_ms * (idle - busy_idle_w[None, :]), np.inf
+        )
         alpha = link_ms * idle
         beta = per_byte * idle + self.link_ms_per_byte * self.radio_w
         return a, alpha, beta
@@ -312,7 +318,11 @@ def _node_costs(
                 lat = cost.latency_ms * scale
                 if lat < ms[n, p]:
                     ms[n, p] = lat
-                    energy = cost.energy_mj * scale if cost.energy_mj is not None else proc.active_w * lat
+                    energy = (
+                        cost.energy_mj * scale
+                        if cost.energy_mj is not None
+                        else proc.active_w * lat
+                    )
                     mj[n, p] = 0.0 if proc.is_remote else energy
                     backend[n][p] = entry.backend
     return ms, mj, tuple(tuple(b) for b in backend)
@@ -339,7 +349,9 @@ def _links(device: DeviceSpec, server: DeviceSpec | None, link: NetworkLink | No
     lat, per_byte, radio = np.zeros((n, n)), np.zeros((n, n)), np.zeros((n, n))
     channel = np.zeros((n, n), dtype=np.int64)
     if any(p.is_remote for p in procs) and link is None:
-        raise PlanError("a server was given without a network link (pass --link or --bandwidth-mbps)")
+        raise PlanError(
+            "a server was given without a network link (pass --link or --bandwidth-mbps)"
+        )
     for a, pa in enumerate(procs):
         for b, pb in enumerate(procs):
             channel[a, b] = 2 + a * n + b
@@ -364,7 +376,9 @@ def _links(device: DeviceSpec, server: DeviceSpec | None, link: NetworkLink | No
     return lat, per_byte, radio, channel
 
 
-def pin_indices(graph: ModelGraph, procs: tuple[Processor, ...], pins: Mapping[str, str]) -> dict[int, int]:
+def pin_indices(
+    graph: ModelGraph, procs: tuple[Processor, ...], pins: Mapping[str, str]
+) -> dict[int, int]:
     """Node index -> processor index of each pin.
 
     Raises:
@@ -376,7 +390,9 @@ def pin_indices(graph: ModelGraph, procs: tuple[Processor, ...], pins: Mapping[s
         if node not in graph.index:
             bad.append(f"unknown node '{node}'")
         elif proc not in names:
-            bad.append(f"unknown processor '{proc}' for node '{node}' (processors: {', '.join(names)})")
+            bad.append(
+                f"unknown processor '{proc}' for node '{node}' (processors: {', '.join(names)})"
+            )
         else:
             out[graph.index[node]] = names.index(proc)
     if bad:
@@ -393,7 +409,8 @@ def _check_supported(graph: ModelGraph, device: DeviceSpec, supported: np.ndarra
     for i in missing:
         by_op.setdefault(graph.nodes[i].op_type, []).append(graph.nodes[i].name)
     listed = "; ".join(
-        f"{op} ({', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''})" for op, ns in sorted(by_op.items())
+        f"{op} ({', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''})"
+        for op, ns in sorted(by_op.items())
     )
     raise PlanError(f"no processor of {device.name} supports {len(by_op)} op(s): {listed}")
 
@@ -478,7 +495,8 @@ def build_costs(
         link: The network link between device and server; required with a server.
         pins: ``node name -> processor name`` to force.
         assignment: A plan's ``node -> {processor, backend}``: on its processor, each node uses
-            the plan's backend (to price a plan as it was compiled, whatever backend is fastest now).
+            the plan's backend (to price a plan as it was compiled, whatever backend is fastest
+            now).
         uniform: ``processor name -> backend``: on that processor every node the backend's entry
             has uses it, whether or not another backend is faster for the node (one backend, so
             no part boundary between backends; see :func:`edgesplit.optimize.planner.solve_plan`).

@@ -46,7 +46,9 @@ def crossings(
     out = []
     for i, f in enumerate(cm.flows):
         p = home if f.src < 0 else x[f.src]
-        if len(f.dsts) == 1 and not f.to_home:  # most tensors: one reader, often on the same processor
+        if (
+            len(f.dsts) == 1 and not f.to_home
+        ):  # most tensors: one reader, often on the same processor
             q = x[f.dsts[0]]
             dst = () if q == p else (q,)
         else:
@@ -82,14 +84,17 @@ def sequential_cost(cm: CostModel, assign: Sequence[int] | np.ndarray, form: str
     return device_energy_mj(cm, total_ms, busy, active_mj + sum(c.energy_mj for c in xs))
 
 
-def device_energy_mj(cm: CostModel, total_ms: float, busy_ms: np.ndarray, active_mj: float) -> float:
+def device_energy_mj(
+    cm: CostModel, total_ms: float, busy_ms: np.ndarray, active_mj: float
+) -> float:
     """Active (and radio) energy plus the idle power of every device processor while it waits."""
     idle = float(np.sum(cm.idle_w * np.maximum(total_ms - busy_ms, 0.0)))
     return active_mj + idle
 
 
 def memory_use_nbytes(cm: CostModel, assign: Sequence[int] | np.ndarray) -> np.ndarray:
-    """The memory upper bound per processor: weights and written activations, plus what it receives."""
+    """The memory upper bound per processor: weights and written activations, plus what it
+    receives."""
     x = np.asarray(assign)
     use = np.zeros(cm.n_procs)
     for n in range(cm.n_nodes):
@@ -99,7 +104,9 @@ def memory_use_nbytes(cm: CostModel, assign: Sequence[int] | np.ndarray) -> np.n
     return use
 
 
-def violations(cm: CostModel, assign: Sequence[int] | np.ndarray, *, pins: bool = True) -> list[str]:
+def violations(
+    cm: CostModel, assign: Sequence[int] | np.ndarray, *, pins: bool = True
+) -> list[str]:
     """What is wrong with ``assign``: unsupported nodes, broken pins, memory over a limit."""
     x = np.asarray(assign)
     bad = []
@@ -111,13 +118,15 @@ def violations(cm: CostModel, assign: Sequence[int] | np.ndarray, *, pins: bool 
     for p in range(cm.n_procs):
         if use[p] > cm.mem_limit_nbytes[p]:
             bad.append(
-                f"{cm.processors[p]} needs {use[p] / 1e6:.1f} MB of {cm.mem_limit_nbytes[p] / 1e6:.1f} MB"
+                f"{cm.processors[p]} needs {use[p] / 1e6:.1f} MB of "
+                f"{cm.mem_limit_nbytes[p] / 1e6:.1f} MB"
             )
     for procs, limit in cm.group_limits:
         total = float(sum(use[p] for p in procs))
         if total > limit:
             bad.append(
-                f"{'+'.join(cm.processors[p] for p in procs)} need {total / 1e6:.1f} MB of {limit / 1e6:.1f} MB"
+                f"{'+'.join(cm.processors[p] for p in procs)} need {total / 1e6:.1f} MB of "
+                f"{limit / 1e6:.1f} MB"
             )
     return bad
 

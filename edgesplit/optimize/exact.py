@@ -33,7 +33,9 @@ def is_chain(cm: CostModel) -> bool:
     return True
 
 
-def _flow_cost(cm: CostModel, f, p: int, q: int | None, alpha: np.ndarray, beta: np.ndarray) -> float:
+def _flow_cost(
+    cm: CostModel, f, p: int, q: int | None, alpha: np.ndarray, beta: np.ndarray
+) -> float:
     """Cost of flow f made on p and read on q (None: no reader), plus its trip home."""
     dsts = set() if q is None else {q}
     if f.to_home:
@@ -52,7 +54,9 @@ def solve_chain_dp(cm: CostModel, objective: str) -> Solution:
         if f.src < 0:
             for c in f.dsts:
                 for q in range(n_procs):
-                    unary[c, q] += _flow_cost(cm, f, cm.home, q, alpha, beta) if q != cm.home else 0.0
+                    unary[c, q] += (
+                        _flow_cost(cm, f, cm.home, q, alpha, beta) if q != cm.home else 0.0
+                    )
             if f.to_home and not f.dsts:
                 continue
         elif f.dsts:

@@ -133,7 +133,11 @@ def solve_factored(cm: CostModel, objective: str, *, time_limit_s: float = 60.0)
         sub = _core_milp(cm, unary, pairs, hypers, core, time_limit_s)
         assign[core] = sub.assign
         value += sub.value
-        optimal, gap, name = sub.optimal, sub.gap, f"elimination+milp-highs({core.size} of {n_nodes} nodes)"
+        optimal, gap, name = (
+            sub.optimal,
+            sub.gap,
+            f"elimination+milp-highs({core.size} of {n_nodes} nodes)",
+        )
     for v, u, w, table in reversed(steps):
         if u is None:
             assign[v] = table
@@ -152,7 +156,12 @@ def _pair(pairs: dict, a: int, b: int) -> np.ndarray:
 
 
 def _core_milp(
-    cm: CostModel, unary: np.ndarray, pairs: dict, hypers: list[_Hyper], core: np.ndarray, time_limit_s: float
+    cm: CostModel,
+    unary: np.ndarray,
+    pairs: dict,
+    hypers: list[_Hyper],
+    core: np.ndarray,
+    time_limit_s: float,
 ) -> Solution:
     """The MILP on the nodes elimination left: unary costs, pairwise and hyper factors."""
     started = time.perf_counter()
@@ -185,7 +194,9 @@ def _var(m: MilpModel, value: float, binary: bool = False) -> int:
     return m.var(float(value) if finite else 0.0, binary=binary, ub=1.0 if finite else 0.0)
 
 
-def _hyper_rows(m: MilpModel, cm: CostModel, h: _Hyper, x: np.ndarray, index: dict[int, int]) -> None:
+def _hyper_rows(
+    m: MilpModel, cm: CostModel, h: _Hyper, x: np.ndarray, index: dict[int, int]
+) -> None:
     """A tensor read on several processors: counted once per destination (as in the full MILP)."""
     need: dict[int, tuple[str, int]] = {}
     opts = {cm.home} if h.to_home else set()

@@ -60,7 +60,8 @@ def pareto_front(
     parts under ``_parts``; and whether every point was solved exactly. Points are priced on the
     part-level schedule; ``extra`` (feasible assignments: the baselines, plans refined on the
     schedule) join the candidates, since the sequential model cannot see what parts cost and may
-    put a split where one processor alone is both faster and leaner. A point within the measured noise of one with fewer parts, on
+    put a split where one processor alone is both faster and leaner. A point within the measured
+    noise of one with fewer parts, on
     both figures, gives way to it."""
     assigns, exact = _candidates(cm, slo_ms, points, time_limit_s)
     assigns += [np.asarray(a, dtype=np.int64) for a in extra]

@@ -32,7 +32,8 @@ TOLERANCE = 0.01  # stop when the factor moves by less than this (relative)
 
 @dataclass(frozen=True)
 class ServerLoad:
-    """How crowded the server is: ``devices`` running the plan at once, ``slots`` computed at once."""
+    """How crowded the server is: ``devices`` running the plan at once, ``slots`` computed at
+    once."""
 
     devices: int
     slots: int = 1
@@ -40,7 +41,8 @@ class ServerLoad:
     def check(self) -> None:
         if self.devices < 1 or self.slots < 1:
             raise PlanError(
-                f"--server-load must be at least 1 device and 1 slot (got {self.devices}, {self.slots})"
+                f"--server-load must be at least 1 device and 1 slot (got {self.devices}, "
+                f"{self.slots})"
             )
 
 
@@ -57,7 +59,8 @@ class LoadedCosts:
 
 
 def server_time_ms(service_ms: float, think_ms: float, load: ServerLoad) -> float:
-    """Mean time one request spends at the server (waiting and computing), by MVA (see module doc)."""
+    """Mean time one request spends at the server (waiting and computing), by MVA (see module
+    doc)."""
     if service_ms <= 0:
         return 0.0
     queue_ms = service_ms / load.slots

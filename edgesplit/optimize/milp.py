@@ -62,7 +62,13 @@ class MilpModel:
         self._row_ub: list[float] = []
 
     def var(
-        self, cost: float, lat: float = 0.0, *, binary: bool = False, lb: float = 0.0, ub: float = 1.0
+        self,
+        cost: float,
+        lat: float = 0.0,
+        *,
+        binary: bool = False,
+        lb: float = 0.0,
+        ub: float = 1.0,
     ) -> int:
         self.cost.append(cost)
         self.lat.append(lat)
@@ -93,12 +99,18 @@ class MilpModel:
             integrality=np.asarray(self.integral),
             bounds=Bounds(np.asarray(self.lb), np.asarray(self.ub)),
             constraints=LinearConstraint(a, np.asarray(self._row_lb), np.asarray(self._row_ub)),
-            options={"time_limit": time_limit_s, "mip_rel_gap": rel_gap, "presolve": True, "disp": _DISP},
+            options={
+                "time_limit": time_limit_s,
+                "mip_rel_gap": rel_gap,
+                "presolve": True,
+                "disp": _DISP,
+            },
         )
 
 
 def solution(res, x: np.ndarray, started: float) -> Solution:
-    """The assignment read off the binary ``x[n, p]`` (-1 where not allowed), and the solver's account.
+    """The assignment read off the binary ``x[n, p]`` (-1 where not allowed), and the solver's
+    account.
 
     Raises:
         Infeasible: when the solver found no solution.
@@ -166,10 +178,14 @@ def _crossing(forms: Forms, f: Flow, p: int, q: int) -> tuple[float, float]:
     (_, al_obj, be_obj), (_, al_lat, be_lat) = forms
     if p == q:
         return 0.0, 0.0
-    return float(al_obj[p, q] + f.nbytes * be_obj[p, q]), float(al_lat[p, q] + f.nbytes * be_lat[p, q])
+    return float(al_obj[p, q] + f.nbytes * be_obj[p, q]), float(
+        al_lat[p, q] + f.nbytes * be_lat[p, q]
+    )
 
 
-def _flow(m: MilpModel, cm: CostModel, f: Flow, x: np.ndarray, forms: Forms, receive: list[list]) -> None:
+def _flow(
+    m: MilpModel, cm: CostModel, f: Flow, x: np.ndarray, forms: Forms, receive: list[list]
+) -> None:
     """The crossing terms of one flow; ``receive[q]`` gets the bytes it brings to q."""
     need = _needs(m, cm, f, x)
     src_opts = [cm.home] if f.src < 0 else np.flatnonzero(cm.allowed[f.src]).tolist()
@@ -203,7 +219,11 @@ def _flow(m: MilpModel, cm: CostModel, f: Flow, x: np.ndarray, forms: Forms, rec
             m.row([*terms, (ref, -1.0)], 0.0, 0.0)
         receive[q].extend((z[p, q], float(f.nbytes)) for p in src_opts if p != q)
     for p in src_opts:
-        m.row([*((z[p, q], 1.0) for q in need), (int(x[f.src, p]), -1.0)], 0.0, 0.0 if single else np.inf)
+        m.row(
+            [*((z[p, q], 1.0) for q in need), (int(x[f.src, p]), -1.0)],
+            0.0,
+            0.0 if single else np.inf,
+        )
 
 
 def _memory_rows(m: MilpModel, cm: CostModel, x: np.ndarray, receive: list[list]) -> None:

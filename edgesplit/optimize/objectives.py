@@ -26,7 +26,8 @@ here and one line in the table (the CLI's ``--objective`` choices are read from 
   (refined on the schedule) join the candidates, and every point is priced on the schedule, so no
   point kept is dominated by one processor alone.
 
-``latency``, ``energy`` and ``throughput`` then keep, of every assignment they scored within the measured
+``latency``, ``energy`` and ``throughput`` then keep, of every assignment they scored within the
+measured
 noise of the best (``CostModel.ov.noise_rel``), the one with the fewest parts
 (:func:`~edgesplit.optimize.search.fewest_parts`).
 """
@@ -91,7 +92,8 @@ class Objective(ABC):
 
     Attributes:
         name: The key in :data:`OBJECTIVES` (and the CLI choice).
-        baseline_metric: ``latency`` or ``energy``: how the best of a baseline's candidates is picked.
+        baseline_metric: ``latency`` or ``energy``: how the best of a baseline's candidates is
+        picked.
         unit: The unit of :meth:`value` (``ms``, or ``mJ`` for energy).
         splits_operators: A plan for it may split operators between processors
             (:mod:`edgesplit.optimize.split`): one request's latency, which pieces running at
@@ -143,7 +145,8 @@ def fastest(search: Search) -> Choice:
     if _plain_chain(cm):
         detail = "on a chain the makespan is the sequential latency"
         return Choice(
-            seq.assign, SolverInfo(seq.solver, search.elapsed_s(), seq.optimal, seq.gap, "makespan", detail)
+            seq.assign,
+            SolverInfo(seq.solver, search.elapsed_s(), seq.optimal, seq.gap, "makespan", detail),
         )
     score = OBJECTIVES["latency"].score(cm)
     assign, value, noise, evals = _refined(cm, [seq.assign, *search.starts], score, search)
@@ -182,7 +185,9 @@ def _noise_note(value: float, best: float, parts: int, noise_rel: float) -> str:
 
 
 def no_slo_message(slo_ms: float, best_ms: float) -> str:
-    return f"no plan meets the SLO of {slo_ms:g} ms: the best achievable latency is {best_ms:.3f} ms"
+    return (
+        f"no plan meets the SLO of {slo_ms:g} ms: the best achievable latency is {best_ms:.3f} ms"
+    )
 
 
 class Latency(Objective):
@@ -200,9 +205,12 @@ class LatencySequential(Objective):
         return lambda a: sequential_cost(cm, a, "latency")
 
     def choose(self, search: Search) -> Choice:
-        sol = solve_sequential(search.cm, "latency", slo_ms=search.slo_ms, time_limit_s=search.time_limit_s)
+        sol = solve_sequential(
+            search.cm, "latency", slo_ms=search.slo_ms, time_limit_s=search.time_limit_s
+        )
         return Choice(
-            sol.assign, SolverInfo(sol.solver, search.elapsed_s(), sol.optimal, sol.gap, "sequential")
+            sol.assign,
+            SolverInfo(sol.solver, search.elapsed_s(), sol.optimal, sol.gap, "sequential"),
         )
 
 
@@ -217,7 +225,9 @@ class Energy(Objective):
     def choose(self, search: Search) -> Choice:
         cm = search.cm
         try:
-            sol = solve_sequential(cm, "energy", slo_ms=search.slo_ms, time_limit_s=search.time_limit_s)
+            sol = solve_sequential(
+                cm, "energy", slo_ms=search.slo_ms, time_limit_s=search.time_limit_s
+            )
         except Infeasible:
             if search.slo_ms is None:
                 raise
@@ -225,7 +235,8 @@ class Energy(Objective):
             got = fastest(search)
             detail = "no sequential plan meets the SLO; the fastest concurrent plan is used"
             return Choice(
-                got.assign, SolverInfo(got.info.name, got.info.time_s, False, 1.0, "makespan", detail)
+                got.assign,
+                SolverInfo(got.info.name, got.info.time_s, False, 1.0, "makespan", detail),
             )
         score = self._under_slo(cm, search.slo_ms)
         assign, best, noise, evals = _refined(cm, [sol.assign, *search.starts], score, search)
@@ -235,7 +246,9 @@ class Energy(Objective):
             got = fastest(search)
             assign, best, noise, more = _refined(cm, [got.assign, sol.assign], score, search)
             evals += more
-        same = bool(np.array_equal(assign, sol.assign))  # else the sequential bounds say nothing of it
+        same = bool(
+            np.array_equal(assign, sol.assign)
+        )  # else the sequential bounds say nothing of it
         detail = (
             f"sequential optimum {sol.value:.4f} mJ, then {evals} schedules' energy evaluated "
             "(with each part's, hand-off's and request's costs); "
@@ -281,7 +294,11 @@ class Throughput(Objective):
         seeds.append(solve_sequential(cm, "latency", time_limit_s=search.time_limit_s).assign)
         assign, value, noise, evals = _refined(cm, [*seeds, *search.starts], self.score(cm), search)
         fastest_ms = np.where(cm.allowed, cm.node_ms, np.inf).min(axis=1)
-        bound = max(float(fastest_ms.max()), float(fastest_ms.sum()) / cm.n_procs) if cm.n_nodes else 0.0
+        bound = (
+            max(float(fastest_ms.max()), float(fastest_ms.sum()) / cm.n_procs)
+            if cm.n_nodes
+            else 0.0
+        )
         gap = max(0.0, (value - bound) / value) if value > 0 else 0.0
         info = SolverInfo(
             "stage-balance+local-search",
@@ -302,7 +319,9 @@ class Pareto(Objective):
 
     @property
     def sweep_objective(self) -> str:
-        return "latency"  # one point per bandwidth: re-solving the whole front each time is not needed
+        return (
+            "latency"  # one point per bandwidth: re-solving the whole front each time is not needed
+        )
 
     def choose(self, search: Search) -> Choice:
         refined = [fastest(search).assign]
@@ -320,7 +339,8 @@ class Pareto(Objective):
             assert search.slo_ms is not None
             raise PlanError(no_slo_message(search.slo_ms, min(p["latency_ms"] for p in points)))
         front = tuple(
-            {**{k: v for k, v in p.items() if not k.startswith("_")}, "chosen": p is chosen} for p in points
+            {**{k: v for k, v in p.items() if not k.startswith("_")}, "chosen": p is chosen}
+            for p in points
         )
         info = SolverInfo(
             "weighted-sum-exact",
@@ -328,7 +348,8 @@ class Pareto(Objective):
             exact,
             0.0 if exact else 1.0,
             "sequential",
-            f"{len(front)} non-dominated points" + ("" if exact else "; some points hit the time limit"),
+            f"{len(front)} non-dominated points"
+            + ("" if exact else "; some points hit the time limit"),
         )
         return Choice(chosen["_assign"], info, front)
 
@@ -352,4 +373,6 @@ def objective(name: str) -> Objective:
     try:
         return OBJECTIVES[name]
     except KeyError:
-        raise PlanError(f"unknown objective '{name}' (objectives: {', '.join(OBJECTIVES)})") from None
+        raise PlanError(
+            f"unknown objective '{name}' (objectives: {', '.join(OBJECTIVES)})"
+        ) from None

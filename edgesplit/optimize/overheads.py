@@ -119,7 +119,9 @@ class Overheads:
 
     @cached_property
     def _handoff_curves(self) -> tuple[tuple[list[float], list[float]], ...]:
-        return tuple((g.tolist(), h.tolist()) for g, h in zip(self.handoff_gaps_ms, self.handoff_ms))
+        return tuple(
+            (g.tolist(), h.tolist()) for g, h in zip(self.handoff_gaps_ms, self.handoff_ms)
+        )
 
     def handoff(self, p: int, gap_ms: float) -> float:
         """The hand-off onto processor p's worker after it idled ``gap_ms``."""
@@ -168,9 +170,9 @@ class Overheads:
                     continue
                 into = [c for (k, _), c in self.pair.items() if k == q]
                 out = [c for (k, _), c in self.pair.items() if k == p]
-                alpha[p, q] = min((c.part_ms + c.crossing_ms for c in into), default=0.0) + self.handoff(
-                    q, 0.0
-                )
+                alpha[p, q] = min(
+                    (c.part_ms + c.crossing_ms for c in into), default=0.0
+                ) + self.handoff(q, 0.0)
                 beta[p, q] = min((c.out_ms_per_byte for c in out), default=0.0) + min(
                     (c.in_ms_per_byte for c in into), default=0.0
                 )
@@ -269,7 +271,9 @@ def build_overheads(
                     blocked_in[n, p] = True
         terms = _terms_of(profile, proc.name)
         curves.append(_curve(terms))
-        stream_gap[p] = np.interp(0.0, *curves[-1])  # the hand-off at zero idle gap, unless calibrated
+        stream_gap[p] = np.interp(
+            0.0, *curves[-1]
+        )  # the hand-off at zero idle gap, unless calibrated
         for t in terms[:1]:
             if t.stream_gap_ms is not None:
                 stream_gap[p] = t.stream_gap_ms

@@ -146,7 +146,8 @@ def _phase_keys(cm: CostModel, site: list[int]) -> list[int]:
 
 def _apart(cm: CostModel, edges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """The edges within one piece, or between nodes in none that do not end at a join: the only
-    ones along which nodes of one site join into a part (see :func:`edgesplit.model.pieces.piece_layout`)."""
+    ones along which nodes of one site join into a part (see
+    :func:`edgesplit.model.pieces.piece_layout`)."""
     piece = cm.piece_of or (-1,) * cm.n_nodes
     return tuple((a, b) for a, b in edges if piece[a] == piece[b] and b not in cm.joins)
 
@@ -157,7 +158,10 @@ def _fixed(cm: CostModel) -> frozenset[int]:
 
 
 def _merge(
-    label: list[int], edges: Sequence[tuple[int, int]], site: list, fixed: frozenset[int] = frozenset()
+    label: list[int],
+    edges: Sequence[tuple[int, int]],
+    site: list,
+    fixed: frozenset[int] = frozenset(),
 ) -> list[int]:
     """Merge parts on one site along an edge ``u -> v`` wherever ``v`` is not reachable from ``u``
     any other way, smallest ``u`` and ``v`` first, until none is left; never a part that begins at

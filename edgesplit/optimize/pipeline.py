@@ -2,7 +2,8 @@
 
 The period of an assignment is the busiest resource's time per input: each processor's total part
 time (as the part-level schedule charges it), and each channel's total serialisation time
-(propagation latency overlaps with other work). Throughput is ``1000 / period_ms`` inputs per second.
+(propagation latency overlaps with other work). Throughput is ``1000 / period_ms`` inputs per
+second.
 
 :func:`balance_stages` cuts the topological order into contiguous stages, one processor each and
 no processor twice, minimising the period by binary search on it; the feasibility test is a
@@ -29,7 +30,8 @@ def period_ms(cm: CostModel, assign: np.ndarray) -> float:
 
     In a stream the workers' queues are full, so no worker wakes from idle, but a busy worker still
     starts its next queued part some time after the last one's outputs are collected (the Session's
-    bookkeeping, the thread pool's pick-up): :meth:`~edgesplit.optimize.overheads.Overheads.stream_gaps`,
+    bookkeeping, the thread pool's pick-up):
+    :meth:`~edgesplit.optimize.overheads.Overheads.stream_gaps`,
     as ``calibrate`` measures it; before calibration the profile's hand-off at zero idle gap stands
     for it. Measured here: 0.07-0.12 ms per part run in plan_truth's pipelines, 0.02-0.05 ms for a
     first stage fed by the caller, against hand-offs of 0.025-0.05 ms.
@@ -160,7 +162,9 @@ def _backtrack(states, procs, cum, next_bad, live, per_byte, period, n_nodes) ->
         prev_used = used & ~(1 << last)
 
         def fits(i: int, last: int = last, end: int = end) -> bool:
-            return cum[last, end] - cum[last, i] <= period * (1 + 1e-12) and next_bad[last, i] >= end
+            return (
+                cum[last, end] - cum[last, i] <= period * (1 + 1e-12) and next_bad[last, i] >= end
+            )
 
         found = None
         if prev_used == 0 and fits(0):

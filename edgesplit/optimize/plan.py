@@ -284,12 +284,17 @@ class Plan:
         try:
             if d.get("format_version") != FORMAT_VERSION:
                 raise PlanError(
-                    f"{source}: plan format version {d.get('format_version')!r}, expected {FORMAT_VERSION}"
+                    f"{source}: plan format version {d.get('format_version')!r}, expected "
+                    f"{FORMAT_VERSION}"
                 )
             kw = known_fields(Plan, d)
             kw["parts"] = tuple(Part.from_json(p) for p in d["parts"])
-            kw["transfers"] = tuple(Transfer(**known_fields(Transfer, t)) for t in d.get("transfers", ()))
-            kw["baselines"] = tuple(Baseline(**known_fields(Baseline, b)) for b in d.get("baselines", ()))
+            kw["transfers"] = tuple(
+                Transfer(**known_fields(Transfer, t)) for t in d.get("transfers", ())
+            )
+            kw["baselines"] = tuple(
+                Baseline(**known_fields(Baseline, b)) for b in d.get("baselines", ())
+            )
             if "solver" in d:
                 kw["solver"] = SolverInfo(**known_fields(SolverInfo, d["solver"]))
             kw["pareto"] = tuple(dict(p) for p in d.get("pareto", ()))
@@ -333,7 +338,9 @@ def check_plan_types(plan: Plan, source: str) -> None:
         check_record(plan.accuracy.to_json(), f"{source}: accuracy", PlanError)
     for node, site in plan.assignment.items():
         if not isinstance(site, Mapping) or not all(isinstance(v, str) for v in site.values()):
-            raise PlanError(f"{source}: assignment.{short(node, 60)}: expected {{processor, backend}} names")
+            raise PlanError(
+                f"{source}: assignment.{short(node, 60)}: expected {{processor, backend}} names"
+            )
     for i, t in enumerate(plan.transfers):
         check_fields(t, f"{source}: transfers[{i}]", PlanError)
     for i, b in enumerate(plan.baselines):
@@ -354,7 +361,9 @@ def check_plan(plan: Plan, source: str) -> None:
         raise PlanError(f"{source}: slo_ms: must be positive, got {plan.slo_ms}")
     check_plan_parts(plan.parts, source)
     if plan.replicas and (len(plan.parts) != 1 or plan.parts[0].remote):
-        raise PlanError(f"{source}: replicas: only a plan of one local part (the whole model) is copied")
+        raise PlanError(
+            f"{source}: replicas: only a plan of one local part (the whole model) is copied"
+        )
     if len(set(plan.replicas)) != len(plan.replicas) or (
         plan.parts and plan.parts[0].processor in plan.replicas
     ):
@@ -377,25 +386,31 @@ def check_plan_parts(parts: Sequence[Part], source: str) -> None:
         check_identifier(p.name, f"{source}: parts[{i}].name", PlanError)
         if p.precision not in PRECISIONS:
             raise PlanError(
-                f"{source}: parts[{i}].precision: {short(p.precision, 20)} is not one of {', '.join(PRECISIONS)}"
+                f"{source}: parts[{i}].precision: {short(p.precision, 20)} is not one of "
+                f"{', '.join(PRECISIONS)}"
             )
         if p.name in names:
             raise PlanError(f"{source}: two parts are named {p.name}")
         names.add(p.name)
         for n in p.nodes:
             if n in owner:
-                raise PlanError(f"{source}: node {short(n, 60)} is in two parts, {owner[n]} and {p.name}")
+                raise PlanError(
+                    f"{source}: node {short(n, 60)} is in two parts, {owner[n]} and {p.name}"
+                )
             owner[n] = p.name
         for t in p.outputs:
             if t in producer:
                 raise PlanError(
-                    f"{source}: tensor {short(t, 60)} is written by two parts, {producer[t]} and {p.name}"
+                    f"{source}: tensor {short(t, 60)} is written by two parts, {producer[t]} and "
+                    f"{p.name}"
                 )
             producer[t] = p.name
     deps = {p.name: {producer[t] for t in p.inputs if t in producer} for p in parts}
     cycle = find_cycle(deps)
     if cycle:
-        raise PlanError(f"{source}: the parts depend on each other in a cycle ({' -> '.join(cycle)})")
+        raise PlanError(
+            f"{source}: the parts depend on each other in a cycle ({' -> '.join(cycle)})"
+        )
 
 
 def find_cycle(deps: Mapping[str, Collection[str]]) -> list[str]:
@@ -427,7 +442,8 @@ def load_plan(path: str | os.PathLike) -> Plan:
     """Read a plan JSON file.
 
     Raises:
-        PlanError: naming the file, when it is missing, not JSON, or not a plan (see :func:`check_plan`).
+        PlanError: naming the file, when it is missing, not JSON, or not a plan (see
+        :func:`check_plan`).
     """
     plan = Plan.from_json(read_json_object(path, PlanError, "plan"), str(path))
     check_plan(plan, str(path))

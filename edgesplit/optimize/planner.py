@@ -1,6 +1,7 @@
 """From a resolved :class:`Problem` to a :class:`Plan`: costs, solve, and the plan's parts.
 
-The public ``partition`` (paths and names in, a plan out) is :func:`edgesplit.workflows.resolve.partition`,
+The public ``partition`` (paths and names in, a plan out) is
+:func:`edgesplit.workflows.resolve.partition`,
 which resolves and checks the problem once and then calls :func:`solve_plan` here.
 """
 
@@ -28,12 +29,14 @@ from edgesplit.optimize.solve import Outcome, solve
 def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int = 300) -> Plan:
     """Split ``problem.graph`` over its device's processors (and the server's) for its objective.
 
-    Pure: the problem is resolved and checked already (:func:`edgesplit.workflows.resolve.resolve`); the
+    Pure: the problem is resolved and checked already (:func:`edgesplit.workflows.resolve.resolve`);
+    the
     public entry point from paths and names is :func:`edgesplit.workflows.resolve.partition`.
 
     With ``problem.server_load``, server nodes are priced with the queueing delay of that many
     devices sharing the server (:mod:`edgesplit.optimize.load`); the plan's ``predicted`` records
-    ``server_devices``, ``server_slots`` and ``server_queue_factor`` (time at the server over service time).
+    ``server_devices``, ``server_slots`` and ``server_queue_factor`` (time at the server over
+    service time).
 
     Returns:
         The plan, with the baselines predicted by the same cost model; with reduced-precision
@@ -47,7 +50,11 @@ def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int =
 
     def run(costs: CostModel) -> Outcome:
         return solve(
-            costs, problem.objective, slo_ms=problem.slo_ms, time_limit_s=time_limit_s, max_evals=max_evals
+            costs,
+            problem.objective,
+            slo_ms=problem.slo_ms,
+            time_limit_s=time_limit_s,
+            max_evals=max_evals,
         )
 
     load = problem.server_load
@@ -55,7 +62,11 @@ def solve_plan(problem: Problem, *, time_limit_s: float = 60.0, max_evals: int =
         plan = _fewest_backends(problem, run)
     else:
         plan = _loaded(problem, costs_of(problem), run)
-    if objective(problem.objective).splits_operators and not problem.pins and problem.split_operators:
+    if (
+        objective(problem.objective).splits_operators
+        and not problem.pins
+        and problem.split_operators
+    ):
         plan = with_splits(problem, plan)
     plan = with_precisions(plan, problem.full_device)
     again = partial(solve_plan, time_limit_s=time_limit_s, max_evals=max_evals)
@@ -71,7 +82,9 @@ def with_splits(problem: Problem, plan: Plan) -> Plan:
     cm = costs_of(problem)
     if any(p.remote for p in plan.parts) or any(n not in cm.nodes for n in plan.assignment):
         return plan
-    assign = np.array([cm.proc_index(plan.assignment[n]["processor"]) for n in cm.nodes], dtype=np.int64)
+    assign = np.array(
+        [cm.proc_index(plan.assignment[n]["processor"]) for n in cm.nodes], dtype=np.int64
+    )
     ends = pair(cm, assign)
     if ends is None:
         return plan
@@ -103,7 +116,10 @@ def plan_with_splits(problem: Problem, plan: Plan, splits) -> Plan:
     )
     cm = costs_of(split_problem)
     x = np.array(
-        [cm.proc_index(plan.assignment[n]["processor"]) if n in plan.assignment else -1 for n in cm.nodes]
+        [
+            cm.proc_index(plan.assignment[n]["processor"]) if n in plan.assignment else -1
+            for n in cm.nodes
+        ]
     )
     for s in splits:
         for k, nodes in enumerate(piece_nodes(s, graph)):
@@ -117,7 +133,9 @@ def plan_with_splits(problem: Problem, plan: Plan, splits) -> Plan:
         period_ms=period_ms(cm, x),
         sequential_latency_ms=sequential_cost(cm, x, "latency"),
         solver=replace(
-            plan.solver, name=f"{plan.solver.name}+split-operators", detail=f"{len(splits)} split(s)"
+            plan.solver,
+            name=f"{plan.solver.name}+split-operators",
+            detail=f"{len(splits)} split(s)",
         ),
         baselines=plan.baselines,
         baseline_assign={},
@@ -168,7 +186,8 @@ def _fewest_backends(problem: Problem, run) -> Plan:
 
     Each node's backend is fixed before the solver assigns processors, so a node that one backend
     runs a little faster would cut a processor's run into parts whose hand-offs cost more than the
-    node saves (squeezenet on ``host-biglittle``: five parts on ``big`` predicted 11.06 ms, ORT alone
+    node saves (squeezenet on ``host-biglittle``: five parts on ``big`` predicted 11.06 ms, ORT
+    alone
     9.30 ms). Every objective is solved both ways, and the better plan kept: by the objective's
     figure, or for a trade-off (``pareto``) the one-backend plan unless the other is no worse on
     latency and on energy (its front on each node's fastest backend had squeezenet at 17.94 ms and
@@ -209,7 +228,8 @@ def _fewest_backends(problem: Problem, run) -> Plan:
 
 
 def _cheaper_baselines(kept: Outcome, dropped: Outcome, metric: str) -> Outcome:
-    """``kept`` with each baseline the cheaper (by ``metric``) of its two pricings: with each node on
+    """``kept`` with each baseline the cheaper (by ``metric``) of its two pricings: with each node
+    on
     its fastest backend (a processor's run cut into ORT and TVM parts) or with one backend per
     processor. A baseline is what a user would run instead, the whole model on one processor with
     one runtime where that is cheaper (squeezenet on ``host-biglittle``: only:big at 17.94 ms with
@@ -241,7 +261,9 @@ def _loaded(problem: Problem, cm: CostModel, run) -> Plan:
 
     loaded = loaded_costs(cm, priced, load)
     solved, outcome = last[0]
-    plan = make_plan(problem, loaded.costs, outcome if solved is loaded.costs else run(loaded.costs))
+    plan = make_plan(
+        problem, loaded.costs, outcome if solved is loaded.costs else run(loaded.costs)
+    )
     predicted = replace(
         plan.predicted,
         server_devices=load.devices,
@@ -306,7 +328,9 @@ def _parts(
     return parts, part_of
 
 
-def _transfers(cm: CostModel, out: Outcome, parts: list[Part], part_of: np.ndarray) -> list[Transfer]:
+def _transfers(
+    cm: CostModel, out: Outcome, parts: list[Part], part_of: np.ndarray
+) -> list[Transfer]:
     """One transfer per crossing and reading part; a tensor read by several parts crosses once."""
     x = out.assign
     transfers = []
@@ -314,7 +338,9 @@ def _transfers(cm: CostModel, out: Outcome, parts: list[Part], part_of: np.ndarr
         f = cm.flows[c.flow]
         src_name = parts[part_of[f.src]].name if f.src >= 0 else "input"
         readers = sorted({int(part_of[d]) for d in f.dsts if x[d] == c.dst})
-        names = [parts[r].name for r in readers] + (["output"] if f.to_home and c.dst == cm.home else [])
+        names = [parts[r].name for r in readers] + (
+            ["output"] if f.to_home and c.dst == cm.home else []
+        )
         for k, name in enumerate(names):
             transfers.append(
                 Transfer(

@@ -26,7 +26,11 @@ def gantt(plan: Plan, path: str | os.PathLike) -> None:
     for p in plan.parts:
         row = procs.index(p.processor)
         ax.barh(
-            row, max(p.end_ms - p.start_ms, 1e-6), left=p.start_ms, color=colors(row % 10), edgecolor="black"
+            row,
+            max(p.end_ms - p.start_ms, 1e-6),
+            left=p.start_ms,
+            color=colors(row % 10),
+            edgecolor="black",
         )
         ax.text(p.start_ms, row, f" {p.name}", va="center", fontsize=7)
     xfer_row = len(procs)

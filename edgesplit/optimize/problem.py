@@ -1,6 +1,7 @@
 """The Problem: everything a plan is made from, resolved and checked.
 
-:mod:`edgesplit.workflows.resolve` builds it from what the user gave (paths, names, flags) and checks it
+:mod:`edgesplit.workflows.resolve` builds it from what the user gave (paths, names, flags) and
+checks it
 once; the optimiser only reads it. It holds loaded objects, never paths to load, so everything in
 ``optimize/`` stays a pure function of it.
 """
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 class Problem:
     """A model, where it may run, what it costs there, and what to minimise.
 
-    Invariants (checked by :func:`edgesplit.workflows.resolve.resolve`): ``profile`` is of ``graph`` (same
+    Invariants (checked by :func:`edgesplit.workflows.resolve.resolve`): ``profile`` is of ``graph``
+    (same
     sha256) and has an entry, measured or predicted, for every processor and backend of
     :attr:`full_device` it could have; ``link`` is set exactly when ``server`` is; ``objective`` is
     a key of :data:`~edgesplit.optimize.objectives.OBJECTIVES`.
@@ -34,7 +36,8 @@ class Problem:
         server: The server spec whose processors may take parts, or None.
         profile_path: The profile file the costs came from, when they came from a file.
         server_profile_path: The file of a profile measured on the server, merged into
-            ``profile`` (:func:`edgesplit.workflows.resolve.with_server_profile`); a plan records it beside
+            ``profile`` (:func:`edgesplit.workflows.resolve.with_server_profile`); a plan records it
+            beside
             ``profile_path``, and its problem is made again by merging the two again.
         server_load: Devices sharing the server, to price its queueing delay (None: this one alone).
         accuracy: The budget reduced-precision parts must meet and how to measure it

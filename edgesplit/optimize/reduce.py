@@ -6,7 +6,8 @@ every crossing between ``p`` and any third processor ``r`` costs no more than th
 with ``q`` (fixed part and per-byte part, both directions); and ``q`` is not the home processor.
 Then moving every node from ``q`` to ``p`` never raises the cost: node costs do not grow, each
 crossing is replaced by one no dearer, and crossings between ``p`` and ``q`` vanish. So some optimum
-avoids ``q`` and the search may drop it. A processor with a node pinned to it is kept. Memory is not covered by
+avoids ``q`` and the search may drop it. A processor with a node pinned to it is kept. Memory is not
+covered by
 the argument, so callers skip the reduction where a memory limit could bind.
 """
 
@@ -30,12 +31,16 @@ def _dominates(forms, allowed: np.ndarray, pinned: np.ndarray, p: int, q: int, h
         if np.any(a[movable, p] > a[movable, q] + _TOL):
             return False
         for m in (alpha, beta):
-            if np.any(m[p, others] > m[q, others] + _TOL) or np.any(m[others, p] > m[others, q] + _TOL):
+            if np.any(m[p, others] > m[q, others] + _TOL) or np.any(
+                m[others, p] > m[others, q] + _TOL
+            ):
                 return False
     return True
 
 
-def drop_dominated(cm: CostModel, forms: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
+def drop_dominated(
+    cm: CostModel, forms: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> np.ndarray:
     """``cm.allowed`` without the processors dominated under all ``forms``."""
     allowed = cm.allowed.copy()
     pinned = allowed.sum(axis=1) == 1

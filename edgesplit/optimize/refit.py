@@ -137,7 +137,10 @@ class Streamed:
             mix(self.period_ms, other.period_ms),
             {k: mix(v, other.part_ms.get(k, v)) for k, v in self.part_ms.items()},
             self.requests + other.requests,
-            {**other.gaps_ms, **{k: mix(v, other.gaps_ms.get(k, v)) for k, v in self.gaps_ms.items()}},
+            {
+                **other.gaps_ms,
+                **{k: mix(v, other.gaps_ms.get(k, v)) for k, v in self.gaps_ms.items()},
+            },
         )
 
 
@@ -275,7 +278,12 @@ def fit_pairs(observed: Sequence[Observed]) -> list[PairFit]:
             b = _ridge(a / sigma[:, None], y / sigma, prior, spread)
         fits.append(
             PairFit(
-                proc, backend, float(max(b[1], 0.05)), float(max(b[0], 0.0)), float(max(b[2], 0.0)), len(got)
+                proc,
+                backend,
+                float(max(b[1], 0.05)),
+                float(max(b[0], 0.0)),
+                float(max(b[2], 0.0)),
+                len(got),
             )
         )
     return fits
@@ -314,14 +322,22 @@ def fit_remote_call(observed: Sequence[Observed]) -> tuple[float, float, int] | 
     a = np.array([[1.0, mb] for mb, _, _ in rows])
     y = np.array([v for _, v, _ in rows])
     sigma = np.array([s for _, _, s in rows])
-    b = _ridge(a / sigma[:, None], y / sigma, np.zeros(2), np.array([PRIOR_CALL_MS, PRIOR_CALL_MS_PER_MB]))
+    b = _ridge(
+        a / sigma[:, None], y / sigma, np.zeros(2), np.array([PRIOR_CALL_MS, PRIOR_CALL_MS_PER_MB])
+    )
     return max(float(b[0]), 0.0), max(float(b[1]), 0.0), len(rows)
 
 
 def _anchored(
-    a: np.ndarray, y: np.ndarray, sigma: np.ndarray, whole: np.ndarray, prior: np.ndarray, spread: np.ndarray
+    a: np.ndarray,
+    y: np.ndarray,
+    sigma: np.ndarray,
+    whole: np.ndarray,
+    prior: np.ndarray,
+    spread: np.ndarray,
 ) -> np.ndarray:
-    """``[fixed, scale, crossing]`` where some rows are whole models on the processor: the scale from
+    """``[fixed, scale, crossing]`` where some rows are whole models on the processor: the scale
+    from
     those runs alone, which measure it directly (a fixed cost is a few hundredths of a whole
     model's run), and the fixed and crossing costs from the other parts given that scale (ridge
     towards the profile's). Fitted jointly, the many parts of a plan outweighed the one whole
@@ -332,7 +348,9 @@ def _anchored(
     weight = 1.0 / sigma[whole] ** 2
     for _ in range(4):  # alternate: the whole rows hardly depend on the fixed cost, so this settles
         net = y[whole] - fixed - crossing * a[whole, 2]
-        scale = float((weight * net * a[whole, 1]).sum() / max((weight * a[whole, 1] ** 2).sum(), 1e-12))
+        scale = float(
+            (weight * net * a[whole, 1]).sum() / max((weight * a[whole, 1] ** 2).sum(), 1e-12)
+        )
         if not rest.any():
             break
         cols = a[rest][:, [0, 2]] / sigma[rest, None]
@@ -385,7 +403,10 @@ def fit_contention(observed: Sequence[Observed]) -> dict[tuple[str, str], float]
         y = np.array([v for _, v in got])
         prior = np.array([cm.ov.slowdown(p, q) - 1.0 for q in others])
         b = _ridge(
-            a / SPREAD_CONTENTION, y / SPREAD_CONTENTION, prior, np.full(len(others), PRIOR_CONTENTION)
+            a / SPREAD_CONTENTION,
+            y / SPREAD_CONTENTION,
+            prior,
+            np.full(len(others), PRIOR_CONTENTION),
         )
         for q, x in zip(others, b):
             out[cm.processors[p], cm.processors[q]] = round(1.0 + max(float(x), 0.0), 4)
@@ -434,8 +455,11 @@ def _with_terms(e: ProcessorProfile, **changes) -> ProcessorProfile:
     return dataclasses.replace(e, terms=dataclasses.replace(t, **changes))
 
 
-def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> tuple[Profile, list[PairFit]]:
-    """``profile`` (the one each observation's ``cm`` was built from, uncalibrated) with terms fitted
+def fit_profile(
+    observed: Sequence[Observed], profile: Profile, label: str
+) -> tuple[Profile, list[PairFit]]:
+    """``profile`` (the one each observation's ``cm`` was built from, uncalibrated) with terms
+    fitted
     to every observed bundle together."""
     fits = {(f.processor, f.backend): f for f in fit_pairs(observed)}
     contention = fit_contention(observed)
@@ -450,7 +474,10 @@ def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> t
     session = float(
         np.median(
             [
-                max(ob.measured.latency_ms - ob.measured.span_ms - cm.ov.wake(ob.measured.span_ms), 0.0)
+                max(
+                    ob.measured.latency_ms - ob.measured.span_ms - cm.ov.wake(ob.measured.span_ms),
+                    0.0,
+                )
                 for ob in observed
             ]
         )
@@ -461,7 +488,9 @@ def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> t
         f = fits.get((e.processor, e.backend))
         if f is not None:
             old = e.terms.node_scale if e.terms is not None else 1.0
-            changes.update(node_scale=round(old * f.node_scale, 6), part_fixed_ms=round(f.part_fixed_ms, 6))
+            changes.update(
+                node_scale=round(old * f.node_scale, 6), part_fixed_ms=round(f.part_fixed_ms, 6)
+            )
             changes.update(crossing_ms=round(f.crossing_ms, 6))
         if e.terms is not None and by_proc.get(e.processor):
             changes["handoff_ms"] = fit_handoffs(
@@ -470,7 +499,9 @@ def fit_profile(observed: Sequence[Observed], profile: Profile, label: str) -> t
         if e.processor == home and e.terms is not None:
             changes["session_ms"] = round(session, 6)
             if call is not None:
-                changes.update(remote_call_ms=round(call[0], 6), remote_call_ms_per_mb=round(call[1], 6))
+                changes.update(
+                    remote_call_ms=round(call[0], 6), remote_call_ms_per_mb=round(call[1], 6)
+                )
         if e.terms is not None and e.processor in gaps:
             changes["stream_gap_ms"] = gaps[e.processor]
         slower = {q: f for (p, q), f in contention.items() if p == e.processor}

@@ -82,7 +82,11 @@ class Layout:
 
 
 def boundary_ms(
-    cm: CostModel, x: np.ndarray, parts, part_of: np.ndarray, backends: Sequence[str | None] | None = None
+    cm: CostModel,
+    x: np.ndarray,
+    parts,
+    part_of: np.ndarray,
+    backends: Sequence[str | None] | None = None,
 ) -> np.ndarray:
     """Per part: the fixed cost and the costs of the tensors crossing its boundary (in and out,
     with layout reorders), graph inputs and outputs excepted (a whole-model run pays them too).
@@ -176,7 +180,9 @@ def layout(cm: CostModel, x: np.ndarray, parts: Sequence[Sequence[int]] | None =
             deps[k].add(arrive[i, q])
         elif src_k >= 0:
             deps[k].add(src_k)
-    home_xs = tuple(n_parts + j for j, c in enumerate(xs) if c.dst == cm.home and cm.flows[c.flow].to_home)
+    home_xs = tuple(
+        n_parts + j for j, c in enumerate(xs) if c.dst == cm.home and cm.flows[c.flow].to_home
+    )
     # each part's node costs summed over a slice of one gather (as its own fancy index summed them:
     # the same numbers in the same order), not an index per part
     flat = [n for p in parts for n in p]
@@ -309,8 +315,11 @@ def makespan_ms(cm: CostModel, assign: np.ndarray) -> float:
     return _timed(cm, np.asarray(assign), None)[3]
 
 
-def schedule(cm: CostModel, assign: np.ndarray, parts: Sequence[Sequence[int]] | None = None) -> Schedule:
-    """Schedule ``assign`` part by part and price it (latency = the request's, device energy over it).
+def schedule(
+    cm: CostModel, assign: np.ndarray, parts: Sequence[Sequence[int]] | None = None
+) -> Schedule:
+    """Schedule ``assign`` part by part and price it (latency = the request's, device energy over
+    it).
 
     ``parts`` fixes the parts (node indices, in a topological order of parts) where a bundle's
     plan has its own; by default they are those the optimiser makes (:func:`part_labels`).

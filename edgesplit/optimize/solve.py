@@ -60,7 +60,9 @@ def _baselines(cm: CostModel, metric: str) -> tuple[list[Baseline], dict[str, np
         )
         if c.name not in best or v < best[c.name][0]:
             best[c.name] = (v, b, c.assign)
-    return [b for _, b, _ in best.values()], {n: a for n, (_, _, a) in best.items() if a is not None}
+    return [b for _, b, _ in best.values()], {
+        n: a for n, (_, _, a) in best.items() if a is not None
+    }
 
 
 def solve(
@@ -72,7 +74,8 @@ def solve(
     max_evals: int = 300,
     pareto_points: int = 9,
 ) -> Outcome:
-    """Pick the assignment for the objective called ``objective_name`` and price it and the baselines.
+    """Pick the assignment for the objective called ``objective_name`` and price it and the
+    baselines.
 
     Raises:
         PlanError: for an unknown objective, an SLO no plan meets (naming the best latency), or

@@ -28,7 +28,15 @@ import numpy as np
 
 from edgesplit.model.graph import ModelGraph
 from edgesplit.model.pieces import Split, channel_axis, channel_segment, piece_nodes, rewrite
-from edgesplit.model.rows import H_AXIS, Rows, RowSegment, join, needed_rows, row_segments, row_shares
+from edgesplit.model.rows import (
+    H_AXIS,
+    Rows,
+    RowSegment,
+    join,
+    needed_rows,
+    row_segments,
+    row_shares,
+)
 from edgesplit.optimize.costs import CostModel
 from edgesplit.optimize.overheads import whole_model_scale
 from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile
@@ -68,7 +76,9 @@ def fractions(graph: ModelGraph, split: Split) -> list[dict[str, float]]:
         return out
     seg = RowSegment(tuple(graph.index[n] for n in split.nodes), split.input, split.output, 0, 0)
     for lo, hi in split.bands:
-        out.append({graph.nodes[k].name: f for k, f in row_shares(graph, seg, Rows(lo, hi)).items()})
+        out.append(
+            {graph.nodes[k].name: f for k, f in row_shares(graph, seg, Rows(lo, hi)).items()}
+        )
     return out
 
 
@@ -96,7 +106,9 @@ def derived_profile(
         node_scale = e.terms.node_scale if e.terms is not None else 1.0
         scale = whole_model_scale(e, covers) / node_scale
         rate = (
-            e.terms.input_ms_per_mb if e.terms is not None and e.terms.input_ms_per_mb else COPY_MS_PER_MB
+            e.terms.input_ms_per_mb
+            if e.terms is not None and e.terms.input_ms_per_mb
+            else COPY_MS_PER_MB
         ) / 1e6
         nodes: dict[str, NodeCost] = {}
         for node in rewritten.nodes:
@@ -106,7 +118,9 @@ def derived_profile(
                     cost, latency_ms=cost.latency_ms * scale, p90_ms=cost.p90_ms * scale
                 )
         terms = _derived_terms(e.terms, rewritten, share) if e.terms is not None else None
-        entries.append(replace(e, nodes=nodes, whole_model_ms=None, whole_model_p90_ms=None, terms=terms))
+        entries.append(
+            replace(e, nodes=nodes, whole_model_ms=None, whole_model_p90_ms=None, terms=terms)
+        )
     return replace(profile, entries=tuple(entries))
 
 
@@ -156,7 +170,9 @@ def _node_cost(node, e: ProcessorProfile, share, rate: float, graph: ModelGraph)
             return None
         mj = c.energy_mj * frac if c.energy_mj is not None else None
         return replace(c, latency_ms=c.latency_ms * frac, p90_ms=c.p90_ms * frac, energy_mj=mj)
-    if node.op_type in ("Slice", "Concat", "Identity") and ("@" in node.name or node.name.endswith(".join")):
+    if node.op_type in ("Slice", "Concat", "Identity") and (
+        "@" in node.name or node.name.endswith(".join")
+    ):
         if not e.nodes:
             return None
         ms = sum(graph.tensors[t].nbytes for t in node.outputs) * rate
@@ -185,7 +201,8 @@ def _row_cost(graph: ModelGraph, cm: CostModel, seg: RowSegment, rows: Rows, p: 
 
 IDLE_GAP_MS = 5.0
 """How long the second processor is taken to have idled before each piece it is handed: its
-hand-off grows with the gap (0.06 ms at none to 0.27 ms at 20 ms for ``host-biglittle``'s little)."""
+hand-off grows with the gap (0.06 ms at none to 0.27 ms at 20 ms for ``host-biglittle``'s
+little)."""
 
 
 def _join_ms(cm: CostModel, a: int, nbytes: int) -> float:
@@ -221,7 +238,9 @@ def row_candidates(graph: ModelGraph, cm: CostModel, a: int, b: int) -> list[Can
     return [c for c in out if c is not None]
 
 
-def _row_candidate(graph: ModelGraph, cm: CostModel, seg: RowSegment, a: int, b: int) -> Candidate | None:
+def _row_candidate(
+    graph: ModelGraph, cm: CostModel, seg: RowSegment, a: int, b: int
+) -> Candidate | None:
     whole = float(cm.node_ms[list(seg.nodes), a].sum())
     if not np.isfinite(whole) or not np.isfinite(cm.node_ms[list(seg.nodes), b]).all():
         return None
@@ -280,11 +299,15 @@ def _channel_candidate(
         )
 
     join_ms = _join_ms(cm, a, y_nbytes)
-    t, ms = _best_cut(size, lambda lo, hi: cost(lo, hi, a), lambda lo, hi: cost(lo, hi, b) + handoff, join_ms)
+    t, ms = _best_cut(
+        size, lambda lo, hi: cost(lo, hi, a), lambda lo, hi: cost(lo, hi, b) + handoff, join_ms
+    )
     if not t:
         return None
     names = tuple(graph.nodes[i].name for i in chain)
-    split = Split("channels", names, x, y, ((0, t), (t, size)), (cm.processors[a], cm.processors[b]))
+    split = Split(
+        "channels", names, x, y, ((0, t), (t, size)), (cm.processors[a], cm.processors[b])
+    )
     return Candidate(split, chain[0], chain[-1], whole - ms, whole, ms)
 
 
@@ -320,12 +343,18 @@ def pair(cm: CostModel, assign: np.ndarray) -> tuple[int, int] | None:
     core with ``a`` and runs every node; None when there is none."""
     x = np.asarray(assign)
     local = [p for p in range(cm.n_procs) if not cm.remote[p]]
-    work = {p: float(np.where(x == p, cm.node_ms[np.arange(cm.n_nodes), x], 0.0).sum()) for p in local}
+    work = {
+        p: float(np.where(x == p, cm.node_ms[np.arange(cm.n_nodes), x], 0.0).sum()) for p in local
+    }
     a = max(local, key=lambda p: work[p])
     others = [
-        q for q in local
-        if q != a and not cm.blocks[a, q] and np.isfinite(cm.node_ms[:, q]).all() and cm.kinds[q] == cm.kinds[a]
-    ]  # fmt: skip
+        q
+        for q in local
+        if q != a
+        and not cm.blocks[a, q]
+        and np.isfinite(cm.node_ms[:, q]).all()
+        and cm.kinds[q] == cm.kinds[a]
+    ]
     if not others or work[a] <= 0:
         return None
     return a, min(others, key=lambda q: float(cm.node_ms[:, q].sum()))
@@ -348,4 +377,6 @@ def for_plan(graph: ModelGraph, splits_json: Sequence, profile: Profile | None =
     if not splits:
         return graph, profile
     rewritten = rewrite(graph, splits)
-    return rewritten, derived_profile(profile, graph, rewritten, splits) if profile is not None else None
+    return rewritten, derived_profile(
+        profile, graph, rewritten, splits
+    ) if profile is not None else None

@@ -1,7 +1,8 @@
 """Re-solve a plan's problem at other network bandwidths, to see where the decision changes.
 
 The plan records where its inputs came from (model path and shapes, device and server specs, the
-profile path, the link and the pins), so :func:`edgesplit.workflows.resolve.problem_from_plan` can load its
+profile path, the link and the pins), so :func:`edgesplit.workflows.resolve.problem_from_plan` can
+load its
 :class:`Problem` again; only the link's up and down rates change from one row to the next.
 """
 
@@ -36,7 +37,9 @@ class SweepRow:
     baselines: dict[str, float | None]
 
 
-def log_bandwidths(lo_mbps: float = 0.1, hi_mbps: float = 1000.0, per_decade: int = 4) -> list[float]:
+def log_bandwidths(
+    lo_mbps: float = 0.1, hi_mbps: float = 1000.0, per_decade: int = 4
+) -> list[float]:
     """Log-spaced bandwidths from ``lo_mbps`` to ``hi_mbps``."""
     n = int(round(np.log10(hi_mbps / lo_mbps) * per_decade)) + 1
     return [float(f"{b:.4g}") for b in np.logspace(np.log10(lo_mbps), np.log10(hi_mbps), n)]
@@ -55,7 +58,8 @@ def needs_network(has_server_and_link: bool) -> None:
     """
     if not has_server_and_link:
         raise PlanError(
-            "the plan has no server and link, so bandwidth changes nothing (partition with --server)"
+            "the plan has no server and link, so bandwidth changes nothing (partition with "
+            "--server)"
         )
 
 
@@ -64,7 +68,8 @@ def bandwidth_sweep(
 ) -> list[SweepRow]:
     """Re-solve ``problem`` at each bandwidth (up and down set alike).
 
-    ``problem`` is usually a plan's own, loaded again by :func:`edgesplit.workflows.resolve.problem_from_plan`.
+    ``problem`` is usually a plan's own, loaded again by
+    :func:`edgesplit.workflows.resolve.problem_from_plan`.
 
     Raises:
         PlanError: for a problem without a server (nothing crosses a network).

@@ -135,7 +135,8 @@ def random_costs(
     """A random cost model: a layered DAG (or a chain) on ``n_procs`` processors.
 
     ``blocks`` gives a DNN-like DAG (:func:`block_edges`), ``device_like`` costs whose speed-ups
-    depend on an op class as in a roofline model. Processor 0 is the home CPU and runs every op; the last ``n_remote`` processors are a server
+    depend on an op class as in a roofline model. Processor 0 is the home CPU and runs every op; the
+    last ``n_remote`` processors are a server
     reached over a random network link. Each other (node, processor) is unsupported with
     probability ``unsupported``.
     """
@@ -185,7 +186,8 @@ def random_costs(
         node_ms=ms,
         node_mj=mj,
         backend=tuple(
-            tuple("ort" if np.isfinite(ms[n, p]) else None for p in range(n_procs)) for n in range(n_nodes)
+            tuple("ort" if np.isfinite(ms[n, p]) else None for p in range(n_procs))
+            for n in range(n_nodes)
         ),
         allowed=np.isfinite(ms),
         flows=tuple(flows),
@@ -222,7 +224,9 @@ def random_overheads(cm: CostModel, seed: int = 0) -> CostModel:
     # they were for a given seed)
     tables = np.random.default_rng(seed + 7919)
     for key, c in pair.items():
-        into = {f.tensor: float(tables.uniform(0.0, 0.2)) for f in cm.flows if tables.random() < 0.5}
+        into = {
+            f.tensor: float(tables.uniform(0.0, 0.2)) for f in cm.flows if tables.random() < 0.5
+        }
         out = {f.tensor: float(tables.uniform(0.0, 0.2)) for f in cm.flows if tables.random() < 0.5}
         pair[key] = replace(c, reorder_in_ms=into, reorder_out_ms=out)
     gaps = np.array([0.0, 1.0, 5.0, 20.0])

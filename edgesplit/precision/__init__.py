@@ -32,7 +32,8 @@ CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
 :data:`edgesplit.precision.convert.CALIBRATORS`)."""
 DEFAULT_CALIBRATION_METHOD = "minmax"
 RECORDED_BEFORE_METHODS = "minmax"
-"""The method of a plan whose calibration record names none (made before the method was recorded)."""
+"""The method of a plan whose calibration record names none (made before the method was
+recorded)."""
 
 __all__ = [
     "CALIBRATION_METHODS",

@@ -89,7 +89,9 @@ def check_calibration_method(method: str) -> str:
     return method
 
 
-def calibrate(graph: ModelGraph, data: CalibrationSet, method: str = DEFAULT_CALIBRATION_METHOD) -> Path:
+def calibrate(
+    graph: ModelGraph, data: CalibrationSet, method: str = DEFAULT_CALIBRATION_METHOD
+) -> Path:
     """The cached calibration of ``graph.model`` on ``data.calibration`` with ``method`` (one of
     :data:`~edgesplit.precision.CALIBRATION_METHODS`), computed if absent.
 
@@ -97,10 +99,20 @@ def calibrate(graph: ModelGraph, data: CalibrationSet, method: str = DEFAULT_CAL
         The cache file (ORT's ``save_tensors_data`` JSON, which names the method), keyed by model
         and data sha256 and the method.
     """
-    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
+    from onnxruntime.quantization.calibrate import (
+        CalibrationMethod,
+        create_calibrator,
+        save_tensors_data,
+    )
 
     ort_name, options = CALIBRATORS[check_calibration_method(method)]
-    memo = (graph.sha256, tuple(sorted(graph.input_shapes().items())), data.sha256, method, str(cache_dir()))
+    memo = (
+        graph.sha256,
+        tuple(sorted(graph.input_shapes().items())),
+        data.sha256,
+        method,
+        str(cache_dir()),
+    )
     if memo in _CALIBRATED and _CALIBRATED[memo].is_file():
         return _CALIBRATED[memo]
     tag = method + "".join(f"-{k}-{v}" for k, v in sorted(options.items()))  # options change ranges
@@ -135,7 +147,9 @@ def calibration_method_of(ranges: Path) -> str:
 _CALIBRATED: dict[tuple, Path] = {}  # this process's calibrations (hashing a big model costs)
 
 
-def quantize_int8(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[str]) -> onnx.ModelProto:
+def quantize_int8(
+    model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[str]
+) -> onnx.ModelProto:
     """``model`` with ``nodes`` (all when empty) in int8 QDQ: per-channel int8 weights, uint8
     activations with the cached ranges.
 
@@ -183,7 +197,9 @@ def opset_for_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:
     Raises:
         CompileError: when the converter cannot convert the model.
     """
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET)
+    opset = next(
+        (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET
+    )
     if opset >= PER_CHANNEL_OPSET:
         return model
     from onnx import version_converter
@@ -196,7 +212,9 @@ def opset_for_per_channel(model: onnx.ModelProto) -> onnx.ModelProto:
         ) from e
 
 
-def convert_fp16(model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[str]) -> onnx.ModelProto:
+def convert_fp16(
+    model: onnx.ModelProto, ranges: Path | None, nodes: Sequence[str]
+) -> onnx.ModelProto:
     """``model`` with ``nodes`` (all when empty) in float16, its inputs and outputs kept float32."""
     import warnings
 
@@ -222,5 +240,7 @@ def convert(
 ) -> onnx.ModelProto:
     """``model`` in ``precision`` (``fp32``, ``fp16`` or ``int8``; int8 needs ``ranges``)."""
     if precision not in CONVERTERS:
-        raise CompileError(f"no converter to precision '{precision}' (precisions: {', '.join(CONVERTERS)})")
+        raise CompileError(
+            f"no converter to precision '{precision}' (precisions: {', '.join(CONVERTERS)})"
+        )
     return CONVERTERS[precision](model, ranges, nodes)

@@ -163,7 +163,9 @@ class PlanMeasurer:
     ):
         self.graph = graph
         self.calibration_data = None if calibration_data is None else str(calibration_data)
-        self.calibration_method = check_calibration_method(calibration_method or DEFAULT_CALIBRATION_METHOD)
+        self.calibration_method = check_calibration_method(
+            calibration_method or DEFAULT_CALIBRATION_METHOD
+        )
         self._extractor = PartExtractor(graph)
 
     @cached_property
@@ -205,7 +207,9 @@ class PlanMeasurer:
             )
         return sessions[key]
 
-    def run(self, parts: Sequence[PartLike], sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(
+        self, parts: Sequence[PartLike], sample: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
         """The model's outputs from running ``parts`` (in a topological order) on one sample."""
         return self._run(parts, sample, (), 0)[0]
 
@@ -251,7 +255,8 @@ class PlanMeasurer:
             acc = _read_accuracy(path)
             if acc is None:
                 acc = compare(
-                    self.reference, [self._outputs(parts, i) for i in range(len(self.data.held_out))]
+                    self.reference,
+                    [self._outputs(parts, i) for i in range(len(self.data.held_out))],
                 )
                 _keep_accuracy(path, acc)
             results[key] = acc

@@ -54,7 +54,8 @@ class Accuracy:
     def summary(self) -> str:
         top1 = f", top-1 {self.top1_agreement:.1%}" if self.top1_agreement is not None else ""
         return (
-            f"SNR {self.snr_db:.1f} dB, cosine {self.cosine:.5f}, max abs err {self.max_abs_error:.3g}{top1}"
+            f"SNR {self.snr_db:.1f} dB, cosine {self.cosine:.5f}, max abs err "
+            f"{self.max_abs_error:.3g}{top1}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -170,8 +171,13 @@ def check_record(record: Any, source: str, error: type[Exception]) -> None:
         ):
             raise error(f"{source}.{key}: expected {'a list' if key == 'dropped' else 'an object'}")
         if key == "calibration" and not isinstance(value.get("path", ""), str):
-            raise error(f"{source}.calibration.path: expected a string, got {short(value['path'], 40)}")
-        if key == "calibration" and value.get("method", CALIBRATION_METHODS[0]) not in CALIBRATION_METHODS:
+            raise error(
+                f"{source}.calibration.path: expected a string, got {short(value['path'], 40)}"
+            )
+        if (
+            key == "calibration"
+            and value.get("method", CALIBRATION_METHODS[0]) not in CALIBRATION_METHODS
+        ):
             raise error(
                 f"{source}.calibration.method: expected one of {', '.join(CALIBRATION_METHODS)}, "
                 f"got {short(value['method'], 40)}"
@@ -204,7 +210,8 @@ def _cosine(ref: np.ndarray, got: np.ndarray) -> float:
 def compare(
     reference: Sequence[Mapping[str, np.ndarray]], got: Sequence[Mapping[str, np.ndarray]]
 ) -> Accuracy:
-    """The figures of ``got`` against ``reference``: one mapping of outputs per sample, same keys."""
+    """The figures of ``got`` against ``reference``: one mapping of outputs per sample, same
+    keys."""
     if not reference:
         return EXACT
     snr, cos, worst, top1 = SNR_CAP_DB, 1.0, 0.0, None

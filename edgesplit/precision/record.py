@@ -120,7 +120,9 @@ class AccuracyRecord:
             kw["parts"] = {name: Accuracy.from_json(fig) for name, fig in d["parts"].items()}
         if "dropped" in d:
             where = f"{source}.dropped"
-            kw["dropped"] = tuple(_dropped(s, f"{where}[{i}]", error) for i, s in enumerate(d["dropped"]))
+            kw["dropped"] = tuple(
+                _dropped(s, f"{where}[{i}]", error) for i, s in enumerate(d["dropped"])
+            )
         if "calibration" in d:
             cal = d["calibration"]
             kw["calibration"] = CalibrationRecord(**known_fields(CalibrationRecord, cal))

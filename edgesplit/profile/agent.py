@@ -50,7 +50,8 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 
 
 class Agent:
-    """One agent process: a reader thread for stdin, a heartbeat thread, requests on the main thread."""
+    """One agent process: a reader thread for stdin, a heartbeat thread, requests on the main
+    thread."""
 
     def __init__(self, workdir: str, out: BinaryIO, inp: BinaryIO):
         self.workdir = os.path.realpath(workdir)
@@ -199,7 +200,9 @@ class Agent:
         graph = load_model(os.path.join(self.workdir, name), msg.get("input_shapes") or {})
         spec = msg["device"]
         where = f"{spec.get('name')} (on {platform.node()})"
-        device = device_from_mapping(spec, where, local=True, validated=True)  # the client checked it
+        device = device_from_mapping(
+            spec, where, local=True, validated=True
+        )  # the client checked it
         options = ProfileOptions.from_json(msg.get("options") or {})
         rails = find_rails(os.environ.get("EDGESPLIT_SYSFS_ROOT", "/"))
         done = [ProcessorProfile.from_json(e) for e in msg.get("done", [])]

@@ -24,7 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # edgesplit/
-SUBPACKAGES = ("model", "profile", "precision", "device", "backends")  # the int8 profiler lives in precision
+SUBPACKAGES = (
+    "model",
+    "profile",
+    "precision",
+    "device",
+    "backends",
+)  # the int8 profiler lives in precision
 _STAMP = (2020, 1, 1, 0, 0, 0)  # fixed times: the same sources give the same bytes
 
 MAIN = """\
@@ -45,8 +51,9 @@ BOOTSTRAP = """\
 import os, sys, json
 d = sys.argv[1]
 if sys.version_info < (3, 11):
+    why = "the remote Python is %s; the agent needs Python 3.11 or newer" % sys.version.split()[0]
     sys.stdout.write(json.dumps({"event": "error", "exit_code": 2, "type": "PythonTooOld",
-        "message": "the remote Python is %s; the agent needs Python 3.11 or newer" % sys.version.split()[0]}) + chr(10))
+        "message": why}) + chr(10))
     sys.stdout.flush()
     sys.exit(3)
 r = sys.stdin.buffer
@@ -124,7 +131,9 @@ def agent_sha256() -> str:
     return hashlib.sha256(build_agent()).hexdigest()
 
 
-def remote_command(python: str, tmpdir: str | None = None, env: Mapping[str, str] | None = None) -> str:
+def remote_command(
+    python: str, tmpdir: str | None = None, env: Mapping[str, str] | None = None
+) -> str:
     """The command line that makes the folder and starts the bootstrap there (POSIX ``sh``)."""
     assigns = dict(env or {})
     if tmpdir:

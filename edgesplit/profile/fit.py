@@ -2,7 +2,8 @@
 
 The model, per (device, processor, precision), for a zoo model with nodes i:
 
-    latency_ms = call_ms + sum_i [ overhead_ms + max(F_i / (peak x e_c x r_i), B_i x s / (bandwidth x e_m)) ]
+    latency_ms = call_ms + sum_i [ overhead_ms + max(F_i / (peak x e_c x r_i), B_i x s / (bandwidth
+    x e_m)) ]
 
 F_i and B_i are the node's FLOPs and fp32 bytes from our loader (:func:`edgesplit.load_model`
 and :mod:`edgesplit.model.flops`), s the precision's element size over 4, r_i the plain
@@ -34,7 +35,12 @@ import numpy as np
 
 from edgesplit.device.spec import DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph
-from edgesplit.profile.predict import _ELEMENT_NBYTES, _MEMORY_EFFICIENCY, conv_efficiency, plain_efficiency
+from edgesplit.profile.predict import (
+    _ELEMENT_NBYTES,
+    _MEMORY_EFFICIENCY,
+    conv_efficiency,
+    plain_efficiency,
+)
 from edgesplit.profile.published import ProcessorFit, PublishedFigure, PublishedSet, data_dir
 from edgesplit.util import atomic_write_text
 
@@ -93,7 +99,9 @@ def model_ms(
     call_ms: float = 0.0,
 ) -> float:
     """Whole-model latency under the calibrated roofline (see the module docstring)."""
-    compute = arrays.flops / (processor.peak_gflops * 1e9 * compute_eff * arrays.relative_efficiency)
+    compute = arrays.flops / (
+        processor.peak_gflops * 1e9 * compute_eff * arrays.relative_efficiency
+    )
     scale = _ELEMENT_NBYTES[precision] / 4
     memory = arrays.nbytes * scale / (processor.mem_bandwidth_gbps * 1e9 * memory_eff)
     return float(call_ms + arrays.n_nodes * overhead_ms + np.maximum(compute, memory).sum() * 1e3)
@@ -114,7 +122,8 @@ def plain_ms(arrays: NodeArrays, processor: Processor) -> float:
 def fit_efficiencies(
     cases: Sequence[tuple[NodeArrays, float]], processor: Processor, precision: str
 ) -> tuple[float, float, float, float]:
-    """Least-squares fit in log space of (compute_eff, memory_eff, overhead_ms, call_ms) to observed ms."""
+    """Least-squares fit in log space of (compute_eff, memory_eff, overhead_ms, call_ms) to observed
+    ms."""
     from scipy.optimize import least_squares
 
     prior = np.log(
@@ -180,7 +189,13 @@ def fit_group(group: Group) -> ProcessorFit:
     )
     ids = tuple(f.id for f in group.figures)
     return ProcessorFit(
-        group.processor.name, group.precision, round(ec, 4), round(em, 4), round(oh, 6), round(call, 5), ids
+        group.processor.name,
+        group.precision,
+        round(ec, 4),
+        round(em, 4),
+        round(oh, 6),
+        round(call, 5),
+        ids,
     )
 
 
@@ -215,7 +230,9 @@ def leave_one_out(group: Group) -> list[Prediction]:
     return sorted(out, key=lambda p: order[p.figure.id])
 
 
-def calibration_document(spec: DeviceSpec, published: PublishedSet, entries: Sequence[ProcessorFit]) -> dict:
+def calibration_document(
+    spec: DeviceSpec, published: PublishedSet, entries: Sequence[ProcessorFit]
+) -> dict:
     """The JSON document of ``profiles/fitted/DEVICE.json``."""
     rel = Path(published.path).resolve()
     try:
@@ -226,11 +243,14 @@ def calibration_document(spec: DeviceSpec, published: PublishedSet, entries: Seq
         "device": spec.name,
         "fitted": _dt.date.today().isoformat(),
         "published_file": str(rel),
-        "what": "Fitted, not datasheet, figures: per processor and precision, the share of the spec's "
+        "what": "Fitted, not datasheet, figures: per processor and precision, the share of the "
+        "spec's "
         "peak_gflops reached on dense Conv (compute_efficiency), of mem_bandwidth_gbps "
-        "(memory_efficiency), a per-node overhead_ms and a per-call call_ms, fitted by edgesplit.profile.fit to the "
+        "(memory_efficiency), a per-node overhead_ms and a per-call call_ms, fitted by "
+        "edgesplit.profile.fit to the "
         "published figures listed in each entry.",
-        "method": f"least squares on log latency, prior weight {PRIOR_WEIGHT} towards the plain roofline",
+        "method": f"least squares on log latency, prior weight {PRIOR_WEIGHT} towards the plain "
+        "roofline",
         "entries": [
             {
                 "processor": e.processor,

@@ -112,14 +112,17 @@ def load_fleet(path: str | Path, base: SshOptions | None = None) -> Fleet:
     from edgesplit.util import short
 
     p = Path(path)
-    data = load_yaml(p, InputError, "fleet file")  # no aliases: an alias bomb would expand in messages
+    data = load_yaml(
+        p, InputError, "fleet file"
+    )  # no aliases: an alias bomb would expand in messages
     errors = sorted(
         jsonschema.Draft202012Validator(SCHEMA).iter_errors(data),
         key=lambda e: list(map(str, e.absolute_path)),
     )
     if errors:
         msgs = [
-            f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {short(e.message, 200)}" for e in errors[:5]
+            f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {short(e.message, 200)}"
+            for e in errors[:5]
         ]
         raise InputError(
             f"{p}: " + "; ".join(msgs) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else "")
@@ -127,7 +130,9 @@ def load_fleet(path: str | Path, base: SshOptions | None = None) -> Fleet:
     names = [h["name"] for h in data["hosts"]]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
-        raise InputError(f"{p}: hosts: duplicate names {', '.join(dups)} (each names an output file)")
+        raise InputError(
+            f"{p}: hosts: duplicate names {', '.join(dups)} (each names an output file)"
+        )
     base = base or SshOptions()
     defaults = data.get("defaults") or {}
     hosts = []
@@ -141,7 +146,9 @@ def load_fleet(path: str | Path, base: SshOptions | None = None) -> Fleet:
             continue
         fields = {k: merged[k] for k in _OPTION_KEYS if k in merged and k != "device"}
         hosts.append(
-            FleetHost(h["name"], target, dataclasses.replace(base, **fields), merged.get("device", "host"))
+            FleetHost(
+                h["name"], target, dataclasses.replace(base, **fields), merged.get("device", "host")
+            )
         )
     if problems:
         raise InputError(f"{p}: " + "; ".join(problems))
@@ -247,7 +254,9 @@ def profile_fleet(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    specs = {h.device: remote_spec(h.device) for h in fleet.hosts}  # bad specs fail before any connection
+    specs = {
+        h.device: remote_spec(h.device) for h in fleet.hosts
+    }  # bad specs fail before any connection
     run = _Run(Path(model), out, specs, options, input_shapes, resume, threading.Event(), on_event)
     workers = max(1, min(jobs or fleet.jobs, len(fleet.hosts)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleet") as pool:
@@ -257,7 +266,8 @@ def profile_fleet(
             while pending:
                 _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
         except BaseException:
-            run.cancel.set()  # each running host stops at its next event, cleaning up its remote folder
+            # each running host stops at its next event, cleaning up its remote folder
+            run.cancel.set()
             for f in futures:
                 f.cancel()
             raise

@@ -31,7 +31,9 @@ from edgesplit.util import Progress
 ROUNDS = 5
 
 
-def _levelable(entries: Sequence[ProcessorProfile], device: DeviceSpec) -> list[tuple[int, Callable]]:
+def _levelable(
+    entries: Sequence[ProcessorProfile], device: DeviceSpec
+) -> list[tuple[int, Callable]]:
     """(entry index, the timer factory) of the first timeable measured pair of each processor."""
     from edgesplit.profile.backends import PROFILERS
 
@@ -80,7 +82,10 @@ def level(
     for i, xs in samples.items():
         e = out[i]
         med, p90 = float(np.median(xs)), float(np.percentile(xs, 90))
-        how = f"whole model {e.whole_model_ms:.3f} ms in its block, {med:.3f} ms leveled ({len(xs)} runs)"
+        how = (
+            f"whole model {e.whole_model_ms:.3f} ms in its block, {med:.3f} ms leveled "
+            f"({len(xs)} runs)"
+        )
         note = "; ".join(x for x in (e.note, how) if x)
         out[i] = dataclasses.replace(
             e, whole_model_ms=round(med, 6), whole_model_p90_ms=round(p90, 6), note=note

@@ -89,7 +89,9 @@ def _readable(paths: Sequence[Path], skipped: list[str], name: str) -> bool:
 
 
 def _rapl(root: Path, skipped: list[str]) -> list[Rail]:
-    zones = sorted(p for p in (root / "sys/class/powercap").glob("intel-rapl:*") if p.name.count(":") == 1)
+    zones = sorted(
+        p for p in (root / "sys/class/powercap").glob("intel-rapl:*") if p.name.count(":") == 1
+    )
     rails = []
     for z in zones:
         name = _text(z / "name") or z.name
@@ -163,11 +165,16 @@ class PowerSampler:
     """
 
     def __init__(
-        self, rails: Rails, interval_s: float | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        rails: Rails,
+        interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.rails = rails
         # Counters only need reading often enough not to miss a wrap; readings need a denser grid.
-        self.interval_s = interval_s or (0.05 if any(r.kind == POWER for r in rails.rails) else 0.25)
+        self.interval_s = interval_s or (
+            0.05 if any(r.kind == POWER for r in rails.rails) else 0.25
+        )
         self.clock = clock
         self._samples: list[list[tuple[float, float]]] = [[] for _ in rails.rails]
         self._offset = [0.0 for _ in rails.rails]
@@ -190,7 +197,9 @@ class PowerSampler:
                 if rail.kind == ENERGY:
                     if series and value + self._offset[i] < series[-1][1]:
                         # the counter wrapped since the last reading
-                        self._offset[i] += rail.wrap * rail.scale if rail.wrap else series[-1][1] - value
+                        self._offset[i] += (
+                            rail.wrap * rail.scale if rail.wrap else series[-1][1] - value
+                        )
                     value += self._offset[i]
                 series.append((t, value))
             return t

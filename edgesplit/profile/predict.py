@@ -8,7 +8,8 @@ GEMMs reach a good share of peak, depthwise convolutions and elementwise ops are
 Where ``profiles/fitted/DEVICE.json`` has an entry for the processor at the precision it
 runs, its fitted figures replace the guesses: the dense-Conv efficiency (other op classes keep
 their ratio to it), the memory efficiency and the per-node overhead; bytes scale with the
-precision's element size, and the fitted per-call cost becomes the part dispatch cost. See :mod:`edgesplit.profile.fit` for how they are fitted.
+precision's element size, and the fitted per-call cost becomes the part dispatch cost. See
+:mod:`edgesplit.profile.fit` for how they are fitted.
 """
 
 from __future__ import annotations
@@ -23,8 +24,22 @@ from edgesplit.profile.store import PREDICTED, NodeCost, ProcessorProfile, Profi
 
 # Share of peak FLOPs reached, by op type and processor kind.
 _COMPUTE_EFFICIENCY = {
-    "cpu": {"Conv": 0.55, "ConvTranspose": 0.4, "Gemm": 0.6, "MatMul": 0.6, "LSTM": 0.3, "GRU": 0.3},
-    "gpu": {"Conv": 0.45, "ConvTranspose": 0.3, "Gemm": 0.55, "MatMul": 0.5, "LSTM": 0.1, "GRU": 0.1},
+    "cpu": {
+        "Conv": 0.55,
+        "ConvTranspose": 0.4,
+        "Gemm": 0.6,
+        "MatMul": 0.6,
+        "LSTM": 0.3,
+        "GRU": 0.3,
+    },
+    "gpu": {
+        "Conv": 0.45,
+        "ConvTranspose": 0.3,
+        "Gemm": 0.55,
+        "MatMul": 0.5,
+        "LSTM": 0.1,
+        "GRU": 0.1,
+    },
     "npu": {"Conv": 0.6, "ConvTranspose": 0.4, "Gemm": 0.5, "MatMul": 0.5},
     "dsp": {"Conv": 0.5, "Gemm": 0.4, "MatMul": 0.4},
 }
@@ -82,7 +97,9 @@ def roofline_ms(
     return overhead_ms + max(compute_ms, memory_ms)
 
 
-def published_fit_for(device: str | None, processor: Processor, backend: Backend) -> ProcessorFit | None:
+def published_fit_for(
+    device: str | None, processor: Processor, backend: Backend
+) -> ProcessorFit | None:
     """The shipped calibration entry for this processor at the precision it runs, if any."""
     spec = processor.server or device
     cal = load_fits(spec) if spec else None
@@ -120,9 +137,13 @@ def predict(
             unsupported[node.name] = f"{node.op_type} is not supported by {processor.name}"
             continue
         if not backend.supports(node.op_type):
-            unsupported[node.name] = f"{node.op_type} is not supported by {processor.name}/{backend.key}"
+            unsupported[node.name] = (
+                f"{node.op_type} is not supported by {processor.name}/{backend.key}"
+            )
             continue
-        if processor.is_remote and any(_stays_home(graph, t) for t in (*node.inputs, *node.outputs)):
+        if processor.is_remote and any(
+            _stays_home(graph, t) for t in (*node.inputs, *node.outputs)
+        ):
             unsupported[node.name] = (
                 f"{node.op_type} reads or writes a sequence or strings, which stay on the device"
             )

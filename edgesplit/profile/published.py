@@ -152,7 +152,9 @@ def _validate(data: Any, path: Path) -> None:
     msgs = [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:5]]
     if not errors:
         ids = [f["id"] for f in data["figures"]]
-        msgs += [f"figures: id '{i}' is used twice" for i in sorted({i for i in ids if ids.count(i) > 1})]
+        msgs += [
+            f"figures: id '{i}' is used twice" for i in sorted({i for i in ids if ids.count(i) > 1})
+        ]
         msgs += [
             f"figures.{i}.source: '{f['source']}' is not in sources"
             for i, f in enumerate(data["figures"])
@@ -160,7 +162,9 @@ def _validate(data: Any, path: Path) -> None:
         ]
     if msgs:
         raise ProfileError(
-            f"{path}: " + "; ".join(msgs[:5]) + (f" (+{len(msgs) - 5} more)" if len(msgs) > 5 else "")
+            f"{path}: "
+            + "; ".join(msgs[:5])
+            + (f" (+{len(msgs) - 5} more)" if len(msgs) > 5 else "")
         )
 
 
@@ -178,7 +182,9 @@ def load_published(device_or_path: str | os.PathLike) -> PublishedSet:
     import yaml
 
     p = Path(device_or_path)
-    path = p if p.suffix in (".yaml", ".yml") else data_dir() / "published" / f"{device_or_path}.yaml"
+    path = (
+        p if p.suffix in (".yaml", ".yml") else data_dir() / "published" / f"{device_or_path}.yaml"
+    )
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -188,7 +194,11 @@ def load_published(device_or_path: str | os.PathLike) -> PublishedSet:
     _validate(data, path)
     figures = tuple(
         PublishedFigure(
-            **{k: v for k, v in f.items() if k not in ("batch", "perf_yaml", "notes", "input_shape")},
+            **{
+                k: v
+                for k, v in f.items()
+                if k not in ("batch", "perf_yaml", "notes", "input_shape")
+            },
             input_shape=tuple(f["input_shape"]),
         )
         for f in data["figures"]

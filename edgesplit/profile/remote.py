@@ -24,7 +24,13 @@ from typing import Any
 
 from edgesplit.device.spec import SpecSource
 from edgesplit.errors import EdgesplitError, RemoteError, RemoteHostError
-from edgesplit.profile.agentzip import EXIT_MKTEMP, EXIT_NO_PYTHON, HELLO, build_agent, remote_command
+from edgesplit.profile.agentzip import (
+    EXIT_MKTEMP,
+    EXIT_NO_PYTHON,
+    HELLO,
+    build_agent,
+    remote_command,
+)
 from edgesplit.profile.run import ProfileOptions
 from edgesplit.profile.ssh import SshOptions, Target, connect, parse_target
 from edgesplit.profile.steps import load_partial, partial_path, save_partial
@@ -50,8 +56,10 @@ def pip_hint(python: str, missing: Sequence[str], machine: str = "", android: bo
     hint = f"{python} -m pip install {' '.join(pins)}"
     if "onnxruntime" in missing and (android or machine.startswith(("armv7", "armv6", "armhf"))):
         hint += (
-            " (PyPI has no onnxruntime wheel for Termux/Android or 32-bit ARM: build it from source, "
-            "or run a glibc aarch64 userland such as proot-distro's Debian, where the pip wheel works)"
+            " (PyPI has no onnxruntime wheel for Termux/Android or 32-bit ARM: build it from "
+            "source, "
+            "or run a glibc aarch64 userland such as proot-distro's Debian, where the pip wheel "
+            "works)"
         )
     return hint
 
@@ -180,7 +188,9 @@ class AgentSession(Closing):
                 f"(pass --remote-python PATH)"
             )
         if code == EXIT_MKTEMP:
-            return RemoteError(f"{self.target}: cannot make a temporary folder with mktemp -d ({tail[0]})")
+            return RemoteError(
+                f"{self.target}: cannot make a temporary folder with mktemp -d ({tail[0]})"
+            )
         return self._error(
             f"{self.target}: the agent ended (exit {code}) while {self.stage}: {tail[0][:300]}"
         )
@@ -214,7 +224,8 @@ class AgentSession(Closing):
                 self._scanned = len(self._buf)
                 if self._scanned > MAX_LINE_NBYTES:
                     raise self._error(
-                        f"{self.target}: the agent sent a line longer than {MAX_LINE_NBYTES:,} bytes "
+                        f"{self.target}: the agent sent a line longer than {MAX_LINE_NBYTES:,} "
+                        "bytes "
                         f"while {self.stage}"
                     )
             else:
@@ -374,7 +385,9 @@ def profile_remote(
             ) from e
         raise
     if prof.model_sha256 != job.sha256:
-        raise RemoteError(f"{tgt}: the profile is of another model (sha256 {prof.model_sha256[:12]})")
+        raise RemoteError(
+            f"{tgt}: the profile is of another model (sha256 {prof.model_sha256[:12]})"
+        )
     prof.save(out)
     job.partial.unlink(missing_ok=True)
     return prof
@@ -425,7 +438,9 @@ def remote_spec(device: SpecSource | str | os.PathLike | None = None) -> SpecSou
 
     spec = device if isinstance(device, SpecSource) else read_spec(device or "host")
     if spec.kind != "device":
-        raise DeviceSpecError(f"{spec.path}: kind: a remote profile needs a device spec, not '{spec.kind}'")
+        raise DeviceSpecError(
+            f"{spec.path}: kind: a remote profile needs a device spec, not '{spec.kind}'"
+        )
     return spec
 
 

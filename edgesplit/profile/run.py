@@ -61,7 +61,9 @@ class ProfileOptions:
             )
 
     def to_json(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        return {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
+        }
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> ProfileOptions:
@@ -76,7 +78,10 @@ def versions() -> dict[str, str]:
     from edgesplit.device.detect import module_versions
 
     found = module_versions(("onnx", "onnxruntime", "tvm"))
-    return {"python": platform.python_version(), **{k: v for k, v in found.items() if v is not None}}
+    return {
+        "python": platform.python_version(),
+        **{k: v for k, v in found.items() if v is not None},
+    }
 
 
 def selected(device: DeviceSpec, options: ProfileOptions) -> list[tuple[Processor, Backend]]:
@@ -94,9 +99,15 @@ def selected(device: DeviceSpec, options: ProfileOptions) -> list[tuple[Processo
     missing = [b for b in options.backends or () if b not in offered]
     if missing:
         raise InputError(
-            f"{device.name}: no processor offers backend '{missing[0]}' (its backends: {', '.join(offered)})"
+            f"{device.name}: no processor offers backend '{missing[0]}' (its backends: "
+            f"{', '.join(offered)})"
         )
-    return [(p, b) for p in procs for b in p.backends if not options.backends or b.key in options.backends]
+    return [
+        (p, b)
+        for p in procs
+        for b in p.backends
+        if not options.backends or b.key in options.backends
+    ]
 
 
 def unavailable(device: DeviceSpec, processor: Processor, backend: Backend) -> str | None:

@@ -116,7 +116,8 @@ def _policy(target: Target, opts: SshOptions):
             path = opts.known_hosts_path
             if not opts.accept_new_host_key:
                 raise _HostKeyRefused(
-                    f"{target}: unknown host key ({key.get_name()} {fingerprint(key)}), not in {path}; "
+                    f"{target}: unknown host key ({key.get_name()} {fingerprint(key)}), not in "
+                    f"{path}; "
                     "check it and rerun with --accept-new-host-key to trust it"
                 )
             client.get_host_keys().add(hostname, key.get_name(), key)
@@ -212,8 +213,10 @@ def _connect_error(target: Target, opts: SshOptions, e: Exception) -> RemoteHost
         return RemoteHostError(str(e))
     if isinstance(e, paramiko.BadHostKeyException):
         return RemoteHostError(
-            f"{target}: the host key has CHANGED (server sent {e.key.get_name()} {fingerprint(e.key)}, "
-            f"{opts.known_hosts_path} has {fingerprint(e.expected_key)}); refusing to connect. If the "
+            f"{target}: the host key has CHANGED (server sent {e.key.get_name()} "
+            f"{fingerprint(e.key)}, "
+            f"{opts.known_hosts_path} has {fingerprint(e.expected_key)}); refusing to connect. If "
+            "the "
             f"change is expected, remove the old key: ssh-keygen -R '{target.known_hosts_name}' "
             f"-f {opts.known_hosts_path}"
         )
@@ -222,7 +225,8 @@ def _connect_error(target: Target, opts: SshOptions, e: Exception) -> RemoteHost
         return RemoteHostError(f"{target}: authentication failed with {how} ({e})")
     if isinstance(e, paramiko.SSHException) and "No authentication methods available" in str(e):
         return RemoteHostError(
-            f"{target}: authentication failed: no key to offer (the SSH agent has none and there is "
+            f"{target}: authentication failed: no key to offer (the SSH agent has none and there "
+            "is "
             "no ~/.ssh/id_*); pass --identity KEY or load a key with ssh-add"
         )
     if isinstance(e, socket.gaierror):
@@ -230,7 +234,9 @@ def _connect_error(target: Target, opts: SshOptions, e: Exception) -> RemoteHost
     if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
         return RemoteHostError(f"{target}: connection refused on port {target.port}")
     if isinstance(e, TimeoutError | socket.timeout):
-        return RemoteHostError(f"{target}: timed out after {opts.connect_timeout_s:g} s while connecting")
+        return RemoteHostError(
+            f"{target}: timed out after {opts.connect_timeout_s:g} s while connecting"
+        )
     if isinstance(e, paramiko.SSHException):
         msg = str(e) or type(e).__name__
         if "timeout" in msg.lower() or "banner" in msg.lower():
@@ -253,7 +259,12 @@ class PortForward:
     def __init__(self, transport, host: str, port: int, timeout_s: float = 15.0):
         import threading
 
-        self.transport, self.host, self.remote_port, self.timeout_s = transport, host, port, timeout_s
+        self.transport, self.host, self.remote_port, self.timeout_s = (
+            transport,
+            host,
+            port,
+            timeout_s,
+        )
         self.connections = 0
         self.errors: list[str] = []
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=16)

@@ -25,7 +25,13 @@ from edgesplit.device.spec import Backend, DeviceSpec, Processor
 from edgesplit.model.graph import ModelGraph
 from edgesplit.profile.level import level
 from edgesplit.profile.power import PowerSampler, Rails, find_rails
-from edgesplit.profile.run import ProfileOptions, empty_profile, profile_pair, profiling_stage, selected
+from edgesplit.profile.run import (
+    ProfileOptions,
+    empty_profile,
+    profile_pair,
+    profiling_stage,
+    selected,
+)
 from edgesplit.profile.store import MEASURED, MODELLED, ProcessorProfile, Profile, load_profile
 from edgesplit.util import Progress, atomic_write_text
 
@@ -159,7 +165,8 @@ def save_partial(
 
 
 def load_partial(part: Path, sha256: str, device: str) -> list[ProcessorProfile]:
-    """The entries of a partial profile of the same model (by sha256) on the same device spec, or none."""
+    """The entries of a partial profile of the same model (by sha256) on the same device spec, or
+    none."""
     if not part.exists():
         return []
     prev = load_profile(part)

@@ -8,7 +8,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edgesplit.errors import ProfileError
-from edgesplit.util import check_fields, check_number, known_fields, read_json_object, short, write_json
+from edgesplit.util import (
+    check_fields,
+    check_number,
+    known_fields,
+    read_json_object,
+    short,
+    write_json,
+)
 
 FORMAT_VERSION = 1
 
@@ -68,7 +75,8 @@ class RunTerms:
         blocked_readers: Nodes that read their inputs in that layout: a tensor entering their part
             is reordered there.
         handoff_idle_ms, handoff_ms: The hand-off of a part to this processor's worker thread, after
-            the worker was idle for each of the gaps (medians; a thread wake-up grows with the idle gap).
+            the worker was idle for each of the gaps (medians; a thread wake-up grows with the idle
+            gap).
         return_ms: The caller's wake-up when a request ends, after it waited each of the same gaps.
         session_ms: Per request, the rest of the Session's own work (inputs checked, bookkeeping).
         stream_gap_ms: In a stream, from one part's outputs collected to the start of the next part
@@ -115,7 +123,13 @@ class RunTerms:
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> RunTerms:
         kw = known_fields(RunTerms, d)
-        for key in ("blocked_tensors", "blocked_readers", "handoff_idle_ms", "handoff_ms", "return_ms"):
+        for key in (
+            "blocked_tensors",
+            "blocked_readers",
+            "handoff_idle_ms",
+            "handoff_ms",
+            "return_ms",
+        ):
             if key in kw:
                 kw[key] = tuple(kw[key])
         for key in ("contention", "reorder_in_ms", "reorder_out_ms"):
@@ -173,7 +187,8 @@ class ProcessorProfile:
         """One entry of a profile (the one reader: profile files, the agent's checkpoints).
 
         Raises:
-            KeyError, TypeError, AttributeError, ValueError: for a malformed entry; callers name the file.
+            KeyError, TypeError, AttributeError, ValueError: for a malformed entry; callers name the
+            file.
         """
         kw = known_fields(ProcessorProfile, d)
         kw["nodes"] = {k: NodeCost.from_json(v) for k, v in d["nodes"].items()}
@@ -234,7 +249,8 @@ class Profile:
         try:
             if d.get("format_version") != FORMAT_VERSION:
                 raise ProfileError(
-                    f"{source}: profile format version {d.get('format_version')!r}, expected {FORMAT_VERSION}"
+                    f"{source}: profile format version {d.get('format_version')!r}, expected "
+                    f"{FORMAT_VERSION}"
                 )
             kw = known_fields(Profile, d)
             kw["input_shapes"] = {k: tuple(v) for k, v in d["input_shapes"].items()}
@@ -268,9 +284,13 @@ def check_profile(prof: Profile, source: str) -> None:
     check_fields(prof, source, ProfileError)
     for name, shape in prof.input_shapes.items():
         if not isinstance(shape, tuple):
-            raise ProfileError(f"{source}: input_shapes.{short(name, 40)}: expected a list of sizes")
+            raise ProfileError(
+                f"{source}: input_shapes.{short(name, 40)}: expected a list of sizes"
+            )
         for dim in shape:
-            check_number(dim, f"{source}: input_shapes.{short(name, 40)}", ProfileError, integer=True)
+            check_number(
+                dim, f"{source}: input_shapes.{short(name, 40)}", ProfileError, integer=True
+            )
     for i, e in enumerate(prof.entries):
         where = f"{source}: entries[{i}]"
         check_fields(e, where, ProfileError)

@@ -90,7 +90,9 @@ def reduce_model(n: int) -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
     axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
-    return _model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)], [x], [y], [axes])
+    return _model(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)], [x], [y], [axes]
+    )
 
 
 def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -158,7 +160,9 @@ def reorder_table(
     return into, out
 
 
-def reorder_ms_per_mb(run: MicroRunner, channels: int = 64, sides: Sequence[int] = (28, 56)) -> float | None:
+def reorder_ms_per_mb(
+    run: MicroRunner, channels: int = 64, sides: Sequence[int] = (28, 56)
+) -> float | None:
     """Reorder time per MB moved, from Conv micro-models at two sizes (None when the backend
     inserts no reorders there)."""
     total_ms, total_nbytes = 0.0, 0
@@ -201,7 +205,9 @@ def _sleep_then_clock(gap_ms: float) -> int:
     return _clock()
 
 
-def _mirror_request(worker: ThreadPoolExecutor, call: Callable[[], object], lock: threading.Lock) -> float:
+def _mirror_request(
+    worker: ThreadPoolExecutor, call: Callable[[], object], lock: threading.Lock
+) -> float:
     """One request through a mirror of the Session's path; its time outside the part's run (ms)."""
     t0 = _clock()
     inputs = {"x": np.ones(1, np.float32)}
@@ -244,7 +250,10 @@ CONTENTION_MAX_ROUNDS = 40
 
 
 def contention_factor(
-    timed: Callable[[], float], load: BackgroundLoad, rounds: int = 3, min_s: float = CONTENTION_MIN_S
+    timed: Callable[[], float],
+    load: BackgroundLoad,
+    rounds: int = 3,
+    min_s: float = CONTENTION_MIN_S,
 ) -> float:
     """The median over rounds of one round's ratio: ``timed()``'s median while ``load`` runs over
     its median alone just before. At least ``rounds`` rounds, and more until ``min_s`` has passed.
@@ -256,7 +265,9 @@ def contention_factor(
     """
     ratios: list[float] = []
     t0 = time.perf_counter()
-    while len(ratios) < rounds or (time.perf_counter() - t0 < min_s and len(ratios) < CONTENTION_MAX_ROUNDS):
+    while len(ratios) < rounds or (
+        time.perf_counter() - t0 < min_s and len(ratios) < CONTENTION_MAX_ROUNDS
+    ):
         alone = statistics.median(timed() for _ in range(3))
         load.on()
         try:

@@ -1,4 +1,5 @@
-"""A bundle's accuracy against fp32, measured by running it (the hook for ``deploy``'s verification).
+"""A bundle's accuracy against fp32, measured by running it (the hook for ``deploy``'s
+verification).
 
 The bundle runs through the real runtime (:func:`edgesplit.load`: its int8 and fp16 artifacts on
 their executors) on the held-out samples of the calibration data its plan was measured on, and
@@ -42,7 +43,8 @@ def bundle_accuracy(
             model
             if isinstance(model, ModelGraph)
             else load_model(
-                os.fspath(model if model is not None else plan.model_path), plan.input_shapes or None
+                os.fspath(model if model is not None else plan.model_path),
+                plan.input_shapes or None,
             )
         )
         data = calibration_data if calibration_data is not None else recorded
@@ -52,10 +54,14 @@ def bundle_accuracy(
     return compare(measurer.reference, outputs)
 
 
-def bundle_meets(bundle: str | os.PathLike, budget: AccuracyBudget | None = None, **kwargs) -> list[str]:
+def bundle_meets(
+    bundle: str | os.PathLike, budget: AccuracyBudget | None = None, **kwargs
+) -> list[str]:
     """Why the bundle misses ``budget`` (default: its plan's), measured; empty when it meets it."""
     if budget is None:
-        plan = open_bundle(bundle, verify=False, trust_key=kwargs.get("trust_key")).plan  # load verifies
+        plan = open_bundle(
+            bundle, verify=False, trust_key=kwargs.get("trust_key")
+        ).plan  # load verifies
         recorded = plan.accuracy.budget if plan.accuracy is not None else None
         budget = recorded or AccuracyBudget()
     return budget.misses(bundle_accuracy(bundle, **kwargs))

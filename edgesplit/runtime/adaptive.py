@@ -60,7 +60,9 @@ class LinkEstimator:
 
     def __init__(self, window: int = 16):
         self._pings: deque[float] = deque(maxlen=window)
-        self._recent: deque[tuple[int, float, int]] = deque(maxlen=window)  # (nbytes, ms, up nbytes)
+        self._recent: deque[tuple[int, float, int]] = deque(
+            maxlen=window
+        )  # (nbytes, ms, up nbytes)
         self._nbytes = 0
         self._transfer_ms = 0.0
         self._transfers = 0
@@ -91,7 +93,8 @@ class LinkEstimator:
 
     def uplink_mbps(self, down_ratio: float = 1.0, min_nbytes: int = 64_000) -> float | None:
         """The uplink rate implied by the newest transfers, for a downlink ``down_ratio`` times as
-        fast: each moved ``up`` bytes out and ``down`` back in ``wire = (up + down / ratio) * 8 / rate``
+        fast: each moved ``up`` bytes out and ``down`` back in ``wire = (up + down / ratio) * 8 /
+        rate``
         (the RTT and the server's time taken out). It takes transfers from the newest back until
         they hold ``min_nbytes`` (a small one alone says more about the RTT's jitter than about the
         rate), so that it follows a change within a request or two. None before a ping and a
@@ -111,7 +114,9 @@ class LinkEstimator:
 
     def estimate(self) -> LinkEstimate:
         with self._lock:
-            goodput = self._nbytes * 8 / (self._transfer_ms * 1e3) if self._transfer_ms > 0 else None
+            goodput = (
+                self._nbytes * 8 / (self._transfer_ms * 1e3) if self._transfer_ms > 0 else None
+            )
             rtt = min(self._pings) if self._pings else None
             bw = None
             if rtt is not None and self._recent:
@@ -185,7 +190,9 @@ class OffloadPolicy:
                     and max(total_ms / before, before / total_ms) > PROBE_MARGIN
                 ):
                     self.probe_s = self.base_probe_s  # the link is moving: look again soon
-                self._remote_ms = total_ms  # a probe: fresh news about a stale estimate, not one more sample
+                self._remote_ms = (
+                    total_ms  # a probe: fresh news about a stale estimate, not one more sample
+                )
             else:
                 self._remote_ms = (1 - a) * self._remote_ms + a * total_ms
             self._server_ms = (

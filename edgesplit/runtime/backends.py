@@ -2,7 +2,8 @@
 
 A part with ``remote=True`` runs under ``remote`` (an OIP v2 client, whose local fallback is
 built from this same table); any other part under its own backend. A new backend adds one line
-here (and one in ``device/schema.py: BACKENDS``, ``profile/backends.py`` and ``compile/backends.py``);
+here (and one in ``device/schema.py: BACKENDS``, ``profile/backends.py`` and
+``compile/backends.py``);
 tests may add an entry at run time and remove it after.
 
 Kept apart from :mod:`edgesplit.runtime.executors` and :mod:`edgesplit.runtime.remote` so that
@@ -50,10 +51,17 @@ def fallback_executor(part: PartArtifact, bundle: Path) -> Executor | None:
 
 
 def remote_executor(
-    part: PartArtifact, bundle: Path, *, fallback: bool = True, shares_processor: bool = False, **options
+    part: PartArtifact,
+    bundle: Path,
+    *,
+    fallback: bool = True,
+    shares_processor: bool = False,
+    **options,
 ) -> Executor:
     """A :class:`RemoteExecutor` with its local fallback (unless ``fallback=False``)."""
-    return RemoteExecutor(part, local=fallback_executor(part, bundle) if fallback else None, **options)
+    return RemoteExecutor(
+        part, local=fallback_executor(part, bundle) if fallback else None, **options
+    )
 
 
 def artifact_executor(part: PartArtifact, bundle: Path, **options) -> Executor:
@@ -79,6 +87,7 @@ def make_executor(part: PartArtifact, bundle: Path, **options) -> Executor:
     factory = EXECUTORS.get("remote" if part.remote else part.backend)
     if factory is None:
         raise BundleError(
-            f"part {part.name}: no executor for backend '{part.backend}' (executors: {', '.join(EXECUTORS)})"
+            f"part {part.name}: no executor for backend '{part.backend}' (executors: "
+            f"{', '.join(EXECUTORS)})"
         )
     return factory(part, bundle, **options)

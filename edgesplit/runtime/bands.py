@@ -19,7 +19,8 @@ the plan in use sends (its transfers measure the link, and a probe would queue o
 the next request). The interval (:class:`ProbeClock`) starts at ``probe_interval_s`` and doubles up
 to ``max_probe_interval_s`` while measurements agree with the estimate they follow; it goes back to
 the start after a switch, and whenever a probe's measure disagrees with the estimate before it by
-more than the hysteresis margin: the link is moving, so look again soon. A probe that started before a rate change and ended after it measures a mixture; it
+more than the hysteresis margin: the link is moving, so look again soon. A probe that started before
+a rate change and ended after it measures a mixture; it
 disagrees with the old estimate, so the next probe follows at once.
 
 Hysteresis: the plan changes only when the rate is more than a factor ``1 + hysteresis`` inside a
@@ -114,7 +115,8 @@ class ProbeClock:
         return False
 
     def due(self, now: float, last_transfer: float, busy: bool, plan_sends: bool) -> bool:
-        """Whether to probe now: the plan in use sends nothing, the link has been quiet (no transfer,
+        """Whether to probe now: the plan in use sends nothing, the link has been quiet (no
+        transfer,
         no probe) for the interval, and no request runs, or none has let a probe out for twice the
         interval (a stream with no gaps)."""
         quiet_s = now - max(self.last_probe, last_transfer)
@@ -136,7 +138,10 @@ class BandSelector:
         want = self.bands.plan_at(uplink_mbps)
         if want == current:
             return current
-        near = (self.bands.plan_at(uplink_mbps / self.factor), self.bands.plan_at(uplink_mbps * self.factor))
+        near = (
+            self.bands.plan_at(uplink_mbps / self.factor),
+            self.bands.plan_at(uplink_mbps * self.factor),
+        )
         return current if current in near else want
 
     def lowest(self) -> int:
@@ -170,7 +175,8 @@ class BandSession:
         manifest = open_bundle(bundle, trust_key=session_options.get("trust_key"))
         if manifest.bands is None:
             raise BundleError(
-                f"{bundle}: the bundle has no band table (compile it with a server, without --no-bands)"
+                f"{bundle}: the bundle has no band table (compile it with a server, without "
+                "--no-bands)"
             )
         self.bands: BundleBands = manifest.bands
         self.selector = BandSelector(self.bands, hysteresis)
@@ -182,8 +188,12 @@ class BandSession:
         self.manifest = self.sessions[0].manifest
         self.current = self.selector.lowest() if start_plan is None else start_plan
         self.last_plan: int | None = None  # the plan the last request ran on
-        self._remote = [[ex for ex in s.remote_executors() if hasattr(ex, "probe")] for s in self.sessions]
-        self._link_list = list({id(ex.link): ex.link for exs in self._remote for ex in exs}.values())
+        self._remote = [
+            [ex for ex in s.remote_executors() if hasattr(ex, "probe")] for s in self.sessions
+        ]
+        self._link_list = list(
+            {id(ex.link): ex.link for exs in self._remote for ex in exs}.values()
+        )
         self._switches: list[Switch] = []
         self._plan_ms = [0.0] * len(self.sessions)
         self._plan_requests = [0] * len(self.sessions)
@@ -198,7 +208,9 @@ class BandSession:
         self._stop = threading.Event()
         self._thread = None
         if probe_interval_s is not None and any(self._remote):
-            self._thread = threading.Thread(target=self._probe_loop, name="edgesplit-band-probe", daemon=True)
+            self._thread = threading.Thread(
+                target=self._probe_loop, name="edgesplit-band-probe", daemon=True
+            )
             self._thread.start()
 
     # ---- the link
@@ -257,7 +269,8 @@ class BandSession:
             if self._stop.wait(min(self.clock.interval_s, 0.05)):
                 return
             last = max((lk.last_transfer for lk in self._links()), default=float("-inf"))
-            # The probe holds no lock: a request never waits for one (at 0.13 Mbit/s one takes seconds).
+            # The probe holds no lock: a request never waits for one (at 0.13 Mbit/s one takes
+            # seconds).
             busy = self._busy.locked()
             if not self.clock.due(time.monotonic(), last, busy, bool(self._remote[self.current])):
                 continue
@@ -303,7 +316,9 @@ class BandSession:
             self.last_plan = k
             return out
 
-    def run_stream(self, inputs: Iterable[Mapping[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    def run_stream(
+        self, inputs: Iterable[Mapping[str, np.ndarray]]
+    ) -> Iterator[dict[str, np.ndarray]]:
         """Requests one after the other (a plan is chosen before each)."""
         for item in inputs:
             yield self.run(item)

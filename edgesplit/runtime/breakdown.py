@@ -139,7 +139,9 @@ def breakdown(trace: Trace, manifest: Manifest) -> Breakdown:
                 int(np.median([e.reorders for e in eng])) if eng else None,
             )
         )
-    requests = tuple(_request(trace, r.request, r.start_ns, r.end_ns, manifest) for r in trace.requests)
+    requests = tuple(
+        _request(trace, r.request, r.start_ns, r.end_ns, manifest) for r in trace.requests
+    )
     predicted = plan_value(manifest.plan, "predicted") or {}
     predicted = plan_value(predicted, "latency_ms")
 
@@ -162,14 +164,18 @@ def breakdown(trace: Trace, manifest: Manifest) -> Breakdown:
     )
 
 
-def _request(trace: Trace, number: int, start_ns: int, end_ns: int, manifest: Manifest) -> RequestBreakdown:
+def _request(
+    trace: Trace, number: int, start_ns: int, end_ns: int, manifest: Manifest
+) -> RequestBreakdown:
     mine = {p.part: p for p in trace.parts if p.request == number}
     deps = {a.name: a.depends_on for a in manifest.parts}
     path: list[PartRun] = []
     cur = max(mine.values(), key=lambda p: p.done_ns) if mine else None
     while cur is not None:
         path.append(cur)
-        producers = [mine[d] for d in deps.get(cur.part, ()) if d in mine and mine[d].done_ns <= cur.ready_ns]
+        producers = [
+            mine[d] for d in deps.get(cur.part, ()) if d in mine and mine[d].done_ns <= cur.ready_ns
+        ]
         cur = max(producers, key=lambda p: p.done_ns) if producers else None
     path.reverse()
     ms = 1e-6

@@ -73,8 +73,18 @@ def _meta(pid: int, tid: int, name: str, value: Any) -> dict[str, Any]:
     return {"ph": "M", "pid": pid, "tid": tid, "name": name, "args": {key: value}}
 
 
-def _x(name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: Mapping | None = None) -> dict:
-    ev = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": max(dur, 0.0)}
+def _x(
+    name: str, cat: str, pid: int, tid: int, ts: float, dur: float, args: Mapping | None = None
+) -> dict:
+    ev = {
+        "name": name,
+        "cat": cat,
+        "ph": "X",
+        "pid": pid,
+        "tid": tid,
+        "ts": ts,
+        "dur": max(dur, 0.0),
+    }
     if args:
         ev["args"] = dict(args)
     return ev
@@ -86,15 +96,20 @@ def predicted_spans(plan: Any) -> list[tuple[str, str, float, float]]:
     for p in plan_value(plan, "parts") or ():
         get = p.get if isinstance(p, Mapping) else lambda k, p=p: getattr(p, k, None)
         if get("start_ms") is not None and get("end_ms") is not None:
-            out.append((get("name"), get("processor"), float(get("start_ms")), float(get("end_ms"))))
+            out.append(
+                (get("name"), get("processor"), float(get("start_ms")), float(get("end_ms")))
+            )
     return out
 
 
-def chrome_trace(trace: Trace, manifest: Manifest, *, align_request: int | None = None) -> dict[str, Any]:
+def chrome_trace(
+    trace: Trace, manifest: Manifest, *, align_request: int | None = None
+) -> dict[str, Any]:
     """The Trace Event Format object for ``trace``; the plan's spans are aligned to the start of
     request ``align_request`` (default: the first traced request)."""
     origin = min(
-        (r.start_ns for r in trace.requests), default=min((p.ready_ns for p in trace.parts), default=0)
+        (r.start_ns for r in trace.requests),
+        default=min((p.ready_ns for p in trace.parts), default=0),
     )
 
     def us(ns: int) -> float:
@@ -106,7 +121,9 @@ def chrome_trace(trace: Trace, manifest: Manifest, *, align_request: int | None 
     events: list[dict[str, Any]] = []
     for r in sorted(trace.requests, key=lambda r: r.start_ns):
         ts, end = us(r.start_ns), us(r.end_ns)
-        events.append(_x(f"request {r.request}", "request", m.pid, m.row("requests", ts, end), ts, end - ts))
+        events.append(
+            _x(f"request {r.request}", "request", m.pid, m.row("requests", ts, end), ts, end - ts)
+        )
     for p in sorted(trace.parts, key=lambda p: p.ready_ns):
         tid = m.tid(p.lane)
         args = {
@@ -126,12 +143,26 @@ def chrome_trace(trace: Trace, manifest: Manifest, *, align_request: int | None 
         wait = m.row(f"{p.lane} waiting", ts, end)
         events.append(_x(f"{cat} {p.part}", cat, m.pid, wait, ts, end - ts, {"request": p.request}))
     for e in trace.engine_runs:
-        args = {"kernels_ms": e.kernels_ns / 1e6, "reorder_ms": e.reorder_ns / 1e6, "reorders": e.reorders}
-        events.append(_x("model_run", "engine", m.pid, m.tid(e.lane), us(e.start_ns), e.dur_ns / 1e3, args))
+        args = {
+            "kernels_ms": e.kernels_ns / 1e6,
+            "reorder_ms": e.reorder_ns / 1e6,
+            "reorders": e.reorders,
+        }
+        events.append(
+            _x("model_run", "engine", m.pid, m.tid(e.lane), us(e.start_ns), e.dur_ns / 1e3, args)
+        )
     for k in trace.kernels:
         cat = "reorder" if is_reorder(k.op_type) else "kernel"
         events.append(
-            _x(k.name, cat, m.pid, m.tid(k.lane), us(k.start_ns), k.dur_ns / 1e3, {"op_type": k.op_type})
+            _x(
+                k.name,
+                cat,
+                m.pid,
+                m.tid(k.lane),
+                us(k.start_ns),
+                k.dur_ns / 1e3,
+                {"op_type": k.op_type},
+            )
         )
     events.extend(_predicted(trace, manifest, align_request, us))
     title = f"measured: {manifest.model_name} on {manifest.device}"
@@ -139,11 +170,17 @@ def chrome_trace(trace: Trace, manifest: Manifest, *, align_request: int | None 
     return {
         "traceEvents": meta + events,
         "displayTimeUnit": "ms",
-        "otherData": {"model": manifest.model_name, "device": manifest.device, "clock": "perf_counter_ns"},
+        "otherData": {
+            "model": manifest.model_name,
+            "device": manifest.device,
+            "clock": "perf_counter_ns",
+        },
     }
 
 
-def _predicted(trace: Trace, manifest: Manifest, align_request: int | None, us) -> list[dict[str, Any]]:
+def _predicted(
+    trace: Trace, manifest: Manifest, align_request: int | None, us
+) -> list[dict[str, Any]]:
     spans = predicted_spans(manifest.plan)
     if not spans or not trace.requests:
         return []
@@ -159,7 +196,14 @@ def _predicted(trace: Trace, manifest: Manifest, align_request: int | None, us) 
     if total is None:
         total = max(end for *_, end in spans)
     events.append(
-        _x(f"request {req.request} (predicted)", "request", pr.pid, pr.tid("request"), t0, total * 1e3)
+        _x(
+            f"request {req.request} (predicted)",
+            "request",
+            pr.pid,
+            pr.tid("request"),
+            t0,
+            total * 1e3,
+        )
     )
     for name, proc, start_ms, end_ms in sorted(spans, key=lambda s: s[2]):
         # The plan's schedule may interleave the nodes of two parts on one processor, so their
@@ -168,7 +212,8 @@ def _predicted(trace: Trace, manifest: Manifest, align_request: int | None, us) 
         events.append(_x(name, "part", pr.pid, pr.row(proc, ts, end), ts, end - ts))
     return (
         pr.metadata(
-            f"predicted: plan ({plan_value(manifest.plan, 'objective')}), aligned to request {req.request}"
+            f"predicted: plan ({plan_value(manifest.plan, 'objective')}), aligned to request "
+            f"{req.request}"
         )
         + events
     )
@@ -178,7 +223,9 @@ def write_chrome_trace(
     path: str | os.PathLike, trace: Trace, manifest: Manifest, *, align_request: int | None = None
 ) -> None:
     """Write :func:`chrome_trace` as JSON, atomically."""
-    atomic_write_text(path, json.dumps(chrome_trace(trace, manifest, align_request=align_request)) + "\n")
+    atomic_write_text(
+        path, json.dumps(chrome_trace(trace, manifest, align_request=align_request)) + "\n"
+    )
 
 
 def trace_event_problems(obj: Any) -> Sequence[str]:
@@ -194,7 +241,9 @@ def trace_event_problems(obj: Any) -> Sequence[str]:
             problems.append(f"event {i}: no name or phase")
         elif not isinstance(ev.get("pid"), int) or not isinstance(ev.get("tid"), int):
             problems.append(f"event {i}: pid and tid must be integers")
-        elif ph == "X" and not all(isinstance(ev.get(k), int | float) and ev[k] >= 0 for k in ("ts", "dur")):
+        elif ph == "X" and not all(
+            isinstance(ev.get(k), int | float) and ev[k] >= 0 for k in ("ts", "dur")
+        ):
             problems.append(f"event {i}: a complete event needs ts and dur >= 0 (microseconds)")
         elif ph == "M" and not isinstance(ev.get("args"), dict):
             problems.append(f"event {i}: a metadata event needs args")

@@ -1,4 +1,5 @@
-"""A small, strict Open Inference Protocol v2 client: keep-alive, binary tensors, deadlines, retries.
+"""A small, strict Open Inference Protocol v2 client: keep-alive, binary tensors, deadlines,
+retries.
 
 Each thread keeps one persistent HTTP/1.1 connection per client (``http.client``; TCP_NODELAY so
 the JSON header and the tensor bytes are not held back by Nagle). Every call has one deadline
@@ -59,7 +60,9 @@ class Exchange:
     compute_ms: float = 0.0
 
 
-def remote_error(message: str, *, status: int | None = None, transient: bool = False) -> RemoteError:
+def remote_error(
+    message: str, *, status: int | None = None, transient: bool = False
+) -> RemoteError:
     """A RemoteError carrying the HTTP ``status`` (None: no answer) and whether a retry may help."""
     err = RemoteError(message)
     err.status = status  # type: ignore[attr-defined]
@@ -113,7 +116,9 @@ class OipClient:
 
     def live(self, timeout_s: float | None = None) -> bool:
         try:
-            status, _, _, _ = self._call("GET", "/v2/health/live", [], {}, timeout_s, raise_status=False)
+            status, _, _, _ = self._call(
+                "GET", "/v2/health/live", [], {}, timeout_s, raise_status=False
+            )
         except RemoteError:
             return False
         return status == 200
@@ -141,9 +146,12 @@ class OipClient:
         binary: bool = True,
         timeout_s: float | None = None,
     ) -> tuple[dict[str, np.ndarray], Exchange]:
-        """Run ``model`` on the server; returns its outputs (writable arrays) and what the call cost."""
+        """Run ``model`` on the server; returns its outputs (writable arrays) and what the call
+        cost."""
         chunks, hlen = oip.encode_request(inputs, outputs, binary=binary)
-        headers = {"Content-Type": "application/octet-stream" if hlen is not None else "application/json"}
+        headers = {
+            "Content-Type": "application/octet-stream" if hlen is not None else "application/json"
+        }
         if hlen is not None:
             headers[oip.HEADER_LENGTH] = str(hlen)
         _, rheaders, body, ex = self._call(
@@ -199,7 +207,8 @@ class OipClient:
             return status, rheaders, body, dataclasses.replace(ex, attempts=attempt)
 
     def _pause(self, failures: int, at_least_s: float, deadline: float) -> bool:
-        """Sleep before retry number ``failures``; False (no sleep) when no retry fits the deadline."""
+        """Sleep before retry number ``failures``; False (no sleep) when no retry fits the
+        deadline."""
         pause = max(self.backoff_s * (2 ** (failures - 1)), at_least_s)
         if failures > self.retries or time.monotonic() + pause >= deadline:
             return False
@@ -248,7 +257,9 @@ class OipClient:
             **self._auth,
             **headers,
         }
-        sent = len(method) + len(path) + 12 + sum(len(k) + len(v) + 4 for k, v in all_headers.items())
+        sent = (
+            len(method) + len(path) + 12 + sum(len(k) + len(v) + 4 for k, v in all_headers.items())
+        )
         got_any = False
         t0 = time.perf_counter()
         try:
@@ -258,7 +269,9 @@ class OipClient:
                 conn.putheader(k, v)
             conn.endheaders()
             for c in chunks:
-                conn.sock.settimeout(wire.remaining_s(deadline))  # sendall's timeout bounds the whole call
+                conn.sock.settimeout(
+                    wire.remaining_s(deadline)
+                )  # sendall's timeout bounds the whole call
                 conn.send(c)
             resp = conn.getresponse()  # every read below waits at most until the deadline
             got_any = True
@@ -266,7 +279,9 @@ class OipClient:
             body = wire.read_body(resp, self.max_response_nbytes)
         except TimeoutError as e:
             self._drop(conn)
-            raise remote_error(f"{self.url}{path}: no answer within the deadline", transient=True) from e
+            raise remote_error(
+                f"{self.url}{path}: no answer within the deadline", transient=True
+            ) from e
         except wire.TooLarge as e:
             self._drop(conn)
             raise remote_error(f"{self.url}{path}: {e}") from e
@@ -275,10 +290,14 @@ class OipClient:
             if (
                 reused
                 and not got_any
-                and isinstance(e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError))
+                and isinstance(
+                    e, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+                )
             ):
                 raise _Stale() from e
-            raise remote_error(f"{self.url}{path}: connection broke off ({_why(e)})", transient=True) from e
+            raise remote_error(
+                f"{self.url}{path}: connection broke off ({_why(e)})", transient=True
+            ) from e
         elapsed_ms = (time.perf_counter() - t0) * 1e3
         if resp.will_close:
             self._drop(conn)
@@ -290,7 +309,13 @@ class OipClient:
             rheaders,
             body,
             Exchange(
-                sent + body_nbytes, received, elapsed_ms, connect_ms, server_ms, 1, timing.get("compute", 0.0)
+                sent + body_nbytes,
+                received,
+                elapsed_ms,
+                connect_ms,
+                server_ms,
+                1,
+                timing.get("compute", 0.0),
             ),
         )
 

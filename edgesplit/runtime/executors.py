@@ -64,7 +64,8 @@ def check_io(part: PartArtifact, file: Path, inputs: list, outputs: list) -> Non
             a = have.get(t.name)
             if a is None:
                 raise BundleError(
-                    f"{file}: the manifest says part {part.name} has {what} {t.name!r:.60}, which the model "
+                    f"{file}: the manifest says part {part.name} has {what} {t.name!r:.60}, which "
+                    "the model "
                     f"lacks (it has {', '.join(have)})"
                 )
             dtype = _ORT_DTYPES.get(a.type)
@@ -74,7 +75,8 @@ def check_io(part: PartArtifact, file: Path, inputs: list, outputs: list) -> Non
             )
             if (dtype is not None and dtype != t.dtype) or not fits:
                 raise BundleError(
-                    f"{file}: the manifest says {what} {t.name!r:.60} of part {part.name} is {t.dtype} "
+                    f"{file}: the manifest says {what} {t.name!r:.60} of part {part.name} is "
+                    f"{t.dtype} "
                     f"{list(t.shape)}, the model has {a.type} {dims}"
                 )
 
@@ -82,7 +84,9 @@ def check_io(part: PartArtifact, file: Path, inputs: list, outputs: list) -> Non
     check(part.outputs, outputs, "output")
     extra = sorted({a.name for a in inputs} - {t.name for t in part.inputs})
     if extra:
-        raise BundleError(f"{file}: the model of part {part.name} also needs inputs {', '.join(extra)[:120]}")
+        raise BundleError(
+            f"{file}: the model of part {part.name} also needs inputs {', '.join(extra)[:120]}"
+        )
 
 
 def timed(fn: Callable[[], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], float]:

@@ -42,14 +42,22 @@ def random_feeds(
     for part in sess.manifest.parts:
         reads = [t.name for t in part.inputs if t.name in names]
         if reads:
-            found = model_bounds(onnx.load_model_from_string(sess.bundle.read(part.onnx_file)), reads)
+            found = model_bounds(
+                onnx.load_model_from_string(sess.bundle.read(part.onnx_file)), reads
+            )
             for t, b in found.items():  # None: a rule no value meets, in any part
                 bounds[t] = (
-                    b if t not in bounds else None if b is None or bounds[t] is None else bounds[t].meet(b)
+                    b
+                    if t not in bounds
+                    else None
+                    if b is None or bounds[t] is None
+                    else bounds[t].meet(b)
                 )
     rng = np.random.default_rng(seed)
     made = {
-        t.name: random_tensor(TensorInfo(t.name, t.shape, t.dtype, 0, kind=t.kind), rng, bounds.get(t.name))
+        t.name: random_tensor(
+            TensorInfo(t.name, t.shape, t.dtype, 0, kind=t.kind), rng, bounds.get(t.name)
+        )
         for t in sess.input_specs
         if t.name in names
     }
@@ -63,7 +71,9 @@ def stream_period_ms(sess: Session, feeds: dict[str, np.ndarray], k: int) -> flo
     larger than the stream times a batch instead: every request queued at once, each worker then
     running one part after another without the others' parts between them."""
     w = sess.stream_window
-    stamps = [time.perf_counter() for _ in sess.run_stream(feeds for _ in range(stream_requests(sess, k)))]
+    stamps = [
+        time.perf_counter() for _ in sess.run_stream(feeds for _ in range(stream_requests(sess, k)))
+    ]
     return (stamps[w + k - 1] - stamps[w - 1]) * 1e3 / k
 
 
@@ -106,10 +116,13 @@ def read_npy(path: str | os.PathLike, spec: TensorSpec) -> np.ndarray:
     except OSError as e:
         raise RunInputError(f"{path}: cannot read the input ({e.strerror})") from e
     mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):  # before fdopen, which refuses a directory with an error naming the fd
+    if not stat.S_ISREG(
+        mode
+    ):  # before fdopen, which refuses a directory with an error naming the fd
         os.close(fd)
         raise RunInputError(
-            f"{path}: " + ("is a directory, not a .npy file" if stat.S_ISDIR(mode) else "not a regular file")
+            f"{path}: "
+            + ("is a directory, not a .npy file" if stat.S_ISDIR(mode) else "not a regular file")
         )
     with os.fdopen(fd, "rb") as f:
         try:
@@ -125,7 +138,9 @@ def read_npy(path: str | os.PathLike, spec: TensorSpec) -> np.ndarray:
                 f"{path}: input '{spec.name}': shape {tuple(shape)}, expected {tuple(spec.shape)}"
             )
         if dtype != np.dtype(spec.dtype):
-            raise RunInputError(f"{path}: input '{spec.name}': dtype {dtype}, expected {spec.dtype}")
+            raise RunInputError(
+                f"{path}: input '{spec.name}': dtype {dtype}, expected {spec.dtype}"
+            )
         f.seek(0)
         try:
             return np.load(f, allow_pickle=False)
@@ -171,7 +186,12 @@ def save_arrays(arrays: dict[str, np.ndarray], folder: str | os.PathLike) -> Non
 
 
 def benchmark(
-    sess: Session, feeds: dict[str, np.ndarray], *, repeat: int = 20, warmup: int = 3, stream: int = 0
+    sess: Session,
+    feeds: dict[str, np.ndarray],
+    *,
+    repeat: int = 20,
+    warmup: int = 3,
+    stream: int = 0,
 ) -> RunReport:
     """Time ``repeat`` single requests (after ``warmup``), then optionally a stream of ``stream``.
 

@@ -57,7 +57,12 @@ def read_ort_profile(path: str | Path) -> list[_EngineEvent]:
         if e.get("cat") == "Session" and e.get("name") == "model_run"
     )
     nodes = sorted(
-        (float(e["ts"]), float(e["dur"]), e.get("name", ""), (e.get("args") or {}).get("op_name", ""))
+        (
+            float(e["ts"]),
+            float(e["dur"]),
+            e.get("name", ""),
+            (e.get("args") or {}).get("op_name", ""),
+        )
         for e in events
         if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
     )
@@ -122,7 +127,9 @@ class KernelTracer:
                     reorder_ns += k_dur
                     reorders += 1
             engines.append(
-                EngineRun(p.request, p.part, p.lane, start_ns, dur_ns, kernel_ns, reorder_ns, reorders)
+                EngineRun(
+                    p.request, p.part, p.lane, start_ns, dur_ns, kernel_ns, reorder_ns, reorders
+                )
             )
         return replace(trace, engine_runs=tuple(engines), kernels=tuple(kernels))
 

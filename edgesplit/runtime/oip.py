@@ -84,10 +84,14 @@ def check_bearer_token(token: str, what: str = "the bearer token") -> str:
     for i, ch in enumerate(token):
         if not "\x21" <= ch <= "\x7e":
             kind = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)", " ": "a space"}.get(
-                ch, "a control character" if ord(ch) < 0x21 or ord(ch) == 0x7F else "a non-ASCII character"
+                ch,
+                "a control character"
+                if ord(ch) < 0x21 or ord(ch) == 0x7F
+                else "a non-ASCII character",
             )
             raise InputError(
-                f"{what} holds {kind} at position {i + 1}: only visible ASCII characters can go in an "
+                f"{what} holds {kind} at position {i + 1}: only visible ASCII characters can go in "
+                "an "
                 "HTTP header"
             )
     if not token:
@@ -108,7 +112,9 @@ def parse_header_length(value: str | None, body_nbytes: int) -> int | None:
     return n
 
 
-def _load_header(body: bytes | bytearray | memoryview, header_nbytes: int | None) -> tuple[dict, int]:
+def _load_header(
+    body: bytes | bytearray | memoryview, header_nbytes: int | None
+) -> tuple[dict, int]:
     end = len(body) if header_nbytes is None else header_nbytes
     try:
         header = json.loads(bytes(body[:end]))
@@ -128,7 +134,9 @@ def _shape(t: Mapping[str, Any], what: str) -> tuple[int, ...]:
     ):
         raise _fail(f"{what}: 'shape' must be a list of non-negative integers")
     if len(shape) > MAX_RANK:
-        raise _fail(f"{what}: 'shape' has {len(shape)} dimensions, at most {MAX_RANK} are supported")
+        raise _fail(
+            f"{what}: 'shape' has {len(shape)} dimensions, at most {MAX_RANK} are supported"
+        )
     if math.prod(d for d in shape if d) >= 1 << 40:
         raise _fail(f"{what}: shape {_short(shape)} is too large for any array")
     return tuple(shape)
@@ -141,7 +149,9 @@ def _short(values: list, n: int = 8) -> str:
 def _dtype(t: Mapping[str, Any], what: str) -> np.dtype:
     datatype = t.get("datatype")
     if datatype not in OIP_TO_NUMPY:
-        raise _fail(f"{what}: unsupported datatype {datatype!r} (supported: {', '.join(OIP_TO_NUMPY)})")
+        raise _fail(
+            f"{what}: unsupported datatype {datatype!r} (supported: {', '.join(OIP_TO_NUMPY)})"
+        )
     return np.dtype(OIP_TO_NUMPY[datatype])
 
 
@@ -181,7 +191,8 @@ def _declared(t: Any, i: int, kind: str) -> TensorDecl:
 
 
 def declared_inputs(header_bytes: bytes | bytearray | memoryview) -> list[TensorDecl]:
-    """The inputs a request's JSON header declares, so a server can refuse them before their data arrives."""
+    """The inputs a request's JSON header declares, so a server can refuse them before their data
+    arrives."""
     header, _ = _load_header(header_bytes, None)
     tensors = header.get("inputs")
     if not isinstance(tensors, list):
@@ -204,7 +215,8 @@ def _decode_tensors(
         if size is not None:
             if offset + size > len(view):
                 raise _fail(
-                    f"{what}: binary data runs past the end of the body ({offset + size} > {len(view)} bytes)"
+                    f"{what}: binary data runs past the end of the body ({offset + size} > "
+                    f"{len(view)} bytes)"
                 )
             arr = np.frombuffer(view[offset : offset + size], dtype=dtype).reshape(shape)
             offset += size
@@ -212,12 +224,15 @@ def _decode_tensors(
             try:
                 arr = np.asarray(t["data"], dtype=dtype)
             except (TypeError, ValueError, OverflowError) as e:
-                raise _fail(f"{what}: 'data' is not a list of {dtype.name} values ({str(e)[:200]})") from e
+                raise _fail(
+                    f"{what}: 'data' is not a list of {dtype.name} values ({str(e)[:200]})"
+                ) from e
             except RecursionError:
                 raise _fail(f"{what}: 'data' is nested too deeply") from None
             if arr.size != count:
                 raise _fail(
-                    f"{what}: 'data' holds {arr.size} values, shape {_short(list(shape))} needs {count}"
+                    f"{what}: 'data' holds {arr.size} values, shape {_short(list(shape))} needs "
+                    f"{count}"
                 )
             arr = arr.reshape(shape)
         else:
@@ -226,12 +241,15 @@ def _decode_tensors(
             raise _fail(f"{what} appears twice")
         out[d.name] = arr
     if offset != len(view):
-        raise _fail(f"the body holds {len(view) - offset} bytes beyond its header and binary tensors")
+        raise _fail(
+            f"the body holds {len(view) - offset} bytes beyond its header and binary tensors"
+        )
     return out
 
 
 def decode_request(body: bytes | bytearray | memoryview, header_nbytes: int | None) -> InferRequest:
-    """Decode an inference request body; ``header_nbytes`` from ``Inference-Header-Content-Length``."""
+    """Decode an inference request body; ``header_nbytes`` from
+    ``Inference-Header-Content-Length``."""
     header, offset = _load_header(body, header_nbytes)
     rid = header.get("id")
     if rid is not None and not isinstance(rid, str):
@@ -254,7 +272,11 @@ def decode_request(body: bytes | bytearray | memoryview, header_nbytes: int | No
 
 
 def _tensor_header(name: str, arr: np.ndarray, binary: bool) -> dict[str, Any]:
-    t: dict[str, Any] = {"name": name, "datatype": oip_datatype(arr.dtype), "shape": list(arr.shape)}
+    t: dict[str, Any] = {
+        "name": name,
+        "datatype": oip_datatype(arr.dtype),
+        "shape": list(arr.shape),
+    }
     if binary:
         t["parameters"] = {"binary_data_size": arr.nbytes}
     else:
@@ -282,7 +304,8 @@ def encode_request(
     binary: bool = True,
     request_id: str | None = None,
 ) -> tuple[list[bytes | memoryview], int | None]:
-    """Encode a request: the body's chunks (JSON header first) and the header length (None: JSON only)."""
+    """Encode a request: the body's chunks (JSON header first) and the header length (None: JSON
+    only)."""
     header: dict[str, Any] = {}
     if request_id is not None:
         header["id"] = request_id
@@ -313,7 +336,9 @@ def encode_response(
     return _encode(header, ((a, n in binary) for n, a in arrays))
 
 
-def decode_response(body: bytes | bytearray | memoryview, header_nbytes: int | None) -> dict[str, np.ndarray]:
+def decode_response(
+    body: bytes | bytearray | memoryview, header_nbytes: int | None
+) -> dict[str, np.ndarray]:
     """Decode a response body into output name -> array (views of ``body`` for binary outputs)."""
     header, offset = _load_header(body, header_nbytes)
     return _decode_tensors(header.get("outputs"), body, offset, "outputs")

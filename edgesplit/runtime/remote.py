@@ -17,7 +17,8 @@ Options (``load(bundle, executor_options={"remote": {...}})``): ``url``, ``token
 ``timeout_s`` (the overall deadline of one call; ``run --deadline-ms``), ``connect_timeout_s``,
 ``retries``, ``backoff_s``, ``fallback`` (False to forbid it), ``adaptive`` (see
 :mod:`edgesplit.runtime.adaptive`). An answer larger than the part's outputs can be (8x their
-binary size, plus 1 MB for the header) is refused before it is read, and falls back like any failure.
+binary size, plus 1 MB for the header) is refused before it is read, and falls back like any
+failure.
 The local fallback executor is built by the executor table
 (:func:`edgesplit.runtime.backends.remote_executor`) and handed in as ``local``, so this module
 needs no other executor.
@@ -134,18 +135,29 @@ class RemoteExecutor:
         self._cooldown = (cooldown_s, max_cooldown_s)
         self._next_cooldown = cooldown_s
         self._down_until = 0.0
-        self._counts = {"remote": 0, "local": 0, "failures": 0, "retries": 0, "sent": 0, "received": 0}
+        self._counts = {
+            "remote": 0,
+            "local": 0,
+            "failures": 0,
+            "retries": 0,
+            "sent": 0,
+            "received": 0,
+        }
         self._server_ms: deque[float] = deque(maxlen=1000)
         self._remote_ms: deque[float] = deque(maxlen=1000)
         self._local_ms: deque[float] = deque(maxlen=1000)
         self._compute_ms: deque[float] = deque(maxlen=1000)
-        self._last_error: str | None = None if url else "no server URL given: running on the local fallback"
+        self._last_error: str | None = (
+            None if url else "no server URL given: running on the local fallback"
+        )
         self._policy: OffloadPolicy | None = None
         if self._client is not None:
             self._probe_rtt()
         if adaptive and self._client is not None and self._local is not None:
             nbytes = _nbytes(part.inputs) + _nbytes(part.outputs)
-            self._policy = OffloadPolicy(nbytes, self._calibrate_local(), probe_interval_s=probe_interval_s)
+            self._policy = OffloadPolicy(
+                nbytes, self._calibrate_local(), probe_interval_s=probe_interval_s
+            )
 
     def _probe_rtt(self, n: int = 3) -> None:
         assert self._client is not None
@@ -187,7 +199,9 @@ class RemoteExecutor:
             self._check(out)
         except RemoteError as e:
             status = getattr(e, "status", None)
-            if status is not None and 400 <= status < 500:  # the server refuses us: bad configuration
+            if (
+                status is not None and 400 <= status < 500
+            ):  # the server refuses us: bad configuration
                 raise RemoteHostError(f"part {self.part.name}: {e}") from e
             self._trip(e)
             if self._local is not None:
@@ -195,7 +209,10 @@ class RemoteExecutor:
             raise RemoteError(f"part {self.part.name}: {e}") from e
         total_ms = (time.perf_counter() - t0) * 1e3
         self._link.add_transfer(
-            ex.sent_nbytes + ex.received_nbytes, ex.elapsed_ms, ex.server_ms, up_nbytes=ex.sent_nbytes
+            ex.sent_nbytes + ex.received_nbytes,
+            ex.elapsed_ms,
+            ex.server_ms,
+            up_nbytes=ex.sent_nbytes,
         )
         if self._policy is not None:
             self._policy.observed_remote(total_ms, ex.server_ms)
@@ -234,7 +251,10 @@ class RemoteExecutor:
             self._trip(e)
             return False
         self._link.add_transfer(
-            ex.sent_nbytes + ex.received_nbytes, ex.elapsed_ms, ex.server_ms, up_nbytes=ex.sent_nbytes
+            ex.sent_nbytes + ex.received_nbytes,
+            ex.elapsed_ms,
+            ex.server_ms,
+            up_nbytes=ex.sent_nbytes,
         )
         return True
 
@@ -242,7 +262,11 @@ class RemoteExecutor:
         """A server must answer exactly the part's outputs, with their shapes and dtypes."""
         for name, spec in self._outputs.items():
             arr = out.get(name)
-            if arr is None or tuple(arr.shape) != tuple(spec.shape) or arr.dtype != np.dtype(spec.dtype):
+            if (
+                arr is None
+                or tuple(arr.shape) != tuple(spec.shape)
+                or arr.dtype != np.dtype(spec.dtype)
+            ):
                 got = "nothing" if arr is None else f"{arr.dtype}{list(arr.shape)}"
                 raise RemoteError(
                     f"server {self.url} answered {got} for output '{name}' of part "

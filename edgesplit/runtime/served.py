@@ -34,7 +34,11 @@ class ServedModel:
     """
 
     def __init__(
-        self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None, max_batch: int = 1
+        self,
+        part: PartArtifact,
+        bundle: VerifiedBundle,
+        intra_op_threads: int | None,
+        max_batch: int = 1,
     ):
         """Load the part; with ``max_batch > 1``, its batch-free form when it has one (see
         :mod:`edgesplit.bundle.batching`), else it is served unbatched and :attr:`note` says so."""
@@ -46,7 +50,9 @@ class ServedModel:
             self.executor, why = _artifact_executor(part, bundle, intra_op_threads)
             notes += [why] if why else []
             if self.executor is not None and max_batch > 1:
-                notes.append(f"{part.name}: served unbatched: its {part.backend} artifact runs as compiled")
+                notes.append(
+                    f"{part.name}: served unbatched: its {part.backend} artifact runs as compiled"
+                )
         # one call at a time into an executor that is not thread-safe (a TVM VM keeps its frames)
         unsafe = self.executor is not None and not getattr(self.executor, "thread_safe", False)
         self._serial = threading.Lock() if unsafe else None
@@ -59,13 +65,19 @@ class ServedModel:
         self.metadata = {
             "name": part.name,
             "versions": ["1"],
-            "platform": "onnxruntime_onnx" if self.executor is None else f"edgesplit_{part.backend}",
+            "platform": "onnxruntime_onnx"
+            if self.executor is None
+            else f"edgesplit_{part.backend}",
             "inputs": [_spec_json(t) for t in part.inputs],
             "outputs": [_spec_json(t) for t in part.outputs],
         }
 
     def _load_onnx(
-        self, part: PartArtifact, bundle: VerifiedBundle, intra_op_threads: int | None, max_batch: int
+        self,
+        part: PartArtifact,
+        bundle: VerifiedBundle,
+        intra_op_threads: int | None,
+        max_batch: int,
     ) -> list[str]:
         """An ORT session on the part's ONNX file (batch-free with ``max_batch > 1`` where it can
         be); returns the notes."""
@@ -81,8 +93,14 @@ class ServedModel:
         # The part was planned for a server processor (a GPU, say); serve it with that provider
         # when this onnxruntime has it, else on the CPU, and say so.
         provider = part.provider if part.provider in available else "CPUExecutionProvider"
-        notes = [] if provider == part.provider else [f"{part.name}: no {part.provider} here, serving on CPU"]
-        providers: list[Any] = [(provider, dict(part.provider_options) if provider == part.provider else {})]
+        notes = (
+            []
+            if provider == part.provider
+            else [f"{part.name}: no {part.provider} here, serving on CPU"]
+        )
+        providers: list[Any] = [
+            (provider, dict(part.provider_options) if provider == part.provider else {})
+        ]
         if provider != "CPUExecutionProvider":
             providers.append(("CPUExecutionProvider", {}))
         # from the bytes checked against the manifest as they were read
@@ -127,7 +145,8 @@ class ServedModel:
             return total
         if total > binary_nbytes:
             raise RunInputError(
-                f"binary data runs past the end of the body ({total} bytes declared, {binary_nbytes} sent)"
+                f"binary data runs past the end of the body ({total} bytes declared, "
+                f"{binary_nbytes} sent)"
             )
         if total < binary_nbytes:
             raise RunInputError(
@@ -149,14 +168,18 @@ class ServedModel:
         spec = self.inputs[name]
         if dtype != np.dtype(spec.dtype):
             raise RunInputError(
-                f"input '{name}': datatype {oip.oip_datatype(dtype)}, expected {oip.oip_datatype(spec.dtype)}"
+                f"input '{name}': datatype {oip.oip_datatype(dtype)}, expected "
+                f"{oip.oip_datatype(spec.dtype)}"
             )
         if tuple(shape) != tuple(spec.shape):
             got = list(shape) if len(shape) <= 8 else f"of {len(shape)} dimensions"
             raise RunInputError(f"input '{name}': shape {got}, expected {list(spec.shape)}")
 
-    def run(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> tuple[dict[str, np.ndarray], float]:
-        """Outputs ``names`` for ``feeds``, and the compute time in ms (called on a compute thread)."""
+    def run(
+        self, feeds: Mapping[str, np.ndarray], names: list[str]
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """Outputs ``names`` for ``feeds``, and the compute time in ms (called on a compute
+        thread)."""
         t0 = time.perf_counter()
         if self.executor is None:
             got = dict(zip(names, self.session.run(names, dict(feeds))))
@@ -170,9 +193,12 @@ class ServedModel:
         self, feeds: Sequence[Mapping[str, np.ndarray]], names: Sequence[list[str]]
     ) -> list[tuple[dict[str, np.ndarray], float]]:
         """Each request's outputs from one run on the requests stacked along the first dimension,
-        and the batch's compute time in ms (called on a compute thread; needs :attr:`max_batch` > 1)."""
+        and the batch's compute time in ms (called on a compute thread; needs :attr:`max_batch` >
+        1)."""
         if not 1 <= len(feeds) <= self.max_batch:
-            raise ValueError(f"{self.name}: a batch of {len(feeds)} requests (at most {self.max_batch})")
+            raise ValueError(
+                f"{self.name}: a batch of {len(feeds)} requests (at most {self.max_batch})"
+            )
         wanted = list(dict.fromkeys(n for ns in names for n in ns))
         stacked = {k: np.concatenate([f[k] for f in feeds]) for k in self.inputs}
         t0 = time.perf_counter()
@@ -202,12 +228,19 @@ def _artifact_executor(part: PartArtifact, bundle: VerifiedBundle, intra_op_thre
     if factory is None:
         return None, f"{part.name}: no executor for backend '{part.backend}' here: {fallback}"
     notes = []
-    local = dataclasses.replace(part, remote=False, cores=None, threads=intra_op_threads or part.threads)
+    local = dataclasses.replace(
+        part, remote=False, cores=None, threads=intra_op_threads or part.threads
+    )
     if part.provider and part.provider not in ort.get_available_providers():
         local = dataclasses.replace(local, provider="CPUExecutionProvider", provider_options={})
-        notes.append(f"{part.name}: no {part.provider} here, its {part.backend} artifact runs on CPU")
+        notes.append(
+            f"{part.name}: no {part.provider} here, its {part.backend} artifact runs on CPU"
+        )
     try:
         executor = factory(local, bundle)
     except BundleError as e:
-        return None, f"{part.name}: its {part.backend} artifact does not load here ({e}): {fallback}"
+        return (
+            None,
+            f"{part.name}: its {part.backend} artifact does not load here ({e}): {fallback}",
+        )
     return executor, "; ".join(notes)

@@ -112,7 +112,11 @@ class _Worker:
                 core_quotas=part.core_quotas,
             )
         )
-        if part.cores and hasattr(os, "sched_getaffinity") and os.sched_getaffinity(0) != set(usable_cores()):
+        if (
+            part.cores
+            and hasattr(os, "sched_getaffinity")
+            and os.sched_getaffinity(0) != set(usable_cores())
+        ):
             self.cores = frozenset(os.sched_getaffinity(0))  # pinned (not the whole machine)
         self.cycles = throttle_cycles()
 
@@ -177,7 +181,9 @@ class Session:
         # Raw timing tuples (see trace.build_trace); deque appends are atomic, so no lock.
         self._part_records: deque[tuple] = deque(maxlen=max_records)
         self._request_records: deque[tuple[int, int, int]] = deque(maxlen=max_records)
-        self._run_counts = dict.fromkeys(self._parts, 0)  # runs since load, for ORT profile matching
+        self._run_counts = dict.fromkeys(
+            self._parts, 0
+        )  # runs since load, for ORT profile matching
         self._request_numbers = itertools.count()
         self._kernels = KernelTracer() if detailed else None
         self._cpu_clock_ns = time.thread_time_ns if detailed else None
@@ -190,16 +196,24 @@ class Session:
             key = _worker_key(p)
             extra = dict(opts.get("remote" if p.remote else p.backend, {}))
             shares_cores = bool(core_locks) and bool(set(p.cores or ()) & set(core_locks))
-            extra.setdefault("shares_processor", not p.remote and (per_proc[p.processor] > 1 or shares_cores))
-            if self._kernels is not None and not p.remote:  # executors that cannot profile ignore it
+            extra.setdefault(
+                "shares_processor", not p.remote and (per_proc[p.processor] > 1 or shares_cores)
+            )
+            if (
+                self._kernels is not None and not p.remote
+            ):  # executors that cannot profile ignore it
                 extra.update(self._kernels.executor_options(p.name))
             if key not in self._workers:
                 locks = (
-                    [] if p.remote else [core_locks[c] for c in sorted(set(p.cores or ())) if c in core_locks]
+                    []
+                    if p.remote
+                    else [core_locks[c] for c in sorted(set(p.cores or ())) if c in core_locks]
                 )
                 self._workers[key] = _Worker(key, None if p.remote else p, self.notes, locks)
             worker = self._workers[key]
-            self._executors[p.name] = worker.pool.submit(make_executor, p, self.bundle, **extra).result()
+            self._executors[p.name] = worker.pool.submit(
+                make_executor, p, self.bundle, **extra
+            ).result()
 
     # ---- inputs
 
@@ -229,7 +243,9 @@ class Session:
         req.left = len(names)
         if len(self._copies) > 1:
             req.done.add_done_callback(lambda _: self._give_copy(copy))
-        if not req.left:  # never happens (manifests without parts are refused), but never wait on nothing
+        if (
+            not req.left
+        ):  # never happens (manifests without parts are refused), but never wait on nothing
             req.done.set_exception(BundleError(f"{self.path}: the bundle has no parts"))
         for n in names:
             if not self._parts[n].depends_on:
@@ -254,7 +270,13 @@ class Session:
         self._workers[_worker_key(part)].pool.submit(self._work, part, req, ready_ns, _clock_ns())
 
     def _work(
-        self, part: PartArtifact, req: _Request, ready_ns: int, submit_ns: int, *, here: bool = False
+        self,
+        part: PartArtifact,
+        req: _Request,
+        ready_ns: int,
+        submit_ns: int,
+        *,
+        here: bool = False,
     ) -> None:
         """Run one part on its worker's thread (``here``: on the caller's, which holds the worker),
         then launch the parts it made ready."""
@@ -358,7 +380,9 @@ class Session:
         return None if part.remote else self._workers[_worker_key(part)]
 
     def _run_here(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        req = _Request(tensors=dict(feeds), waiting={}, done=Future(), number=next(self._request_numbers))
+        req = _Request(
+            tensors=dict(feeds), waiting={}, done=Future(), number=next(self._request_numbers)
+        )
         req.left = 1
         part = self._parts[self._copies[0][0]]
         self._work(part, req, req.start_ns, _clock_ns(), here=True)
@@ -372,7 +396,8 @@ class Session:
     def run_stream(
         self, inputs: Iterable[Mapping[str, np.ndarray]], *, window: int | None = None
     ) -> Iterator[dict[str, np.ndarray]]:
-        """Run a stream of requests, pipelined: up to ``window`` requests in flight, results in order.
+        """Run a stream of requests, pipelined: up to ``window`` requests in flight, results in
+        order.
 
         The default, :data:`STREAM_WINDOW_PER_PART` requests per part and as many again, keeps every
         worker's queue full, which is what a plan's period assumes (its busiest processor's parts,
@@ -410,11 +435,16 @@ class Session:
             )
         e = self._e2e or [float("nan")]
         return SessionStats(
-            tuple(parts), len(self._e2e), float(np.median(e)), float(np.percentile(e, 90)), tuple(self.notes)
+            tuple(parts),
+            len(self._e2e),
+            float(np.median(e)),
+            float(np.percentile(e, 90)),
+            tuple(self.notes),
         )
 
     def remote_stats(self) -> dict:
-        """Per remote part: runs on the server and on the fallback, bytes, measured link (RemoteStats)."""
+        """Per remote part: runs on the server and on the fallback, bytes, measured link
+        (RemoteStats)."""
         return {
             n: ex.stats()
             for n, ex in self._executors.items()
@@ -432,7 +462,10 @@ class Session:
         has been called on a Session loaded with ``detailed=True``.
         """
         trace = build_trace(
-            self._part_records.copy(), self._request_records.copy(), self.manifest.parts, _worker_key
+            self._part_records.copy(),
+            self._request_records.copy(),
+            self.manifest.parts,
+            _worker_key,
         )
         if self._kernels is None:
             return trace
@@ -456,7 +489,9 @@ class Session:
             for name, ex in self._executors.items():
                 end = getattr(ex, "end_profiling", None)
                 if end is not None:
-                    ended[name] = self._workers[_worker_key(self._parts[name])].pool.submit(end).result()
+                    ended[name] = (
+                        self._workers[_worker_key(self._parts[name])].pool.submit(end).result()
+                    )
             self._kernels.read(ended)
         return self.trace_records()
 

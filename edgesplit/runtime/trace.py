@@ -7,7 +7,8 @@ see ``benchmarks/trace_overhead.py``); :meth:`Session.trace_records` returns a :
 
 A part run's timeline, in order::
 
-    ready_ns      its inputs are all there (the last producer's outputs merged, or the request began)
+    ready_ns      its inputs are all there (the last producer's outputs merged, or the request
+    began)
     submit_ns     handed to its processor's worker queue
     start_ns      the worker picked it up
     run_start_ns  the backend's run call began (after gathering / copying its inputs)
@@ -16,7 +17,8 @@ A part run's timeline, in order::
     done_ns       its outputs are merged into the request and its ready successors identified
 
 A detailed trace (opt-in, ``load(bundle, detailed=True)``) adds each run call's thread CPU time
-and the ORT engine spans and kernels that sit inside the run call (:mod:`edgesplit.runtime.kernels`).
+and the ORT engine spans and kernels that sit inside the run call
+(:mod:`edgesplit.runtime.kernels`).
 """
 
 from __future__ import annotations
@@ -61,12 +63,14 @@ class PartRun:
 
     @property
     def queue_wait_ns(self) -> int:
-        """Inputs ready -> worker started it: hand-off, plus waiting behind other parts on its worker."""
+        """Inputs ready -> worker started it: hand-off, plus waiting behind other parts on its
+        worker."""
         return self.start_ns - self.ready_ns
 
     @property
     def handoff_ns(self) -> int | None:
-        """Submitted -> started, when the worker was idle (a thread wake-up); None if it was busy."""
+        """Submitted -> started, when the worker was idle (a thread wake-up); None if it was
+        busy."""
         return self.start_ns - self.submit_ns if self.worker_idle else None
 
     @property
@@ -97,7 +101,8 @@ class PartRun:
 
 @dataclass(frozen=True)
 class RequestRun:
-    """One request: submitted (``start_ns``) -> its last part done and the result set (``end_ns``)."""
+    """One request: submitted (``start_ns``) -> its last part done and the result set
+    (``end_ns``)."""
 
     request: int
     start_ns: int
@@ -145,7 +150,8 @@ class KernelRun:
 
 
 def is_reorder(op_type: str) -> bool:
-    """A layout reorder kernel (ORT's NCHWc transformer inserts ``ReorderInput``/``ReorderOutput``)."""
+    """A layout reorder kernel (ORT's NCHWc transformer inserts
+    ``ReorderInput``/``ReorderOutput``)."""
     return op_type.startswith("Reorder")
 
 
@@ -200,7 +206,9 @@ class Trace:
                 return r
         raise KeyError(number)
 
-    def busy(self, start_ns: int | None = None, end_ns: int | None = None) -> tuple[ProcessorBusy, ...]:
+    def busy(
+        self, start_ns: int | None = None, end_ns: int | None = None
+    ) -> tuple[ProcessorBusy, ...]:
         """Each lane's run-call time within ``[start_ns, end_ns]`` (default: the whole trace)."""
         if not self.parts:
             return ()
@@ -225,7 +233,9 @@ class Trace:
             busy = worker = n = window = 0
             for r in self.requests:
                 window += r.latency_ns
-                busy += sum(_overlap(p.run_start_ns, p.run_end_ns, r.start_ns, r.end_ns) for p in runs)
+                busy += sum(
+                    _overlap(p.run_start_ns, p.run_end_ns, r.start_ns, r.end_ns) for p in runs
+                )
                 worker += sum(_overlap(p.start_ns, p.done_ns, r.start_ns, r.end_ns) for p in runs)
                 n += sum(1 for p in runs if p.request == r.request)
             out.append(ProcessorBusy(lane, window, busy, worker, n))
@@ -272,7 +282,16 @@ def build_trace(
     for r in raw_parts:
         part = by_name[r[1]]
         records.append(
-            PartRun(r[0], r[1], part.processor, lane_of(part), part.backend, r[2], idle[(r[0], r[1])], *r[3:])
+            PartRun(
+                r[0],
+                r[1],
+                part.processor,
+                lane_of(part),
+                part.backend,
+                r[2],
+                idle[(r[0], r[1])],
+                *r[3:],
+            )
         )
     records.sort(key=lambda p: (p.request, p.ready_ns))
     requests = tuple(RequestRun(*r) for r in sorted(raw_requests))

@@ -28,7 +28,8 @@ def remaining_s(deadline: float) -> float:
 
 
 class DeadlineReader(io.RawIOBase):
-    """The socket's reader for one response: each read waits at most until the connection's deadline."""
+    """The socket's reader for one response: each read waits at most until the connection's
+    deadline."""
 
     def __init__(self, raw: io.RawIOBase, sock: socket.socket, conn: Connection):
         self._raw, self._sock, self._conn = raw, sock, conn
@@ -56,7 +57,9 @@ class Connection(http.client.HTTPConnection):
 
         def make(sock: socket.socket, *args, **kwargs) -> http.client.HTTPResponse:
             resp = http.client.HTTPResponse(sock, *args, **kwargs)
-            raw = resp.fp.detach()  # nothing is buffered yet; the reader keeps the socket's reference
+            raw = (
+                resp.fp.detach()
+            )  # nothing is buffered yet; the reader keeps the socket's reference
             resp.fp = io.BufferedReader(DeadlineReader(raw, sock, conn), 1 << 16)  # type: ignore[arg-type]
             return resp
 

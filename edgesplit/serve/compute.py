@@ -1,4 +1,5 @@
-"""The offload server's compute queue: a bounded FIFO of inference jobs and the threads that run them.
+"""The offload server's compute queue: a bounded FIFO of inference jobs and the threads that run
+them.
 
 The HTTP side of :mod:`edgesplit.serve.server` decodes a request, then hands one :class:`Job`
 (a model, its feeds, the outputs wanted) to :meth:`ComputeQueue.submit` and awaits the outputs.
@@ -41,7 +42,9 @@ class Runnable(Protocol):
 
     max_batch: int
 
-    def run(self, feeds: Mapping[str, np.ndarray], names: list[str]) -> tuple[dict[str, np.ndarray], float]:
+    def run(
+        self, feeds: Mapping[str, np.ndarray], names: list[str]
+    ) -> tuple[dict[str, np.ndarray], float]:
         """Outputs by name, and the compute time in ms."""
         ...
 
@@ -63,7 +66,8 @@ class QueueFull(Exception):
 
 
 class Budget(Protocol):
-    """Bytes held at once (``ByteBudget``): the copy a batch makes of its inputs is taken from it."""
+    """Bytes held at once (``ByteBudget``): the copy a batch makes of its inputs is taken from
+    it."""
 
     def take(self, nbytes: int) -> bool: ...
 
@@ -104,7 +108,8 @@ class QueueStats:
 
 
 class ComputeQueue:
-    """A bounded FIFO of :class:`Job`, run by ``workers`` threads. Create and use it on one event loop.
+    """A bounded FIFO of :class:`Job`, run by ``workers`` threads. Create and use it on one event
+    loop.
 
     With ``max_batch > 1``, a worker takes the oldest job and every waiting job of the same model
     (up to the model's ``max_batch``) and runs them as one batch; when that is fewer than the
@@ -149,10 +154,13 @@ class ComputeQueue:
         if self._tasks:
             return
         self._arrived = asyncio.Event()
-        self._tasks = [asyncio.create_task(self._work(), name=f"compute-{i}") for i in range(self.workers)]
+        self._tasks = [
+            asyncio.create_task(self._work(), name=f"compute-{i}") for i in range(self.workers)
+        ]
 
     async def submit(self, model: Runnable, feeds: Mapping[str, np.ndarray], names: Sequence[str]):
-        """Queue a job and wait for ``(outputs, compute_ms)``; :class:`QueueFull` when it is full."""
+        """Queue a job and wait for ``(outputs, compute_ms)``; :class:`QueueFull` when it is
+        full."""
         if self._arrived is None:
             self.start()
         assert self._arrived is not None
@@ -178,7 +186,12 @@ class ComputeQueue:
 
     def stats(self) -> QueueStats:
         return QueueStats(
-            len(self._jobs), self._computing, self._refused, self._compute_ms, self._runs, self._batched_jobs
+            len(self._jobs),
+            self._computing,
+            self._refused,
+            self._compute_ms,
+            self._runs,
+            self._batched_jobs,
         )
 
     async def _next(self) -> Job:
@@ -247,7 +260,9 @@ class ComputeQueue:
         try:
             if len(live) == 1:
                 results = [
-                    await loop.run_in_executor(self._pool, live[0].model.run, live[0].feeds, live[0].names)
+                    await loop.run_in_executor(
+                        self._pool, live[0].model.run, live[0].feeds, live[0].names
+                    )
                 ]
             else:
                 model = live[0].model

@@ -19,7 +19,8 @@ The thread never blocks on a client: sockets are non-blocking, at most :data:`MA
 once (past it the oldest is handed off), and one that has sent a part of a health request is
 peeked again every :data:`REPEEK_S` rather than watched (its unread bytes would wake the selector
 at once, again and again). It holds the GIL only for a few short calls per connection; the server
-lowers the switch interval (:data:`SWITCH_INTERVAL_S`) so that it gets the GIL soon from a busy loop.
+lowers the switch interval (:data:`SWITCH_INTERVAL_S`) so that it gets the GIL soon from a busy
+loop.
 Measured once each on the shared 2-core machine (noisy, load average 8-12): probe p99 9-32 ms with
 the front door and a 1 ms interval, 18 ms with Python's 5 ms (so the interval is margin, not the
 fix), 144 ms before the front door.
@@ -53,7 +54,9 @@ SWITCH_INTERVAL_S = 0.001  # Python's default, 5 ms, is the wait for the GIL aft
 FRONT_DOOR_FDS = MAX_PEEKING + 2 * MAX_IN_TRANSIT  # the most sockets the front door holds at once
 
 _LINES = {
-    f"GET /v2/health/{kind} HTTP/1.{minor}".encode(): kind for kind in ("live", "ready") for minor in (0, 1)
+    f"GET /v2/health/{kind} HTTP/1.{minor}".encode(): kind
+    for kind in ("live", "ready")
+    for minor in (0, 1)
 }
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -83,7 +86,9 @@ def classify(data: bytes) -> str | None:
         if not colon or not _TOKEN.fullmatch(name) or _CONTROL.search(value):
             return None
         names.append(name.lower())
-        if names[-1] == b"transfer-encoding" or (names[-1] == b"content-length" and value.strip() != b"0"):
+        if names[-1] == b"transfer-encoding" or (
+            names[-1] == b"content-length" and value.strip() != b"0"
+        ):
             return None
     hosts = names.count(b"host")  # HTTP/1.1 needs exactly one
     if names.count(b"content-length") > 1 or hosts > 1 or (hosts == 0 and line.endswith(b"1.1")):
@@ -92,7 +97,8 @@ def classify(data: bytes) -> str | None:
 
 
 def health_answer(kind: str, ready: bool) -> bytes:
-    """The whole answer to a health request, as the application gives it (with ``Connection: close``)."""
+    """The whole answer to a health request, as the application gives it (with ``Connection:
+    close``)."""
     ok = kind == "live" or ready
     body = json.dumps({kind: ok}).encode()
     head = (
@@ -104,7 +110,8 @@ def health_answer(kind: str, ready: bool) -> bytes:
 
 
 class FrontDoor:
-    """A thread that accepts on ``sock``, answers health probes, and hands everything else to ``loop``.
+    """A thread that accepts on ``sock``, answers health probes, and hands everything else to
+    ``loop``.
 
     Args:
         sock: a listening TCP socket; the front door owns it from :meth:`start` and closes it in
@@ -126,8 +133,12 @@ class FrontDoor:
         sock.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
-        self._waiting: OrderedDict[socket.socket, float] = OrderedDict()  # -> deadline, oldest first
-        self._partial: set[socket.socket] = set()  # sent part of a health request: peeked, not watched
+        self._waiting: OrderedDict[socket.socket, float] = (
+            OrderedDict()
+        )  # -> deadline, oldest first
+        self._partial: set[socket.socket] = (
+            set()
+        )  # sent part of a health request: peeked, not watched
         self._lock = threading.Lock()
         self._in_transit = 0
         self._accepting = False
@@ -156,7 +167,8 @@ class FrontDoor:
             s.close()
 
     async def settle(self) -> None:
-        """Wait (on the loop, after :meth:`stop`) for the connections handed to it to be set up; they
+        """Wait (on the loop, after :meth:`stop`) for the connections handed to it to be set up;
+        they
         then close with the server's. A loop closed with one still pending left a coroutine that
         failed when collected ("Event loop is closed", seen in a test run)."""
         if self._tasks:
@@ -245,8 +257,12 @@ class FrontDoor:
 
     def _answer(self, conn: socket.socket, kind: str, request_nbytes: int) -> None:
         try:
-            conn.recv(request_nbytes)  # read it: closing with unread bytes would reset the connection
-            conn.send(health_answer(kind, self._ready()))  # a few hundred bytes: the socket buffer takes them
+            conn.recv(
+                request_nbytes
+            )  # read it: closing with unread bytes would reset the connection
+            conn.send(
+                health_answer(kind, self._ready())
+            )  # a few hundred bytes: the socket buffer takes them
             self.answered += 1
         except OSError:
             pass
@@ -264,7 +280,9 @@ class FrontDoor:
         self._forget(conn)
         with self._lock:
             self._in_transit += 1
-        self.handed_off += 1  # before the loop can answer the client: a count it reads then is whole
+        self.handed_off += (
+            1  # before the loop can answer the client: a count it reads then is whole
+        )
         try:
             self._loop.call_soon_threadsafe(self._adopt, conn)
         except RuntimeError:  # the loop is closed

@@ -51,7 +51,8 @@ def default_max_connections(reserve_fds: int = 64, ceiling: int = 1024) -> int:
 
     It leaves ``reserve_fds`` for the process's own files, and 128 more: the front door holds up to
     :data:`~edgesplit.serve.frontdoor.FRONT_DOOR_FDS` sockets that are not yet connections of the
-    loop, and a connection closed at the cap (to make room) is closed an iteration of the loop later.
+    loop, and a connection closed at the cap (to make room) is closed an iteration of the loop
+    later.
     """
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
@@ -60,7 +61,8 @@ def default_max_connections(reserve_fds: int = 64, ceiling: int = 1024) -> int:
 
 
 def raw_response(status: int, message: str, headers: dict[str, str] | None = None) -> bytes:
-    """A whole ``Connection: close`` HTTP/1.1 answer with a JSON error body, for use below aiohttp."""
+    """A whole ``Connection: close`` HTTP/1.1 answer with a JSON error body, for use below
+    aiohttp."""
     body = json.dumps({"error": message}).encode()
     lines = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
@@ -73,7 +75,8 @@ def raw_response(status: int, message: str, headers: dict[str, str] | None = Non
 
 
 class ByteBudget:
-    """Bytes that request bodies may hold at once, across all requests (used on the event loop only)."""
+    """Bytes that request bodies may hold at once, across all requests (used on the event loop
+    only)."""
 
     def __init__(self, limit_nbytes: int):
         self.limit_nbytes = limit_nbytes
@@ -188,7 +191,8 @@ class GuardedHandler(RequestHandler):
             return
         self._admitted = True
         super().connection_made(transport)
-        self._start_header_timer()  # the first request's headers are due from the connection's start
+        # the first request's headers are due from the connection's start
+        self._start_header_timer()
 
     def data_received(self, data: bytes) -> None:
         if data and not self._guard.busy(self):
@@ -197,7 +201,9 @@ class GuardedHandler(RequestHandler):
 
     def _start_header_timer(self) -> None:
         if self._header_timer is None and self.transport is not None:
-            self._header_timer = self._loop.call_later(self._guard.header_timeout_s, self._headers_too_slow)
+            self._header_timer = self._loop.call_later(
+                self._guard.header_timeout_s, self._headers_too_slow
+            )
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.cancel_header_timer()
@@ -235,7 +241,9 @@ class GuardedHandler(RequestHandler):
         if status >= 500:
             text = HTTPStatus(status).phrase.lower()
         else:  # aiohttp's message for a bad request names the problem, never our internals
-            text = (message or getattr(exc, "message", None) or HTTPStatus(status).phrase).splitlines()[0]
+            text = (
+                message or getattr(exc, "message", None) or HTTPStatus(status).phrase
+            ).splitlines()[0]
         resp = web.json_response(
             {"error": f"bad request: {text[:200]}"} if status == 400 else {"error": text}
         )
@@ -272,8 +280,12 @@ class GuardedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()
-        family = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        sock = socket.create_server((self._host, self._port), family=family[0][0], backlog=LISTEN_QUEUE)
+        family = socket.getaddrinfo(
+            self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        sock = socket.create_server(
+            (self._host, self._port), family=family[0][0], backlog=LISTEN_QUEUE
+        )
         self.bound_port = int(sock.getsockname()[1])
         self.front_door = FrontDoor(sock, loop, self._factory, self._ready)
         self.front_door.start()

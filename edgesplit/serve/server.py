@@ -105,7 +105,8 @@ class ServeOptions:
         if self.max_inflight_nbytes < self.max_request_nbytes:
             raise InputError(
                 f"--max-inflight-mb ({self.max_inflight_nbytes / MB:g}) must be at least "
-                f"--max-request-mb ({self.max_request_nbytes / MB:g}), or no large request could be read"
+                f"--max-request-mb ({self.max_request_nbytes / MB:g}), or no large request could "
+                "be read"
             )
         for flag, value in (
             ("--header-timeout-s", self.header_timeout_s),
@@ -120,7 +121,8 @@ class ServeOptions:
             raise InputError(f"--max-batch must be at least 1, not {self.max_batch}")
         if not 0 <= self.max_queue_delay_ms < 60_000:
             raise InputError(
-                f"--max-queue-delay-ms must be between 0 and 60000 ms, not {self.max_queue_delay_ms}"
+                "--max-queue-delay-ms must be between 0 and 60000 ms, not "
+                f"{self.max_queue_delay_ms}"
             )
 
 
@@ -155,7 +157,8 @@ class OffloadServer:
         parts = [p for p in manifest.parts if p.remote or options.all_parts]
         if not parts:
             raise BundleError(
-                f"{self.bundle}: no server parts to serve (remote=True); use --all-parts to serve every part"
+                f"{self.bundle}: no server parts to serve (remote=True); use --all-parts to serve "
+                "every part"
             )
         workers = options.compute_threads or max(2, os.cpu_count() or 2)
         intra = options.intra_op_threads
@@ -202,7 +205,9 @@ class OffloadServer:
     # ---- the application
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware], client_max_size=self.options.max_request_nbytes)
+        app = web.Application(
+            middlewares=[self._middleware], client_max_size=self.options.max_request_nbytes
+        )
         r = app.router
         r.add_get("/v2/health/live", self._live)
         r.add_get("/v2/health/ready", self._ready_h)
@@ -238,7 +243,9 @@ class OffloadServer:
             return _error(503, str(e), **{"Retry-After": str(e.retry_after_s)})
         except Refused as e:
             resp = _error(e.status, str(e), **e.headers)
-            if e.close:  # the rest of the body is not read: answer, then close (aiohttp would drain it)
+            if (
+                e.close
+            ):  # the rest of the body is not read: answer, then close (aiohttp would drain it)
                 await send_and_close(request, resp)
             return resp
         except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method
@@ -247,7 +254,9 @@ class OffloadServer:
             return _error(e.status, e.reason)
         except Exception as e:  # noqa: BLE001 - answer 500 without internals and keep serving
             eid = uuid.uuid4().hex[:12]
-            log.error("internal error %s on %s %s", eid, request.method, request.path[:200], exc_info=e)
+            log.error(
+                "internal error %s on %s %s", eid, request.method, request.path[:200], exc_info=e
+            )
             return _error(500, f"internal error (id {eid}); the server log has the details")
 
     def _authorize(self, request: web.Request) -> None:
@@ -266,7 +275,9 @@ class OffloadServer:
         model = self.models.get(name)
         version = request.match_info.get("version")
         if model is None or version not in (None, "", "1"):
-            raise Refused(404, f"no model '{name[:64]}'" + (f" version {version[:16]}" if version else ""))
+            raise Refused(
+                404, f"no model '{name[:64]}'" + (f" version {version[:16]}" if version else "")
+            )
         return model
 
     async def _live(self, request: web.Request) -> web.Response:
@@ -282,7 +293,9 @@ class OffloadServer:
             v = version("edgesplit")
         except PackageNotFoundError:
             v = "0"
-        return web.json_response({"name": "edgesplit", "version": v, "extensions": ["binary_tensor_data"]})
+        return web.json_response(
+            {"name": "edgesplit", "version": v, "extensions": ["binary_tensor_data"]}
+        )
 
     async def _model_meta(self, request: web.Request) -> web.Response:
         return web.json_response(self._model(request).metadata)
@@ -297,15 +310,23 @@ class OffloadServer:
         body: memoryview | None = None
         reusable = True
         try:
-            body = await read_body(request, self.options, held, self._head_check(request, model), self._pool)
+            body = await read_body(
+                request, self.options, held, self._head_check(request, model), self._pool
+            )
             t0 = time.perf_counter()
             req = await self._decode(request, body, held)
             feeds = model.check(req)
             names = list(req.outputs) if req.outputs is not None else model.output_names
             outputs, compute_ms = await self.compute.submit(model, feeds, names)
-            binary = req.binary_outputs if req.outputs is not None else (names if req.binary_default else ())
+            binary = (
+                req.binary_outputs
+                if req.outputs is not None
+                else (names if req.binary_default else ())
+            )
             if set(names) <= set(binary):
-                chunks, out_hlen = oip.encode_response(model.name, outputs, binary, request_id=req.id)
+                chunks, out_hlen = oip.encode_response(
+                    model.name, outputs, binary, request_id=req.id
+                )
             else:  # JSON values: tolist() and dumps() of a large output would hold the loop
                 chunks, out_hlen = await asyncio.get_running_loop().run_in_executor(
                     self._codec_pool, _encode, model.name, outputs, binary, req.id
@@ -314,7 +335,9 @@ class OffloadServer:
             headers = {"Server-Timing": f"compute;dur={compute_ms:.3f}, total;dur={total_ms:.3f}"}
             if out_hlen is not None:
                 headers[oip.HEADER_LENGTH] = str(out_hlen)
-            content_type = "application/octet-stream" if out_hlen is not None else "application/json"
+            content_type = (
+                "application/octet-stream" if out_hlen is not None else "application/json"
+            )
             return await send(request, chunks, headers, content_type, self.options.body_timeout_s)
         except asyncio.CancelledError:
             reusable = False  # a compute thread may still be reading the inputs, views of the body
@@ -325,7 +348,8 @@ class OffloadServer:
                 self._pool.give(body)
 
     def _head_check(self, request: web.Request, model: ServedModel):
-        """For a binary request with a small JSON header: check the header before the tensors are read."""
+        """For a binary request with a small JSON header: check the header before the tensors are
+        read."""
         value, length = request.headers.get(oip.HEADER_LENGTH), request.content_length
         if request.headers.get("Content-Encoding", "identity") != "identity":
             return None
@@ -335,15 +359,25 @@ class OffloadServer:
             if length is not None and length * JSON_WEIGHT > self.budget.limit_nbytes:
                 raise Refused(
                     413,
-                    f"a JSON request of {length} bytes needs {JSON_WEIGHT}x that to decode, over the "
-                    f"in-flight limit of {self.budget.limit_nbytes} bytes: send tensors as binary data",
+                    f"a JSON request of {length} bytes needs {JSON_WEIGHT}x that to decode, over "
+                    "the "
+                    f"in-flight limit of {self.budget.limit_nbytes} bytes: send tensors as binary "
+                    "data",
                     close=length > LINGER_MAX_NBYTES,
                 )
             return None
-        hlen = oip.parse_header_length(value, self.options.max_request_nbytes if length is None else length)
-        return (hlen, model.check_declared) if hlen is not None and hlen <= INLINE_JSON_NBYTES else None
+        hlen = oip.parse_header_length(
+            value, self.options.max_request_nbytes if length is None else length
+        )
+        return (
+            (hlen, model.check_declared)
+            if hlen is not None and hlen <= INLINE_JSON_NBYTES
+            else None
+        )
 
-    async def _decode(self, request: web.Request, body: memoryview, held: Reservation) -> oip.InferRequest:
+    async def _decode(
+        self, request: web.Request, body: memoryview, held: Reservation
+    ) -> oip.InferRequest:
         hlen = oip.parse_header_length(request.headers.get(oip.HEADER_LENGTH), len(body))
         json_nbytes = len(body) if hlen is None else hlen
         extra = json_nbytes * (JSON_WEIGHT - 1)
@@ -351,10 +385,14 @@ class OffloadServer:
             if held.nbytes + extra > self.budget.limit_nbytes:
                 raise Refused(
                     413,
-                    f"a JSON request header of {json_nbytes} bytes needs {JSON_WEIGHT}x that to decode, over "
-                    f"the in-flight limit of {self.budget.limit_nbytes} bytes: send tensors as binary data",
+                    f"a JSON request header of {json_nbytes} bytes needs {JSON_WEIGHT}x that to "
+                    "decode, over "
+                    f"the in-flight limit of {self.budget.limit_nbytes} bytes: send tensors as "
+                    "binary data",
                 )
-            raise Refused(503, "too many request bytes in flight; retry later", {"Retry-After": "1"})
+            raise Refused(
+                503, "too many request bytes in flight; retry later", {"Retry-After": "1"}
+            )
         if json_nbytes <= INLINE_JSON_NBYTES:
             return oip.decode_request(body, hlen)
         return await asyncio.get_running_loop().run_in_executor(
@@ -423,12 +461,15 @@ def _encode(model_name: str, outputs, binary, request_id):
 
 
 class ServerThread:
-    """An :class:`OffloadServer` on its own event loop in a background thread (tests, benchmarks)."""
+    """An :class:`OffloadServer` on its own event loop in a background thread (tests,
+    benchmarks)."""
 
     def __init__(self, bundle: str | os.PathLike, options: ServeOptions = ServeOptions(port=0)):
         self.server = OffloadServer(bundle, options)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="edgesplit-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="edgesplit-server", daemon=True
+        )
 
     @property
     def url(self) -> str:

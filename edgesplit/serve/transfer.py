@@ -22,7 +22,9 @@ from edgesplit.errors import RunInputError
 from edgesplit.serve.guard import ByteBudget, Reservation
 
 ENCODINGS = ("identity", "gzip", "deflate")
-LINGER_MAX_NBYTES = 1 << 20  # refused early with more unread than this: close rather than read the rest
+LINGER_MAX_NBYTES = (
+    1 << 20
+)  # refused early with more unread than this: close rather than read the rest
 
 
 class BufferPool:
@@ -57,7 +59,8 @@ class BufferPool:
         return memoryview(buf)[:nbytes]
 
     def give(self, view: memoryview) -> None:
-        """Keep the buffer under ``view`` for reuse; the caller guarantees nothing reads it any more."""
+        """Keep the buffer under ``view`` for reuse; the caller guarantees nothing reads it any
+        more."""
         buf = view.obj
         if isinstance(buf, np.ndarray) and buf.size >= self.MIN_NBYTES:
             self._free.append(buf)
@@ -83,7 +86,11 @@ class Refused(Exception):
     """
 
     def __init__(
-        self, status: int, message: str, headers: Mapping[str, str] | None = None, close: bool | None = None
+        self,
+        status: int,
+        message: str,
+        headers: Mapping[str, str] | None = None,
+        close: bool | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -112,10 +119,12 @@ async def read_body(
     check_head: tuple[int, Callable[[memoryview, int | None], int]] | None = None,
     pool: BufferPool | None = None,
 ) -> memoryview:
-    """The request body (decompressed), within the size limit, the byte budget and the body deadline.
+    """The request body (decompressed), within the size limit, the byte budget and the body
+    deadline.
 
     ``check_head``: ``(n, check)``; once the first ``n`` bytes (the JSON header of a binary request)
-    are in, ``check(head, nbytes_after_head or None)`` may refuse the request before the rest is read;
+    are in, ``check(head, nbytes_after_head or None)`` may refuse the request before the rest is
+    read;
     it returns the bytes of tensors the header declares, and a body of unknown size (chunked) may
     not hold more than that after its header.
     """
@@ -124,8 +133,12 @@ async def read_body(
     if declared is not None and declared > limit:
         raise Refused(413, f"request body of {declared} bytes is over the limit of {limit} bytes")
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ENCODINGS:  # aiohttp inflates gzip and deflate itself; the limit counts inflated bytes
-        raise Refused(415, f"unsupported Content-Encoding {encoding[:40]!r} (use {', '.join(ENCODINGS)})")
+    if (
+        encoding not in ENCODINGS
+    ):  # aiohttp inflates gzip and deflate itself; the limit counts inflated bytes
+        raise Refused(
+            415, f"unsupported Content-Encoding {encoding[:40]!r} (use {', '.join(ENCODINGS)})"
+        )
     size = declared if encoding == "identity" else None
     if size is not None:
         _reserve(held, size, size)
@@ -150,16 +163,22 @@ async def read_body(
                 if check_head is not None and pos >= check_head[0]:
                     head_nbytes, check = check_head
                     check_head = None
-                    head = bytes((fixed if size is not None else grown)[:head_nbytes])  # at most 64 KB
+                    head = bytes(
+                        (fixed if size is not None else grown)[:head_nbytes]
+                    )  # at most 64 KB
                     try:
-                        declared = check(memoryview(head), None if size is None else size - head_nbytes)
+                        declared = check(
+                            memoryview(head), None if size is None else size - head_nbytes
+                        )
                     except RunInputError as e:
                         unread = limit if size is None else size - pos
                         raise Refused(400, str(e), close=unread > LINGER_MAX_NBYTES) from e
                     if size is None:
                         limit = min(limit, head_nbytes + declared)
     except TimeoutError:
-        raise Refused(408, f"request body not received within {limits.body_timeout_s:g} s") from None
+        raise Refused(
+            408, f"request body not received within {limits.body_timeout_s:g} s"
+        ) from None
     except (PayloadEncodingError, RequestPayloadError) as e:
         raise RunInputError(f"the body is not valid {encoding} data ({e})") from e
     if size is not None and pos != size:
@@ -174,7 +193,8 @@ async def send(
     content_type: str,
     timeout_s: float,
 ) -> web.StreamResponse:
-    """Write an answer of ``chunks`` within ``timeout_s``; a client too slow to read it is dropped."""
+    """Write an answer of ``chunks`` within ``timeout_s``; a client too slow to read it is
+    dropped."""
     resp = web.StreamResponse(headers=headers)
     resp.content_type = content_type
     resp.content_length = sum(len(c) for c in chunks)
@@ -193,7 +213,8 @@ async def send(
 async def send_and_close(request: web.Request, resp: web.Response) -> None:
     """Send ``resp``, then close the connection without reading what is left of the request body.
 
-    aiohttp would read and discard the rest for up to 10 s (its lingering close); for a body known to
+    aiohttp would read and discard the rest for up to 10 s (its lingering close); for a body known
+    to
     be large that is work spent on a request already refused. A client still sending may then see
     the connection reset rather than the answer.
     """

@@ -1,5 +1,6 @@
 """``compile`` as the public API takes it: a model and a plan as paths or objects, resolved here
-into the loaded graph, the plan and the device spec that :func:`edgesplit.compile.build.build_bundle`
+into the loaded graph, the plan and the device spec that
+:func:`edgesplit.compile.build.build_bundle`
 compiles, with the band plans of a plan that offloads over a link."""
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from edgesplit.model.graph import ModelGraph
 from edgesplit.optimize.bands import BandAnalysis, band_analysis
 from edgesplit.optimize.plan import Plan
 from edgesplit.util import sha256_file
-from edgesplit.workflows.resolve import SpecLike, as_plan, load_graph, plan_device, problem_from_plan
+from edgesplit.workflows.resolve import (
+    SpecLike,
+    as_plan,
+    load_graph,
+    plan_device,
+    problem_from_plan,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,7 +72,9 @@ def compile_bundle(
     model_path = "" if isinstance(model, ModelGraph) else os.fspath(model)
     check_output(out, options.get("force", False), [model_path, "" if source == "plan" else source])
     plan = as_plan(plan)
-    graph = _graph_for(model, plan, options.pop("input_shapes", None), options.pop("input_values", None))
+    graph = _graph_for(
+        model, plan, options.pop("input_shapes", None), options.pop("input_values", None)
+    )
     spec = plan_device(plan, device)
     analysis = _bands(plan, problem) if bands else None
     return build_bundle(graph, plan, spec, out, source=source, bands=analysis, **options)
@@ -80,7 +89,9 @@ def _graph_for(
     """The model, loaded with the plan's input shapes unless told others, checked to be the plan's,
     and rewritten for the plan's split operators."""
     if not isinstance(model, ModelGraph) and Path(model).is_file():
-        check_plan_fits(plan, os.fspath(model), sha256_file(model))  # before the plan's shapes apply
+        check_plan_fits(
+            plan, os.fspath(model), sha256_file(model)
+        )  # before the plan's shapes apply
     graph = load_graph(model, input_shapes or plan.input_shapes or None, input_values)
     check_plan_fits(plan, graph.path, graph.sha256)
     if plan.splits and any(n.name not in plan.assignment for n in graph.nodes):  # not rewritten yet
@@ -100,5 +111,7 @@ def _bands(plan: Plan, problem: Problem | None) -> BandAnalysis:
         try:
             problem = problem_from_plan(plan)
         except EdgesplitError as e:
-            return band_analysis(plan, None, reason=f"the plan's problem cannot be loaded again ({e})")
+            return band_analysis(
+                plan, None, reason=f"the plan's problem cannot be loaded again ({e})"
+            )
     return band_analysis(plan, problem)

@@ -66,13 +66,15 @@ def deploy(
     the plan, and verify it by measurement against the best baselines before shipping it at ``out``.
 
     Args:
-        model: A loaded :class:`ModelGraph` or an ONNX file (loaded with ``input_shapes``/``input_values``).
+        model: A loaded :class:`ModelGraph` or an ONNX file (loaded with
+        ``input_shapes``/``input_values``).
         verify_options: All the verification's options at once (overrides ``verify_budget_s``,
             ``server_url`` and ``token``).
         options: :class:`DeployOptions`: the fields of :class:`edgesplit.workflows.resolve.Choices`,
             as for :func:`edgesplit.partition`, and how to compile and verify.
 
-    Returns the manifest: ``plan`` (the shipped candidate's, with predicted figures and baselines) and
+    Returns the manifest: ``plan`` (the shipped candidate's, with predicted figures and baselines)
+    and
     ``verification`` (None when not verified); open the bundle with :func:`edgesplit.load`.
     """
     from edgesplit.bundle.format import sign_bundle
@@ -82,7 +84,11 @@ def deploy(
 
     choices = {k: v for k, v in options.items() if k not in _DEPLOY_KEYS}
     tune_trials, tune = options.get("tune_trials", 0), options.get("tune")
-    progress, force, bands = options.get("progress"), options.get("force", False), options.get("bands", True)
+    progress, force, bands = (
+        options.get("progress"),
+        options.get("force", False),
+        options.get("bands", True),
+    )
     sign_key = options.get("sign_key")
     key = load_private_key(sign_key) if sign_key is not None else None
     verifying = options.get("verify", True)
@@ -91,8 +97,12 @@ def deploy(
         options.get("server_url"),
         options.get("token"),
     )
-    vopts = (verify_options or verify_options_for(budget_s, server_url, token)) if verifying else None
-    check_output(out, force, [getattr(model, "path", None) or os.fspath(model)])  # before the slow steps
+    vopts = (
+        (verify_options or verify_options_for(budget_s, server_url, token)) if verifying else None
+    )
+    check_output(
+        out, force, [getattr(model, "path", None) or os.fspath(model)]
+    )  # before the slow steps
     problem, plan = _planned(model, device, choices, out, progress)
     if vopts is not None:
         from edgesplit.workflows.verify import verify_plan
@@ -135,7 +145,8 @@ def _planned(
 ) -> tuple[Problem, Plan]:
     """The problem and its plan. With no profile file (measured here, or given as an object), the
     profile planned with is kept beside the bundle (:func:`profile_beside`), as ``partition`` keeps
-    it beside the plan: written once there is a plan, and kept should compiling or verifying fail."""
+    it beside the plan: written once there is a plan, and kept should compiling or verifying
+    fail."""
     from edgesplit.optimize.planner import solve_plan
     from edgesplit.workflows.resolve import Choices, resolve
 
@@ -150,14 +161,16 @@ def _planned(
 
 
 def profile_beside(out: str | os.PathLike) -> Path:
-    """Where ``deploy`` keeps the profile it measured for the bundle at ``out``: ``OUT.profile.json``
+    """Where ``deploy`` keeps the profile it measured for the bundle at ``out``:
+    ``OUT.profile.json``
     (``bundle/`` -> ``bundle.profile.json``, ``rec.bundle`` -> ``rec.profile.json``). The bundle's
     plan names it, so ``edgesplit calibrate BUNDLE`` refits it without profiling again."""
     return Path(os.path.abspath(out)).with_suffix(".profile.json")
 
 
 def verify_options_for(budget_s: float, server_url: str | None, token: str | None) -> VerifyOptions:
-    """The options of ``--verify-budget-s`` and ``--server-url`` (``local``: serve from this process).
+    """The options of ``--verify-budget-s`` and ``--server-url`` (``local``: serve from this
+    process).
 
     Raises:
         PlanError: for a budget that is not positive.

@@ -26,7 +26,8 @@ class PlanFiles:
     """Where a plan and what goes with it are written.
 
     Attributes:
-        plan: The plan's JSON file; a profile measured for it goes beside it (``PLAN.profile.json``).
+        plan: The plan's JSON file; a profile measured for it goes beside it
+        (``PLAN.profile.json``).
         onnx: The annotated copy of the model (default: beside the plan, ``PLAN.onnx``).
         plot: A Gantt chart of the plan (PNG), or None for none.
     """

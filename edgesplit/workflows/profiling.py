@@ -62,7 +62,9 @@ class ProfiledModel:
     rails_skipped: tuple[str, ...]
 
 
-def _graph(model: str, request: ProfileRequest, on_note: Callable[[str], None] | None) -> ModelGraph:
+def _graph(
+    model: str, request: ProfileRequest, on_note: Callable[[str], None] | None
+) -> ModelGraph:
     from edgesplit.workflows.resolve import load_graph
 
     graph = load_graph(model, request.input_shapes, request.input_values)

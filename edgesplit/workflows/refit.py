@@ -105,11 +105,12 @@ def measure(
     server_url: str | None = None,
 ) -> Measured:
     """Run ``bundle`` ``runs`` times (after ``warmup``) and reduce its records for the fit
-    (``trust_key``: the bundle must be signed by it, as for :func:`~edgesplit.runtime.session.load`):
+    (``trust_key``: the bundle must be signed by it, as for
+    :func:`~edgesplit.runtime.session.load`):
     :func:`measure_alternating` with one bundle in one turn."""
-    return measure_alternating([bundle], runs, warmup, turns=1, trust_key=trust_key, server_url=server_url)[
-        str(bundle)
-    ]
+    return measure_alternating(
+        [bundle], runs, warmup, turns=1, trust_key=trust_key, server_url=server_url
+    )[str(bundle)]
 
 
 def _options(server_url: str | None) -> dict | None:
@@ -127,7 +128,9 @@ def remote_calls(bundle: str, stats: dict) -> dict[str, RemoteCall]:
     for name, st in stats.items():
         if st.local_runs or st.failures or not st.remote_runs:
             why = st.last_error or "it was not called"
-            raise InputError(f"{bundle}: part {name} ran on its local fallback, not on {st.url} ({why})")
+            raise InputError(
+                f"{bundle}: part {name} ran on its local fallback, not on {st.url} ({why})"
+            )
         compute = st.compute_ms_median if st.compute_ms_median is not None else st.server_ms_median
         if compute is None or st.remote_ms_median is None:
             raise InputError(
@@ -135,7 +138,9 @@ def remote_calls(bundle: str, stats: dict) -> dict[str, RemoteCall]:
                 "(no Server-Timing), so its calls cannot be told from its compute"
             )
         n = st.remote_runs
-        out[name] = RemoteCall(st.remote_ms_median, compute, st.sent_nbytes / n, st.received_nbytes / n, n)
+        out[name] = RemoteCall(
+            st.remote_ms_median, compute, st.sent_nbytes / n, st.received_nbytes / n, n
+        )
     return out
 
 
@@ -164,7 +169,8 @@ def measure_alternating(
     with ExitStack() as stack:
         opts = _options(server_url)
         sessions = {
-            b: stack.enter_context(load(b, trust_key=trust_key, executor_options=opts)) for b in names
+            b: stack.enter_context(load(b, trust_key=trust_key, executor_options=opts))
+            for b in names
         }
         feeds = {b: random_feeds(s, given=inputs) for b, s in sessions.items()}
         for b, sess in sessions.items():
@@ -234,7 +240,9 @@ def queued_gaps_ms(runs: Sequence[PartRun]) -> dict[str, float]:
     for rs in by_lane.values():
         rs.sort(key=lambda r: r.start_ns)
         gaps = [
-            (b.start_ns - a.collected_ns) / 1e6 for a, b in zip(rs, rs[1:]) if b.submit_ns <= a.collected_ns
+            (b.start_ns - a.collected_ns) / 1e6
+            for a, b in zip(rs, rs[1:])
+            if b.submit_ns <= a.collected_ns
         ]
         if len(gaps) >= MIN_GAPS:
             out[rs[0].processor] = float(np.median(gaps))
@@ -285,7 +293,8 @@ class PlanCosts:
 
 
 def plan_costs(plan: Plan, profile: Profile) -> PlanCosts:
-    """The plan's problem under ``profile``, each node on the processor and backend the plan gave it.
+    """The plan's problem under ``profile``, each node on the processor and backend the plan gave
+    it.
 
     Raises:
         PlanError: when the plan's model file is gone.
@@ -297,7 +306,9 @@ def plan_costs(plan: Plan, profile: Profile) -> PlanCosts:
     server = None
     if plan.server:
         server = load_device(
-            plan.server_path if plan.server_path and Path(plan.server_path).is_file() else plan.server
+            plan.server_path
+            if plan.server_path and Path(plan.server_path).is_file()
+            else plan.server
         )
     link = network_link(plan.link) if plan.link else None  # older plans name the preset
     if server is not None and plan.server_profile_path:  # the server priced as the plan priced it
@@ -310,7 +321,9 @@ def plan_costs(plan: Plan, profile: Profile) -> PlanCosts:
         link=link,
         assignment=plan.assignment,
     )
-    assign = np.array([cm.proc_index(plan.assignment[n]["processor"]) for n in cm.nodes], dtype=np.int64)
+    assign = np.array(
+        [cm.proc_index(plan.assignment[n]["processor"]) for n in cm.nodes], dtype=np.int64
+    )
     index = {n: i for i, n in enumerate(cm.nodes)}
     parts = tuple(tuple(index[n] for n in p.nodes) for p in plan.parts)
     return PlanCosts(cm, assign, parts, tuple(p.name for p in plan.parts))
@@ -336,7 +349,8 @@ def base_profile(
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     if prof.model_sha256 != plan.model_sha256:
         raise InputError(
-            f"{bundle}: the profile is for model {prof.model_sha256[:12]}, the bundle's plan for {plan.model_sha256[:12]}"
+            f"{bundle}: the profile is for model {prof.model_sha256[:12]}, the bundle's plan for "
+            f"{plan.model_sha256[:12]}"
         )
     return plan, uncalibrated(prof)
 
@@ -377,7 +391,8 @@ def _local_only(bundle: str | os.PathLike, plan: Plan) -> None:
     remote = [f"{p.name} ({p.processor})" for p in plan.parts if p.remote]
     if remote:
         raise InputError(
-            f"{bundle}: parts {', '.join(remote)} run on the server, and no server was given (they would "
+            f"{bundle}: parts {', '.join(remote)} run on the server, and no server was given (they "
+            "would "
             "run on their local fallback here): pass --server URL, a server that serves them"
         )
 
@@ -450,7 +465,9 @@ def refit(
             order, runs, warmup, trust_key=trust_key, server_url=server_url, inputs=inputs
         )
         for b in order:
-            stream = measure_stream(b, runs, trust_key=trust_key, server_url=server_url, inputs=inputs)
+            stream = measure_stream(
+                b, runs, trust_key=trust_key, server_url=server_url, inputs=inputs
+            )
             fresh = dataclasses.replace(single[b], stream=stream)
             cases += _cases(b, priced[b], fresh)
             measured[b] = fresh if b not in measured else measured[b].merged(fresh)
@@ -458,7 +475,8 @@ def refit(
         if number > 1 and all(abs(c.error) <= tolerance for c in cases) and converged is None:
             converged = number - 1
         observed = [
-            Observed(start[b].cm, start[b].assign, start[b].names, measured[b], start[b].parts) for b in plans
+            Observed(start[b].cm, start[b].assign, start[b].names, measured[b], start[b].parts)
+            for b in plans
         ]
         current, fits = fit_profile(observed, base, label)
         rounds.append(Round(number, tuple(cases), tuple(fits)))
@@ -475,7 +493,9 @@ def refit(
     if server_url:
         record["server_url"] = server_url  # where the calls that fitted the call's cost went
     current = dataclasses.replace(current, calibration=record)
-    return Refit(current, tuple(rounds), converged, {b: p.latency_ms() for b, p in priced.items()}, tolerance)
+    return Refit(
+        current, tuple(rounds), converged, {b: p.latency_ms() for b, p in priced.items()}, tolerance
+    )
 
 
 def _record(

@@ -206,7 +206,9 @@ def resolve_link(
     """
     if server is None:
         if link is not None or bandwidth_mbps is not None or rtt_ms is not None:
-            raise PlanError("--link, --bandwidth-mbps and --rtt-ms need --server (a server to reach)")
+            raise PlanError(
+                "--link, --bandwidth-mbps and --rtt-ms need --server (a server to reach)"
+            )
         return None
     return network_link(link, bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_ms)
 
@@ -233,7 +235,9 @@ def parse_pins(pins: Mapping[str, str] | Iterable[str] | None) -> dict[str, str]
     return out
 
 
-def _given_profile(graph: ModelGraph, given: Profile | str | os.PathLike) -> tuple[Profile, str | None]:
+def _given_profile(
+    graph: ModelGraph, given: Profile | str | os.PathLike
+) -> tuple[Profile, str | None]:
     """A profile as it is, or read from its file; and that file. Raises PlanError (naming the
     file) for a profile of another model."""
     path = None if isinstance(given, Profile) else os.fspath(given)
@@ -273,7 +277,9 @@ def with_server_profile(
     sp, path = _given_profile(graph, given)
     where = f"{path}: " if path else "the server profile: "
     if sp.device != server.name:
-        raise PlanError(f"{where}it is a profile of device '{sp.device}', not of the server '{server.name}'")
+        raise PlanError(
+            f"{where}it is a profile of device '{sp.device}', not of the server '{server.name}'"
+        )
     unknown = sorted({e.processor for e in sp.entries} - {p.name for p in server.processors})
     if unknown:
         raise PlanError(
@@ -283,7 +289,8 @@ def with_server_profile(
     renamed = [replace(e, processor=f"{server.name}.{e.processor}") for e in sp.entries]
     taken = {e.processor for e in renamed}
     return replace(
-        profile, entries=tuple(e for e in profile.entries if e.processor not in taken) + tuple(renamed)
+        profile,
+        entries=tuple(e for e in profile.entries if e.processor not in taken) + tuple(renamed),
     )
 
 
@@ -312,7 +319,9 @@ def check_choices(choices: Choices) -> dict[str, str]:
         if c.server_profile is not None:
             raise PlanError("--server-profile needs --server (the server it was measured on)")
     if c.profile is not None and c.profiling is not None and c.profiling.backends:
-        raise PlanError("--backend chooses what to measure, but --profile is given: nothing is measured")
+        raise PlanError(
+            "--backend chooses what to measure, but --profile is given: nothing is measured"
+        )
     if c.server_load is not None:
         if c.server is None:
             raise PlanError("--server-load needs --server (a server to share)")
@@ -391,7 +400,8 @@ def partition(
         choices: The fields of :class:`Choices`: ``objective``, ``slo_ms``, ``profile``,
             ``server``, ``server_profile``, ``link``, ``bandwidth_mbps``, ``rtt_ms``, ``pins``,
             ``input_shapes``, ``input_values``, ``profiling``, ``server_load``, ``server_slots``,
-            ``accuracy``, ``calibration_data``, ``calibration_method``. Without a profile, the local processors
+            ``accuracy``, ``calibration_data``, ``calibration_method``. Without a profile, the local
+            processors
             are measured and the rest predicted, as ``edgesplit partition`` does.
 
     Returns:
@@ -418,7 +428,9 @@ def _recorded_spec(path: str, name: str) -> DeviceSpec:
 def plan_device(plan: Plan, device: SpecLike | None = None) -> DeviceSpec:
     """The device a plan runs on, with its server's processors: ``device`` when given, else the
     spec file the plan was made with (``plan.device_path``), else the spec named ``plan.device``."""
-    spec = load_spec(device) if device is not None else _recorded_spec(plan.device_path, plan.device)
+    spec = (
+        load_spec(device) if device is not None else _recorded_spec(plan.device_path, plan.device)
+    )
     return combined(spec, _recorded_spec(plan.server_path, plan.server) if plan.server else None)
 
 
@@ -427,7 +439,8 @@ def _plan_link(plan: Plan) -> NetworkLink | str | None:
 
 
 def _plan_load(plan: Plan) -> dict[str, int]:
-    """The server load a plan was priced for (``predicted``'s ``server_devices``), as Choices fields."""
+    """The server load a plan was priced for (``predicted``'s ``server_devices``), as Choices
+    fields."""
     devices = plan.predicted.server_devices
     if devices is None:
         return {}

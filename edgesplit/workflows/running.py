@@ -73,7 +73,11 @@ def run_bundle(bundle: str | os.PathLike, request: RunRequest) -> RunReport | Ba
         return _run_bands(bundle, r)
     options = dict(r.executor_options) if r.executor_options is not None else None
     with load(
-        bundle, executor_options=options, adaptive=r.adaptive, detailed=r.trace_detail, trust_key=r.trust_key
+        bundle,
+        executor_options=options,
+        adaptive=r.adaptive,
+        detailed=r.trace_detail,
+        trust_key=r.trust_key,
     ) as sess:
         feeds = read_inputs(sess, r.inputs)
         report = benchmark(sess, feeds, repeat=r.repeat, warmup=r.warmup, stream=r.stream)

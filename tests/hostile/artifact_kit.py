@@ -1,6 +1,7 @@
 """What the hostile-artifact tests share (test_artifacts.py, test_artifacts_corpus.py): the CLI run
 in this process, the one-line refusal check, and the module's fixed inputs, built once per module.
-A test module imports the fixtures it uses (``w``, ``bundle``, ``tvm_bundle``) by their function names.
+A test module imports the fixtures it uses (``w``, ``bundle``, ``tvm_bundle``) by their function
+names.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ processors:
     active_w: 2
     idle_w: 0.5
     backends: [{runtime: ort}, {runtime: tvm, target: {kind: llvm}}]
-  cpu2: {kind: cpu, peak_gflops: 20, mem_bandwidth_gbps: 5, active_w: 1, idle_w: 0.2, backends: [{runtime: ort}]}
+  cpu2: {kind: cpu, peak_gflops: 20, mem_bandwidth_gbps: 5, active_w: 1, idle_w: 0.2,
+         backends: [{runtime: ort}]}
 """
 
 
@@ -131,7 +133,9 @@ def w_fixture(tmp_path_factory):
         ProcessorProfile(proc, "ort", "measured", {n.name: cost for n in graph.nodes})
         for proc in ("cpu", "cpu2")
     )
-    Profile(graph.sha256, graph.name, "hostile", graph.input_shapes(), entries).save(d / "prof.json")
+    Profile(graph.sha256, graph.name, "hostile", graph.input_shapes(), entries).save(
+        d / "prof.json"
+    )
     plan = contiguous_plan(graph, str(d / "dev.yaml"), [("cpu", "ort"), ("cpu2", "ort")])
     plan.save(d / "plan.json")
     compile_bundle(graph, plan, d / "bundle")

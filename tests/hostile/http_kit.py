@@ -1,5 +1,7 @@
-"""What the hostile HTTP tests share (test_http.py, test_http_inflight.py): the server's low limits, the
-module's tiny bundle and server (fixtures, imported by their function names), and raw HTTP on a socket.
+"""What the hostile HTTP tests share (test_http.py, test_http_inflight.py): the server's low limits,
+the
+module's tiny bundle and server (fixtures, imported by their function names), and raw HTTP on a
+socket.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class Answer:
 
 
 class Raw:
-    """One TCP connection to the server: send exact bytes, read one answer, or see the server close."""
+    """One TCP connection to the server: send exact bytes, read one answer, or see the server
+    close."""
 
     def __init__(self, port: int, timeout_s: float = 15.0):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
@@ -96,7 +99,9 @@ class Raw:
             assert self._fill(), f"closed without an answer (got {self.buf[:200]!r})"
         head, self.buf = self.buf.split(b"\r\n\r\n", 1)
         lines = head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])
+        }
         n = int(headers.get("content-length", 0))
         while len(self.buf) < n:
             assert self._fill(), "closed in the middle of an answer"
@@ -118,7 +123,11 @@ def port_of(server: ServerThread) -> int:
 
 
 def request(
-    method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None, length: bool = True
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    length: bool = True,
 ) -> bytes:
     h = {"Host": "x", "Authorization": AUTH, **(headers or {})}
     if length and "Transfer-Encoding" not in h:

@@ -80,7 +80,9 @@ def test_defect2_a_model_without_nodes_is_refused_and_nothing_waits(w, bundle, t
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, tmp_path / "zero.onnx")
-    r = cli("partition", tmp_path / "zero.onnx", "-d", w["spec"], "-o", tmp_path / "plan.json", "-q")
+    r = cli(
+        "partition", tmp_path / "zero.onnx", "-d", w["spec"], "-o", tmp_path / "plan.json", "-q"
+    )
     refused(r, "nothing to split", file=tmp_path / "zero.onnx")
     assert not (tmp_path / "plan.json").exists() and not (tmp_path / "plan.profile.json").exists()
     doc = manifest_of(bundle)  # a hand-made bundle with no parts: refused at load, no wait
@@ -184,7 +186,12 @@ def test_negative_or_non_numeric_run_terms_are_refused(w, tmp_path):
 
 @pytest.mark.parametrize(
     "flag,value",
-    [("--bandwidth-mbps", "nan"), ("--bandwidth-mbps", "inf"), ("--rtt-ms", "inf"), ("--slo-ms", "nan")],
+    [
+        ("--bandwidth-mbps", "nan"),
+        ("--bandwidth-mbps", "inf"),
+        ("--rtt-ms", "inf"),
+        ("--slo-ms", "nan"),
+    ],
 )
 def test_defect9_non_finite_flags_are_usage_errors(w, tmp_path, flag, value):
     extra = [] if flag == "--slo-ms" else ["--server", "server-a100"]
@@ -193,9 +200,20 @@ def test_defect9_non_finite_flags_are_usage_errors(w, tmp_path, flag, value):
 
 
 def test_defect9_every_float_flag_is_finite(w, bundle, tmp_path):
-    refused(cli("serve", bundle, "--max-request-mb", "inf"), "--max-request-mb", "not a finite number")
+    refused(
+        cli("serve", bundle, "--max-request-mb", "inf"), "--max-request-mb", "not a finite number"
+    )
     for flag in ("--connect-timeout", "--step-timeout"):
-        r = cli("profile", w["model"], "--remote", "u@127.0.0.1:9", flag, "nan", "-o", tmp_path / "p.json")
+        r = cli(
+            "profile",
+            w["model"],
+            "--remote",
+            "u@127.0.0.1:9",
+            flag,
+            "nan",
+            "-o",
+            tmp_path / "p.json",
+        )
         refused(r, flag, "not a finite number")
     assert not (tmp_path / "p.json").exists()
 
@@ -205,10 +223,16 @@ def test_defect9_non_finite_api_arguments_are_refused(w):
 
     with pytest.raises(DeviceSpecError, match="finite"):
         api_partition(
-            w["graph"], w["spec"], profile=w["profile"], server="server-a100", bandwidth_mbps=math.nan
+            w["graph"],
+            w["spec"],
+            profile=w["profile"],
+            server="server-a100",
+            bandwidth_mbps=math.nan,
         )
     with pytest.raises(DeviceSpecError, match="finite"):
-        api_partition(w["graph"], w["spec"], profile=w["profile"], server="server-a100", rtt_ms=math.inf)
+        api_partition(
+            w["graph"], w["spec"], profile=w["profile"], server="server-a100", rtt_ms=math.inf
+        )
     with pytest.raises(PlanError, match="slo-ms.*finite"):
         api_partition(w["graph"], w["spec"], profile=w["profile"], slo_ms=math.inf)
     with pytest.raises(PlanError, match="slo-ms.*expected a number"):
@@ -228,7 +252,11 @@ def test_defect10_json_nesting_bombs_are_exit_2(w, bundle, tmp_path):
     bomb = "[" * 100_000 + "]" * 100_000
     path = write_json(tmp_path / "p.json", bomb)
     refused(partition(w, tmp_path, profile=path), "nested too deeply", file=path)
-    refused(cli("compile", w["model"], "--plan", path, "-o", tmp_path / "o"), "nested too deeply", file=path)
+    refused(
+        cli("compile", w["model"], "--plan", path, "-o", tmp_path / "o"),
+        "nested too deeply",
+        file=path,
+    )
     write_json(bundle / "manifest.json", '{"a":' * 100_000 + "1" + "}" * 100_000)
     refused(run(bundle), "nested too deeply", file=bundle / "manifest.json")
 
@@ -238,7 +266,12 @@ def test_defect10_a_latency_given_as_a_string_names_the_node(w, tmp_path):
     prof["entries"][0]["nodes"]["conv"]["latency_ms"] = "3"
     path = write_json(tmp_path / "p.json", prof)
     refused(
-        partition(w, tmp_path, profile=path), "node conv", "latency_ms", "expected a number", "'3'", file=path
+        partition(w, tmp_path, profile=path),
+        "node conv",
+        "latency_ms",
+        "expected a number",
+        "'3'",
+        file=path,
     )
 
 
@@ -257,13 +290,17 @@ def test_defect10_an_edited_manifest_is_named_not_a_raw_ort_error(bundle):
     doc["parts"][0]["inputs"][0]["shape"] = [1, 3, 9, 9]
     write_json(bundle / "manifest.json", doc)
     refused(
-        run(bundle), "the manifest says input 'x' of part p0 is float32 [1, 3, 9, 9]", file=bundle / "parts"
+        run(bundle),
+        "the manifest says input 'x' of part p0 is float32 [1, 3, 9, 9]",
+        file=bundle / "parts",
     )
 
 
 @pytest.mark.parametrize("token", ["a\r\nX-Evil: 1", "two words", ""])
 def test_defect10_a_token_with_cr_lf_is_a_usage_error(bundle, token):
-    refused(run(bundle, "--server", "http://127.0.0.1:9", "--token", token), "--token", "visible ASCII")
+    refused(
+        run(bundle, "--server", "http://127.0.0.1:9", "--token", token), "--token", "visible ASCII"
+    )
 
 
 def test_defect11_symlinks_in_a_bundle_are_refused(bundle, tmp_path):
@@ -308,9 +345,16 @@ def test_defect11_unsigned_or_other_key_is_refused_with_a_trust_key(w, bundle, t
     from edgesplit.bundle.format import sign_bundle
 
     sign_bundle(bundle, w["other"])
-    refused(run(bundle, "--trust-key", w["pub"]), "signature does not verify", "signed by key", file=bundle)
+    refused(
+        run(bundle, "--trust-key", w["pub"]),
+        "signature does not verify",
+        "signed by key",
+        file=bundle,
+    )
     assert run(bundle, "--trust-key", w["other_pub"])[0] == 0
-    (tmp_path / "notakey.pem").write_text("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
+    (tmp_path / "notakey.pem").write_text(
+        "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"
+    )
     refused(run(bundle, "--trust-key", tmp_path / "notakey.pem"), "not a PEM or OpenSSH public key")
 
 
@@ -322,18 +366,31 @@ def test_keygen_then_deploy_signed_then_trusted(w, tmp_path):
     assert oct(key.stat().st_mode & 0o777) == "0o600" and Path(f"{key}.pub").exists()
     refused(cli("keygen", key), "exists", "--force", file=key)
     b = tmp_path / "b"
-    r = cli("deploy", w["model"], "-d", w["spec"], "--profile", w["profile"], "-o", b, "--sign-key", key)
+    r = cli(
+        "deploy", w["model"], "-d", w["spec"], "--profile", w["profile"], "-o", b, "--sign-key", key
+    )
     assert r[0] == 0, r
     assert run(b, "--trust-key", f"{key}.pub")[0] == 0
     from cryptography.hazmat.primitives import serialization as s
 
     from edgesplit.bundle.signing import load_private_key
 
-    ssh_pub = load_private_key(key).public_key().public_bytes(s.Encoding.OpenSSH, s.PublicFormat.OpenSSH)
+    ssh_pub = (
+        load_private_key(key).public_key().public_bytes(s.Encoding.OpenSSH, s.PublicFormat.OpenSSH)
+    )
     (tmp_path / "id.pub").write_bytes(ssh_pub + b" release\n")
     assert run(b, "--trust-key", tmp_path / "id.pub")[0] == 0
     refused(
-        cli("deploy", w["model"], "-d", w["spec"], "-o", tmp_path / "c", "--sign-key", tmp_path / "id.pub")
+        cli(
+            "deploy",
+            w["model"],
+            "-d",
+            w["spec"],
+            "-o",
+            tmp_path / "c",
+            "--sign-key",
+            tmp_path / "id.pub",
+        )
     )
     assert not (tmp_path / "c").exists()
 
@@ -352,7 +409,8 @@ EVIL_C = textwrap.dedent(
 
 def _run_twice(bundle: Path, marker: Path, pub: Path) -> str:
     """``edgesplit run`` in a fresh process, with the trusted key and then without; after each, the
-    exit code, whether the constructor ran, and whether a ``p0.so`` is mapped (``/proc/self/maps``)."""
+    exit code, whether the constructor ran, and whether a ``p0.so`` is mapped
+    (``/proc/self/maps``)."""
     code = textwrap.dedent(
         f"""\
         import os, sys
@@ -364,24 +422,31 @@ def _run_twice(bundle: Path, marker: Path, pub: Path) -> str:
             except SystemExit as e:
                 print('EXIT', e.code, flush=True)
             print('RAN' if os.path.exists({str(marker)!r}) else 'NOT-RAN', flush=True)
-            print('MAPPED' if any('p0.so' in ln for ln in open('/proc/self/maps')) else 'CLEAN', flush=True)
+            mapped = any('p0.so' in ln for ln in open('/proc/self/maps'))
+            print('MAPPED' if mapped else 'CLEAN', flush=True)
         attempt('--trust-key', {str(pub)!r})
         print('---', flush=True)
         attempt()
         """
     )
     env = {**os.environ, "EDGESPLIT_TEST_MARKER": str(marker)}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=110, env=env
+    )
     return r.stdout + r.stderr
 
 
 @pytest.mark.slow  # builds a TVM library (once for the module)
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler to build the attacker's library")
+@pytest.mark.skipif(
+    shutil.which("gcc") is None, reason="no C compiler to build the attacker's library"
+)
 def test_defect11_a_tampered_library_is_never_mapped_with_a_trust_key(w, tvm_bundle, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(tvm_bundle, b)
     (tmp_path / "evil.c").write_text(EVIL_C)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", b / "parts" / "p0.so", tmp_path / "evil.c"], check=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", b / "parts" / "p0.so", tmp_path / "evil.c"], check=True
+    )
     doc = manifest_of(b)
     doc["files"]["parts/p0.so"] = sha(b / "parts" / "p0.so")  # rehashed: the checksums all match
     write_json(b / "manifest.json", doc)
@@ -395,7 +460,9 @@ def test_defect11_a_tampered_library_is_never_mapped_with_a_trust_key(w, tvm_bun
 
 
 @pytest.mark.slow  # builds a TVM library (once for the module)
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler to build the attacker's library")
+@pytest.mark.skipif(
+    shutil.which("gcc") is None, reason="no C compiler to build the attacker's library"
+)
 def test_defect11_the_bytes_loaded_are_the_bytes_checked(w, tvm_bundle, tmp_path):
     """A file swapped after the bundle was verified (time of check to time of use) is refused
     when it is loaded: ORT parts load from the bytes hashed, TVM libraries from a private copy."""
@@ -408,7 +475,9 @@ def test_defect11_the_bytes_loaded_are_the_bytes_checked(w, tvm_bundle, tmp_path
     assert vb.trusted_key
     (tmp_path / "evil.c").write_text(EVIL_C)
     (b / "parts" / "p0.so").unlink()
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", b / "parts" / "p0.so", tmp_path / "evil.c"], check=True)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-o", b / "parts" / "p0.so", tmp_path / "evil.c"], check=True
+    )
     marker = tmp_path / "pwned"
     os.environ["EDGESPLIT_TEST_MARKER"] = str(marker)
     try:
@@ -434,16 +503,29 @@ def test_defect12_a_failed_partition_leaves_no_profile(w, tmp_path):
     out.mkdir()
     for quiet in (["-q"], []):
         r = cli(
-            "partition", w["model"], "-d", spec, "--objective", "energy", "--slo-ms", "0.000001", "--runs", "3",
-            "-o", out / "plan.json", *quiet,
-        )  # fmt: skip
+            "partition",
+            w["model"],
+            "-d",
+            spec,
+            "--objective",
+            "energy",
+            "--slo-ms",
+            "0.000001",
+            "--runs",
+            "3",
+            "-o",
+            out / "plan.json",
+            *quiet,
+        )
         refused(r, "SLO")
         assert sorted(p.name for p in out.iterdir()) == []
 
 
 def test_defect12_compile_uses_the_plans_device_file_and_link_needs_a_server(w, tmp_path):
     assert partition(w, tmp_path)[0] == 0  # a plan made with -d FILE
-    assert cli("compile", w["model"], "--plan", tmp_path / "plan.json", "-o", tmp_path / "b")[0] == 0
+    assert (
+        cli("compile", w["model"], "--plan", tmp_path / "plan.json", "-o", tmp_path / "b")[0] == 0
+    )
     r = cli(
         "deploy",
         w["model"],
@@ -470,13 +552,36 @@ def test_a_server_profile_that_is_not_one_or_not_the_servers_is_refused(w, tmp_p
     with nothing_written(out):
         refused(partition(w, out, *srv, bad), "not a JSON profile", file=bad)
         refused(
-            partition(w, out, *srv, w["profile"]), "of device 'hostile', not of the server", file=w["profile"]
+            partition(w, out, *srv, w["profile"]),
+            "of device 'hostile', not of the server",
+            file=w["profile"],
         )
-        refused(partition(w, out, "--server-profile", w["profile"]), "--server-profile needs --server")
-        r = cli("deploy", w["model"], "-d", w["spec"], "--profile", w["profile"], *srv, bad, "-o", out / "b")
+        refused(
+            partition(w, out, "--server-profile", w["profile"]), "--server-profile needs --server"
+        )
+        r = cli(
+            "deploy",
+            w["model"],
+            "-d",
+            w["spec"],
+            "--profile",
+            w["profile"],
+            *srv,
+            bad,
+            "-o",
+            out / "b",
+        )
         refused(r, file=bad)
         r = cli(
-            "profile", w["model"], "-d", w["spec"], "--here", "--remote", "u@127.0.0.1:9", "-o", out / "p"
+            "profile",
+            w["model"],
+            "-d",
+            w["spec"],
+            "--here",
+            "--remote",
+            "u@127.0.0.1:9",
+            "-o",
+            out / "p",
         )
         refused(r, "--here measures this machine")
 
@@ -485,19 +590,25 @@ def test_a_server_profile_that_is_not_one_or_not_the_servers_is_refused(w, tmp_p
 
 
 def test_calibrate_refuses_bundles_of_another_device_or_the_same_bundle_twice(w, bundle, tmp_path):
-    """``calibrate`` fits one profile on several bundles: they must be of one model on one device."""
+    """``calibrate`` fits one profile on several bundles: they must be of one model on one
+    device."""
     other = tmp_path / "other"
     compile_bundle(w["graph"], contiguous_plan(w["graph"], "host-2core", [("core0", "ort")]), other)
     out = tmp_path / "cal.json"
     with nothing_written(tmp_path / "b"):
-        line = refused(cli("calibrate", bundle, other, "-o", out, "--profile", w["profile"]), file=other)
+        line = refused(
+            cli("calibrate", bundle, other, "-o", out, "--profile", w["profile"]), file=other
+        )
         assert "host-2core" in line and str(bundle) in line, line
-        refused(cli("calibrate", bundle, bundle, "-o", out, "--profile", w["profile"]), "given twice")
+        refused(
+            cli("calibrate", bundle, bundle, "-o", out, "--profile", w["profile"]), "given twice"
+        )
     assert not out.exists()
 
 
 def test_calibrate_refuses_a_bundle_with_server_parts(w, tmp_path):
-    """A part on the server would run on its local fallback under ``calibrate`` without ``--server``,
+    """A part on the server would run on its local fallback under ``calibrate`` without
+    ``--server``,
     and be fitted as the server's: the bundle is refused, naming it and the part, and nothing is
     written; so is a server that cannot be reached."""
     import edgesplit
@@ -505,17 +616,26 @@ def test_calibrate_refuses_a_bundle_with_server_parts(w, tmp_path):
     last = w["graph"].nodes[-1].name
     out = tmp_path / "remote"
     m = edgesplit.deploy(
-        w["model"], w["spec"], out, profile=w["profile"], server="server-a100", pins={last: "server-a100.gpu"}
+        w["model"],
+        w["spec"],
+        out,
+        profile=w["profile"],
+        server="server-a100",
+        pins={last: "server-a100.gpu"},
     )
     remote = [p.name for p in m.plan.parts if p.remote]
     assert remote, m.plan.parts
     cal = tmp_path / "cal.json"
-    line = refused(cli("calibrate", out, "-o", cal, "--profile", w["profile"]), "run on the server", file=out)
+    line = refused(
+        cli("calibrate", out, "-o", cal, "--profile", w["profile"]), "run on the server", file=out
+    )
     assert remote[0] in line, line
     refused(cli("calibrate", w["bundle"], out, "-o", cal, "--profile", w["profile"]), file=out)
     # a server that cannot be reached: the parts ran on their fallback, which is not a call
     args = ("calibrate", out, "-o", cal, "--profile", w["profile"], "--runs", "3", "--warmup", "0")
-    line = refused(cli(*args, "--server", "http://127.0.0.1:9"), "ran on its local fallback", file=out)
+    line = refused(
+        cli(*args, "--server", "http://127.0.0.1:9"), "ran on its local fallback", file=out
+    )
     assert remote[0] in line and "127.0.0.1:9" in line, line
     assert not cal.exists()
 
@@ -529,5 +649,7 @@ def test_an_unknown_calibration_method_is_a_usage_error(w, tmp_path, value):
     refused(partition(w, tmp_path, "--calibration-method", value), "--calibration-method")
     assert not (tmp_path / "plan.json").exists()
     for bad in (value, 3, ["minmax"]):
-        with pytest.raises(PlanError, match=r"unknown calibration method .*minmax, percentile, entropy"):
+        with pytest.raises(
+            PlanError, match=r"unknown calibration method .*minmax, percentile, entropy"
+        ):
             api_partition(w["graph"], w["spec"], profile=w["profile"], calibration_method=bad)

@@ -29,17 +29,37 @@ pytestmark = pytest.mark.timeout(120)
 
 
 SPECS = {
-    "nan": (SPEC.replace("peak_gflops: 50", "peak_gflops: .nan"), "peak_gflops: nan is not a finite number"),
-    "inf": (SPEC.replace("mem_bandwidth_gbps: 10", "mem_bandwidth_gbps: .inf"), "inf is not a finite number"),
+    "nan": (
+        SPEC.replace("peak_gflops: 50", "peak_gflops: .nan"),
+        "peak_gflops: nan is not a finite number",
+    ),
+    "inf": (
+        SPEC.replace("mem_bandwidth_gbps: 10", "mem_bandwidth_gbps: .inf"),
+        "inf is not a finite number",
+    ),
     "huge_int": (SPEC.replace("active_w: 2", "active_w: 1" + "0" * 400), "active_w"),
-    "negative_power": (SPEC.replace("active_w: 2", "active_w: -3"), "active_w: -3 is less than the minimum"),
-    "wrong_type": (SPEC.replace("peak_gflops: 50", "peak_gflops: fast"), "'fast' is not of type 'number'"),
-    "unknown_key": (SPEC.replace("kind: cpu\n", "kind: cpu\n    turbo: true\n", 1), "'turbo' was unexpected"),
+    "negative_power": (
+        SPEC.replace("active_w: 2", "active_w: -3"),
+        "active_w: -3 is less than the minimum",
+    ),
+    "wrong_type": (
+        SPEC.replace("peak_gflops: 50", "peak_gflops: fast"),
+        "'fast' is not of type 'number'",
+    ),
+    "unknown_key": (
+        SPEC.replace("kind: cpu\n", "kind: cpu\n    turbo: true\n", 1),
+        "'turbo' was unexpected",
+    ),
     "deep": (
-        SPEC.replace("{runtime: ort}", "{runtime: ort, options: {a: " + "[" * 60 + "]" * 60 + "}}", 1),
+        SPEC.replace(
+            "{runtime: ort}", "{runtime: ort, options: {a: " + "[" * 60 + "]" * 60 + "}}", 1
+        ),
         "nested more than 32 deep",
     ),
-    "very_deep": ("name: x\nkind: device\nx: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    "very_deep": (
+        "name: x\nkind: device\nx: " + "[" * 5000 + "]" * 5000 + "\n",
+        "nested too deeply",
+    ),
     "ten_mb": (
         "name: x\nkind: device\ndescription: " + "x" * (10 << 20) + "\n",
         "more than a device spec may hold",
@@ -67,11 +87,17 @@ def test_a_hostile_device_spec_is_one_line(w, tmp_path, case):
 
 def test_a_spec_that_is_a_directory_or_missing_or_a_fifo(w, tmp_path):
     (tmp_path / "dir.yaml").mkdir()
-    refused(partition(w, tmp_path, spec=tmp_path / "dir.yaml"), "is a directory", file=tmp_path / "dir.yaml")
+    refused(
+        partition(w, tmp_path, spec=tmp_path / "dir.yaml"),
+        "is a directory",
+        file=tmp_path / "dir.yaml",
+    )
     refused(partition(w, tmp_path, spec=tmp_path / "none.yaml"), "no such device spec file")
     os.mkfifo(tmp_path / "fifo.yaml")  # nobody writes: reading it would wait forever
     refused(
-        partition(w, tmp_path, spec=tmp_path / "fifo.yaml"), "not a regular file", file=tmp_path / "fifo.yaml"
+        partition(w, tmp_path, spec=tmp_path / "fifo.yaml"),
+        "not a regular file",
+        file=tmp_path / "fifo.yaml",
     )
 
 
@@ -95,14 +121,26 @@ PROFILES = {
     "nan_literal": (lambda p: None, "NaN is not a number JSON allows"),
     "inf_literal": (lambda p: None, "Infinity is not a number JSON allows"),
     "overflow": (lambda p: None, "1e999 is not a finite number"),
-    "wrong_model_hash": (lambda p: p.update(model_sha256="0" * 64), "the profile is for model 000000000000"),
-    "unknown_backend": (lambda p: p["entries"][0].update(backend="cuda-magic"), "unknown backend cuda-magic"),
+    "wrong_model_hash": (
+        lambda p: p.update(model_sha256="0" * 64),
+        "the profile is for model 000000000000",
+    ),
+    "unknown_backend": (
+        lambda p: p["entries"][0].update(backend="cuda-magic"),
+        "unknown backend cuda-magic",
+    ),
     "negative_p90": (_set_node("p90_ms", -1), "p90_ms: -1 is negative"),
     "bool_latency": (_set_node("latency_ms", True), "expected a number, got True"),
     "negative_runs": (_set_node("runs", -5), "runs: -5 is negative"),
     "fraction_runs": (_set_node("runs", 2.5), "runs: expected an integer"),
-    "node_not_an_object": (lambda p: p["entries"][0]["nodes"].update(conv=[1, 2]), "not a valid profile"),
-    "missing_entries_key": (lambda p: p.pop("entries"), "not a valid profile (KeyError: 'entries')"),
+    "node_not_an_object": (
+        lambda p: p["entries"][0]["nodes"].update(conv=[1, 2]),
+        "not a valid profile",
+    ),
+    "missing_entries_key": (
+        lambda p: p.pop("entries"),
+        "not a valid profile (KeyError: 'entries')",
+    ),
     "top_is_a_list": (lambda p: None, "top level is list"),
     "truncated": (lambda p: None, "not a JSON profile"),
     "wrong_format_version": (lambda p: p.update(format_version=99), "profile format version 99"),
@@ -170,11 +208,23 @@ def _missing(plan):
 
 PLANS = {
     "slash_in_name": (lambda p: p["parts"][0].update(name="a/b"), "is not a valid name"),
-    "duplicate_names": (lambda p: p["parts"][1].update(name=p["parts"][0]["name"]), "two parts are named p0"),
+    "duplicate_names": (
+        lambda p: p["parts"][1].update(name=p["parts"][0]["name"]),
+        "two parts are named p0",
+    ),
     "cycle": (_cycle, "the parts depend on each other in a cycle (p0 -> p1 -> p0)"),
-    "unknown_node": (lambda p: p["parts"][0]["nodes"].append("ghost"), "names nodes the model lacks: ghost"),
-    "unknown_processor": (lambda p: p["parts"][0].update(processor="npu9"), "runs on processor npu9"),
-    "unknown_tensor": (lambda p: p["parts"][1]["inputs"].append("ghost_t"), "names tensors the model lacks"),
+    "unknown_node": (
+        lambda p: p["parts"][0]["nodes"].append("ghost"),
+        "names nodes the model lacks: ghost",
+    ),
+    "unknown_processor": (
+        lambda p: p["parts"][0].update(processor="npu9"),
+        "runs on processor npu9",
+    ),
+    "unknown_tensor": (
+        lambda p: p["parts"][1]["inputs"].append("ghost_t"),
+        "names tensors the model lacks",
+    ),
     "node_twice": (_twice, "node conv is in two parts"),
     "node_in_no_part": (_missing, "node(s) of the model are in no part: mul"),
     "no_parts": (lambda p: p.update(parts=[]), "the plan has no parts"),
@@ -202,20 +252,31 @@ PLANS = {
     "nan_predicted": (lambda p: None, "NaN is not a number JSON allows"),
     "zero_slo": (lambda p: p.update(slo_ms=0), "slo_ms: must be positive"),
     "wrong_format_version": (lambda p: p.update(format_version=7), "plan format version 7"),
-    "assignment_not_a_mapping": (lambda p: p.update(assignment={"conv": 5}), "not a valid plan (TypeError"),
-    "link_not_numbers": (lambda p: p.update(link={"up_mbps": "fast"}), "link.up_mbps: expected a number"),
+    "assignment_not_a_mapping": (
+        lambda p: p.update(assignment={"conv": 5}),
+        "not a valid plan (TypeError",
+    ),
+    "link_not_numbers": (
+        lambda p: p.update(link={"up_mbps": "fast"}),
+        "link.up_mbps: expected a number",
+    ),
     "output_not_written": (
         lambda p: p["parts"][0]["outputs"].append("w"),
         "lists outputs its nodes do not write: w",
     ),
-    "unknown_precision": (lambda p: p["parts"][0].update(precision="int4"), "precision: int4 is not one of"),
+    "unknown_precision": (
+        lambda p: p["parts"][0].update(precision="int4"),
+        "precision: int4 is not one of",
+    ),
     "precision_not_the_backends": (
         lambda p: p["parts"][0].update(precision="int8"),
         "part p0 says int8, but ort on cpu runs fp32",
     ),
     "accuracy_not_an_object": (lambda p: p.update(accuracy=[1, 2]), "accuracy: expected an object"),
     "accuracy_nan_snr": (
-        lambda p: p.update(accuracy={"measured": {"snr_db": "loud", "cosine": 1, "max_abs_error": 0}}),
+        lambda p: p.update(
+            accuracy={"measured": {"snr_db": "loud", "cosine": 1, "max_abs_error": 0}}
+        ),
         "accuracy.measured: snr_db: expected a number",
     ),
     "calibration_path_not_a_string": (
@@ -242,7 +303,9 @@ def test_a_hostile_plan_is_one_line(w, tmp_path, case):
         assert "NaN" in text
     path = write_json(tmp_path / "plan.json", text)
     with nothing_written(tmp_path):
-        refused(cli("compile", w["model"], "--plan", path, "-o", tmp_path / "out"), needle, file=path)
+        refused(
+            cli("compile", w["model"], "--plan", path, "-o", tmp_path / "out"), needle, file=path
+        )
 
 
 # ---- bundles
@@ -274,7 +337,10 @@ BUNDLES = {
         _edit_manifest(lambda d, b: d["files"].update({"/etc/passwd": "0" * 64})),
         "leaves the bundle",
     ),
-    "missing_file": (lambda b: (b / "parts" / "p1.onnx").unlink(), "p1.onnx: missing from the bundle"),
+    "missing_file": (
+        lambda b: (b / "parts" / "p1.onnx").unlink(),
+        "p1.onnx: missing from the bundle",
+    ),
     "edited_file": (
         lambda b: (b / "parts" / "p1.onnx").write_bytes(b"\x08\x07junk"),
         "p1.onnx: checksum mismatch",
@@ -317,7 +383,10 @@ BUNDLES = {
         _edit_manifest(lambda d, b: d["inputs"][0].update(shape=[1 << 20, 1 << 20])),
         "over 4 GiB",
     ),
-    "negative_dim": (_edit_manifest(lambda d, b: d["inputs"][0].update(shape=[1, -3])), "-3 is negative"),
+    "negative_dim": (
+        _edit_manifest(lambda d, b: d["inputs"][0].update(shape=[1, -3])),
+        "-3 is negative",
+    ),
     "part_name_traversal": (
         _edit_manifest(lambda d, b: d["parts"][0].update(name="../p0")),
         "is not a valid name",
@@ -336,7 +405,10 @@ BUNDLES = {
     ),
     "not_json": (lambda b: (b / "manifest.json").write_text("{not json"), "not a JSON manifest"),
     "missing_manifest": (lambda b: (b / "manifest.json").unlink(), "missing; "),
-    "missing_key": (_edit_manifest(lambda d, b: d.pop("inputs")), "malformed manifest (KeyError: 'inputs')"),
+    "missing_key": (
+        _edit_manifest(lambda d, b: d.pop("inputs")),
+        "malformed manifest (KeyError: 'inputs')",
+    ),
 }
 
 
@@ -378,7 +450,10 @@ def _input_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "pickle": ([f"x={npy(tmp / 'p.npy', np.array([{'a': 1}], dtype=object))}"], "a pickle"),
         "not_a_npy": ([f"x={tmp / 'text.npy'}"], "not a .npy array"),
         "missing_file": ([f"x={tmp / 'none.npy'}"], "cannot read the input"),
-        "unknown_name": ([f"nope={npy(tmp / 'n.npy', x)}"], "the bundle has no input 'nope' (inputs: x)"),
+        "unknown_name": (
+            [f"nope={npy(tmp / 'n.npy', x)}"],
+            "the bundle has no input 'nope' (inputs: x)",
+        ),
         "no_equals": (["x"], "--input 'x' is not NAME=FILE.npy"),
         "fifo": ([f"x={tmp / 'fifo.npy'}"], "not a regular file"),
         "directory": ([f"x={tmp}"], f"{tmp}: is a directory, not a .npy file"),

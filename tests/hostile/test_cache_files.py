@@ -24,7 +24,13 @@ def kept(tmp_path_factory):
     finally:
         del os.environ["EDGESPLIT_CACHE"]
     (onnx_file,) = (root / "cache" / "simplified").glob("*.onnx")
-    return path, graph, onnx_file, onnx_file.read_bytes(), onnx_file.with_suffix(".json").read_text()
+    return (
+        path,
+        graph,
+        onnx_file,
+        onnx_file.read_bytes(),
+        onnx_file.with_suffix(".json").read_text(),
+    )
 
 
 SPOILED = {
@@ -49,9 +55,13 @@ def test_a_spoiled_kept_model_is_folded_again_and_replaced(kept, case, tmp_path,
     mine, notes = cache / onnx_file.name, cache / onnx_file.with_suffix(".json").name
     spoil_onnx, spoil_json = SPOILED[case]
     half = good_onnx[: len(good_onnx) // 2]
-    mine.write_bytes({"half": half, None: good_onnx, "missing": good_onnx}.get(spoil_onnx, spoil_onnx))
+    mine.write_bytes(
+        {"half": half, None: good_onnx, "missing": good_onnx}.get(spoil_onnx, spoil_onnx)
+    )
     wrong = json.dumps({**json.loads(good_json), "notes": [1, 2]})
-    notes.write_text({None: good_json, "missing": good_json, "numbers": wrong}.get(spoil_json, spoil_json))
+    notes.write_text(
+        {None: good_json, "missing": good_json, "numbers": wrong}.get(spoil_json, spoil_json)
+    )
     for f, spoil in ((mine, spoil_onnx), (notes, spoil_json)):
         if spoil == "missing":
             f.unlink()
@@ -60,13 +70,17 @@ def test_a_spoiled_kept_model_is_folded_again_and_replaced(kept, case, tmp_path,
     assert mine.read_bytes() == good_onnx and json.loads(notes.read_text()) == json.loads(good_json)
 
 
-def test_a_cache_that_cannot_be_written_keeps_nothing_and_the_load_goes_on(kept, tmp_path, monkeypatch):
+def test_a_cache_that_cannot_be_written_keeps_nothing_and_the_load_goes_on(
+    kept, tmp_path, monkeypatch
+):
     path, graph, onnx_file, *_ = kept
     (tmp_path / "cache").write_text("a file where the cache folder goes")
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
     assert load_model(path) == graph
     (tmp_path / "cache").unlink()
-    (tmp_path / "cache" / "simplified" / onnx_file.name).mkdir(parents=True)  # a folder where it goes
+    (tmp_path / "cache" / "simplified" / onnx_file.name).mkdir(
+        parents=True
+    )  # a folder where it goes
     assert load_model(path) == graph
     assert (tmp_path / "cache" / "simplified" / onnx_file.name).is_dir()
 
@@ -82,7 +96,9 @@ def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkey
     from edgesplit.device.host import llvm_target
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
-    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])]
+    )
     first = build_library(model, llvm_target(), tmp_path / "a.so", threads=1)
     (lib,) = (tmp_path / "cache" / "tvm-libs").glob("*.so")
     facts, good_lib, good_facts = (
@@ -91,20 +107,33 @@ def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkey
         lib.with_suffix(".json").read_text(),
     )
     no_info = json.dumps({k: v for k, v in json.loads(good_facts).items() if k != "info"})
-    spoiled = [(b"", None), (good_lib[: len(good_lib) // 2], None), (None, "{"), (None, "[1, 2]"), (None, "")]
+    spoiled = [
+        (b"", None),
+        (good_lib[: len(good_lib) // 2], None),
+        (None, "{"),
+        (None, "[1, 2]"),
+        (None, ""),
+    ]
     for i, (spoil_lib, spoil_facts) in enumerate([*spoiled, (None, no_info)]):
         lib.write_bytes(good_lib if spoil_lib is None else spoil_lib)
         facts.write_text(good_facts if spoil_facts is None else spoil_facts)
         out = tmp_path / f"b{i}.so"
         info = build_library(model, llvm_target(), out, threads=1)
         assert "kept" not in info and info == first, i
-        assert out.stat().st_size > 0 and lib.read_bytes() == good_lib and facts.read_text() == good_facts
+        assert (
+            out.stat().st_size > 0
+            and lib.read_bytes() == good_lib
+            and facts.read_text() == good_facts
+        )
     facts.unlink()
     assert "kept" not in build_library(model, llvm_target(), tmp_path / "c.so", threads=1)
 
 
-def test_a_spoiled_kernel_library_kept_by_the_profiler_is_built_again_and_replaced(tmp_path, monkeypatch):
-    """The profiler loads the libraries it kept (:func:`edgesplit.backends.tvm.profile.build_vm`): one cut
+def test_a_spoiled_kernel_library_kept_by_the_profiler_is_built_again_and_replaced(
+    tmp_path, monkeypatch
+):
+    """The profiler loads the libraries it kept (:func:`edgesplit.backends.tvm.profile.build_vm`):
+    one cut
     in half, emptied, or no library at all under a matching sha256, is compiled again, runs, and
     is replaced by a good one."""
     import numpy as np
@@ -115,7 +144,9 @@ def test_a_spoiled_kernel_library_kept_by_the_profiler_is_built_again_and_replac
     from edgesplit.cache import keep
 
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path / "cache"))
-    model = make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])])
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 8])], [("y", [1, 8])]
+    )
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8)
     build_vm(model, {"kind": "llvm"})
     (lib,) = (tmp_path / "cache" / "tvm-libs").glob("*.so")
@@ -146,7 +177,9 @@ def _cache_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("kinds", [("nosuch",), ("simplified", "../etc"), ("",), ("ALL",)])
-def test_cache_clear_of_an_unknown_kind_is_refused_before_anything_goes(kinds, tmp_path, monkeypatch, capsys):
+def test_cache_clear_of_an_unknown_kind_is_refused_before_anything_goes(
+    kinds, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("EDGESPLIT_CACHE", str(tmp_path))
     (tmp_path / "simplified").mkdir()
     (tmp_path / "simplified" / "m.onnx").write_bytes(b"x")
@@ -163,7 +196,8 @@ def test_a_cache_that_is_a_file_is_named(tmp_path, monkeypatch, capsys):
     for args in ((), ("--clear", "all")):
         code, out, err = _cache_cli(capsys, *args)
         assert (
-            code == 2 and err.strip() == f"edgesplit: error: EDGESPLIT_CACHE={tmp_path / 'f'}: not a folder"
+            code == 2
+            and err.strip() == f"edgesplit: error: EDGESPLIT_CACHE={tmp_path / 'f'}: not a folder"
         )
     assert (tmp_path / "f").read_text() == "not a folder"
 
@@ -204,7 +238,9 @@ def test_links_files_and_leftovers_in_the_cache(tmp_path, monkeypatch, capsys):
     assert (outside / "data.bin").read_bytes() == b"y" * 1000
 
 
-def test_a_kind_moved_elsewhere_by_a_link_is_emptied_there_and_keeps_its_link(tmp_path, monkeypatch, capsys):
+def test_a_kind_moved_elsewhere_by_a_link_is_emptied_there_and_keeps_its_link(
+    tmp_path, monkeypatch, capsys
+):
     elsewhere = tmp_path / "big-disk" / "simplified"
     (elsewhere / "sub").mkdir(parents=True)
     (elsewhere / "m.onnx").write_bytes(b"m" * 100)
@@ -218,9 +254,13 @@ def test_a_kind_moved_elsewhere_by_a_link_is_emptied_there_and_keeps_its_link(tm
     code, out, _ = _cache_cli(capsys, "--json")
     row = next(r for r in json.loads(out) if r["kind"] == "simplified")
     assert (
-        code == 0 and row["n_files"] == 3 and row["nbytes"] == 101 + (elsewhere / "link-out").lstat().st_size
+        code == 0
+        and row["n_files"] == 3
+        and row["nbytes"] == 101 + (elsewhere / "link-out").lstat().st_size
     )
     code, _, err = _cache_cli(capsys, "--clear", "simplified")
     assert code == 0, err
-    assert (cache / "simplified").is_symlink() and elsewhere.is_dir() and not any(elsewhere.iterdir())
+    assert (
+        (cache / "simplified").is_symlink() and elsewhere.is_dir() and not any(elsewhere.iterdir())
+    )
     assert (tmp_path / "precious").read_bytes() == b"p"

@@ -54,7 +54,11 @@ CASES: dict[str, tuple[list[bytes | float], list[int | str], bool]] = {
         [200],
         False,
     ),
-    "a path that parts from health late": ([b"GET /v2/health/readyz HTTP/1.0\r\n\r\n"], [404], False),
+    "a path that parts from health late": (
+        [b"GET /v2/health/readyz HTTP/1.0\r\n\r\n"],
+        [404],
+        False,
+    ),
     "a request line without a version": ([b"GET /v2/health/ready\r\n\r\n"], [400, CLOSED], False),
     "HTTP/1.1 without Host": ([b"GET /v2/health/ready HTTP/1.1\r\n\r\n"], [400, CLOSED], False),
     "two Host headers": ([READY[:-2] + b"Host: y\r\n\r\n"], [400, CLOSED], False),
@@ -62,7 +66,11 @@ CASES: dict[str, tuple[list[bytes | float], list[int | str], bool]] = {
     "a malformed header line": ([READY[:-2] + b"Host x\r\n\r\n"], [400, CLOSED], False),
     "bare LF line ends": ([b"GET /v2/health/ready HTTP/1.1\nHost: x\n\n"], [400, CLOSED], False),
     "garbage bytes": ([b"\x00\xff\xfe garbage \x01\r\n\r\n"], [400, CLOSED], False),
-    "headers longer than a probe's": ([READY[:-2] + b"X-Pad: " + b"a" * 3000 + b"\r\n\r\n"], [200], False),
+    "headers longer than a probe's": (
+        [READY[:-2] + b"X-Pad: " + b"a" * 3000 + b"\r\n\r\n"],
+        [200],
+        False,
+    ),
     "closed before a byte": ([b"shut"], [CLOSED], False),
     "reset before a byte": ([RESET], [], False),
     "reset after a part of a health request": ([b"GET /v2/health", RESET], [], False),
@@ -75,7 +83,9 @@ def run_case(port: int, steps: list[bytes | float]) -> Raw | None:
         if isinstance(step, float):
             time.sleep(step)
         elif step == RESET:
-            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            c.sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
             c.close()
             return None
         elif step == b"shut":
@@ -125,7 +135,9 @@ def test_a_health_probe_gets_past_a_crowd_of_silent_and_stalled_sockets(tiny):
                 probe = run_case(port, [READY])
                 assert probe is not None and probe.answer().status == 200
                 probe.close()
-            assert srv.server.stats().health_fast_answers >= 1  # unless this thread lost the CPU 50 ms
+            assert (
+                srv.server.stats().health_fast_answers >= 1
+            )  # unless this thread lost the CPU 50 ms
             assert_serves(srv, tiny)
             assert srv.server.stats().connections <= 64
         finally:

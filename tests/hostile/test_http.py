@@ -1,5 +1,7 @@
-"""Hostile HTTP clients against ``edgesplit serve``: every case gets a 4xx or 503 with a JSON error body
-(or its connection closed, where there is no request to answer), under a deadline, and the server keeps
+"""Hostile HTTP clients against ``edgesplit serve``: every case gets a 4xx or 503 with a JSON error
+body
+(or its connection closed, where there is no request to answer), under a deadline, and the server
+keeps
 serving correct outputs afterwards.
 
 The server runs in this process (:class:`ServerThread`) with low limits so that each case is quick:
@@ -68,7 +70,11 @@ def cases(tiny) -> dict[str, tuple[bytes, int, str]]:
             400,
             "'data' is not a list of float32",
         ),
-        "not UTF-8 JSON": (request("POST", INFER, b'{"inputs": "\xff\xfe"}'), 400, "not valid JSON"),
+        "not UTF-8 JSON": (
+            request("POST", INFER, b'{"inputs": "\xff\xfe"}'),
+            400,
+            "not valid JSON",
+        ),
         "JSON not an object": (request("POST", INFER, b"[1, 2]"), 400, "JSON object"),
         "zero-size shape with huge dims": (shaped([2**40, 2**40, 0]), 400, "too large"),
         "zero-size shape": (shaped([1, 16, 0, 32]), 400, "expected [1, 16, 32, 32]"),
@@ -99,7 +105,11 @@ def cases(tiny) -> dict[str, tuple[bytes, int, str]]:
             400,
             "past the end",
         ),
-        "bytes after the tensors": (infer_binary([{**tensor(tiny), **size}], raw + b"xx"), 400, "beyond"),
+        "bytes after the tensors": (
+            infer_binary([{**tensor(tiny), **size}], raw + b"xx"),
+            400,
+            "beyond",
+        ),
         "header length not a number": (
             request("POST", INFER, b"{}", {"Inference-Header-Content-Length": "1e3"}),
             400,
@@ -115,7 +125,11 @@ def cases(tiny) -> dict[str, tuple[bytes, int, str]]:
             400,
             "outside the body",
         ),
-        "same input twice": (infer_binary([{**tensor(tiny), **size}] * 2, raw * 2), 400, "appears twice"),
+        "same input twice": (
+            infer_binary([{**tensor(tiny), **size}] * 2, raw * 2),
+            400,
+            "appears twice",
+        ),
         "missing input": (request("POST", INFER, infer_json([])), 400, "missing"),
         "unknown output": (
             infer_binary([{**tensor(tiny), **size}], raw, ("nope",)),
@@ -123,10 +137,18 @@ def cases(tiny) -> dict[str, tuple[bytes, int, str]]:
             "has no output nope",
         ),
         "unknown model": (request("POST", "/v2/models/p0/infer", b"{}"), 404, "no model 'p0'"),
-        "unknown version": (request("POST", "/v2/models/p1/versions/7/infer", b"{}"), 404, "version 7"),
+        "unknown version": (
+            request("POST", "/v2/models/p1/versions/7/infer", b"{}"),
+            404,
+            "version 7",
+        ),
         "unknown path": (request("GET", "/v2/nothing/here"), 404, "Not Found"),
         "wrong method": (request("GET", INFER), 405, "Method Not Allowed"),
-        "wrong token": (request("POST", INFER, b"{}", {"Authorization": "Bearer nope"}), 401, "bearer token"),
+        "wrong token": (
+            request("POST", INFER, b"{}", {"Authorization": "Bearer nope"}),
+            401,
+            "bearer token",
+        ),
         "no token": (request("POST", INFER, b"{}", {"Authorization": ""}), 401, "bearer token"),
         "non-UTF-8 Authorization": (
             request("POST", INFER, b"{}", {"Authorization": "Bearer \xff\xfe"}),
@@ -143,7 +165,11 @@ def cases(tiny) -> dict[str, tuple[bytes, int, str]]:
             415,
             "Content-Encoding",
         ),
-        "invalid gzip": (request("POST", INFER, b"not gzip", {"Content-Encoding": "gzip"}), 400, "gzip"),
+        "invalid gzip": (
+            request("POST", INFER, b"not gzip", {"Content-Encoding": "gzip"}),
+            400,
+            "gzip",
+        ),
         "body over the limit (Content-Length)": (
             request("POST", INFER, b"", {"Content-Length": str(2 * MB)}, length=False),
             413,
@@ -342,7 +368,8 @@ def health(port: int) -> int:
 
 
 def test_defect3_idle_sockets_at_the_cap_make_room_for_new_clients(tiny):
-    """With a cap of 8 connections, 30 idle or half-sent sockets: health and real requests still get in,
+    """With a cap of 8 connections, 30 idle or half-sent sockets: health and real requests still get
+    in,
     because each new connection closes the oldest one that has no request in progress."""
     with serving(tiny["bundle"], max_connections=8, header_timeout_s=30, idle_timeout_s=30) as srv:
         port = port_of(srv)
@@ -355,7 +382,9 @@ def test_defect3_idle_sockets_at_the_cap_make_room_for_new_clients(tiny):
         assert_serves(srv, tiny)
         deadline = time.monotonic() + 10
         while srv.server.stats().connections_evicted < 22 and time.monotonic() < deadline:
-            time.sleep(0.02)  # the front door hands a socket that sent no whole request on after 50 ms
+            time.sleep(
+                0.02
+            )  # the front door hands a socket that sent no whole request on after 50 ms
         stats = srv.server.stats()
         assert stats.connections <= 8 and stats.connections_evicted >= 22
         for h in hogs:
@@ -372,9 +401,15 @@ def test_connections_at_the_cap_all_busy_get_503_with_retry_after(tiny):
         while srv.server.stats().connections_busy < 4 and time.monotonic() < deadline:
             time.sleep(0.02)  # until the four requests reached the application
         a = ask(srv, request("GET", "/v2"))
-        assert a.status == 503 and a.headers["retry-after"] == "1" and "too many connections" in a.error()
+        assert (
+            a.status == 503
+            and a.headers["retry-after"] == "1"
+            and "too many connections" in a.error()
+        )
         assert srv.server.stats().connections_refused >= 1
-        assert health(port) == 200  # a probe on a new connection is the front door's, even at the cap
+        assert (
+            health(port) == 200
+        )  # a probe on a new connection is the front door's, even at the cap
         for b in busy:
             b.close()
         deadline = time.monotonic() + 10

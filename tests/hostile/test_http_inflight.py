@@ -1,4 +1,5 @@
-"""Hostile HTTP clients against ``edgesplit serve``, continued (see test_http.py): bytes held in flight,
+"""Hostile HTTP clients against ``edgesplit serve``, continued (see test_http.py): bytes held in
+flight,
 the compute queue, JSON decoded off the event loop, a 500 that names no internals, buffer reuse, and
 tokens that cannot go in a header."""
 
@@ -35,7 +36,8 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def sum_model(path: Path, n: int) -> Path:
-    """The sum of an input of ``n`` floats: a part whose requests are big and whose answers are small."""
+    """The sum of an input of ``n`` floats: a part whose requests are big and whose answers are
+    small."""
     g = helper.make_graph(
         [helper.make_node("ReduceSum", ["x"], ["y"], keepdims=1, name="sum")],
         "sum",
@@ -55,13 +57,23 @@ def big_input(tmp_path_factory) -> dict:
     n = 375_000
     bundle = make_bundle(sum_model(d / "sum.onnx", n), d / "bundle", [], [True])
     x = np.random.default_rng(2).standard_normal(n).astype(np.float32)
-    spec = {"name": "x", "shape": [n], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}
+    spec = {
+        "name": "x",
+        "shape": [n],
+        "datatype": "FP32",
+        "parameters": {"binary_data_size": x.nbytes},
+    }
     body, h = binary([spec], x.tobytes(), ("y",))
-    return {"bundle": bundle, "request": request("POST", "/v2/models/p0/infer", body, h), "sum": x.sum()}
+    return {
+        "bundle": bundle,
+        "request": request("POST", "/v2/models/p0/infer", body, h),
+        "sum": x.sum(),
+    }
 
 
 def released(srv: ServerThread, timeout_s: float = 10.0) -> bool:
-    """Every body's bytes are given back (the last answer can reach us just before its handler ends)."""
+    """Every body's bytes are given back (the last answer can reach us just before its handler
+    ends)."""
     deadline = time.monotonic() + timeout_s
     while srv.server.stats().inflight_nbytes and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -76,7 +88,8 @@ def check_sum(a: Answer, expected: float) -> None:
 
 def test_defect6_bodies_held_in_flight_are_capped_with_503(big_input):
     """Two valid 1.5 MB requests still arriving hold 3 of the 4 MB in flight: a third gets 503 +
-    Retry-After before its body is read (the old server buffered them all: 12 x 60 MB added 605 MB)."""
+    Retry-After before its body is read (the old server buffered them all: 12 x 60 MB added 605
+    MB)."""
     req = big_input["request"]
     with serving(big_input["bundle"], max_request_nbytes=2 * MB, body_timeout_s=30) as srv:
         port = port_of(srv)
@@ -98,7 +111,10 @@ def test_defect6_bodies_held_in_flight_are_capped_with_503(big_input):
 
 def test_defect6_twelve_concurrent_big_bodies_stay_under_the_cap(big_input):
     with serving(
-        big_input["bundle"], max_request_nbytes=2 * MB, max_inflight_nbytes=4 * MB, body_timeout_s=30
+        big_input["bundle"],
+        max_request_nbytes=2 * MB,
+        max_inflight_nbytes=4 * MB,
+        body_timeout_s=30,
     ) as srv:
         port, answers = port_of(srv), []
 
@@ -121,7 +137,9 @@ def test_defect6_twelve_concurrent_big_bodies_stay_under_the_cap(big_input):
         assert done, answers  # some were served ...
         for a in answers:  # ... the others turned away, never buffered beyond the cap
             if a not in done:
-                assert isinstance(a, OSError) or (a.status == 503 and a.headers["retry-after"] == "1"), a
+                assert isinstance(a, OSError) or (
+                    a.status == 503 and a.headers["retry-after"] == "1"
+                ), a
         for a in done:
             check_sum(a, big_input["sum"])
         stats = srv.server.stats()
@@ -129,7 +147,8 @@ def test_defect6_twelve_concurrent_big_bodies_stay_under_the_cap(big_input):
 
 
 def test_a_binary_header_that_cannot_fit_the_model_is_refused_before_its_tensors(tiny):
-    """A 3 MB body whose JSON header declares the wrong shape: 400 after the header, the rest never read."""
+    """A 3 MB body whose JSON header declares the wrong shape: 400 after the header, the rest never
+    read."""
     with serving(tiny["bundle"], max_request_nbytes=4 * MB, body_timeout_s=30) as srv:
         spec = {
             "name": tiny["cut"],
@@ -203,7 +222,9 @@ def test_defect6_a_full_compute_queue_answers_503_with_retry_after(tmp_path):
         for t in threads:
             t.join(60)
     statuses = sorted(a.status for a in answers)
-    assert statuses.count(200) >= 2 and statuses.count(503) >= 1, statuses  # one computing, one queued
+    assert statuses.count(200) >= 2 and statuses.count(503) >= 1, (
+        statuses
+    )  # one computing, one queued
     for a in answers:
         if a.status == 503:
             assert int(a.headers["retry-after"]) >= 1 and "compute queue is full" in a.error()
@@ -215,11 +236,14 @@ def test_defect6_a_full_compute_queue_answers_503_with_retry_after(tmp_path):
 
 
 def test_defect6_json_is_decoded_off_the_event_loop(tiny, monkeypatch):
-    """A 1 MB JSON request (wrong shape, so refused right after decoding) is decoded on a thread: while
-    its decoder is held, a metadata request sent after it is answered by the event loop. The old server
+    """A 1 MB JSON request (wrong shape, so refused right after decoding) is decoded on a thread:
+    while
+    its decoder is held, a metadata request sent after it is answered by the event loop. The old
+    server
     decoded on the event loop, so every other request waited for the decode and the refusal.
 
-    The decoder is held on an event rather than timed: json.loads keeps the GIL, so with a merely big
+    The decoder is held on an event rather than timed: json.loads keeps the GIL, so with a merely
+    big
     body the order of the two answers was a race (CI once saw the refusal first)."""
     from edgesplit.runtime import oip
 
@@ -314,7 +338,9 @@ def test_body_buffers_are_reused_and_stay_within_the_in_flight_limit():
     assert b.obj is a.obj and len(b) == 3 * MB - 10
     pool.give(b)
     assert budget.take(6 * MB)  # bodies in flight now hold 6 of the 8 MB ...
-    c = pool.take(5 * MB)  # ... so the 3 MB kept buffer is dropped rather than kept beside a new one
+    c = pool.take(
+        5 * MB
+    )  # ... so the 3 MB kept buffer is dropped rather than kept beside a new one
     assert c.obj is not a.obj and pool._free_nbytes == 0
 
 

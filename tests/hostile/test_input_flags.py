@@ -23,7 +23,10 @@ pytestmark = pytest.mark.timeout(120)
 def model(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("flags") / "relu.onnx"
     onnx.save(
-        make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 4])], [("y", [1, 4])]), p
+        make_model(
+            [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 4])], [("y", [1, 4])]
+        ),
+        p,
     )
     return p
 
@@ -67,8 +70,13 @@ def _refused(r, needle: str) -> None:
     assert needle in lines[0], (needle, lines[0])
 
 
-QUICK = ("a directory", "a FIFO (must not hang)")  # the quick subset's share; the suite runs them all
-CASES = [pytest.param("profile", c, marks=[] if c in QUICK else [pytest.mark.slow]) for c in INPUTS] + [
+QUICK = (
+    "a directory",
+    "a FIFO (must not hang)",
+)  # the quick subset's share; the suite runs them all
+CASES = [
+    pytest.param("profile", c, marks=[] if c in QUICK else [pytest.mark.slow]) for c in INPUTS
+] + [
     pytest.param("partition", "a directory", marks=pytest.mark.slow),
     pytest.param("deploy", "a FIFO (must not hang)", marks=pytest.mark.slow),
 ]
@@ -90,7 +98,9 @@ def test_a_hostile_calibrate_input_is_one_line(tmp_path, case):
     files = _files(tmp_path)
     value, needle = (t.format(**files) for t in INPUTS[case])
     (tmp_path / "bundle").mkdir()
-    r = run_cli("calibrate", str(tmp_path / "bundle"), "-o", str(tmp_path / "p.json"), "--input", value)
+    r = run_cli(
+        "calibrate", str(tmp_path / "bundle"), "-o", str(tmp_path / "p.json"), "--input", value
+    )
     _refused(r, needle)
 
 

@@ -30,7 +30,10 @@ pytestmark = pytest.mark.timeout(120)
 
 def _relu(opset: int = 17) -> onnx.ModelProto:
     return make_model(
-        [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 4])], [("y", [1, 4])], opset=opset
+        [helper.make_node("Relu", ["x"], ["y"], name="r")],
+        [("x", [1, 4])],
+        [("y", [1, 4])],
+        opset=opset,
     )
 
 
@@ -40,7 +43,9 @@ def _save(m: onnx.ModelProto, d: Path, name: str) -> Path:
     return p
 
 
-def _external(d: Path, name: str, location: str, *, nbytes: int = 64, length: int | None = None) -> Path:
+def _external(
+    d: Path, name: str, location: str, *, nbytes: int = 64, length: int | None = None
+) -> Path:
     """A model whose weight 'w' (16 floats) lives in external data at ``location``."""
     w = numpy_helper.from_array(rand(1, 16), "w")
     w.ClearField("raw_data")
@@ -97,7 +102,9 @@ def zero_nodes(d):
 
 def output_is_input(d):
     m = make_model(
-        [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 4])], [("y", [1, 4]), ("x", [1, 4])]
+        [helper.make_node("Relu", ["x"], ["y"], name="r")],
+        [("x", [1, 4])],
+        [("y", [1, 4]), ("x", [1, 4])],
     )
     return _save(m, d, "output_is_input")
 
@@ -134,7 +141,9 @@ def unknown_domain(d):
 
 def unknown_op(d):
     return _save(
-        make_model([helper.make_node("FancyOp", ["x"], ["y"], name="f")], [("x", [1, 4])], [("y", [1, 4])]),
+        make_model(
+            [helper.make_node("FancyOp", ["x"], ["y"], name="f")], [("x", [1, 4])], [("y", [1, 4])]
+        ),
         d,
         "unknown_op",
     )
@@ -143,7 +152,9 @@ def unknown_op(d):
 def no_ort_kernel(d):
     x = helper.make_tensor_value_info("x", TensorProto.DOUBLE, [4])
     y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [4])
-    return _save(make_model([helper.make_node("Erf", ["x"], ["y"], name="erf64")], [x], [y]), d, "no_kernel")
+    return _save(
+        make_model([helper.make_node("Erf", ["x"], ["y"], name="erf64")], [x], [y]), d, "no_kernel"
+    )
 
 
 def duplicate_node_names(d):
@@ -160,7 +171,10 @@ def duplicate_node_names(d):
 
 def duplicate_tensor_names(d):
     m = make_model(
-        [helper.make_node("Relu", ["x"], ["y"], name="a"), helper.make_node("Neg", ["x"], ["y"], name="b")],
+        [
+            helper.make_node("Relu", ["x"], ["y"], name="a"),
+            helper.make_node("Neg", ["x"], ["y"], name="b"),
+        ],
         [("x", [1, 4])],
         [("y", [1, 4])],
     )
@@ -249,7 +263,9 @@ def huge_intermediate(d):
 def zero_size_dim(d):
     return _save(
         make_model(
-            [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, 0, 4])], [("y", [1, 0, 4])]
+            [helper.make_node("Relu", ["x"], ["y"], name="r")],
+            [("x", [1, 0, 4])],
+            [("y", [1, 0, 4])],
         ),
         d,
         "zero_dim",
@@ -258,7 +274,9 @@ def zero_size_dim(d):
 
 def negative_dim(d):
     return _save(
-        make_model([helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, -3])], [("y", [1, 3])]),
+        make_model(
+            [helper.make_node("Relu", ["x"], ["y"], name="r")], [("x", [1, -3])], [("y", [1, 3])]
+        ),
         d,
         "negative_dim",
     )
@@ -270,7 +288,12 @@ def string_input(d):
     m = make_model(
         [
             helper.make_node(
-                "StringNormalizer", ["text"], ["y"], case_change_action="LOWER", locale="C.UTF-8", name="norm"
+                "StringNormalizer",
+                ["text"],
+                ["y"],
+                case_change_action="LOWER",
+                locale="C.UTF-8",
+                name="norm",
             )
         ],
         [x],
@@ -282,7 +305,9 @@ def string_input(d):
 def sequence_input(d):
     x = helper.make_tensor_sequence_value_info("xs", TensorProto.FLOAT, [1, 4])
     m = make_model(
-        [helper.make_node("ConcatFromSequence", ["xs"], ["y"], axis=0, name="cat")], [x], [("y", [2, 4])]
+        [helper.make_node("ConcatFromSequence", ["xs"], ["y"], axis=0, name="cat")],
+        [x],
+        [("y", [2, 4])],
     )
     return _save(m, d, "sequence_input")
 
@@ -302,7 +327,9 @@ def map_input(d):
 def bfloat16_input(d):
     x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [1, 4])
     m = make_model(
-        [helper.make_node("Relu", ["x"], ["y"], name="r")], [x], [x.__class__(name="y", type=x.type)]
+        [helper.make_node("Relu", ["x"], ["y"], name="r")],
+        [x],
+        [x.__class__(name="y", type=x.type)],
     )
     return _save(m, d, "bfloat16_input")
 
@@ -365,7 +392,9 @@ def nested(d):
 
 def wide_node(d):
     m = make_model(
-        [helper.make_node("Sum", ["x"] * 10_000, ["y"], name="sum")], [("x", [1, 4])], [("y", [1, 4])]
+        [helper.make_node("Sum", ["x"] * 10_000, ["y"], name="sum")],
+        [("x", [1, 4])],
+        [("y", [1, 4])],
     )
     return _save(m, d, "wide")
 
@@ -384,7 +413,10 @@ def deep_chain(d):
 def nan_weights(d):
     w = np.array([[np.nan, np.inf, -np.inf, 1.0]], np.float32)
     m = make_model(
-        [helper.make_node("Add", ["x", "w"], ["y"], name="add")], [("x", [1, 4])], [("y", [1, 4])], [("w", w)]
+        [helper.make_node("Add", ["x", "w"], ["y"], name="add")],
+        [("x", [1, 4])],
+        [("y", [1, 4])],
+        [("w", w)],
     )
     return _save(m, d, "nan_weights")
 
@@ -457,7 +489,9 @@ CASES = {
     "an output that is a weight": Case(
         output_is_weight, "refused", "graph output 'w' is a weight passed through"
     ),
-    "opset 999": Case(opset_999, "refused", "opset 999 of domain 'ai.onnx' is not a released opset"),
+    "opset 999": Case(
+        opset_999, "refused", "opset 999 of domain 'ai.onnx' is not a released opset"
+    ),
     "ai.onnx.ml opset 99": Case(ml_opset_99, "refused", "opset 99 of domain 'ai.onnx.ml'"),
     "unknown domain": Case(unknown_domain, "refused", "unknown domain 'com.example'"),
     "unknown op": Case(unknown_op, "refused", "unknown op 'FancyOp'"),
@@ -470,7 +504,9 @@ CASES = {
     ),
     "cycle": Case(cycle, "refused", "cycle through 2 nodes"),
     "dangling input": Case(dangling, "refused", "reads 'ghost', which nothing produces"),
-    "dangling outer-scope read": Case(dangling_outer_read, "refused", "node 'iff' (If) reads 'ghost'"),
+    "dangling outer-scope read": Case(
+        dangling_outer_read, "refused", "node 'iff' (If) reads 'ghost'"
+    ),
     "mismatched MatMul": Case(matmul_mismatch, "refused", "node name: mm"),
     "huge input shape": Case(
         huge_input, "refused", "input 'x' of shape [1, 3, 100000, 200000] needs 240.0 GB"
@@ -481,14 +517,22 @@ CASES = {
     "negative dimension": Case(
         negative_dim, "refused", "dynamic dimensions [1, '?']; pass --input-shape x=1,N"
     ),
-    "string input": Case(string_input, "loads", check=lambda g: g.tensors["text"].dtype == "object"),
-    "sequence input": Case(sequence_input, "loads", check=lambda g: g.tensors["xs"].kind == "sequence"),
+    "string input": Case(
+        string_input, "loads", check=lambda g: g.tensors["text"].dtype == "object"
+    ),
+    "sequence input": Case(
+        sequence_input, "loads", check=lambda g: g.tensors["xs"].kind == "sequence"
+    ),
     "map input": Case(
         map_input, "refused", "input 'm' is not a tensor, a sequence of tensors or an optional"
     ),
     "bfloat16 input": Case(bfloat16_input, "refused", "input 'x' has element type BFLOAT16"),
-    "external data missing": Case(external_missing, "refused", "external data file 'weights.bin' is missing"),
-    "external data outside the folder": Case(external_outside, "refused", "outside the model's folder"),
+    "external data missing": Case(
+        external_missing, "refused", "external data file 'weights.bin' is missing"
+    ),
+    "external data outside the folder": Case(
+        external_outside, "refused", "outside the model's folder"
+    ),
     "external data symlink out of the folder": Case(
         external_symlink_outside, "refused", "outside the model's folder"
     ),
@@ -505,14 +549,20 @@ CASES = {
     "value-dependent shape, no sample value": Case(
         value_dependent, "refused", "the shape of y depends on the values of input 'shape'"
     ),
-    "IR 3, opset 6": Case(ir3_opset6, "loads", check=_loads_with_note("upgraded from opset 6 to 13")),
+    "IR 3, opset 6": Case(
+        ir3_opset6, "loads", check=_loads_with_note("upgraded from opset 6 to 13")
+    ),
     "If, Loop, Scan reading outer scope": Case(
-        control_flow, "loads", check=lambda g: set(g.nodes[g.index["iff"]].outer_inputs) == {"a", "b"}
+        control_flow,
+        "loads",
+        check=lambda g: set(g.nodes[g.index["iff"]].outer_inputs) == {"a", "b"},
     ),
     "nested subgraphs": Case(
         nested, "loads", check=lambda g: g.nodes[g.index["outer_loop"]].outer_inputs == ("top",)
     ),
-    "node with 10,000 inputs": Case(wide_node, "loads", check=lambda g: g.nodes[0].inputs == ("x",)),
+    "node with 10,000 inputs": Case(
+        wide_node, "loads", check=lambda g: g.nodes[0].inputs == ("x",)
+    ),
     "chain of 10,000 nodes": Case(deep_chain, "loads", check=lambda g: len(g.nodes) == 10_000),
     # NaN and Inf weights are data, not structure: the model loads and parts reproduce the NaNs.
     "Loop of 10^12 trips (the shape-finding run is stopped)": Case(
@@ -588,7 +638,12 @@ def _cli_with_memory_cap(args: list[str], cap_bytes: int) -> subprocess.Complete
         "main(sys.argv[1:])\n"
     )
     return subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=_env()
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=_env(),
     )
 
 
@@ -612,7 +667,8 @@ def test_defect5_external_data_counts_against_the_limit(tmp_path):
     p = _external(d, "small_file_big_weights", "w.bin", length=20_000)
     assert p.stat().st_size < 1_000  # the file alone is far under the limit
     with pytest.raises(
-        ModelLoadError, match=r"MB of external data \(w.bin\) .* over the model size limit of 0.01 MB"
+        ModelLoadError,
+        match=r"MB of external data \(w.bin\) .* over the model size limit of 0.01 MB",
     ):
         load_model(p, max_model_mb=0.01)
     # 1.5 GB of (sparse) external weights behind a tiny model.onnx: refused before any is read
@@ -705,7 +761,11 @@ def test_value_dependent_model_deploys_with_its_sample_inputs(tmp_path):
     shape = np.array([3, 4], np.int64)
     x = rand(1, 4)
     edgesplit.deploy(
-        p, "host", tmp_path / "bundle", input_values={"shape": shape}, profiling=ProfileOptions(runs=2)
+        p,
+        "host",
+        tmp_path / "bundle",
+        input_values={"shape": shape},
+        profiling=ProfileOptions(runs=2),
     )
     want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(
         None, {"x": x, "shape": shape}
@@ -733,7 +793,14 @@ def test_sample_inputs_travel_in_the_pipeline_choices(tmp_path):
     np.save(tmp_path / "shape.npy", shape)
     bundle = tmp_path / "bundle"
     r = run_cli(
-        "deploy", str(p), "--input", f"shape={tmp_path / 'shape.npy'}", "--runs", "2", "-o", str(bundle)
+        "deploy",
+        str(p),
+        "--input",
+        f"shape={tmp_path / 'shape.npy'}",
+        "--runs",
+        "2",
+        "-o",
+        str(bundle),
     )
     assert r.returncode == 0, r.stderr
     x = rand(1, 4)

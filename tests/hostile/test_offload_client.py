@@ -30,7 +30,9 @@ from edgesplit.runtime.session import load
 
 pytestmark = pytest.mark.timeout(60)
 
-DEADLINE_S = 1.0  # the call's deadline, where the lie ends in an error of its own (a limit, a close)
+DEADLINE_S = (
+    1.0  # the call's deadline, where the lie ends in an error of its own (a limit, a close)
+)
 STALL_DEADLINE_S = 0.4  # where only the deadline ends the call ("no answer within the deadline")
 
 
@@ -40,7 +42,8 @@ def deadline_for(words: str) -> float:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
-    """tiny_dag cut in the middle; p1 is a server part with a local fallback (and a copy without)."""
+    """tiny_dag cut in the middle; p1 is a server part with a local fallback (and a copy
+    without)."""
     from edgesplit.model import zoo
 
     d = tmp_path_factory.mktemp("hostile_client")
@@ -64,7 +67,8 @@ Lie = Callable[[socket.socket, threading.Event, bytes, dict], None]
 
 class FakeServer:
     """A real socket server on 127.0.0.1: ``GET`` gets an honest ``{"live": true}`` (so the client's
-    health pings pass), every ``POST`` gets ``lie(conn, stop, body, headers)``; then the connection closes."""
+    health pings pass), every ``POST`` gets ``lie(conn, stop, body, headers)``; then the connection
+    closes."""
 
     def __init__(self, lie: Lie):
         self.lie = lie
@@ -105,7 +109,10 @@ class FakeServer:
                     buf += data
                 head, buf = buf.split(b"\r\n\r\n", 1)
                 lines = head.decode("latin-1").split("\r\n")
-                headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (h.partition(":") for h in lines[1:])
+                }
                 n = int(headers.get("content-length", 0))
                 while len(buf) < n:
                     try:
@@ -233,7 +240,9 @@ LIES: dict[str, tuple[Lie, str]] = {
         "connection broke off",
     ),
     "closes in the middle of the body": (
-        lambda c, stop, b, h: c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789"),
+        lambda c, stop, b, h: c.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n0123456789"
+        ),
         "connection broke off",
     ),
     "closes without a word": (lambda c, stop, b, h: None, "connection broke off"),
@@ -246,7 +255,9 @@ LIES: dict[str, tuple[Lie, str]] = {
     ),
     "1000 headers": (
         lambda c, stop, b, h: (
-            c.sendall(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(1000)) + b"\r\n"),
+            c.sendall(
+                b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(1000)) + b"\r\n"
+            ),
             hold(stop),
         ),
         "connection broke off",
@@ -262,7 +273,10 @@ LIES: dict[str, tuple[Lie, str]] = {
     "output of the wrong shape": (
         lambda c, stop, b, h: c.sendall(
             answer(
-                200, *framed(oip.encode_response("p1", {"logits": np.zeros((1, 5), np.float32)}, ["logits"]))
+                200,
+                *framed(
+                    oip.encode_response("p1", {"logits": np.zeros((1, 5), np.float32)}, ["logits"])
+                ),
             )
         ),
         "expected float32[1, 10]",
@@ -280,7 +294,9 @@ LIES: dict[str, tuple[Lie, str]] = {
 
 def framed(encoded: tuple[list, int | None]) -> tuple[bytes, dict[str, str]]:
     chunks, hlen = encoded
-    return b"".join(bytes(c) for c in chunks), ({oip.HEADER_LENGTH: str(hlen)} if hlen is not None else {})
+    return b"".join(bytes(c) for c in chunks), (
+        {oip.HEADER_LENGTH: str(hlen)} if hlen is not None else {}
+    )
 
 
 def run_against(bundle, url: str, x: np.ndarray, **remote) -> tuple[np.ndarray, object]:
@@ -311,7 +327,8 @@ def test_defect7_content_length_1e11_does_not_raise_memoryerror(tiny):
 
 def test_defect7_a_trickled_chunked_answer_ends_at_the_deadline(tiny):
     """The old client read chunked answers with per-read timeouts only: a byte every 50 ms kept it
-    waiting for ever. Now the call's deadline (0.4 s) covers every read, then the part falls back."""
+    waiting for ever. Now the call's deadline (0.4 s) covers every read, then the part falls
+    back."""
     behave, _ = LIES["chunked answer trickled a byte at a time"]
     with FakeServer(behave) as fake:
         t0 = time.monotonic()
@@ -345,7 +362,8 @@ def test_a_refusal_is_an_error_not_a_fallback_and_its_text_is_cleaned(tiny):
 
 
 def honest(tiny, chunk_nbytes: int | None = None, extra: dict[str, str] | None = None) -> Lie:
-    """An honest answer computed by the real part, framed as asked (chunked in pieces of ``chunk_nbytes``)."""
+    """An honest answer computed by the real part, framed as asked (chunked in pieces of
+    ``chunk_nbytes``)."""
 
     def behave(c: socket.socket, stop: threading.Event, body: bytes, headers: dict) -> None:
         req = oip.decode_request(
@@ -383,7 +401,10 @@ def test_a_token_that_cannot_go_in_a_header_is_refused_clearly(tiny, token):
     with pytest.raises(
         InputError, match="server token .*(carriage return|control character|non-ASCII|is empty)"
     ):
-        load(tiny["bundle"], executor_options={"remote": {"url": "http://127.0.0.1:9", "token": token}})
+        load(
+            tiny["bundle"],
+            executor_options={"remote": {"url": "http://127.0.0.1:9", "token": token}},
+        )
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -421,6 +442,12 @@ def test_run_deadline_ms_from_the_cli_ends_a_stalled_call_in_a_fallback(tiny):
 def test_run_cli_refuses_a_deadline_without_a_server_and_a_bad_token(tiny):
     r = cli("run", str(tiny["bundle"]), "--deadline-ms", "300")
     assert r.returncode == 2 and "--deadline-ms" in r.stderr and "Traceback" not in r.stderr
-    r = cli("run", str(tiny["bundle"]), "--server", "http://127.0.0.1:9", env={"EDGESPLIT_TOKEN": "a\r\nb"})
+    r = cli(
+        "run",
+        str(tiny["bundle"]),
+        "--server",
+        "http://127.0.0.1:9",
+        env={"EDGESPLIT_TOKEN": "a\r\nb"},
+    )
     assert r.returncode == 2 and "carriage return" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -64,12 +64,22 @@ def model(tmp_path_factory) -> Path:
     return path
 
 
-def profile(model: Path, out: Path, s, remote_tmp: Path, *extra: str, flags=None) -> tuple[int, str]:  # noqa: F811
-    """``edgesplit profile MODEL --remote`` to ``s``; ``flags`` replace the values of its ssh flags."""
+def profile(
+    model: Path,
+    out: Path,
+    s,
+    remote_tmp: Path,  # noqa: F811
+    *extra: str,
+    flags=None,
+) -> tuple[int, str]:
+    """``edgesplit profile MODEL --remote`` to ``s``; ``flags`` replace the values of its ssh
+    flags."""
     args = s.cli_args(remote_tmp, *extra)
     for flag, value in (flags or {}).items():
         args[args.index(flag) + 1] = value
-    return cli("profile", model, *args, "--backend", "ort", "--runs", "1", "--warmup", "0", "-q", "-o", out)
+    return cli(
+        "profile", model, *args, "--backend", "ort", "--runs", "1", "--warmup", "0", "-q", "-o", out
+    )
 
 
 def fake_python(tmp_path: Path, body: str) -> str:
@@ -94,7 +104,9 @@ def test_changed_host_key_is_refused_even_with_opt_in(remote_tmp, model, tmp_pat
         before = s.known_hosts.read_text()
         for extra in ([], ["--accept-new-host-key"]):
             refused(
-                profile(model, tmp_path / "p.json", s, remote_tmp, *extra), "host key has CHANGED", s.target
+                profile(model, tmp_path / "p.json", s, remote_tmp, *extra),
+                "host key has CHANGED",
+                s.target,
             )
         assert s.known_hosts.read_text() == before and not (tmp_path / "p.json").exists()
     finally:
@@ -135,7 +147,8 @@ def test_a_remote_that_speaks_garbage(sshd, remote_tmp, model, tmp_path):  # noq
     AttributeError before); then the agent exits."""
     python = fake_python(
         tmp_path,
-        "head -c 200000 /dev/zero | tr '\\0' '['; echo\necho '[1, 2]'\necho 42\necho null\nexit 0\n",
+        "head -c 200000 /dev/zero | tr '\\0' '['; echo\n"
+        "echo '[1, 2]'\necho 42\necho null\nexit 0\n",
     )
     r = profile(model, tmp_path / "p.json", sshd, remote_tmp, flags={"--remote-python": python})
     refused(r, sshd.target, "the agent ended (exit 0)")
@@ -181,12 +194,15 @@ def test_identity_file_that_is_not_a_key(sshd, remote_tmp, model, tmp_path):  # 
 
 def test_known_hosts_that_is_a_directory(sshd, remote_tmp, model, tmp_path):  # noqa: F811
     (tmp_path / "kh").mkdir()
-    r = profile(model, tmp_path / "p.json", sshd, remote_tmp, flags={"--known-hosts": str(tmp_path / "kh")})
+    r = profile(
+        model, tmp_path / "p.json", sshd, remote_tmp, flags={"--known-hosts": str(tmp_path / "kh")}
+    )
     refused(r, str(tmp_path / "kh"))
 
 
 def test_a_fleet_file_with_an_alias_bomb(model, tmp_path):
-    """A fleet file is YAML too: nested aliases are refused before they expand (no host is reached)."""
+    """A fleet file is YAML too: nested aliases are refused before they expand (no host is
+    reached)."""
     lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
     for prev, name in zip("abcdef", "bcdefg"):
         lines.append(f"{name}: &{name} [{','.join([f'*{prev}'] * 9)}]")

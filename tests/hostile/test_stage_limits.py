@@ -158,9 +158,16 @@ def test_a_model_that_would_hang_profile_stops_at_the_profile_limit(tmp_path):
 def test_a_model_that_would_hang_compile_stops_at_the_compile_limit(tmp_path):
     p = endless_for_runs(tmp_path)
     plan = tmp_path / "plan.json"
-    r = run_cli("partition", str(p), "-d", "raspberry-pi5", "-q", "-o", str(plan), env=_env(tmp_path))
+    r = run_cli(
+        "partition", str(p), "-d", "raspberry-pi5", "-q", "-o", str(plan), env=_env(tmp_path)
+    )
     assert r.returncode == 0, r.stderr  # predicted: nothing runs the model
-    _stopped(["compile", str(p), "--plan", str(plan), "-o", str(tmp_path / "bundle")], p, "compile", tmp_path)
+    _stopped(
+        ["compile", str(p), "--plan", str(plan), "-o", str(tmp_path / "bundle")],
+        p,
+        "compile",
+        tmp_path,
+    )
     assert not (tmp_path / "bundle").exists()
 
 

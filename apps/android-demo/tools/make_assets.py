@@ -1,6 +1,7 @@
 """Write the Android demo's assets: a small bundle of tiny_dag and a picture to classify.
 
-    .venv/bin/python apps/android-demo/tools/make_assets.py [--out apps/android-demo/app/src/main/assets]
+    .venv/bin/python apps/android-demo/tools/make_assets.py [--out
+    apps/android-demo/app/src/main/assets]
 
 The plan is made by hand so that the demo exercises every path of the runtime on the phone: two
 parts that run at the same time on different processors (p1 on the GPU, which the phone runs on
@@ -48,7 +49,9 @@ def plan_for(graph):
     groups = [[index[n] for n in nodes] for _, _, nodes in PARTS]
     parts, producer, finish_ms, energy_mj = [], {}, {}, 0.0
     remote = {name: spec.processor(proc).is_remote for name, proc, _ in PARTS}
-    for (name, proc_name, nodes), (ins, outs), group in zip(PARTS, part_boundaries(graph, groups), groups):
+    for (name, proc_name, nodes), (ins, outs), group in zip(
+        PARTS, part_boundaries(graph, groups), groups
+    ):
         proc = spec.processor(proc_name)
         ms = sum(roofline_ms(graph.nodes[i], proc, graph) for i in group)
         # Tensors that cross the link share it, so their transfer times add up.
@@ -86,7 +89,9 @@ def plan_for(graph):
             "objective": "manual",
             "model_path": "tiny_dag.onnx",
             "parts": parts,
-            "assignment": {n: {"processor": p, "backend": "ort"} for _, p, nodes in PARTS for n in nodes},
+            "assignment": {
+                n: {"processor": p, "backend": "ort"} for _, p, nodes in PARTS for n in nodes
+            },
             "predicted": {"latency_ms": round(last, 3), "energy_mj": round(energy_mj, 3)},
             "solver": {
                 "name": "manual (apps/android-demo/tools/make_assets.py, roofline figures)",

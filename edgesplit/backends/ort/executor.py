@@ -43,7 +43,11 @@ class OrtExecutor:
         self.part = part
         throttled = bool(part.cpu_quota_pct) or bool(part.core_quotas)
         so = ort_session_options(
-            part.threads, part.cores, spin=not shares_processor, throttled=throttled, **(session_attrs or {})
+            part.threads,
+            part.cores,
+            spin=not shares_processor,
+            throttled=throttled,
+            **(session_attrs or {}),
         )
         if profile_prefix is not None:
             so.enable_profiling = True
@@ -54,7 +58,9 @@ class OrtExecutor:
             raise BundleError(
                 f"part {part.name}: this onnxruntime has no {provider} (has {', '.join(available)})"
             )
-        providers: list = [(provider, dict(options if options is not None else part.provider_options))]
+        providers: list = [
+            (provider, dict(options if options is not None else part.provider_options))
+        ]
         if provider != "CPUExecutionProvider":
             providers.append(("CPUExecutionProvider", {}))
         bundle = as_verified(bundle)
@@ -64,7 +70,9 @@ class OrtExecutor:
         except BundleError:
             raise
         except Exception as e:  # noqa: BLE001 - ORT's errors are bare RuntimeErrors
-            raise BundleError(f"{bundle / rel}: ONNX Runtime cannot load it ({short(str(e), 200)})") from e
+            raise BundleError(
+                f"{bundle / rel}: ONNX Runtime cannot load it ({short(str(e), 200)})"
+            ) from e
         check_io(part, bundle / rel, self._sess.get_inputs(), self._sess.get_outputs())
         self._outputs = [o.name for o in part.outputs]
         self._inputs = [i.name for i in part.inputs]
@@ -82,7 +90,8 @@ class OrtExecutor:
         return dict(zip(self._outputs, raw))
 
     def end_profiling(self) -> tuple[str, int] | None:
-        """Stop ORT's profiler: (its JSON file, its start on the wall clock in ns), or None if off."""
+        """Stop ORT's profiler: (its JSON file, its start on the wall clock in ns), or None if
+        off."""
         if not self._sess.get_session_options().enable_profiling:
             return None
         start_ns = self._sess.get_profiling_start_time_ns()

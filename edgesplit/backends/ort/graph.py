@@ -37,7 +37,9 @@ def aliases(graph: ModelGraph, optimized: onnx.GraphProto) -> dict[str, str]:
     for node in optimized.node:
         base = _base_name(node.name)
         if base != node.name and base in graph.tensors and node.output and node.output[0]:
-            out.setdefault(node.output[0], base)  # the layout transformer names a node after its output
+            out.setdefault(
+                node.output[0], base
+            )  # the layout transformer names a node after its output
             continue
         orig = by_name.get(base)
         if orig is None:
@@ -91,7 +93,9 @@ def _mapped(graph: ModelGraph, optimized: onnx.GraphProto) -> list[tuple[list[in
     regions = _regions(optimized, alias)
     made = [{alias[t] for i in r for t in optimized.node[i].output if t in alias} for r in regions]
     # a control-flow node's subgraphs read outer tensors: they bound its region too
-    used = [{alias[t] for i in r for t in all_inputs(optimized.node[i]) if t in alias} for r in regions]
+    used = [
+        {alias[t] for i in r for t in all_inputs(optimized.node[i]) if t in alias} for r in regions
+    ]
     makers: dict[str, int] = {}
     for outs in made:
         for t in outs:
@@ -112,13 +116,16 @@ def map_regions(graph: ModelGraph, optimized: onnx.GraphProto) -> list[tuple[lis
     return [([optimized.node[i].name for i in r], sorted(c)) for r, c in _mapped(graph, optimized)]
 
 
-def blocked_layout(graph: ModelGraph, optimized: onnx.GraphProto) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def blocked_layout(
+    graph: ModelGraph, optimized: onnx.GraphProto
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(blocked tensors, blocked readers)`` of the whole model as ORT optimised it.
 
     A tensor is *blocked* when ORT keeps it in its NCHWc layout: renamed by the layout transformer,
     or internal to a region that runs NCHWc kernels. A *blocked reader* is a node of such a region
     that reads a blocked tensor from outside its region. Cut at a blocked tensor, ORT reorders it
-    out of the blocked layout in the part that makes it, and into it in the part of a blocked reader.
+    out of the blocked layout in the part that makes it, and into it in the part of a blocked
+    reader.
     """
     alias = aliases(graph, optimized)
     kept = {t for n in optimized.node for t in n.output}

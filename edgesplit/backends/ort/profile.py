@@ -67,7 +67,9 @@ def _kernel_times(trace_path: str) -> dict[str, list[float]]:
     """
     events = json.loads(Path(trace_path).read_text())
     kernels = [
-        ev for ev in events if ev.get("cat") == "Node" and str(ev.get("name", "")).endswith("_kernel_time")
+        ev
+        for ev in events
+        if ev.get("cat") == "Node" and str(ev.get("name", "")).endswith("_kernel_time")
     ]
     spans: dict[object, list[tuple[float, float]]] = {}
     for ev in kernels:
@@ -140,17 +142,28 @@ def profile_ort(
         )
         one = {"x": np.ones(1, np.float32)}
         dispatch = float(
-            np.median(time_runs(lambda: worker.submit(busy_call, trivial.run, None, one).result(), 30, 5))
+            np.median(
+                time_runs(lambda: worker.submit(busy_call, trivial.run, None, one).result(), 30, 5)
+            )
         )
-        worker.submit(time_runs, lambda: (busy_call(psess.run, None, feeds), tick()), runs, warmup).result()
+        worker.submit(
+            time_runs, lambda: (busy_call(psess.run, None, feeds), tick()), runs, warmup
+        ).result()
         kernels = _kernel_times(worker.submit(psess.end_profiling).result())
         optimized = onnx.load(opt_path, load_external_data=False).graph
         run = micro_runner(worker, processor, backend, attrs, tmp, runs=max(5, runs // 2 + 3))
         trivial_call = lambda: busy_call(trivial.run, None, one)  # noqa: E731
         blocked = blocked_layout(graph, optimized)
-        shapes = {t: graph.tensors[t].shape for t in blocked[0] if graph.tensors[t].dtype == "float32"}
+        shapes = {
+            t: graph.tensors[t].shape for t in blocked[0] if graph.tensors[t].dtype == "float32"
+        }
         terms = build_terms(
-            run, worker, trivial_call, blocked=blocked, blocked_shapes=shapes, repeats=max(5, runs // 2 + 2)
+            run,
+            worker,
+            trivial_call,
+            blocked=blocked,
+            blocked_shapes=shapes,
+            repeats=max(5, runs // 2 + 2),
         )
     nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
     med, p90 = _percentiles(whole)
@@ -261,7 +274,12 @@ class OrtProfiler:
         return None
 
     def profile(
-        self, graph: ModelGraph, processor: Processor, backend: Backend, options, progress: Progress | None
+        self,
+        graph: ModelGraph,
+        processor: Processor,
+        backend: Backend,
+        options,
+        progress: Progress | None,
     ) -> ProcessorProfile:
         return profile_ort(
             graph,
@@ -286,7 +304,8 @@ class OrtProfiler:
         others: list[tuple[Processor, Backend]],
         options,
     ) -> dict[str, float]:
-        """This pair's slowdown while each of ``others`` runs the whole model (:func:`ort_contention`)."""
+        """This pair's slowdown while each of ``others`` runs the whole model
+        (:func:`ort_contention`)."""
         rounds = max(2, min(4, options.runs // 5))
         min_s = CONTENTION_S_PER_RUN * options.runs
         return ort_contention(graph, processor, backend, others, self.session_attrs, rounds, min_s)

@@ -1,9 +1,11 @@
-"""Profile a processor that runs reduced-precision parts on ONNX Runtime (``ort-int8``, ``ort-fp16``).
+"""Profile a processor that runs reduced-precision parts on ONNX Runtime (``ort-int8``,
+``ort-fp16``).
 
 The model is converted as ``compile`` converts parts (:mod:`edgesplit.precision.convert`): every
 node the processor and backend support in the backend's precision, the rest left in fp32 (they
 are reported unsupported: they stay on other processors). The converted model is measured under
-ORT's profiler on the processor's worker thread, like :func:`~edgesplit.backends.ort.profile.profile_ort`.
+ORT's profiler on the processor's worker thread, like
+:func:`~edgesplit.backends.ort.profile.profile_ort`.
 
 ORT fuses a QDQ model into integer kernels (``QLinearConv``, ``QLinearAdd``, ``QGemm``...) named
 after the original node (``conv1_token_1`` for ``conv1``), removes activations whose range the
@@ -89,7 +91,9 @@ def kernel_owners(graph: ModelGraph, optimized: onnx.GraphProto) -> dict[str, in
         for k, n in enumerate(optimized.node):
             if k in owner:
                 continue
-            near = [made[t] for t in n.input if t in made] + [r for t in n.output for r in readers.get(t, ())]
+            near = [made[t] for t in n.input if t in made] + [
+                r for t in n.output for r in readers.get(t, ())
+            ]
             found = next((owner[j] for j in near if owner.get(j, -1) >= 0), None)
             if found is not None:
                 owner[k], changed = found, True
@@ -113,16 +117,23 @@ def edge_model(channels: int = EDGE_CHANNELS, side: int = EDGE_SIDE) -> onnx.Mod
     ]
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "a_s", "a_z"], ["x_q"], name="x_QuantizeLinear"),
-        helper.make_node("DequantizeLinear", ["x_q", "a_s", "a_z"], ["x_dq"], name="x_DequantizeLinear"),
-        helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], axis=0, name="w_DequantizeLinear"),
+        helper.make_node(
+            "DequantizeLinear", ["x_q", "a_s", "a_z"], ["x_dq"], name="x_DequantizeLinear"
+        ),
+        helper.make_node(
+            "DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], axis=0, name="w_DequantizeLinear"
+        ),
         helper.make_node("Conv", ["x_dq", "w"], ["c"], name="conv"),
         helper.make_node("QuantizeLinear", ["c", "a_s", "a_z"], ["c_q"], name="c_QuantizeLinear"),
-        helper.make_node("DequantizeLinear", ["c_q", "a_s", "a_z"], ["y"], name="y_DequantizeLinear"),
+        helper.make_node(
+            "DequantizeLinear", ["c_q", "a_s", "a_z"], ["y"], name="y_DequantizeLinear"
+        ),
     ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
     m = helper.make_model(
-        helper.make_graph(nodes, "edges", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)]
+        helper.make_graph(nodes, "edges", [x], [y], inits),
+        opset_imports=[helper.make_opsetid("", 17)],
     )
     m.ir_version = 8
     return m
@@ -147,16 +158,21 @@ def _attribute(graph: ModelGraph, optimized, kernels, warmup: int, runs: int, ac
     out = {}
     for i, node in enumerate(graph.nodes):
         med, p90 = _percentiles(list(per_node[i]))
-        out[node.name] = NodeCost(round(med, 6), round(p90, 6), MEASURED, round(med * active_w, 6), runs)
+        out[node.name] = NodeCost(
+            round(med, 6), round(p90, 6), MEASURED, round(med * active_w, 6), runs
+        )
     return out
 
 
 def profile_quantized(
     graph: ModelGraph, processor: Processor, backend: Backend, *, runs: int = 20, warmup: int = 5
 ) -> ProcessorProfile:
-    """Measure ``graph`` converted to ``backend.precision`` on ``processor`` (see the module doc)."""
+    """Measure ``graph`` converted to ``backend.precision`` on ``processor`` (see the module
+    doc)."""
     started = time.perf_counter()
-    runnable = [n.name for n in graph.nodes if processor.supports(n.op_type) and backend.supports(n.op_type)]
+    runnable = [
+        n.name for n in graph.nodes if processor.supports(n.op_type) and backend.supports(n.op_type)
+    ]
     unsupported = {
         n.name: f"{n.op_type} is not supported by {processor.name}/{backend.key}"
         for n in graph.nodes
@@ -168,10 +184,16 @@ def profile_quantized(
     feeds = random_inputs(graph)
     with processor_worker(processor, "edgesplit-q-") as (worker, tmp, notes):
         opt = str(Path(tmp) / "optimized.onnx")
-        sess, psess, trivial = worker.submit(_sessions, model, processor, backend, tmp, opt).result()
-        whole = time_runs(lambda: worker.submit(busy_call, sess.run, None, feeds).result(), runs, warmup)
+        sess, psess, trivial = worker.submit(
+            _sessions, model, processor, backend, tmp, opt
+        ).result()
+        whole = time_runs(
+            lambda: worker.submit(busy_call, sess.run, None, feeds).result(), runs, warmup
+        )
         one = {"x": np.ones(1, np.float32)}
-        dispatch = float(np.median(time_runs(lambda: worker.submit(trivial.run, None, one).result(), 30, 5)))
+        dispatch = float(
+            np.median(time_runs(lambda: worker.submit(trivial.run, None, one).result(), 30, 5))
+        )
         edge_in, edge_out, edge_ops = _edge_costs(worker, processor, backend, tmp, runs, warmup)
         worker.submit(time_runs, lambda: psess.run(None, feeds), runs, warmup).result()
         kernels = _kernel_times(worker.submit(psess.end_profiling).result())
@@ -180,7 +202,8 @@ def profile_quantized(
     nodes = {k: v for k, v in nodes.items() if k not in unsupported}
     med, p90 = _percentiles(whole)
     notes.append(
-        f"part edges: in ({edge_ops[0]}) {edge_in:.4f} ms/MB, out ({edge_ops[1]}) {edge_out:.4f} ms/MB"
+        f"part edges: in ({edge_ops[0]}) {edge_in:.4f} ms/MB, out ({edge_ops[1]}) {edge_out:.4f} "
+        "ms/MB"
     )
     return ProcessorProfile(
         processor=processor.name,
@@ -199,7 +222,12 @@ def profile_quantized(
 
 
 def _edge_costs(
-    worker: ThreadPoolExecutor, processor: Processor, backend: Backend, tmp: str, runs: int, warmup: int
+    worker: ThreadPoolExecutor,
+    processor: Processor,
+    backend: Backend,
+    tmp: str,
+    runs: int,
+    warmup: int,
 ) -> tuple[float, float, tuple[str, str]]:
     """(ms per MB in, ms per MB out, the op types of each side) of an int8 part's edges: the kernels
     on either side of :func:`edge_model`'s convolution under ORT's profiler, per MB of the float32
@@ -211,7 +239,11 @@ def _edge_costs(
     sess = worker.submit(
         make_session, model, processor, provider, **extra, optimized_model_filepath=opt
     ).result()
-    feed = {"x": np.random.default_rng(0).standard_normal(EDGE_CHANNELS * EDGE_SIDE**2).astype(np.float32)}
+    feed = {
+        "x": np.random.default_rng(0)
+        .standard_normal(EDGE_CHANNELS * EDGE_SIDE**2)
+        .astype(np.float32)
+    }
     feed["x"] = feed["x"].reshape(1, EDGE_CHANNELS, EDGE_SIDE, EDGE_SIDE)
     worker.submit(time_runs, lambda: busy_call(sess.run, None, feed), runs, warmup).result()
     kernels = _kernel_times(worker.submit(sess.end_profiling).result())
@@ -220,11 +252,17 @@ def _edge_costs(
     mb = 4 * EDGE_CHANNELS * EDGE_SIDE**2 / MB
 
     def side(names: list[str]) -> float:
-        per_run = np.sum([kernels[n][warmup : warmup + runs] for n in names if n in kernels], axis=0)
+        per_run = np.sum(
+            [kernels[n][warmup : warmup + runs] for n in names if n in kernels], axis=0
+        )
         return float(np.median(per_run)) / mb if np.size(per_run) else 0.0
 
     into, out_of = edge_sides(optimized)
-    return side(into), side(out_of), (", ".join(ops[n] for n in into), ", ".join(ops[n] for n in out_of))
+    return (
+        side(into),
+        side(out_of),
+        (", ".join(ops[n] for n in into), ", ".join(ops[n] for n in out_of)),
+    )
 
 
 def _sessions(model: onnx.ModelProto, processor: Processor, backend: Backend, tmp: str, opt: str):
@@ -260,5 +298,9 @@ class OrtQuantizedProfiler:
             return "ORT's CPU provider runs fp16 through casts to fp32: not a measurement of fp16"
         return None
 
-    def profile(self, graph: ModelGraph, processor: Processor, backend: Backend, options, progress=None):
-        return profile_quantized(graph, processor, backend, runs=options.runs, warmup=options.warmup)
+    def profile(
+        self, graph: ModelGraph, processor: Processor, backend: Backend, options, progress=None
+    ):
+        return profile_quantized(
+            graph, processor, backend, runs=options.runs, warmup=options.warmup
+        )

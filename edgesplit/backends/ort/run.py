@@ -33,7 +33,9 @@ from edgesplit.profile.terms import (
 )
 
 
-def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, backend: Backend, **extra):
+def make_session(
+    model: onnx.ModelProto | bytes | str, processor: Processor, backend: Backend, **extra
+):
     import onnxruntime as ort
 
     # a core group's threads stop spinning when a run ends: they sit on its members' cores, whose
@@ -41,7 +43,11 @@ def make_session(model: onnx.ModelProto | bytes | str, processor: Processor, bac
     # little core's whole model measured 2x slower beside an idle group's session)
     throttled = bool(processor.cpu_quota_pct) or bool(processor.core_quotas)
     so = ort_session_options(
-        processor.threads, processor.cores, spin=not processor.is_group, throttled=throttled, **extra
+        processor.threads,
+        processor.cores,
+        spin=not processor.is_group,
+        throttled=throttled,
+        **extra,
     )
     data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
     providers = [(backend.provider, dict(backend.options))]
@@ -76,7 +82,9 @@ def _run_kernels(trace_path: str) -> list[_RunKernels]:
     """Per ``model_run`` of ORT's profile, its kernels (see :class:`_RunKernels`)."""
     events = json.loads(Path(trace_path).read_text())
     runs = sorted(
-        (e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"
+        (e["ts"], e["dur"])
+        for e in events
+        if e.get("cat") == "Session" and e.get("name") == "model_run"
     )
     nodes = sorted(
         (
@@ -193,7 +201,8 @@ def ort_contention(
     min_s: float = CONTENTION_MIN_S,
 ) -> dict[str, float]:
     """This pair's slowdown while each other processor runs the whole model in a loop on ORT
-    (:func:`~edgesplit.profile.terms.contention_factor`: ``rounds`` rounds at least, ``min_s`` long)."""
+    (:func:`~edgesplit.profile.terms.contention_factor`: ``rounds`` rounds at least, ``min_s``
+    long)."""
     attrs = dict(session_attrs or {})
     feeds = random_inputs(graph)
     out: dict[str, float] = {}
@@ -218,7 +227,8 @@ def processor_worker(
 ) -> Iterator[tuple[ThreadPoolExecutor, str, list[str]]]:
     """The processor's worker thread, set up like the runtime's (pinned, throttled), a private
     temporary folder, and the notes the setup left: sessions built on the worker inherit its setup
-    in ORT's threads, and runs timed from here go through a hand-off to it, as a bundle's part does."""
+    in ORT's threads, and runs timed from here go through a hand-off to it, as a bundle's part
+    does."""
     notes: list[str] = []
     with (
         ThreadPoolExecutor(1, initializer=lambda: notes.extend(configure_as(processor))) as worker,

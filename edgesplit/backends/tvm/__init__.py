@@ -1,1 +1,2 @@
-"""Apache TVM as a backend: profiling, the tuning database and RPC, building and tuning libraries, and the executor."""
+"""Apache TVM as a backend: profiling, the tuning database and RPC, building and tuning libraries,
+and the executor."""

@@ -53,7 +53,8 @@ def cross_compiler(target: Mapping[str, Any]) -> str | None:
     if shutil.which(cc) is None:
         pkg = f"gcc-{triple}"
         raise CompileError(
-            f"target {json.dumps(dict(target))} needs the cross compiler {cc}, which is not installed "
+            f"target {json.dumps(dict(target))} needs the cross compiler {cc}, which is not "
+            "installed "
             f"(on Debian/Ubuntu: apt-get install {pkg})"
         )
     return cc
@@ -99,7 +100,9 @@ def build_library(
     databases = databases or ()
     cc = cross_compiler(target)
     if tune is None and tune_trials > 0:
-        tune = TuneOptions(trials_per_task=min(64, tune_trials), max_trials=tune_trials, threads=threads)
+        tune = TuneOptions(
+            trials_per_task=min(64, tune_trials), max_trials=tune_trials, threads=threads
+        )
     threads = tune.threads if tune is not None and tune.threads else threads
     kept, lookup = None, None
     if tune is None:  # a build that tunes changes the databases: built every time
@@ -114,7 +117,9 @@ def build_library(
         tgt = tvm.target.Target(dict(target))
         if tune is not None:
             mod, report = tune_module(mod, target, tune, progress)
-            info["tuning"] = {k: v for k, v in dataclasses.asdict(report).items() if k != "task_names"}
+            info["tuning"] = {
+                k: v for k, v in dataclasses.asdict(report).items() if k != "task_names"
+            }
             # the databases again: tuning has just added its records
             lookup = find_databases(target, threads, extra=databases) if use_database else None
         if lookup is not None and lookup.paths:
@@ -143,7 +148,8 @@ def _cuda_kernels_kept_as_source() -> bool:
     """Whether TVM keeps a CUDA library's kernels as CUDA C++ rather than compiling them: it does
     where no CUDA driver is (no ``ffi.Module.create.cuda``: a build machine without a GPU), and the
     TVM that loads the part compiles them then with NVRTC, so that machine needs a full TVM,
-    ``cuda-bindings`` and CUDA's headers (``benchmarks/server_gpu.py`` ran such parts on an H200)."""
+    ``cuda-bindings`` and CUDA's headers (``benchmarks/server_gpu.py`` ran such parts on an
+    H200)."""
     import tvm_ffi
 
     return tvm_ffi.get_global_func("ffi.Module.create.cuda", allow_missing=True) is None

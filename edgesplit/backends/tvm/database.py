@@ -14,7 +14,8 @@ was tuned for, so we never open a database made for another target:
   ``target.json`` that names its tuning target and TVM version, and is used only where both match
   (anything else is passed over with a note).
 
-Both are MetaSchedule's own JSON files (``database_workload.json``, ``database_tuning_record.json``),
+Both are MetaSchedule's own JSON files (``database_workload.json``,
+``database_tuning_record.json``),
 which TVM appends to as it tunes.
 """
 
@@ -40,7 +41,8 @@ TARGET_FILE = "target.json"
 
 def tuning_target(target: Mapping[str, Any], threads: int | None = None) -> dict[str, Any]:
     """The target schedules are tuned for: ``target`` with ``num-cores`` set (llvm), which decides
-    how far MetaSchedule parallelises loops. ``threads`` defaults to the cores this process may use."""
+    how far MetaSchedule parallelises loops. ``threads`` defaults to the cores this process may
+    use."""
     tt = dict(target)
     if tt.get("kind") == "llvm" and "num-cores" not in tt:
         from edgesplit.device.host import usable_cores
@@ -121,7 +123,9 @@ def _why_not(folder: Path, tuning: Mapping[str, Any], need_file: bool) -> str | 
         return f"{folder}: no {WORKLOADS}"
     meta = read_target_file(folder)
     if meta is None:
-        return f"{folder}: no readable {TARGET_FILE}, so its target is unknown" if need_file else None
+        return (
+            f"{folder}: no readable {TARGET_FILE}, so its target is unknown" if need_file else None
+        )
     if meta["target"] != dict(tuning):
         return f"{folder}: tuned for {json.dumps(meta['target'], sort_keys=True)}, not this target"
     if _series(str(meta.get("tvm_version", ""))) != _series(tvm_version()):
@@ -188,7 +192,8 @@ _OPEN_LOCK = threading.Lock()
 
 
 def _stamp(folder: Path) -> tuple:
-    """What changes when a database folder is written to: its files' sizes and modification times."""
+    """What changes when a database folder is written to: its files' sizes and modification
+    times."""
     out = []
     for name in (WORKLOADS, RECORDS):
         try:

@@ -43,7 +43,9 @@ class TvmExecutor:
             except LookupError as e:
                 raise BundleError(f"part {part.name}: {e}") from e
             except Exception as e:  # noqa: BLE001 - TVM's errors are its own, or bare RuntimeErrors
-                raise BundleError(f"{bundle / part.file}: TVM cannot load it ({short(str(e), 200)})") from e
+                raise BundleError(
+                    f"{bundle / part.file}: TVM cannot load it ({short(str(e), 200)})"
+                ) from e
         self._inputs = [i.name for i in part.inputs]
         self._outputs = [o.name for o in part.outputs]
 

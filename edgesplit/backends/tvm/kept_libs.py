@@ -3,7 +3,8 @@
 Compiling a part with TVM takes seconds (a minute for a large one), and the same part is built
 again and again: ``partition`` then ``deploy`` of one model, a ``deploy`` after changing an option
 that does not move the cut, the test suite. The profiler compiles every fused kernel of a model
-(:mod:`edgesplit.backends.tvm.profile`), and profiling the same model again, or another with the same
+(:mod:`edgesplit.backends.tvm.profile`), and profiling the same model again, or another with the
+same
 kernels, compiles the same kernels again. A library depends only on the model, the target, the
 thread count, the tuning databases applied, the cross compiler and the code that builds it, so it
 is kept, keyed by all of them: the model's bytes, the target and the tuning target it resolves to

@@ -7,8 +7,10 @@ processor's target and times it on the processor's worker thread (pinned and thr
 runtime's); the group's time is shared among its nodes in proportion to their roofline cost, as
 the ORT profiler shares a fused kernel's. Measuring the fused group, not each node alone, is what
 lets the tuning databases apply: they hold schedules for the kernels a whole model compiles to
-(:mod:`edgesplit.backends.tvm.database`), and a Conv measured without its ReLU would be another, untuned,
-kernel. Groups with the same ops, attributes and shapes share one measurement. The whole model is compiled and timed too; where TVM cannot import it, the profile
+(:mod:`edgesplit.backends.tvm.database`), and a Conv measured without its ReLU would be another,
+untuned,
+kernel. Groups with the same ops, attributes and shapes share one measurement. The whole model is
+compiled and timed too; where TVM cannot import it, the profile
 says why.
 """
 
@@ -27,7 +29,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgesplit.backends.tvm.database import Lookup, apply_databases, find_databases, lower_for_tuning
+from edgesplit.backends.tvm.database import (
+    Lookup,
+    apply_databases,
+    find_databases,
+    lower_for_tuning,
+)
 from edgesplit.backends.tvm.kept_libs import kept_library
 from edgesplit.device.cpu import configure_as
 from edgesplit.device.spec import Backend, Processor
@@ -62,7 +69,8 @@ def host_arch() -> str:
 
 
 def target_arch(target: Mapping[str, Any]) -> str:
-    """The CPU architecture a target's code is for (its ``mtriple``'s; no triple: this machine's)."""
+    """The CPU architecture a target's code is for (its ``mtriple``'s; no triple: this
+    machine's)."""
     triple = target.get("mtriple")
     return _ARCH_ALIASES.get(triple.split("-")[0], triple.split("-")[0]) if triple else host_arch()
 
@@ -89,7 +97,9 @@ def _first_line(e: BaseException) -> str:
     return (lines[-1] if lines else type(e).__name__)[:200]
 
 
-def build_vm(model: onnx.ModelProto, target: dict[str, Any], threads: int | None = None, tuned: bool = True):
+def build_vm(
+    model: onnx.ModelProto, target: dict[str, Any], threads: int | None = None, tuned: bool = True
+):
     """Import an ONNX model into Relax, compile it for ``target`` and return (vm, device).
 
     With ``tuned``, the kernels the tuning databases for ``target`` run with ``threads`` threads
@@ -107,7 +117,11 @@ def build_vm(model: onnx.ModelProto, target: dict[str, Any], threads: int | None
     dev = target_device(target)
     with tempfile.TemporaryDirectory(prefix="edgesplit-tvm-") as tmp:
         lib = Path(tmp) / "lib.so"
-        if kept is not None and kept.fetch(lib) is not None and (vm := _loaded(lib, dev)) is not None:
+        if (
+            kept is not None
+            and kept.fetch(lib) is not None
+            and (vm := _loaded(lib, dev)) is not None
+        ):
             return vm, dev
         ex = _compile(model, target, lookup)
         if kept is not None and _exported(ex, lib) and (vm := _loaded(lib, dev)) is not None:
@@ -175,7 +189,8 @@ FUSED_AFTER = frozenset(
 
 def fusion_groups(graph: ModelGraph, nodes: list[Node]) -> list[list[Node]]:
     """``nodes`` (in topological order) in the groups TVM compiles into one kernel each: a node and
-    the elementwise nodes that follow it, each fed by the group's last output and its only reader."""
+    the elementwise nodes that follow it, each fed by the group's last output and its only
+    reader."""
     readers: dict[str, int] = {}
     for n in graph.nodes:
         for t in dict.fromkeys(n.inputs):
@@ -201,7 +216,8 @@ def fusion_groups(graph: ModelGraph, nodes: list[Node]) -> list[list[Node]]:
 def _signature(node: Node, proto: onnx.NodeProto, graph: ModelGraph) -> str:
     attrs = b"".join(a.SerializeToString() for a in proto.attribute)
     ins = ";".join(
-        f"{graph.tensors[t].shape}{graph.tensors[t].dtype}{'w' if graph.tensors[t].is_weight else ''}"
+        f"{graph.tensors[t].shape}{graph.tensors[t].dtype}"
+        f"{'w' if graph.tensors[t].is_weight else ''}"
         for t in node.inputs
     )
     return f"{node.op_type}|{attrs.hex()}|{ins}"
@@ -231,7 +247,11 @@ def profile_tvm(
             {},
             note=f"target {target} does not run on this machine",
         )
-    cant = [n for n in graph.nodes if not backend.supports(n.op_type) or not processor.supports(n.op_type)]
+    cant = [
+        n
+        for n in graph.nodes
+        if not backend.supports(n.op_type) or not processor.supports(n.op_type)
+    ]
     unsupported: dict[str, str] = {
         n.name: f"TVM has no {n.op_type} converter"
         if not backend.supports(n.op_type)
@@ -247,8 +267,12 @@ def profile_tvm(
             except Exception as e:  # noqa: BLE001 - TVM raises many types; we report the reason
                 note = f"TVM cannot compile the whole model: {_first_line(e)}"
         else:
-            note = f"TVM cannot run {len(cant)} nodes ({', '.join(sorted({n.op_type for n in cant}))})"
-        nodes = _measure_groups(graph, processor, target, unsupported, runs, worker, progress, label)
+            note = (
+                f"TVM cannot run {len(cant)} nodes ({', '.join(sorted({n.op_type for n in cant}))})"
+            )
+        nodes = _measure_groups(
+            graph, processor, target, unsupported, runs, worker, progress, label
+        )
         terms = _terms(worker, target, max(5, runs // 2 + 2))
     lookup = find_databases(target, processor.threads)
     tuned = (
@@ -270,7 +294,9 @@ def profile_tvm(
     )
 
 
-def _whole_model(graph: ModelGraph, target: dict[str, Any], threads, worker: ThreadPoolExecutor, runs: int):
+def _whole_model(
+    graph: ModelGraph, target: dict[str, Any], threads, worker: ThreadPoolExecutor, runs: int
+):
     """Median and p90 of the whole model run as a one-part bundle runs it: handed to the worker,
     inputs copied in, ``main``, outputs copied out, the caller woken (as ORT's is measured)."""
     vm, dev = build_vm(graph.model, target, threads)
@@ -312,7 +338,9 @@ def _measure_groups(
     for k, group in enumerate(groups):
         sig = "||".join(_signature(n, protos[n.name], graph) for n in group)
         if sig not in cache:
-            cache[sig] = _measure_group(graph, group, extractor, target, processor.threads, runs, rng, worker)
+            cache[sig] = _measure_group(
+                graph, group, extractor, target, processor.threads, runs, rng, worker
+            )
         got = cache[sig]
         if isinstance(got, str):
             unsupported.update({n.name: got for n in group})
@@ -415,7 +443,9 @@ def _measure_group(
         sub = extractor.extract(acts, list(group[-1].outputs), group[0].name)
         vm, dev = build_vm(sub, target, threads)  # compiled here, timed on the processor's worker
         arrays = [
-            graph.sample_inputs[t] if t in graph.sample_inputs else random_tensor(graph.tensors[t], rng)
+            graph.sample_inputs[t]
+            if t in graph.sample_inputs
+            else random_tensor(graph.tensors[t], rng)
             for t in acts
         ]
         return worker.submit(busy_call, time_vm, vm, dev, arrays, runs).result()
@@ -436,6 +466,13 @@ class TvmProfiler:
         return None if runs_on_this_machine(target) else f"TVM target {target} does not run here"
 
     def profile(
-        self, graph: ModelGraph, processor: Processor, backend: Backend, options, progress: Progress | None
+        self,
+        graph: ModelGraph,
+        processor: Processor,
+        backend: Backend,
+        options,
+        progress: Progress | None,
     ) -> ProcessorProfile:
-        return profile_tvm(graph, processor, backend, runs=max(3, options.runs // 2), progress=progress)
+        return profile_tvm(
+            graph, processor, backend, runs=max(3, options.runs // 2), progress=progress
+        )

@@ -36,7 +36,8 @@ _BOUND = re.compile(r"bind to 127\.0\.0\.1:(\d+)")
 
 
 def agent_request(agent, op: str, msg: dict[str, Any], server: subprocess.Popen | None):
-    """Serve ``rpc_start`` or ``rpc_stats``; returns the server process (None when there is none)."""
+    """Serve ``rpc_start`` or ``rpc_stats``; returns the server process (None when there is
+    none)."""
     if op == "rpc_start" and server is None:
         server = _start(agent.workdir, msg)
         if server is None:
@@ -124,7 +125,9 @@ def _wait_bound(workdir: str, server: subprocess.Popen) -> int:
             return int(m.group(1))
         if server.poll() is not None:
             tail = _read_log(workdir).strip().splitlines()[-1:] or [""]
-            raise RuntimeError(f"TVM's RPC server ended (exit {server.returncode}): {tail[0][:300]}")
+            raise RuntimeError(
+                f"TVM's RPC server ended (exit {server.returncode}): {tail[0][:300]}"
+            )
         time.sleep(0.1)
     raise RuntimeError(f"TVM's RPC server did not start within {START_TIMEOUT_S:g} s")
 
@@ -199,7 +202,9 @@ class RemoteRpcServer(Closing):
     def stats(self) -> RpcStats:
         self.session.send("rpc_stats")
         ev = self.session.expect("rpc_stats")
-        return RpcStats(int(ev["pid"]), bool(ev["running"]), int(ev["sessions"]), int(ev["modules_loaded"]))
+        return RpcStats(
+            int(ev["pid"]), bool(ev["running"]), int(ev["sessions"]), int(ev["modules_loaded"])
+        )
 
     def close(self) -> None:
         """Close the tunnel; the agent stops the server and removes its folder as it ends."""

@@ -2,7 +2,8 @@
 
 :func:`tune_module` extracts the model's kernels (MetaSchedule *tasks*, one per distinct fused TIR
 function), leaves out those a database for this target already holds with the per-task budget
-(:mod:`edgesplit.backends.tvm.database`: a conv tuned for resnet18 is not tuned again for mobilenetv2),
+(:mod:`edgesplit.backends.tvm.database`: a conv tuned for resnet18 is not tuned again for
+mobilenetv2),
 and tunes the rest with at most ``trials_per_task`` trials each (and ``max_trials`` in all).
 Candidates are compiled by one builder process per usable core and measured one at a time, either
 here (the runner process pinned to the processor's cores, with its thread count) or on a board
@@ -87,7 +88,8 @@ class TuneReport:
     Attributes:
         tasks: Kernels in the model (distinct workloads).
         reused: Kernels left alone: a database already had the per-task budget for them.
-        tuned: Kernels that got trials in this run (fewer than the rest when ``max_trials`` ran out).
+        tuned: Kernels that got trials in this run (fewer than the rest when ``max_trials`` ran
+        out).
         trials: Candidates measured in this run (new records in ``database``).
         measured_on: ``here``, or the SSH target whose RPC server measured the candidates.
         rpc_sessions: Sessions that server served (one per measured candidate), from its own log.
@@ -108,7 +110,9 @@ class TuneReport:
     population: int | None = None
 
 
-def tune_module(mod, target: Mapping[str, Any], options: TuneOptions, progress: Progress | None = None):
+def tune_module(
+    mod, target: Mapping[str, Any], options: TuneOptions, progress: Progress | None = None
+):
     """Tune the kernels of a Relax module (as imported from ONNX) for ``target``.
 
     Returns:
@@ -165,7 +169,9 @@ def _remaining(tasks, paths: list[Path], per_task: int) -> list[int]:
     """Per task: trials still to run so that the databases hold ``per_task`` records for it."""
     from tvm.s_tir import meta_schedule as ms
 
-    dbs = [ms.database.JSONDatabase(work_dir=str(p), allow_missing=False) for p in paths if p.is_dir()]
+    dbs = [
+        ms.database.JSONDatabase(work_dir=str(p), allow_missing=False) for p in paths if p.is_dir()
+    ]
     left = []
     for task in tasks:
         mod = task.dispatched[0]
@@ -231,7 +237,9 @@ class _Run:
                     max_workers=workers,
                     timeout_sec=opts.timeout_s,
                     f_build=build_candidate,
-                    f_export=functools.partial(export_candidate, cc=_cross_cc(self.tuning), parent=logs),
+                    f_export=functools.partial(
+                        export_candidate, cc=_cross_cc(self.tuning), parent=logs
+                    ),
                 ),
                 runner=_runner(opts),
                 database=ms.database.JSONDatabase(work_dir=str(self.out)),
@@ -267,7 +275,9 @@ class _Counter:
 
         @derived_object
         class _Callback(ms.measure_callback.PyMeasureCallback):
-            def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+            def apply(
+                self, task_scheduler, task_id, measure_candidates, builder_results, runner_results
+            ):
                 outer.done += len(measure_candidates)
                 outer.report()
 
@@ -280,7 +290,8 @@ def _runner(options: TuneOptions):
     if options.rpc is not None:
         rpc = options.rpc
         return ms.runner.RPCRunner(
-            # We connect to the server directly, without a tracker: the tracker fields carry its address.
+            # We connect to the server directly, without a tracker: the tracker fields carry its
+            # address.
             rpc_config=ms.runner.RPCConfig(
                 tracker_host=rpc.host,
                 tracker_port=rpc.port,
@@ -341,7 +352,9 @@ def rpc_session(rpc_config):
     from tvm import rpc
 
     return rpc.connect(
-        rpc_config.tracker_host, int(rpc_config.tracker_port), session_timeout=rpc_config.session_timeout_sec
+        rpc_config.tracker_host,
+        int(rpc_config.tracker_port),
+        session_timeout=rpc_config.session_timeout_sec,
     )
 
 
@@ -393,7 +406,12 @@ def tune_model(
             raise InputError(f"{spec.name}: processor '{proc.name}' has no tvm backend")
     else:
         proc = next(
-            (p for p in spec.processors if not p.is_remote and any(b.key == "tvm" for b in p.backends)), None
+            (
+                p
+                for p in spec.processors
+                if not p.is_remote and any(b.key == "tvm" for b in p.backends)
+            ),
+            None,
         )
         if proc is None:
             raise InputError(f"{spec.name}: no processor has a tvm backend")
@@ -416,7 +434,9 @@ def tune_model(
             opts = dataclasses.replace(opts, rpc=RpcEndpoint("127.0.0.1", server.port))
             _, report = tune_module(mod, target, opts, progress)
             stats = server.stats()
-            report = dataclasses.replace(report, measured_on=str(server.target), rpc_sessions=stats.sessions)
+            report = dataclasses.replace(
+                report, measured_on=str(server.target), rpc_sessions=stats.sessions
+            )
     _record_run(Path(report.database), report, graph.name, proc.name)
     return report
 

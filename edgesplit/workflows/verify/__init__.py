@@ -11,4 +11,11 @@ from edgesplit.bundle.verdict import MeasuredCandidate, Verification
 from edgesplit.workflows.verify.decide import metric_for
 from edgesplit.workflows.verify.ship import VerifyOptions, local_server, verify_plan
 
-__all__ = ["MeasuredCandidate", "Verification", "VerifyOptions", "local_server", "metric_for", "verify_plan"]
+__all__ = [
+    "MeasuredCandidate",
+    "Verification",
+    "VerifyOptions",
+    "local_server",
+    "metric_for",
+    "verify_plan",
+]

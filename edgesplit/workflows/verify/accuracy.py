@@ -5,7 +5,8 @@ meets every budget and is not run. Every other candidate's bundle runs through t
 (:func:`edgesplit.runtime.accuracy.bundle_accuracy`, its int8/fp16 artifacts on their executors) on
 the held-out samples of the calibration data the plan was measured on, and its outputs are compared
 with the fp32 model's. The budget is the problem's (the one the plan was made under, or reloaded
-from the plan by ``compile --verify``). :func:`edgesplit.workflows.verify.decide.decide` never ships a
+from the plan by ``compile --verify``). :func:`edgesplit.workflows.verify.decide.decide` never ships
+a
 candidate that misses it.
 """
 
@@ -64,7 +65,10 @@ def measure_accuracy(
             continue
         try:
             acc = bundle_accuracy(
-                c.bundle, problem.graph, calibration_data=data, executor_options=executor_options(c.name)
+                c.bundle,
+                problem.graph,
+                calibration_data=data,
+                executor_options=executor_options(c.name),
             )
         except EdgesplitError as e:
             out.append(replace(c, error=f"its accuracy could not be measured: {e}"))

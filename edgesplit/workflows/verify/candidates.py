@@ -120,7 +120,8 @@ def _unsupported(cm: CostModel, p: int) -> str | None:
         return None
     ops = sorted({cm.op_types[i] for i in bad})
     return (
-        f"cannot run {len(bad)} of {cm.n_nodes} nodes ({', '.join(ops[:4])}{' ...' if len(ops) > 4 else ''})"
+        f"cannot run {len(bad)} of {cm.n_nodes} nodes "
+        f"({', '.join(ops[:4])}{' ...' if len(ops) > 4 else ''})"
     )
 
 
@@ -138,14 +139,17 @@ def _whole_on(problem: Problem, proc: Processor, backend: str, name: str, base: 
         return Candidate(name, summary, None, str(e))
     p = cm.proc_index(proc.name)
     whole = np.full(cm.n_nodes, p, dtype=np.int64)
-    why = _unsupported(cm, p) or (None if feasible(cm, whole, pins=False) else "does not fit its memory")
+    why = _unsupported(cm, p) or (
+        None if feasible(cm, whole, pins=False) else "does not fit its memory"
+    )
     if why:
         return Candidate(name, summary, None, why)
     return Candidate(name, summary, plan_for(problem, cm, whole, name, summary, base.baselines))
 
 
 def single_processor(problem: Problem, plan: Plan) -> list[Candidate]:
-    """For each local processor: its first backend, and any other predicted faster on the whole model."""
+    """For each local processor: its first backend, and any other predicted faster on the whole
+    model."""
     out = []
     for proc in problem.full_device.processors:
         if proc.is_remote:
@@ -170,7 +174,10 @@ def plain_ort(problem: Problem, plan: Plan) -> list[Candidate]:
         return []
     cores = f"cores {', '.join(map(str, proc.cores))}, " if proc.cores else ""
     threads = proc.threads or (len(proc.cores) if proc.cores else None)
-    summary = f"ONNX Runtime's defaults over every CPU core ({proc.name}: {cores}{threads or 'all'} threads)"
+    summary = (
+        f"ONNX Runtime's defaults over every CPU core ({proc.name}: "
+        f"{cores}{threads or 'all'} threads)"
+    )
     c = _whole_on(problem, proc, "ort", PLAIN_ORT, plan)
     return [replace(c, summary=summary if c.plan is not None else c.summary)]
 
@@ -185,7 +192,9 @@ def ort_greedy(problem: Problem, plan: Plan) -> list[Candidate]:
     c = found[0]
     return [
         Candidate(
-            ORT_GREEDY, c.summary, plan_for(problem, cm, c.assign, ORT_GREEDY, c.summary, plan.baselines)
+            ORT_GREEDY,
+            c.summary,
+            plan_for(problem, cm, c.assign, ORT_GREEDY, c.summary, plan.baselines),
         )
     ]
 
@@ -205,7 +214,9 @@ def replicas(problem: Problem, singles: list[Candidate]) -> list[Candidate]:
     first = cpus[0].plan
     assert first is not None
     same = [
-        c for c in cpus[1:] if c.plan is not None and c.plan.parts[0].precision == first.parts[0].precision
+        c
+        for c in cpus[1:]
+        if c.plan is not None and c.plan.parts[0].precision == first.parts[0].precision
     ]
     if not same:
         return []
@@ -247,7 +258,9 @@ def remote_baselines(problem: Problem, plan: Plan, metric: str) -> list[Candidat
         best = min(runnable, key=lambda c: score(c.assign))
         out.append(
             Candidate(
-                name, best.summary, plan_for(problem, cm, best.assign, name, best.summary, plan.baselines)
+                name,
+                best.summary,
+                plan_for(problem, cm, best.assign, name, best.summary, plan.baselines),
             )
         )
     return out
@@ -287,7 +300,8 @@ def compile_candidates(
     bands: bool = False,
     check_accuracy: bool = True,
 ) -> list[Candidate]:
-    """Each measurable candidate's bundle under ``stage``; a baseline that fails to compile says why.
+    """Each measurable candidate's bundle under ``stage``; a baseline that fails to compile says
+    why.
 
     ``check_accuracy``: compile's own check of int8/fp16 parts (off when the verification measures
     every candidate's accuracy itself).
@@ -329,7 +343,8 @@ def compile_candidates(
 
 
 def stage_dir(out: str | os.PathLike) -> Path:
-    """A fresh folder beside ``out`` for the candidates' bundles (same file system: moves are renames)."""
+    """A fresh folder beside ``out`` for the candidates' bundles (same file system: moves are
+    renames)."""
     import tempfile
 
     path = Path(out)

@@ -8,7 +8,8 @@ baseline is simpler (fewer parts) and measured at least as fast within the noise
 time for the minimum rounds, or nothing to compare with, the plan is kept and the verdict says so.
 
 Accuracy comes first: a candidate with int8 or fp16 parts whose measured accuracy misses the budget
-(:mod:`edgesplit.workflows.verify.accuracy`) is never shipped, however fast. When the plan misses it, the
+(:mod:`edgesplit.workflows.verify.accuracy`) is never shipped, however fast. When the plan misses
+it, the
 best measured candidate that meets it is shipped (all-fp32 candidates always do), and the reason
 says so.
 """
@@ -63,7 +64,9 @@ def _accuracy_fields(found: Measured | None) -> dict:
     }
 
 
-def _row(c: Candidate, meas: Measurement, metric: str, accuracy: Mapping[str, Measured]) -> MeasuredCandidate:
+def _row(
+    c: Candidate, meas: Measurement, metric: str, accuracy: Mapping[str, Measured]
+) -> MeasuredCandidate:
     twin = c.same_as or c.name
     base = MeasuredCandidate(
         c.name,
@@ -102,7 +105,10 @@ def _value(row: MeasuredCandidate, metric: str) -> float:
 
 
 def rows(
-    cands: Sequence[Candidate], meas: Measurement, metric: str, accuracy: Mapping[str, Measured] | None = None
+    cands: Sequence[Candidate],
+    meas: Measurement,
+    metric: str,
+    accuracy: Mapping[str, Measured] | None = None,
 ) -> list[MeasuredCandidate]:
     """Every candidate's figures (accuracy from ``accuracy``, by name), with its ratio to the best
     measured one."""
@@ -135,12 +141,21 @@ def _instead_of_inaccurate(
         PlanError: when no candidate meets the budget (nothing is shipped).
     """
     plan = table[0]
-    ok = [r for r in table[1:] if r.error is None and r.same_as != PLAN and r.meets_budget is not False]
+    ok = [
+        r
+        for r in table[1:]
+        if r.error is None and r.same_as != PLAN and r.meets_budget is not False
+    ]
     timed = [r for r in ok if r.measured]
     why = f"the plan misses the accuracy budget ({plan.accuracy_misses}, SNR {plan.snr_db:.1f} dB)"
     if timed:
         best = min(timed, key=lambda r: _value(r, metric))
-        return best.name, f"{why}; {best.name} is the best measured candidate that meets it", None, None
+        return (
+            best.name,
+            f"{why}; {best.name} is the best measured candidate that meets it",
+            None,
+            None,
+        )
     if ok:
         return ok[0].name, f"{why}; {ok[0].name} meets it (not timed)", None, None
     raise PlanError(f"{why}, and no other candidate that meets it could be built: nothing to ship")
@@ -149,7 +164,8 @@ def _instead_of_inaccurate(
 def decide(
     table: Sequence[MeasuredCandidate], metric: str, short: str | None, min_rounds: int = 3
 ) -> tuple[str, str, float | None, float | None]:
-    """(shipped candidate, reason, lowest and highest per-round ratio of the plan to the best other).
+    """(shipped candidate, reason, lowest and highest per-round ratio of the plan to the best
+    other).
 
     With fewer than ``min_rounds`` rounds (a budget too small for more), the plan is not kept on
     that evidence: the best measured baseline is shipped, which never loses to a baseline."""
@@ -161,7 +177,11 @@ def decide(
         return PLAN, f"{short}: kept the plan unverified", None, None
     others = [r for r in table[1:] if r.measured and r.meets_budget is not False]
     if not others:
-        what = "the plan could not be measured" if not plan.measured else "no baseline could be measured"
+        what = (
+            "the plan could not be measured"
+            if not plan.measured
+            else "no baseline could be measured"
+        )
         return PLAN, f"{what}: kept the plan unverified", None, None
     best = min(others, key=lambda r: _value(r, metric))
     if best.same_as == PLAN:
@@ -175,11 +195,15 @@ def decide(
         )
     q = _per_round(plan, metric) / _per_round(best, metric)
     low, high = round(float(q.min()), 4), round(float(q.max()), 4)
-    span = f"plan / {best.name}: median {float(np.median(q)):.2f}, {low:.2f}-{high:.2f} over {len(q)} rounds"
+    span = (
+        f"plan / {best.name}: median {float(np.median(q)):.2f}, {low:.2f}-{high:.2f} over "
+        f"{len(q)} rounds"
+    )
     better, worse = ("cheaper", "costlier") if metric == "energy" else ("faster", "slower")
     if high < 1.0 and len(q) < min_rounds:
         few = (
-            f"the plan was {better} than {best.name} in {len(q)} round(s), fewer than the {min_rounds} needed"
+            f"the plan was {better} than {best.name} in {len(q)} round(s), fewer than the "
+            f"{min_rounds} needed"
         )
         return best.name, f"{few} to keep it ({span})", low, high
     if high < 1.0:

@@ -183,7 +183,9 @@ def measure(
             return result({}, 0, "nothing could be loaded")
         feeds = random_feeds(benches[0].session)
         benches = _warm(benches, feeds, errors)
-        rounds, k = _choose(benches, budget_s - (time.perf_counter() - t0), metric, min_rounds, max_rounds)
+        rounds, k = _choose(
+            benches, budget_s - (time.perf_counter() - t0), metric, min_rounds, max_rounds
+        )
         if not rounds and time.perf_counter() - t0 < budget_s:
             # one slow warm-up (a busy moment of the machine) says too little: look again
             benches = _warm(benches, feeds, errors, again=True)

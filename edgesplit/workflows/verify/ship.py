@@ -1,8 +1,11 @@
 """Verify a plan by measurement on the target, and ship the measured winner as the bundle.
 
-:func:`verify_plan` builds every candidate (:mod:`edgesplit.workflows.verify.candidates`) as a real bundle,
-measures them against each other in alternating rounds (:mod:`edgesplit.workflows.verify.measure`), picks
-what to ship (:mod:`edgesplit.workflows.verify.decide`), and writes that candidate's bundle at ``out`` with
+:func:`verify_plan` builds every candidate (:mod:`edgesplit.workflows.verify.candidates`) as a real
+bundle,
+measures them against each other in alternating rounds (:mod:`edgesplit.workflows.verify.measure`),
+picks
+what to ship (:mod:`edgesplit.workflows.verify.decide`), and writes that candidate's bundle at
+``out`` with
 the verdict in its manifest (:class:`~edgesplit.bundle.verdict.Verification`).
 
 Candidates with parts on a server need a server that runs those parts: a launcher
@@ -33,7 +36,13 @@ from edgesplit.optimize.plan import Plan
 from edgesplit.util import Progress, atomic_dir
 from edgesplit.workflows.resolve import Problem
 from edgesplit.workflows.verify.accuracy import Measured, budget_of, measure_accuracy
-from edgesplit.workflows.verify.candidates import PLAN, Candidate, candidates, compile_candidates, stage_dir
+from edgesplit.workflows.verify.candidates import (
+    PLAN,
+    Candidate,
+    candidates,
+    compile_candidates,
+    stage_dir,
+)
 from edgesplit.workflows.verify.decide import decide, metric_for, rows
 from edgesplit.workflows.verify.measure import MAX_ROUNDS, MIN_ROUNDS, Measurement, measure
 
@@ -98,10 +107,14 @@ def _served(c: Candidate, url: str, token: str | None) -> str | None:
                 return f"the server at {url} does not serve part {part.name} ({e})"
             want = {(t.name, tuple(t.shape)) for t in (*part.inputs, *part.outputs)}
             got = {
-                (t["name"], tuple(t["shape"])) for t in (*meta.get("inputs", ()), *meta.get("outputs", ()))
+                (t["name"], tuple(t["shape"]))
+                for t in (*meta.get("inputs", ()), *meta.get("outputs", ()))
             }
             if want != got:
-                return f"the server at {url} serves another part {part.name} (serve this candidate's bundle)"
+                return (
+                    f"the server at {url} serves another part {part.name} (serve this "
+                    "candidate's bundle)"
+                )
         return None
     finally:
         client.close()
@@ -138,14 +151,22 @@ def _no_server(cands: list[Candidate], options: VerifyOptions) -> tuple[list[Can
     if options.serve is not None or options.server_url or not any(c.remote for c in cands):
         return cands, []
     why = "skipped: it has server parts and no server URL was given (--server-url)"
-    out = [replace(c, error=why) if c.remote and c.error is None and c.name != PLAN else c for c in cands]
-    return out, ["remote candidates were skipped: no server URL was given (--server-url URL, or local)"]
+    out = [
+        replace(c, error=why) if c.remote and c.error is None and c.name != PLAN else c
+        for c in cands
+    ]
+    return out, [
+        "remote candidates were skipped: no server URL was given (--server-url URL, or local)"
+    ]
 
 
 def _unverifiable(problem: Problem, plan: Candidate, options: VerifyOptions) -> str | None:
     """Why the plan cannot be measured at all (then it is shipped unverified), or None."""
     if not problem.device.local:
-        return f"the device '{problem.device.name}' is not this machine, and a plan is verified on its target"
+        return (
+            f"the device '{problem.device.name}' is not this machine, and a plan is verified on "
+            "its target"
+        )
     if plan.remote and options.serve is None and not options.server_url:
         return "the plan has server parts and no server URL was given (--server-url)"
     return None
@@ -177,7 +198,9 @@ def _keep(stage: Path, cands: list[Candidate], keep: str | os.PathLike | None) -
         dest = Path(keep)
         dest.mkdir(parents=True, exist_ok=True)
         for c in cands:
-            if c.bundle is not None and (c.bundle / "manifest.json").is_file():  # not the shipped one
+            if (
+                c.bundle is not None and (c.bundle / "manifest.json").is_file()
+            ):  # not the shipped one
                 target = dest / c.name.replace(":", "-").replace("/", "-")
                 shutil.rmtree(target, ignore_errors=True)
                 os.replace(c.bundle, target)
@@ -185,7 +208,11 @@ def _keep(stage: Path, cands: list[Candidate], keep: str | os.PathLike | None) -
 
 
 def _measure(
-    problem: Problem, cands: list[Candidate], metric: str, options: VerifyOptions, progress: Progress | None
+    problem: Problem,
+    cands: list[Candidate],
+    metric: str,
+    options: VerifyOptions,
+    progress: Progress | None,
 ) -> tuple[list[Candidate], Measurement, dict[str, Measured], float]:
     """With the candidates' servers up: their accuracy (those with int8/fp16 parts), then their
     latency or throughput; also the seconds the accuracy took."""
@@ -208,7 +235,9 @@ def _measure(
         cands, accuracy = measure_accuracy(problem, cands, executor_options)
         accuracy_s = time.perf_counter() - t0
         ready = [c for c in cands if c.measurable and c.bundle is not None]
-        bundles = {c.name: c.bundle for c in sorted(ready, key=lambda c: len(c.plan.parts))}  # cheap first
+        bundles = {
+            c.name: c.bundle for c in sorted(ready, key=lambda c: len(c.plan.parts))
+        }  # cheap first
         meas = measure(
             bundles,
             "throughput" if metric == "throughput" else "latency",
@@ -230,7 +259,8 @@ def _verdict(
     accuracy_budget: str,
     timing: Mapping[str, float],
 ) -> Verification:
-    """The verdict: what to ship (:func:`~edgesplit.workflows.verify.decide.decide`), with every figure."""
+    """The verdict: what to ship (:func:`~edgesplit.workflows.verify.decide.decide`), with every
+    figure."""
     shipped, reason, low, high = decide(table, metric, meas.short, options.min_rounds)
     return Verification(
         metric=metric,
@@ -263,12 +293,14 @@ def verify_plan(
     """Measure ``plan`` against the best baselines here and write the winner's bundle at ``out``.
 
     Candidates with int8/fp16 parts have their accuracy measured against fp32 first
-    (:mod:`edgesplit.workflows.verify.accuracy`); one that misses the problem's budget is never shipped.
+    (:mod:`edgesplit.workflows.verify.accuracy`); one that misses the problem's budget is never
+    shipped.
 
     ``out`` is refused as ``compile`` refuses it (an existing folder that is neither empty nor a
     bundle, unless ``force``); with ``sign_key`` the shipped manifest, verdict included, is signed.
 
-    ``compiling``: :class:`~edgesplit.compile.build.CompileOptions` (tuning, ``progress``, ``force``,
+    ``compiling``: :class:`~edgesplit.compile.build.CompileOptions` (tuning, ``progress``,
+    ``force``,
     ``sign_key``; the accuracy is measured here, not by the compile).
 
     Returns:
@@ -316,7 +348,9 @@ def verify_plan(
             cands, meas, accuracy, accuracy_s = _measure(problem, cands, metric, options, progress)
         timing = {"compile_s": round(compile_s, 3), "accuracy_s": round(accuracy_s, 3)}
         table = rows(cands, meas, metric, accuracy)
-        verdict = _verdict(table, metric, meas, options, notes, budget_of(problem).summary(), timing)
+        verdict = _verdict(
+            table, metric, meas, options, notes, budget_of(problem).summary(), timing
+        )
         shipped = verdict.shipped
         return _ship(cands, shipped, out, verdict, key)
     finally:
