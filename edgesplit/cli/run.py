@@ -226,69 +226,37 @@ def print_band_stats(st, median_ms: float, p90_ms: float, runs: int) -> None:
     )
 
 
-def print_report(report) -> None:
+def _table(title: str, columns: tuple[str, ...]):
     from rich.table import Table
 
-    st = report.stats
-    t = Table(title="per-part timings")
-    for col in (
-        "part",
-        "processor",
-        "backend",
-        "runs",
-        "median ms",
-        "p90 ms",
-        "predicted ms",
-        "measured/predicted",
-    ):
+    t = Table(title=title)
+    for col in columns:
         t.add_column(col)
+    return t
+
+
+def _ms(value: float | None, fmt: str = ".3f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def print_report(report) -> None:
+    st = report.stats
+    columns = ("part", "processor", "backend", "runs", "median ms", "p90 ms", "predicted ms")
+    t = _table("per-part timings", (*columns, "measured/predicted"))
     for p in st.parts:
         ratio = f"{p.median_ms / p.predicted_ms:.2f}" if p.predicted_ms else "-"
-        t.add_row(
-            p.name,
-            p.processor,
-            p.executed_by,
-            str(p.runs),
-            f"{p.median_ms:.3f}",
-            f"{p.p90_ms:.3f}",
-            f"{p.predicted_ms:.3f}" if p.predicted_ms is not None else "-",
-            ratio,
-        )
+        times = (_ms(p.median_ms), _ms(p.p90_ms), _ms(p.predicted_ms))
+        t.add_row(p.name, p.processor, p.executed_by, str(p.runs), *times, ratio)
     console.print(t)
     if report.breakdown is not None:
         print_breakdown(report.breakdown)
-    s = Table(title="end to end")
-    for col in (
-        "mode",
-        "runs",
-        "median ms",
-        "p90 ms",
-        "predicted ms",
-        "throughput /s",
-        "predicted /s",
-    ):
-        s.add_column(col)
-    pred = f"{report.predicted_ms:.3f}" if report.predicted_ms is not None else "-"
-    s.add_row(
-        "single request",
-        str(report.runs),
-        f"{report.median_ms:.3f}",
-        f"{report.p90_ms:.3f}",
-        pred,
-        f"{1e3 / report.median_ms:.1f}",
-        "-",
-    )
+    columns = ("mode", "runs", "median ms", "p90 ms", "predicted ms", "throughput /s")
+    s = _table("end to end", (*columns, "predicted /s"))
+    times = (_ms(report.median_ms), _ms(report.p90_ms), _ms(report.predicted_ms))
+    s.add_row("single request", str(report.runs), *times, f"{1e3 / report.median_ms:.1f}", "-")
     if report.stream_per_s is not None:
-        pred_s = f"{report.predicted_per_s:.1f}" if report.predicted_per_s is not None else "-"
-        s.add_row(
-            f"stream of {report.stream_n}",
-            str(report.stream_n),
-            "-",
-            "-",
-            "-",
-            f"{report.stream_per_s:.1f}",
-            pred_s,
-        )
+        stream = (f"{report.stream_per_s:.1f}", _ms(report.predicted_per_s, ".1f"))
+        s.add_row(f"stream of {report.stream_n}", str(report.stream_n), "-", "-", "-", *stream)
     console.print(s)
     if report.remote:
         print_remote(report.remote)
