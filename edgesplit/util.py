@@ -355,6 +355,44 @@ def known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def reading_record(
+    data: Mapping[str, Any],
+    source: str,
+    what: str,
+    error: type[Exception],
+    *,
+    format_version: int,
+    say_missing_key: bool = False,
+) -> Iterator[None]:
+    """Build a ``what`` record (a plan, a profile) from ``data`` read from ``source``, inside
+    this block.
+
+    ``data["format_version"]`` must be ``format_version``. A ``KeyError``, ``TypeError``,
+    ``AttributeError`` or ``ValueError`` raised in the block becomes ``error`` ("not a valid
+    ``what``", chained); with ``say_missing_key``, a ``KeyError`` reads "missing key ...". An
+    ``error`` raised in the block passes through as it is.
+
+    Raises:
+        error: naming ``source``.
+    """
+    if data.get("format_version") != format_version:
+        raise error(
+            f"{source}: {what} format version {data.get('format_version')!r}, expected "
+            f"{format_version}"
+        )
+    try:
+        yield
+    except error:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        if say_missing_key and isinstance(e, KeyError):
+            detail = short(f"missing key {e}", 200)
+        else:
+            detail = f"{type(e).__name__}: {short(str(e), 200)}"
+        raise error(f"{source}: not a valid {what} ({detail})") from e
+
+
 SHIPPED = ("devices", "profiles")
 """The data folders edgesplit ships: top-level folders of the source tree, copied into the wheel."""
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesplit.optimize.costs import CostModel
-from edgesplit.optimize.milp import Infeasible, MilpModel, Solution, solution
+from edgesplit.optimize.milp import Infeasible, MilpModel, Solution, crossing_rows, solution
 
 
 @dataclass
@@ -220,11 +220,4 @@ def _hyper_rows(
     z = {(p, q): _var(m, 0.0 if p == q else h.cost[p, q]) for p in src for q in need}
     for (p, _q), zi in z.items():
         m.row([(zi, 1.0), (int(x[index[h.src], p]), -1.0)], -np.inf, 0.0)
-    for q, (kind, ref) in need.items():
-        terms = [(z[p, q], 1.0) for p in src]
-        if kind == "const":
-            m.row(terms, 1.0, 1.0)
-        else:
-            m.row([*terms, (ref, -1.0)], 0.0, 0.0)
-    for p in src:
-        m.row([*((z[p, q], 1.0) for q in need), (int(x[index[h.src], p]), -1.0)], 0.0, np.inf)
+    crossing_rows(m, z, src, need, {p: int(x[index[h.src], p]) for p in src}, supply_ub=np.inf)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -211,19 +212,38 @@ def _flow(
             z[p, q] = m.var(*_crossing(forms, f, p, q))
             if not single:
                 m.row([(z[p, q], 1.0), (int(x[f.src, p]), -1.0)], -np.inf, 0.0)
+    for q in need:
+        receive[q].extend((z[p, q], float(f.nbytes)) for p in src_opts if p != q)
+    x_src = {p: int(x[f.src, p]) for p in src_opts}
+    crossing_rows(m, z, src_opts, need, x_src, supply_ub=0.0 if single else np.inf)
+
+
+def crossing_rows(
+    m: MilpModel,
+    z: Mapping[tuple[int, int], int],
+    src: Iterable[int],
+    need: Need,
+    x_src: Mapping[int, int],
+    *,
+    supply_ub: float,
+) -> None:
+    """The rows that tie a tensor's crossing variables ``z[p, q]`` (made on source processor p,
+    read on q) to its source's and its destinations' variables.
+
+    Each destination q gets the tensor from exactly one source processor: ``sum_p z[p, q]`` is 1
+    where q must have it (``("const", _)``), else the variable of ``need[q]``. And the processor
+    that makes it sends it: ``0 <= sum_q z[p, q] - x_src[p] <= supply_ub``. Shared by
+    :func:`solve_milp` and the MILP of :mod:`edgesplit.optimize.factor`.
+    """
+    src = list(src)
     for q, (kind, ref) in need.items():
-        terms = [(z[p, q], 1.0) for p in src_opts]
+        terms = [(z[p, q], 1.0) for p in src]
         if kind == "const":
             m.row(terms, 1.0, 1.0)
         else:
             m.row([*terms, (ref, -1.0)], 0.0, 0.0)
-        receive[q].extend((z[p, q], float(f.nbytes)) for p in src_opts if p != q)
-    for p in src_opts:
-        m.row(
-            [*((z[p, q], 1.0) for q in need), (int(x[f.src, p]), -1.0)],
-            0.0,
-            0.0 if single else np.inf,
-        )
+    for p in src:
+        m.row([*((z[p, q], 1.0) for q in need), (x_src[p], -1.0)], 0.0, supply_ub)
 
 
 def _memory_rows(m: MilpModel, cm: CostModel, x: np.ndarray, receive: list[list]) -> None:

@@ -25,6 +25,7 @@ from edgesplit.util import (
     check_number,
     known_fields,
     read_json_object,
+    reading_record,
     short,
     write_json,
 )
@@ -281,12 +282,9 @@ class Plan:
 
     @staticmethod
     def from_json(d: Mapping[str, Any], source: str = "<plan>") -> Plan:
-        try:
-            if d.get("format_version") != FORMAT_VERSION:
-                raise PlanError(
-                    f"{source}: plan format version {d.get('format_version')!r}, expected "
-                    f"{FORMAT_VERSION}"
-                )
+        with reading_record(
+            d, source, "plan", PlanError, format_version=FORMAT_VERSION, say_missing_key=True
+        ):
             kw = known_fields(Plan, d)
             kw["parts"] = tuple(Part.from_json(p) for p in d["parts"])
             kw["transfers"] = tuple(
@@ -309,11 +307,6 @@ class Plan:
                 where = f"{source}: accuracy"
                 kw["accuracy"] = AccuracyRecord.from_json(d["accuracy"], where, PlanError)
             plan = Plan(**kw)
-        except PlanError:
-            raise
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
-            what = f"missing key {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
-            raise PlanError(f"{source}: not a valid plan ({short(what, 200)})") from e
         check_plan_types(plan, source)
         return plan
 

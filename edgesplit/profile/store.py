@@ -13,6 +13,7 @@ from edgesplit.util import (
     check_number,
     known_fields,
     read_json_object,
+    reading_record,
     short,
     write_json,
 )
@@ -246,24 +247,13 @@ class Profile:
 
     @staticmethod
     def from_json(d: Mapping[str, Any], source: str = "<profile>") -> Profile:
-        try:
-            if d.get("format_version") != FORMAT_VERSION:
-                raise ProfileError(
-                    f"{source}: profile format version {d.get('format_version')!r}, expected "
-                    f"{FORMAT_VERSION}"
-                )
+        with reading_record(d, source, "profile", ProfileError, format_version=FORMAT_VERSION):
             kw = known_fields(Profile, d)
             kw["input_shapes"] = {k: tuple(v) for k, v in d["input_shapes"].items()}
             kw["entries"] = tuple(ProcessorProfile.from_json(e) for e in d["entries"])
             kw["versions"] = dict(d.get("versions", {}))
             kw["calibration"] = dict(d.get("calibration", {}))
             prof = Profile(**kw)
-        except ProfileError:
-            raise
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
-            raise ProfileError(
-                f"{source}: not a valid profile ({type(e).__name__}: {short(str(e), 200)})"
-            ) from e
         check_profile(prof, source)
         return prof
 

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
     from edgesplit.backends.tvm.tune import TuneOptions
     from edgesplit.bundle.format import Manifest
-    from edgesplit.model.graph import ModelGraph
     from edgesplit.util import Progress
     from edgesplit.workflows.resolve import Choices, ModelLike, SpecLike
     from edgesplit.workflows.verify import VerifyOptions
@@ -48,19 +47,17 @@ class BundleRequest:
     bands: bool = True
     verify: VerifyOptions | None = None
 
-
-def _load(
-    model: ModelLike,
-    shapes: Mapping[str, Sequence[int]] | None,
-    values: Mapping[str, np.ndarray] | None,
-    on_note: Callable[[str], None] | None,
-) -> ModelGraph:
-    from edgesplit.workflows.resolve import load_graph
-
-    graph = load_graph(model, shapes, values)
-    for note in graph.notes if on_note is not None else ():
-        on_note(f"{model}: {note}")
-    return graph
+    def build_options(self) -> dict[str, Any]:
+        """How the bundle is built, as the keywords of :func:`edgesplit.workflows.deploy.deploy`,
+        :func:`edgesplit.workflows.compile.compile_bundle` and
+        :func:`edgesplit.workflows.verify.verify_plan`."""
+        return {
+            "tune_trials": self.tune_trials,
+            "tune": self.tune,
+            "force": self.force,
+            "sign_key": self.sign_key,
+            "bands": self.bands,
+        }
 
 
 def deploy_model(
@@ -82,23 +79,19 @@ def deploy_model(
     """
     from edgesplit.compile.build import check_output
     from edgesplit.workflows.deploy import deploy
-    from edgesplit.workflows.resolve import check_choices, load_spec
+    from edgesplit.workflows.resolve import check_choices, load_graph, load_spec
 
     check_choices(choices)  # bad flags fail before the model is read
     check_output(request.out, request.force, [os.fspath(model)])  # and an output kept from harm
     spec = load_spec(device)  # and a bad device spec (reading a model can take seconds)
-    graph = _load(model, choices.input_shapes, choices.input_values, on_note)
+    graph = load_graph(model, choices.input_shapes, choices.input_values, on_note=on_note)
     given: dict[str, Any] = {f.name: getattr(choices, f.name) for f in fields(choices)}
     return deploy(
         graph,
         spec,
         request.out,
-        tune_trials=request.tune_trials,
-        tune=request.tune,
         progress=progress,
-        force=request.force,
-        sign_key=request.sign_key,
-        bands=request.bands,
+        **request.build_options(),
         verify=request.verify is not None,
         verify_options=request.verify,
         **given,
@@ -133,12 +126,8 @@ def compile_plan(
             device=device,
             input_shapes=input_shapes,
             input_values=input_values,
-            tune_trials=request.tune_trials,
-            tune=request.tune,
             progress=progress,
-            force=request.force,
-            sign_key=request.sign_key,
-            bands=request.bands,
+            **request.build_options(),
         )
     return _verified(model, plan, request, device, (input_shapes, input_values), progress)
 
@@ -160,10 +149,6 @@ def _verified(model, plan_path, request: BundleRequest, device, inputs, progress
         plan,
         request.out,
         options=request.verify,
-        tune_trials=request.tune_trials,
-        tune=request.tune,
         progress=progress,
-        force=request.force,
-        sign_key=request.sign_key,
-        bands=request.bands,
+        **request.build_options(),
     )

@@ -91,9 +91,7 @@ def write_plan(
     onnx_path = annotated_path(out, files.onnx, getattr(model, "path", None) or os.fspath(model))
     check_choices(choices)  # bad flags fail before the model is read
     spec = load_spec(device)  # and so does a bad device spec (reading a model can take seconds)
-    graph = load_graph(model, choices.input_shapes, choices.input_values)
-    for note in graph.notes if on_note is not None else ():
-        on_note(f"{model}: {note}")
+    graph = load_graph(model, choices.input_shapes, choices.input_values, on_note=on_note)
     problem = resolve(graph, spec, choices, progress=progress)
     measured = problem.profile_path is None
     if measured:  # measured here: kept beside the plan, for explain and compile

@@ -67,10 +67,7 @@ def _graph(
 ) -> ModelGraph:
     from edgesplit.workflows.resolve import load_graph
 
-    graph = load_graph(model, request.input_shapes, request.input_values)
-    for note in graph.notes if on_note is not None else ():
-        on_note(f"{model}: {note}")
-    return graph
+    return load_graph(model, request.input_shapes, request.input_values, on_note=on_note)
 
 
 def profile_to_file(

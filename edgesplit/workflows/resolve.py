@@ -21,7 +21,7 @@ it never loads anything itself.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, Unpack
@@ -169,14 +169,23 @@ def load_graph(
     model: ModelLike,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     input_values: Mapping[str, np.ndarray] | None = None,
+    *,
+    on_note: Callable[[str], None] | None = None,
 ) -> ModelGraph:
     """A loaded graph as it is, or an ONNX file (str or ``os.PathLike``) loaded with
-    ``input_shapes`` and the sample ``input_values`` (see :func:`edgesplit.load_model`)."""
-    if isinstance(model, ModelGraph):
-        return model
-    from edgesplit.model.load import load_model
+    ``input_shapes`` and the sample ``input_values`` (see :func:`edgesplit.load_model`).
 
-    return load_model(os.fspath(model), input_shapes, input_values=input_values)
+    ``on_note`` is told each of the graph's notes (what loading the model changed), as
+    ``"MODEL: NOTE"``."""
+    if isinstance(model, ModelGraph):
+        graph = model
+    else:
+        from edgesplit.model.load import load_model
+
+        graph = load_model(os.fspath(model), input_shapes, input_values=input_values)
+    for note in graph.notes if on_note is not None else ():
+        on_note(f"{model}: {note}")
+    return graph
 
 
 def load_spec(spec: SpecLike) -> DeviceSpec:
