@@ -42,7 +42,7 @@ KINDS: dict[str, CacheKind] = {
     for k in (
         CacheKind(
             "simplified",
-            "models after folding and shape inference (50 nodes or more)",
+            "models after folding and shape inference",
             KEPT_MAX_NBYTES,
         ),
         CacheKind(
