@@ -389,8 +389,8 @@ def config_of(model: onnx.ModelProto) -> DecoderConfig:
         return DecoderConfig(
             g("vocab_size"), g("hidden"), g("layers"), g("heads"), g("kv_heads"), g("ffn"),
             max_positions=g("max_positions"), tied=bool(g("tied")),
-            rope_theta=float(meta["edgesplit.decoder.rope_theta"]),
-            rms_eps=float(meta["edgesplit.decoder.rms_eps"]),
+            rope_theta=float(meta.get("edgesplit.decoder.rope_theta", 10000.0)),
+            rms_eps=float(meta.get("edgesplit.decoder.rms_eps", 1e-5)),
         )  # fmt: skip
     return _config_from_inputs(model)
 
