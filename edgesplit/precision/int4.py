@@ -80,7 +80,9 @@ def quantize_int4(
     config = DefaultWeightOnlyQuantConfig(
         block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level
     )
-    include = list(nodes) or None
+    # ORT quantizes a node when it is included *or* its op type is listed: keep the others out.
+    wanted = set(nodes)
+    exclude = [n.name for n in prepared.graph.node if wanted and n.name not in wanted]
     try:
         with _quiet():
             q = MatMulNBitsQuantizer(
@@ -88,7 +90,7 @@ def quantize_int4(
                 block_size=block_size,
                 is_symmetric=True,
                 accuracy_level=accuracy_level,
-                nodes_to_include=include,
+                nodes_to_exclude=exclude,
                 algo_config=config,
             )
             q.process()
