@@ -6,9 +6,11 @@ byte-identical model. Weights are He/Xavier-scaled and batch-norm statistics are
 activations stay finite and sensibly scaled: the models are fit for profiling, splitting and
 comparing outputs, not for classifying anything.
 
-All models use opset 17, IR version 8, float32 and static input shapes. The architectures live
-in :mod:`edgesplit.model.zoo_cnn` and :mod:`edgesplit.model.zoo_seq`; this module holds the
-registry, the public API and :class:`_Builder`, the small graph builder they share.
+All models use opset 17 and IR version 8; all but the decoders take float32 inputs of static
+shapes (the decoders take token ids of dynamic length and a KV cache). The architectures live in
+:mod:`edgesplit.model.zoo_cnn`, :mod:`edgesplit.model.zoo_seq` and
+:mod:`edgesplit.model.zoo_decoder`; this module holds the registry, the public API and
+:class:`_Builder`, the small graph builder they share.
 """
 
 from __future__ import annotations
@@ -114,6 +116,24 @@ ZOO: dict[str, ZooEntry] = {
             "tiny_dag",
             "10-node branchy DAG (Conv, Add, Concat, Gemm); input 1x3x32x32 -> logits 1x10",
             _lazy("zoo_cnn", "tiny_dag"),
+        ),
+        ZooEntry(
+            "decoder_tiny",
+            "Llama-style decoder, 2 layers, d=64, GQA 4/2 heads, vocab 256; input_ids + past KV "
+            "-> logits + present KV",
+            _lazy("zoo_decoder", "decoder_tiny"),
+        ),
+        ZooEntry(
+            "decoder_small",
+            "Llama-style decoder, 4 layers, d=256, GQA 8/2 heads, vocab 2048 (3.3M parameters); "
+            "input_ids + past KV -> logits + present KV",
+            _lazy("zoo_decoder", "decoder_small"),
+        ),
+        ZooEntry(
+            "decoder_100m",
+            "Llama-style decoder, 12 layers, d=768, GQA 12/4 heads, vocab 32000 (100M "
+            "parameters); input_ids + past KV -> logits + present KV",
+            _lazy("zoo_decoder", "decoder_100m"),
         ),
     )
 }
