@@ -426,7 +426,7 @@ def main() -> None:
     ap.add_argument(
         "--calibrate", action="store_true", help="then calibrate on the plan bundles, rerun"
     )
-    ap.add_argument("--calibrate-rounds", type=int, default=1, help="edgesplit calibrate --rounds")
+    ap.add_argument("--calibrate-rounds", type=int, default=1, help="edgesplit refit --rounds")
     ap.add_argument("--json", help="write every case and the summary here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

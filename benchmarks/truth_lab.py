@@ -162,14 +162,14 @@ def run_offload(names: list[str], args, run_group, model_file) -> list:
 
 
 def calibrate(args, rows: list) -> bool:
-    """``edgesplit calibrate`` on the bundles of the plain pass (per device and model, all
+    """``edgesplit refit`` on the bundles of the plain pass (per device and model, all
     together),
     into ``WORK/profiles-calibrated``;
     False (and why) when this edgesplit has no ``calibrate``."""
-    cmd = [sys.executable, "-m", "edgesplit", "calibrate", "--help"]
+    cmd = [sys.executable, "-m", "edgesplit", "refit", "--help"]
     if subprocess.run(cmd, capture_output=True).returncode != 0:
         print(
-            "\nedgesplit calibrate is not in this edgesplit: calibrate the plan bundles by hand, "
+            "\nedgesplit refit is not in this edgesplit: calibrate the plan bundles by hand, "
             "put "
             "the profiles in a folder and run again with --profile-dir DIR --label calibrated"
         )
@@ -203,7 +203,7 @@ def _bundles_of(rows: list, device: str, model: str) -> list[str]:
 
 
 def _calibrate_pair(args, device: str, model: str, bundles: list[str], out: Path) -> None:
-    """One ``edgesplit calibrate`` on every bundle of (device, model) together, from the plain
+    """One ``edgesplit refit`` on every bundle of (device, model) together, from the plain
     profile."""
     suffix = "." + "+".join(args.backends.split(",")) if args.backends else ""
     profile = Path(args.profile_dir) / f"{model}.{device}{suffix}.profile.json"
@@ -212,7 +212,7 @@ def _calibrate_pair(args, device: str, model: str, bundles: list[str], out: Path
         sys.executable,
         "-m",
         "edgesplit",
-        "calibrate",
+        "refit",
         *bundles,
         "-o",
         str(dest),

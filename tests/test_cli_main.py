@@ -117,3 +117,14 @@ def test_a_bad_device_spec_is_reported_before_the_model_is_read(cli, command, tm
     line = err.strip()
     assert code == 2 and len(line.splitlines()) == 1, err
     assert str(spec) in line and "processors.cpu" in line and "no-such.onnx" not in line, line
+
+
+def test_refit_keeps_its_old_name_calibrate_unlisted():
+    from click.testing import CliRunner
+
+    from edgesplit.cli.main import cli as cli_main
+
+    listed = CliRunner().invoke(cli_main, ["--help"]).output
+    assert "refit" in listed and "calibrate" not in listed.split("Commands:")[1]
+    old = CliRunner().invoke(cli_main, ["calibrate", "--help"])
+    assert old.exit_code == 0 and "fit the cost terms of their profile" in old.output

@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compile": "edgesplit.cli.compile",
     "run": "edgesplit.cli.run",
     "deploy": "edgesplit.cli.deploy",
-    "calibrate": "edgesplit.cli.calibrate",
+    "refit": "edgesplit.cli.refit",
     "serve": "edgesplit.cli.serve",
     "export-triton": "edgesplit.cli.export_triton",
     "keygen": "edgesplit.cli.keygen",
@@ -31,12 +31,17 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+ALIASES: dict[str, str] = {"calibrate": "refit"}
+"""Old names that still work (not listed): ``calibrate`` was ``refit`` before "calibration" came to
+mean int8 ranges only."""
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [n for n, m in SUBCOMMANDS.items() if importlib.util.find_spec(m) is not None]
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        module = SUBCOMMANDS.get(name)
+        module = SUBCOMMANDS.get(ALIASES.get(name, name))
         if module is None or importlib.util.find_spec(module) is None:
             return None
         return importlib.import_module(module).command

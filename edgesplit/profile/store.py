@@ -56,7 +56,7 @@ class RunTerms:
     """What running a part on one (processor, backend) pair costs beyond its nodes' kernels.
 
     Measured by the profiler on the device itself (:mod:`edgesplit.profile.terms`), never set in
-    code; ``edgesplit calibrate`` refits some of them from a bundle's measured part runs. MB is
+    code; ``edgesplit refit`` refits some of them from a bundle's measured part runs. MB is
     10^6 bytes. The cost model (:mod:`edgesplit.optimize.costs`) states how each term is charged.
 
     Attributes:
@@ -212,7 +212,7 @@ class Profile:
 
     ``emulated`` is empty for a profile measured on the hardware itself; otherwise it says why the
     timings are not the device's (e.g. an aarch64 board emulated by qemu on an x86 CPU).
-    ``calibration`` records what ``edgesplit calibrate`` fitted (bundle, rounds, errors before and
+    ``calibration`` records what ``edgesplit refit`` fitted (bundle, rounds, errors before and
     after); empty when measured.
     """
 

@@ -164,7 +164,7 @@ def profile_beside(out: str | os.PathLike) -> Path:
     """Where ``deploy`` keeps the profile it measured for the bundle at ``out``:
     ``OUT.profile.json``
     (``bundle/`` -> ``bundle.profile.json``, ``rec.bundle`` -> ``rec.profile.json``). The bundle's
-    plan names it, so ``edgesplit calibrate BUNDLE`` refits it without profiling again."""
+    plan names it, so ``edgesplit refit BUNDLE`` refits it without profiling again."""
     return Path(os.path.abspath(out)).with_suffix(".profile.json")
 
 

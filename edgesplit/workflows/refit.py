@@ -10,7 +10,7 @@ timing records, and fits the terms
 (:func:`edgesplit.optimize.refit.fit_profile`) on every bundle's runs so far together, always
 starting from the profile as measured. A round first predicts its fresh runs with the terms fitted
 before it: the loop has converged when every bundle's prediction is within ``tolerance`` of its
-measurement. ``edgesplit calibrate`` writes the result; ``partition --profile`` then plans with it.
+measurement. ``edgesplit refit`` writes the result; ``partition --profile`` then plans with it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``edgesplit calibrate``: run bundles, refit their profile's cost terms, write the profile."""
+"""``edgesplit refit``: run bundles, refit their profile's cost terms, write the profile."""
 
 from __future__ import annotations
 
@@ -50,20 +50,20 @@ rounds_options = option_group(
 )
 
 
-@click.command("calibrate")
+@click.command("refit")
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option(
     "-o",
     "--output",
     required=True,
     type=click.Path(dir_okay=False),
-    help="Where to write the calibrated profile.",
+    help="Where to write the refitted profile.",
 )
 @click.option(
     "--profile",
     "profile_path",
     type=click.Path(dir_okay=False),
-    help="The profile to calibrate (default: the one the first bundle's plan was made from).",
+    help="The profile to refit (default: the one the first bundle's plan was made from).",
 )
 @rounds_options
 @click.option(
