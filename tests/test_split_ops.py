@@ -375,6 +375,8 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
     predicted = {p.name: p.latency_ms for p in plan.parts}
     pieces = [p for p in plan.parts if any("@" in n for n in p.nodes) and len(p.nodes) > 1]
     assert {p.processor for p in pieces} == {"big", "little"}
+    from edgesplit.device.throttle_fit import told_share
+
     for p in pieces:
         got = stats[p.name].median_ms
         assert 1 / 1.6 <= got / predicted[p.name] <= 1.6, (
@@ -382,6 +384,8 @@ def test_a_plan_with_split_operators_compiles_runs_and_is_priced(tmp_path):
             p.processor,
             got,
             predicted[p.name],
+            # what the little core's spinner is told (fitted quietly before the run: 0.5-0.55 here)
+            told_share(1, 0.4, 200),
         )
     r = run_cli(
         "partition",
