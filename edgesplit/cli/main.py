@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "export-triton": "edgesplit.cli.export_triton",
     "keygen": "edgesplit.cli.keygen",
     "cache": "edgesplit.cli.cache",
+    "fleet": "edgesplit.cli.fleet",
 }
 
 

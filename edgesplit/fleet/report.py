@@ -1,0 +1,123 @@
+"""The fleet plan's report: per group its plan and predicted figures, the server's, the shared
+server parts, and where sharing costs a group more than it saves the fleet.
+
+"Sharing costs a group": with every other group's plan fixed, the group's own best candidate
+(its cheapest that meets its deadline, by its objective) is not the one the fleet plan gives it.
+The report gives what the fleet plan costs that group (mJ or ms a request) and what it saves the
+fleet (the fleet score's difference, in deadline miss or in device energy a second).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from edgesplit.fleet.plan import FleetChoice
+from edgesplit.fleet.price import FleetTable, Group
+
+
+def _selfish(table: FleetTable, choice: FleetChoice, g: int) -> int:
+    """Group ``g``'s own best candidate with the others' fixed."""
+    group = table.groups[g]
+    best, best_key = choice.pricing.choice[g], None
+    for i in range(len(group.candidates)):
+        trial = list(choice.pricing.choice)
+        trial[g] = i
+        p = table.price(trial, choice.server)
+        met = p.p95_ms[g] <= group.deadline_p95_ms * (1 + 1e-9)
+        own = p.energy_mj[g] if group.objective == "energy" else p.p95_ms[g]
+        k = (not met, p.p95_ms[g] if not met else own)
+        if best_key is None or k < best_key:
+            best, best_key = i, k
+    return best
+
+
+def sharing(table: FleetTable, choice: FleetChoice) -> list[dict[str, Any]]:
+    """Per group whose own best differs from its fleet plan: the cost to it, the saving to the
+    fleet (see the module doc)."""
+    out = []
+    base = choice.pricing
+    for g, group in enumerate(table.groups):
+        own = _selfish(table, choice, g)
+        if own == base.choice[g]:
+            continue
+        trial = list(base.choice)
+        trial[g] = own
+        alt = table.price(trial, choice.server)
+        figure = "energy_mj" if group.objective == "energy" else "p95_ms"
+        mine = getattr(base, figure)[g] - getattr(alt, figure)[g]
+        out.append(
+            {
+                "group": group.name,
+                "own_best": group.candidates[own].name,
+                "fleet_plan": group.candidates[base.choice[g]].name,
+                f"costs_group_{figure}": round(mine, 6),
+                "saves_fleet_miss_ms_per_s": round(alt.score[0] - base.score[0], 6),
+                "saves_fleet_energy_mj_per_s": round(alt.score[1] - base.score[1], 6),
+            }
+        )
+    return out
+
+
+def report(
+    groups: Sequence[Group], choice: FleetChoice, table: FleetTable | None = None
+) -> dict[str, Any]:
+    """The report as JSON-ready data (stable key order)."""
+    table = table or FleetTable(groups, choice.server)
+    p = choice.pricing
+    shared: dict[str, list[str]] = {}
+    rows = []
+    for g, group in enumerate(groups):
+        c = group.candidates[p.choice[g]]
+        if c.key is not None:
+            shared.setdefault(c.key, []).append(group.name)
+        rows.append(
+            {
+                "group": group.name,
+                "count": group.count,
+                "rate_per_s": group.rate_per_s,
+                "objective": group.objective,
+                "plan": c.name,
+                "server_part": c.key,
+                "p50_ms": round(p.p50_ms[g], 6),
+                "p95_ms": round(p.p95_ms[g], 6),
+                "deadline_p95_ms": group.deadline_p95_ms,
+                "meets_deadline": group.name not in choice.unmet,
+                "device_energy_mj": round(p.energy_mj[g], 6),
+                "alone_energy_mj": round(c.energy_mj, 6),
+            }
+        )
+    requests = sum(g.requests_per_s for g in groups)
+    return {
+        "groups": rows,
+        "unmet": list(choice.unmet),
+        "server": {
+            "replicas": choice.server.replicas,
+            "slots": choice.server.slots,
+            "max_batch": choice.server.max_batch,
+            "max_queue_delay_ms": choice.server.max_queue_delay_ms,
+            "utilisation": round(p.utilisation, 6),
+            "saturated": p.saturated,
+            "batch_size": p.batch,
+        },
+        "shared_parts": {k: v for k, v in shared.items() if len(v) > 1},
+        "sharing_costs": sharing(table, choice),
+        "fleet": {
+            "devices": sum(g.count for g in groups),
+            "requests_per_s": round(requests, 6),
+            "device_energy_mj_per_request": round(
+                sum(g.requests_per_s * e for g, e in zip(groups, p.energy_mj)) / requests, 6
+            ),
+            "deadline_miss_ms_per_s": p.score[0],
+            "energy_bound_mj_per_s": round(choice.energy_bound_mj, 6),
+        },
+        "search": {
+            "method": choice.search,
+            "evaluations": choice.evaluations,
+            "time_s": round(choice.time_s, 6),
+            "settings": [
+                {"replicas": r, "max_queue_delay_ms": w, "score": list(s)}
+                for r, w, s in choice.settings
+            ],
+        },
+    }
