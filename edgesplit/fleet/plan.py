@@ -120,6 +120,8 @@ class _Search:
         for _ in range(MAX_ROUNDS):
             keep = mi != np.asarray(choice)[mg]
             g_of, i_of = mg[keep], mi[keep]
+            if not len(g_of):
+                break
             sc = self.scores(_moved(t, state, g_of, i_of))
             order = np.lexsort((sc[:, 2], sc[:, 1], sc[:, 0]))
             seen, picked = set(), []

@@ -210,7 +210,7 @@ class FleetTable:
         col = np.where(on, key, n_keys)
         flat = (col + (n_keys + 1) * np.arange(rows)[:, None]).ravel()
         weights = (self.rate_per_ms[None, :] * on).ravel()
-        lam = np.bincount(flat, weights, minlength=rows * (n_keys + 1)).reshape(rows, -1)
+        lam = np.bincount(flat, weights, minlength=rows * (n_keys + 1)).reshape(rows, n_keys + 1)
         lam /= s.replicas
         window = s.max_queue_delay_ms if s.max_batch > 1 else 0.0
         batch = np.clip(lam * window, 1.0, float(s.max_batch))

@@ -1,0 +1,195 @@
+"""The fleet planner (edgesplit/fleet): against brute force, impossible deadlines reported, a
+saturated server moves work back onto the devices, shared server parts batch together."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgesplit.errors import PlanError
+from edgesplit.fleet import Candidate, FleetTable, Group, Server, plan_fleet
+from edgesplit.fleet.plan import best_alone
+from edgesplit.fleet.report import report
+
+KEYS = ("m/cut1", "m/cut2", "n/cut1")
+
+
+@st.composite
+def candidates(draw):
+    n = draw(st.integers(1, 3))
+    out = []
+    for i in range(n):
+        key = draw(st.sampled_from((None, *KEYS)))
+        server_ms = draw(st.floats(0.1, 20)) if key is not None else 0.0
+        out.append(
+            Candidate(
+                f"c{i}",
+                key,
+                device_ms=draw(st.floats(0.5, 60)),
+                energy_mj=draw(st.floats(0.1, 100)),
+                idle_w=draw(st.floats(0, 1)),
+                server_ms=server_ms,
+                shared_ms=server_ms * draw(st.floats(0, 1)),
+            )
+        )
+    return tuple(out)
+
+
+@st.composite
+def fleets(draw, max_groups: int = 4):
+    groups = [
+        Group(
+            f"g{k}",
+            count=draw(st.integers(1, 60)),
+            rate_per_s=draw(st.floats(0.5, 20)),
+            deadline_p95_ms=draw(st.floats(5, 120)),
+            objective=draw(st.sampled_from(("energy", "latency"))),
+            candidates=draw(candidates()),
+        )
+        for k in range(draw(st.integers(1, max_groups)))
+    ]
+    server = Server(
+        slots=draw(st.integers(1, 4)),
+        max_batch=draw(st.integers(1, 16)),
+        max_queue_delay_ms=draw(st.sampled_from((0.0, 2.0, 5.0))),
+    )
+    return groups, server
+
+
+def brute_force(groups, server: Server) -> tuple:
+    """The best score over every choice and the windows the planner tries (one replica)."""
+    table = FleetTable(groups, server)
+    w = server.max_queue_delay_ms
+    windows = {w, w / 2, 0.0} if server.max_batch > 1 else {0.0}
+    best = None
+    for w in windows:
+        s = Server(server.slots, server.max_batch, w if server.max_batch > 1 else 0.0)
+        for combo in itertools.product(*(range(len(g.candidates)) for g in groups)):
+            sc = table.score(combo, s)
+            best = sc if best is None or sc < best else best
+    return best
+
+
+def _close(a: tuple, b: tuple) -> bool:
+    return all(x == pytest.approx(y, rel=1e-6, abs=1e-6) for x, y in zip(a, b))
+
+
+@settings(deadline=None)
+@given(fleets())
+def test_planner_matches_brute_force(fleet):
+    groups, server = fleet
+    choice = plan_fleet(groups, server)
+    assert choice.search == "exact"
+    assert _close(choice.pricing.score, brute_force(groups, server))
+    # the chosen figures are the pricing of the chosen plans on the chosen server setting
+    again = FleetTable(groups, server).price(choice.pricing.choice, choice.server)
+    assert again.score == choice.pricing.score
+
+
+@settings(deadline=None)
+@given(fleets())
+def test_descent_never_worse_than_each_group_alone_or_on_its_device(fleet):
+    groups, server = fleet
+    choice = plan_fleet(groups, server, exact_limit=0, windows=False)
+    assert choice.search == "descent"
+    table = FleetTable(groups, choice.server)
+    for start in ([best_alone(g) for g in groups], [best_alone(g, True) for g in groups]):
+        assert choice.pricing.score <= table.score(start, choice.server)
+
+
+@settings(deadline=None)
+@given(fleets())
+def test_descent_is_exact_where_the_groups_do_not_interact(fleet):
+    """With a server that never queues nor batches, each group's best is its own: the descent
+    must find every one of them."""
+    groups, _ = fleet
+    server = Server(slots=4096, max_batch=1)
+    choice = plan_fleet(groups, server, exact_limit=0)
+    assert _close(choice.pricing.score, brute_force(groups, server))
+
+
+def _offload_group(name: str, count: int, deadline_ms: float = 40.0) -> Group:
+    return Group(
+        name,
+        count,
+        10.0,
+        deadline_ms,
+        "energy",
+        (
+            Candidate("only:cpu", None, 30.0, 90.0, 0.2),
+            Candidate("cut@3", "m/cut3", 4.0, 20.0, 0.2, server_ms=2.0, shared_ms=0.2),
+        ),
+    )
+
+
+def test_an_impossible_deadline_is_reported_not_dropped():
+    groups = [
+        _offload_group("fine", 5),
+        Group("hopeless", 3, 1.0, 1.0, "energy", (Candidate("only:cpu", None, 30.0, 90.0),)),
+    ]
+    choice = plan_fleet(groups, Server(slots=2))
+    assert choice.unmet == ("hopeless",)
+    r = report(groups, choice)
+    rows = {g["group"]: g for g in r["groups"]}
+    assert set(rows) == {"fine", "hopeless"}
+    assert rows["hopeless"]["meets_deadline"] is False and rows["hopeless"]["plan"] == "only:cpu"
+    assert rows["fine"]["meets_deadline"] is True and r["unmet"] == ["hopeless"]
+
+
+def test_saturation_moves_work_back_to_the_devices():
+    """Alone, every group offloads (less energy). A server of one slot takes 0.5 request/ms at
+    2 ms each: 4 groups of 10 devices x 10 req/s = 0.4 req/ms fit, 12 groups do not."""
+    server = Server(slots=1, max_batch=1)
+    few = [_offload_group(f"g{k}", 10) for k in range(4)]
+    many = [_offload_group(f"g{k}", 10) for k in range(12)]
+    small = plan_fleet(few, server)
+    big = plan_fleet(many, server, exact_limit=0)
+    assert {few[0].candidates[i].name for i in small.pricing.choice} == {"cut@3"}
+    names = [many[0].candidates[i].name for i in big.pricing.choice]
+    assert "only:cpu" in names and "cut@3" in names  # some moved back, the rest still offload
+    assert not big.unmet and not big.pricing.saturated
+    assert big.pricing.utilisation < server.max_utilisation
+    # the planner's pricing says why: everyone offloading saturates the server
+    all_off = FleetTable(many, server).price([1] * len(many))
+    assert all_off.saturated and all_off.score[0] > 0
+
+
+def test_replicas_are_added_before_deadlines_fail():
+    """Device plans miss the deadline (30 ms > 20 ms): only more servers can meet it."""
+    many = [_offload_group(f"g{k}", 10, deadline_ms=20.0) for k in range(12)]
+    one = plan_fleet(many, Server(slots=1), exact_limit=0)
+    assert one.unmet  # one server cannot take them all
+    grown = plan_fleet(many, Server(slots=1), exact_limit=0, max_replicas=4)
+    assert grown.server.replicas > 1 and not grown.unmet
+
+
+def test_shared_server_parts_batch_together():
+    """Two groups on different devices run the same weight-bound server part (2 ms, 1.5 ms of it
+    reading weights). Unbatched, one slot cannot take both (0.8 request/ms x 2 ms); batched, it
+    can, and the report names the shared part."""
+
+    def group(name: str, device_ms: float) -> Group:
+        cands = (
+            Candidate("only:cpu", None, 30.0, 90.0, 0.2),
+            Candidate("cut@3", "m/cut3", device_ms, 20.0, 0.2, server_ms=2.0, shared_ms=1.5),
+        )
+        return Group(name, 40, 10.0, 80.0, "energy", cands)
+
+    groups = [group("a", 4.0), group("b", 6.0)]
+    unbatched = plan_fleet(groups, Server(slots=1, max_batch=1))
+    assert sorted(unbatched.pricing.choice) == [0, 1]  # one of them back on its device
+    choice = plan_fleet(groups, Server(slots=1, max_batch=16, max_queue_delay_ms=4.0))
+    assert choice.pricing.choice == (1, 1) and not choice.unmet
+    assert choice.pricing.batch["m/cut3"] > 1.0
+    r = report(groups, choice)
+    assert r["shared_parts"] == {"m/cut3": ["a", "b"]}
+
+
+def test_bad_fleets_are_refused():
+    with pytest.raises(PlanError, match="no groups"):
+        plan_fleet([], Server())
+    with pytest.raises(PlanError, match="without a candidate"):
+        plan_fleet([Group("x", 1, 1.0, 1.0, "energy", ())], Server())
