@@ -193,3 +193,43 @@ def test_bad_fleets_are_refused():
         plan_fleet([], Server())
     with pytest.raises(PlanError, match="without a candidate"):
         plan_fleet([Group("x", 1, 1.0, 1.0, "energy", ())], Server())
+
+
+def test_fleet_plan_file_writes_plans_server_flags_and_report(tmp_path):
+    """The workflow on a small real fleet (predicted profiles, nothing measured): a plan per
+    group, the serve flags, the report; an output folder that is not a fleet plan is kept."""
+    import json
+
+    from edgesplit.fleet.spec import FleetError
+    from edgesplit.workflows.fleet import plan_fleet_file
+
+    (tmp_path / "more.yaml").write_text(
+        "groups:\n"
+        "  - {name: jetsons, model: squeezenet, spec: jetson-orin-nano, count: 20,\n"
+        "     band: {bandwidth_mbps: 400, rtt_ms: 2}, deadline_p95_ms: 30, objective: latency}\n"
+    )
+    (tmp_path / "fleet.yaml").write_text(
+        "include: [more.yaml]\n"
+        "server: {spec: server-h200, slots: 2, max_batch: 8, max_queue_delay_ms: 2}\n"
+        "groups:\n"
+        "  - {name: pis, model: squeezenet, spec: raspberry-pi5, count: 50, rate_per_s: 4,\n"
+        "     band: {bandwidth_mbps: 400, rtt_ms: 2}, deadline_p95_ms: 60}\n"
+        "  - {name: hopeless, model: squeezenet, spec: raspberry-pi5, count: 2, link: wifi,\n"
+        "     deadline_p95_ms: 0.01}\n"
+    )
+    out = tmp_path / "fleet"
+    result = plan_fleet_file(tmp_path / "fleet.yaml", out, max_candidates=6)
+    r = json.loads((out / "fleet-report.json").read_text())
+    assert r == json.loads(json.dumps(result.report))
+    assert {g["group"] for g in r["groups"]} == {"pis", "jetsons", "hopeless"}
+    assert r["unmet"] == ["hopeless"]
+    for g in ("pis", "jetsons", "hopeless"):
+        plan = json.loads((out / "groups" / g / "plan.json").read_text())
+        assert plan["server"] == "server-h200" and plan["solver"]["name"] == "fleet"
+    assert (out / "server" / "serve.args").read_text().startswith("--max-batch ")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("x")
+    with pytest.raises(FleetError, match="not a fleet plan"):
+        plan_fleet_file(tmp_path / "fleet.yaml", other)
+    assert (other / "keep.txt").read_text() == "x"
