@@ -181,6 +181,9 @@ def test_shared_server_parts_batch_together():
     groups = [group("a", 4.0), group("b", 6.0)]
     unbatched = plan_fleet(groups, Server(slots=1, max_batch=1))
     assert sorted(unbatched.pricing.choice) == [0, 1]  # one of them back on its device
+    why = report(groups, unbatched)["not_shared"]  # and the report says why it does not share
+    assert len(why) == 1 and why[0]["part"] == "m/cut3" and not why[0]["meets_deadline"]
+    assert why[0]["costs_group_energy_mj"] < 0 < why[0]["fleet_miss_ms_per_s_change"]
     choice = plan_fleet(groups, Server(slots=1, max_batch=16, max_queue_delay_ms=4.0))
     assert choice.pricing.choice == (1, 1) and not choice.unmet
     assert choice.pricing.batch["m/cut3"] > 1.0

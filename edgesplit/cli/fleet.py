@@ -89,5 +89,12 @@ def _print(result) -> None:
             f"{c['group']}: alone it would run {c['own_best']}; the fleet plan "
             f"{c['fleet_plan']} saves the fleet {c['saves_fleet_energy_mj_per_s']:.3f} mJ/s"
         )
+    for c in r["not_shared"]:
+        cost = c.get("costs_group_energy_mj", c.get("costs_group_p95_ms"))
+        console.print(
+            f"{c['group']} does not share {c['plan']} with {', '.join(c['with'])}: it would cost "
+            f"the group {cost:+.3f} and the server {c['server_utilisation_change']:+.1%} "
+            f"utilisation{'' if c['meets_deadline'] else ', and miss its deadline'}"
+        )
     for name in r["unmet"]:
         console.print(f"[red]{name}: no plan meets its deadline; its best effort is planned[/red]")

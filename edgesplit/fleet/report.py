@@ -1,5 +1,6 @@
 """The fleet plan's report: per group its plan and predicted figures, the server's, the shared
-server parts, and where sharing costs a group more than it saves the fleet.
+server parts, where sharing costs a group more than it saves the fleet, and where a group could
+share a server part with others but does not (and what sharing would cost).
 
 "Sharing costs a group": with every other group's plan fixed, the group's own best candidate
 (its cheapest that meets its deadline, by its objective) is not the one the fleet plan gives it.
@@ -59,6 +60,44 @@ def sharing(table: FleetTable, choice: FleetChoice) -> list[dict[str, Any]]:
     return out
 
 
+def not_shared(table: FleetTable, choice: FleetChoice) -> list[dict[str, Any]]:
+    """Per group that offers a server part other groups run in the plan but runs another plan:
+    what joining them would cost it (its own figure), the change in the server's utilisation, and
+    the change in the fleet's score (deadline miss, then energy): why it does not share."""
+    base = choice.pricing
+    in_use: dict[str, set[int]] = {}
+    for g, group in enumerate(table.groups):
+        key = group.candidates[base.choice[g]].key
+        if key is not None:
+            in_use.setdefault(key, set()).add(g)
+    out = []
+    for g, group in enumerate(table.groups):
+        mine = group.candidates[base.choice[g]].key
+        for i, c in enumerate(group.candidates):
+            if c.key is None or c.key == mine or not in_use.get(c.key, set()) - {g}:
+                continue
+            trial = list(base.choice)
+            trial[g] = i
+            alt = table.price(trial, choice.server)
+            figure = "energy_mj" if group.objective == "energy" else "p95_ms"
+            out.append(
+                {
+                    "group": group.name,
+                    "part": c.key,
+                    "plan": c.name,
+                    "with": sorted(table.groups[h].name for h in in_use[c.key] - {g}),
+                    f"costs_group_{figure}": round(
+                        getattr(alt, figure)[g] - getattr(base, figure)[g], 6
+                    ),
+                    "meets_deadline": alt.p95_ms[g] <= group.deadline_p95_ms * (1 + 1e-9),
+                    "server_utilisation_change": round(alt.utilisation - base.utilisation, 6),
+                    "fleet_miss_ms_per_s_change": round(alt.score[0] - base.score[0], 6),
+                    "fleet_energy_mj_per_s_change": round(alt.score[1] - base.score[1], 6),
+                }
+            )
+    return out
+
+
 def report(
     groups: Sequence[Group], choice: FleetChoice, table: FleetTable | None = None
 ) -> dict[str, Any]:
@@ -102,6 +141,7 @@ def report(
         },
         "shared_parts": {k: v for k, v in shared.items() if len(v) > 1},
         "sharing_costs": sharing(table, choice),
+        "not_shared": not_shared(table, choice),
         "fleet": {
             "devices": sum(g.count for g in groups),
             "requests_per_s": round(requests, 6),
