@@ -137,7 +137,11 @@ def run(groups: list[Group], server: Server, args) -> None:
             f"{sum(p95 > g.deadline_p95_ms for p95, g in zip(p.p95_ms, groups))}, "
             f"utilisation {p.utilisation:.0%}{' (saturated)' if p.saturated else ''}"
         )
-    print(f"fleet plan: {fleet_mj:.3f} mJ/request")
+    gap = choice.pricing.score[1] / choice.energy_bound_mj - 1 if choice.energy_bound_mj else 0.0
+    print(
+        f"fleet plan: {fleet_mj:.3f} mJ/request; energy groups {gap:.1%} above the lower bound "
+        "(each one's cheapest plan that meets its deadline alone)"
+    )
     assert all(alone_ms(g, i) >= 0 for g, i in zip(groups, choice.pricing.choice))
 
 
