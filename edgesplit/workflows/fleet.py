@@ -16,6 +16,7 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 
 from edgesplit.errors import InputError
+from edgesplit.fleet.price import Server
 from edgesplit.fleet.spec import FleetError, FleetSpec, GroupSpec, load_fleet
 from edgesplit.util import Progress, atomic_dir, dump_json, refuse_to_replace
 
@@ -137,7 +138,7 @@ def _plan_json(problem, cm, assign: np.ndarray, detail: str) -> dict[str, Any]:
     return make_plan(problem, cm, out).to_json()
 
 
-def serve_args(server) -> str:
+def serve_args(server: Server) -> str:
     """The ``edgesplit serve`` flags of the planned server setting."""
     flags = [
         "--max-batch",
@@ -165,7 +166,7 @@ def plan_fleet_file(
         PlanError: a group with no plan that runs.
     """
     from edgesplit.fleet.plan import plan_fleet
-    from edgesplit.fleet.price import FleetTable, Group, Server
+    from edgesplit.fleet.price import FleetTable, Group
     from edgesplit.fleet.report import report
 
     fleet = load_fleet(fleet_file)
