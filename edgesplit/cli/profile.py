@@ -19,6 +19,7 @@ from edgesplit.cli.options import (
     ModelInputs,
     RemoteFlags,
     Verbosity,
+    field_option,
     model_input_options,
     option_group,
     remote_options,
@@ -57,16 +58,8 @@ measure_options = option_group(
     click.option(
         "--processor", "processors", multiple=True, help="Only these processors (repeatable)."
     ),
-    click.option(
-        "--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs."
-    ),
-    click.option(
-        "--warmup",
-        default=5,
-        show_default=True,
-        type=click.IntRange(0, 10000),
-        help="Untimed runs first.",
-    ),
+    field_option("--runs", type=click.IntRange(1, 10000), help="Timed runs."),
+    field_option("--warmup", type=click.IntRange(0, 10000), help="Untimed runs first."),
 )
 target_options = option_group(
     ProfileTarget,

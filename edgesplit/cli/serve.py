@@ -11,6 +11,7 @@ from edgesplit.cli.options import (
     Batching,
     Verbosity,
     batching_options,
+    field_option,
     option_group,
     verbosity_options,
 )
@@ -52,16 +53,12 @@ _seconds = click.FloatRange(min=0, min_open=True)
 access_options = option_group(
     ServeAccess,
     "access",
-    click.option(
+    field_option(
         "--host",
-        default="127.0.0.1",
-        show_default=True,
         help="Address to bind. Anything but loopback exposes the models: use --token.",
     ),
-    click.option(
+    field_option(
         "--port",
-        default=8000,
-        show_default=True,
         type=click.IntRange(0, 65535),
         help="TCP port (0: any free port; the one chosen is printed).",
     ),
@@ -72,10 +69,8 @@ access_options = option_group(
         help="Require 'Authorization: Bearer T' on every call but health checks (or set "
         "EDGESPLIT_TOKEN).",
     ),
-    click.option(
+    field_option(
         "--max-request-mb",
-        default=64.0,
-        show_default=True,
         type=FiniteFloat(minimum=0, open_min=True),
         help="Largest request body accepted (413 above).",
     ),
@@ -89,49 +84,36 @@ access_options = option_group(
 limit_options = option_group(
     ServeLimits,
     "limits",
-    click.option(
+    field_option(
         "--max-inflight-mb",
-        default=256.0,
-        show_default=True,
         type=click.FloatRange(min=0, min_open=True),
         help="Request bytes held at once across all requests (503 + Retry-After above; JSON counts "
         "16x).",
     ),
-    click.option(
+    field_option(
         "--max-connections",
         type=click.IntRange(min=1),
-        default=None,
         help="Open connections at most; at the cap the oldest idle one is closed, or 503 if all "
         "are busy [default: the file-descriptor limit less 192, at most 1024].",
     ),
-    click.option(
+    field_option(
         "--max-queue",
-        default=128,
-        show_default=True,
         type=click.IntRange(min=0),
         help="Requests waiting for a compute thread at most (503 + Retry-After above).",
     ),
-    click.option(
+    field_option(
         "--header-timeout-s",
-        default=10.0,
-        show_default=True,
         type=_seconds,
         help="Time for a request's headers to arrive: the first request's from the connection's "
         "start, a kept-alive connection's next one's from its first byte (408 and close after).",
     ),
-    click.option(
+    field_option(
         "--body-timeout-s",
-        default=60.0,
-        show_default=True,
         type=_seconds,
         help="Time to receive a request body, and to send an answer (408 / close after).",
     ),
-    click.option(
-        "--idle-timeout-s",
-        default=30.0,
-        show_default=True,
-        type=_seconds,
-        help="Idle keep-alive connections are closed after this.",
+    field_option(
+        "--idle-timeout-s", type=_seconds, help="Idle keep-alive connections are closed after this."
     ),
 )
 compute_options = option_group(
@@ -142,16 +124,14 @@ compute_options = option_group(
         is_flag=True,
         help="Serve every part of the bundle, not only the server parts.",
     ),
-    click.option(
+    field_option(
         "--threads",
         type=click.IntRange(min=1),
-        default=None,
         help="Requests computed at once (default: the CPU count).",
     ),
-    click.option(
+    field_option(
         "--intra-op-threads",
         type=click.IntRange(min=1),
-        default=None,
         help="ONNX Runtime threads per request (default: the part's planned threads, else all "
         "cores).",
     ),
