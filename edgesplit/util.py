@@ -347,6 +347,15 @@ def by_name(*entries: NamedT) -> dict[str, NamedT]:
     return {e.name: e for e in entries}
 
 
+def present_fields(record: Any) -> dict[str, Any]:
+    """The fields of the dataclass instance ``record`` that are not None, in field order (the key
+    order of the JSON our records write)."""
+    import dataclasses
+
+    out = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     """The items of ``data`` whose keys are fields of the dataclass ``cls``.
 

@@ -21,6 +21,7 @@ from edgesplit.cli.common import (
     FiniteFloat,
     accuracy_options,
     backend_option,
+    file_option,
     input_shape_option,
     input_values_option,
     link_options,
@@ -207,9 +208,7 @@ server_load_options = [
 
 def plan_options(profile_help: str) -> Callable:
     """The options of :class:`PlanOptions` (``--profile`` with this command's help)."""
-    profile = click.option(
-        "--profile", "profile_path", type=click.Path(dir_okay=False), help=profile_help
-    )
+    profile = file_option("--profile", "profile_path", help=profile_help)
     return option_group(
         PlanOptions,
         "plan",
@@ -366,10 +365,9 @@ class RemoteFlags:
 
 
 _SSH_OPTIONS = (
-    click.option(
+    file_option(
         "--identity",
         "-i",
-        type=click.Path(dir_okay=False),
         help="Private key file (default: the SSH agent, then ~/.ssh/id_*). No passwords.",
     ),
     field_option("--known-hosts", help="known_hosts file the host key is checked against."),

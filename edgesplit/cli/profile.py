@@ -12,6 +12,7 @@ from edgesplit.cli.common import (
     console,
     device_option,
     err_console,
+    file_option,
     progress_bar,
     stage_limit_options,
 )
@@ -71,10 +72,9 @@ target_options = option_group(
         help="Profile JSON (default MODEL.DEVICE.profile.json); "
         "with --hosts, the folder for one profile per host.",
     ),
-    click.option(
+    file_option(
         "--hosts",
         "fleet_file",
-        type=click.Path(dir_okay=False),
         help="Profile on every host of this fleet file (YAML), in parallel.",
     ),
     click.option(

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import click
 
-from edgesplit.cli.common import FiniteFloat, console, trust_key_option
+from edgesplit.cli.common import FiniteFloat, console, file_option, trust_key_option
 from edgesplit.cli.options import (
     Verbosity,
     field_option,
@@ -42,17 +42,15 @@ rounds_options = option_group(
 
 @click.command("refit")
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option(
+@file_option(
     "-o",
     "--output",
     required=True,
-    type=click.Path(dir_okay=False),
     help="Where to write the refitted profile.",
 )
-@click.option(
+@file_option(
     "--profile",
     "profile_path",
-    type=click.Path(dir_okay=False),
     help="The profile to refit (default: the one the first bundle's plan was made from).",
 )
 @rounds_options

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import click
 
-from edgesplit.cli.common import console, trust_key_option
+from edgesplit.cli.common import console, file_option, trust_key_option
 from edgesplit.cli.options import (
     Verbosity,
     field_option,
@@ -121,10 +121,9 @@ file_options = option_group(
         type=click.Path(file_okay=False),
         help="Write the outputs as NAME.npy here.",
     ),
-    click.option(
+    file_option(
         "--trace",
         "trace_path",
-        type=click.Path(dir_okay=False),
         help="Write a Chrome trace (Perfetto) here.",
     ),
     click.option(
@@ -158,6 +157,7 @@ def command(
     verbosity: Verbosity,
 ) -> None:
     """Run BUNDLE on its processors and compare with the plan's predictions."""
+    from edgesplit.util import known_fields
     from edgesplit.workflows.running import BandRun, RunRequest, run_bundle
 
     if files.trace_request >= timing.repeat:
@@ -166,17 +166,10 @@ def command(
             param_hint="--trace-request",
         )
     request = RunRequest(
+        **known_fields(RunRequest, vars(timing) | vars(offload) | vars(files)),
         inputs=inputs,
-        repeat=timing.repeat,
-        warmup=timing.warmup,
-        stream=timing.stream,
         executor_options=offload.executor_options(),
-        adaptive=offload.adaptive,
-        trust_key=offload.trust_key,
-        output=files.output,
         trace=files.trace_path,
-        trace_detail=files.trace_detail,
-        trace_request=files.trace_request,
     )
     result = run_bundle(bundle, request)
     if isinstance(result, BandRun):

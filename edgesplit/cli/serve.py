@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import click
 
-from edgesplit.cli.common import FiniteFloat
+from edgesplit.cli.common import FiniteFloat, file_option
 from edgesplit.cli.options import (
     Batching,
     Verbosity,
@@ -74,9 +74,8 @@ access_options = option_group(
         type=FiniteFloat(minimum=0, open_min=True),
         help="Largest request body accepted (413 above).",
     ),
-    click.option(
+    file_option(
         "--trust-key",
-        type=click.Path(dir_okay=False),
         metavar="PUBKEY",
         help="Serve the bundle only if its manifest is signed by this ed25519 public key.",
     ),
@@ -195,6 +194,7 @@ def serve_options(
     import math
 
     from edgesplit.serve.server import MB, ServeOptions
+    from edgesplit.util import known_fields
 
     for flag, value in (
         ("--max-request-mb", access.max_request_mb),
@@ -202,21 +202,11 @@ def serve_options(
     ):
         if not math.isfinite(value):
             raise click.BadParameter(f"{value} is not a finite number", param_hint=flag)
+    same = known_fields(ServeOptions, vars(access) | vars(limits) | vars(compute) | vars(batching))
+    same["token"] = access.token or None
     return ServeOptions(
-        host=access.host,
-        port=access.port,
-        token=access.token or None,
+        **same,
         max_request_nbytes=int(access.max_request_mb * MB),
         max_inflight_nbytes=int(limits.max_inflight_mb * MB),
-        max_connections=limits.max_connections,
-        max_queue=limits.max_queue,
-        header_timeout_s=limits.header_timeout_s,
-        body_timeout_s=limits.body_timeout_s,
-        idle_timeout_s=limits.idle_timeout_s,
-        all_parts=compute.all_parts,
         compute_threads=compute.threads,
-        intra_op_threads=compute.intra_op_threads,
-        trust_key=access.trust_key,
-        max_batch=batching.max_batch,
-        max_queue_delay_ms=batching.max_queue_delay_ms,
     )

@@ -44,6 +44,31 @@ def _percentiles(values: list[float]) -> tuple[float, float]:
     return float(np.median(arr)), float(np.percentile(arr, 90))
 
 
+def _measured(
+    processor: Processor,
+    backend: Backend,
+    nodes: dict[str, NodeCost],
+    whole: list[float] | None,
+    started: float,
+    notes: list[str],
+    **more: object,
+) -> ProcessorProfile:
+    """A measured entry: ``nodes``, the median and p90 of the whole model's timed runs ``whole``
+    (None: the whole model does not run), the time since ``started`` and the ``notes``."""
+    med, p90 = _percentiles(whole) if whole is not None else (None, None)
+    return ProcessorProfile(
+        processor=processor.name,
+        backend=backend.key,
+        source=MEASURED,
+        nodes=nodes,
+        whole_model_ms=med,
+        whole_model_p90_ms=p90,
+        elapsed_s=time.perf_counter() - started,
+        note="; ".join(notes),
+        **more,
+    )
+
+
 def time_runs(fn: Callable[[], object], runs: int, warmup: int) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -166,16 +191,13 @@ def profile_ort(
             repeats=max(5, runs // 2 + 2),
         )
     nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
-    med, p90 = _percentiles(whole)
-    return ProcessorProfile(
-        processor=processor.name,
-        backend=backend.key,
-        source=MEASURED,
-        nodes=nodes,
-        whole_model_ms=med,
-        whole_model_p90_ms=p90,
-        elapsed_s=time.perf_counter() - started,
-        note="; ".join(notes),
+    return _measured(
+        processor,
+        backend,
+        nodes,
+        whole,
+        started,
+        notes,
         dispatch_ms=round(dispatch, 6),
         terms=terms,
     )

@@ -39,6 +39,7 @@ from onnx import TensorProto, helper
 
 from edgesplit.backends.ort.profile import (
     _kernel_times,
+    _measured,
     _percentiles,
     _trivial_model,
     make_session,
@@ -200,21 +201,18 @@ def profile_quantized(
         optimized = onnx.load(opt, load_external_data=False).graph
     nodes = _attribute(graph, optimized, kernels, warmup, runs, processor.active_w)
     nodes = {k: v for k, v in nodes.items() if k not in unsupported}
-    med, p90 = _percentiles(whole)
     notes.append(
         f"part edges: in ({edge_ops[0]}) {edge_in:.4f} ms/MB, out ({edge_ops[1]}) {edge_out:.4f} "
         "ms/MB"
     )
-    return ProcessorProfile(
-        processor=processor.name,
-        backend=backend.key,
-        source=MEASURED,
-        nodes=nodes,
+    return _measured(
+        processor,
+        backend,
+        nodes,
+        None if unsupported else whole,
+        started,
+        notes,
         unsupported=unsupported,
-        whole_model_ms=med if not unsupported else None,
-        whole_model_p90_ms=p90 if not unsupported else None,
-        elapsed_s=time.perf_counter() - started,
-        note="; ".join(notes),
         dispatch_ms=round(dispatch, 6),
         edge_in_ms_per_mb=round(edge_in, 6),
         edge_out_ms_per_mb=round(edge_out, 6),
