@@ -35,8 +35,8 @@ class _Interval:
     """A read-only attribute of a timing record: the time in ns from its ``start`` stamp to its
     ``end`` stamp (both fields of the record)."""
 
-    def __init__(self, start: str, end: str, doc: str = ""):
-        self.start, self.end, self.__doc__ = start, end, doc
+    def __init__(self, start: str, end: str):
+        self.start, self.end = start, end
 
     def __get__(self, record: object, owner: type | None = None) -> int:
         if record is None:
@@ -74,12 +74,9 @@ class PartRun:
     done_ns: int
     run_cpu_ns: int | None = None
 
-    queue_wait_ns = _Interval(
-        "ready_ns",
-        "start_ns",
-        "Inputs ready -> worker started it: hand-off, plus waiting behind other parts on its "
-        "worker.",
-    )
+    queue_wait_ns = _Interval("ready_ns", "start_ns")
+    """Inputs ready -> worker started it: hand-off, plus waiting behind other parts on its
+    worker."""
 
     @property
     def handoff_ns(self) -> int | None:
@@ -87,21 +84,16 @@ class PartRun:
         busy."""
         return self.start_ns - self.submit_ns if self.worker_idle else None
 
-    run_ns = _Interval("run_start_ns", "run_end_ns", "The backend's run call.")
-    inputs_ns = _Interval(
-        "start_ns",
-        "run_start_ns",
-        "Gathering (and for TVM, copying) the inputs before the run call.",
-    )
-    outputs_ns = _Interval(
-        "run_end_ns", "collected_ns", "Collecting the outputs after the run call."
-    )
-    bookkeeping_ns = _Interval(
-        "collected_ns",
-        "done_ns",
-        "Merging the outputs into the request and finding the parts that became ready.",
-    )
-    span_ns = _Interval("start_ns", "done_ns", "The worker's time on this run: started -> done.")
+    run_ns = _Interval("run_start_ns", "run_end_ns")
+    """The backend's run call."""
+    inputs_ns = _Interval("start_ns", "run_start_ns")
+    """Gathering (and for TVM, copying) the inputs before the run call."""
+    outputs_ns = _Interval("run_end_ns", "collected_ns")
+    """Collecting the outputs after the run call."""
+    bookkeeping_ns = _Interval("collected_ns", "done_ns")
+    """Merging the outputs into the request and finding the parts that became ready."""
+    span_ns = _Interval("start_ns", "done_ns")
+    """The worker's time on this run: started -> done."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +105,8 @@ class RequestRun:
     start_ns: int
     end_ns: int
 
-    latency_ns = _Interval("start_ns", "end_ns", "Submitted -> result set.")
+    latency_ns = _Interval("start_ns", "end_ns")
+    """Submitted -> result set."""
 
 
 @dataclass(frozen=True)

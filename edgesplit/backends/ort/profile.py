@@ -278,6 +278,15 @@ def _ticker(progress: Progress | None, label: str, total: int) -> Callable[[], N
     return tick
 
 
+def provider_missing(backend: Backend) -> str | None:
+    """Why this onnxruntime cannot run ``backend`` (its execution provider is absent), or None."""
+    import onnxruntime as ort
+
+    if backend.provider not in ort.get_available_providers():
+        return f"this onnxruntime has no {backend.provider}"
+    return None
+
+
 class OrtProfiler:
     """The ``ort`` entry of the profiler table: ORT's own per-kernel profiler (:func:`profile_ort`).
 
@@ -289,11 +298,7 @@ class OrtProfiler:
         self.session_attrs = session_attrs
 
     def unavailable(self, backend: Backend) -> str | None:
-        import onnxruntime as ort
-
-        if backend.provider not in ort.get_available_providers():
-            return f"this onnxruntime has no {backend.provider}"
-        return None
+        return provider_missing(backend)
 
     def profile(
         self,

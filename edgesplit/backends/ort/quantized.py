@@ -43,6 +43,7 @@ from edgesplit.backends.ort.profile import (
     _percentiles,
     _trivial_model,
     make_session,
+    provider_missing,
     time_runs,
 )
 from edgesplit.backends.ort.run import processor_worker
@@ -288,10 +289,8 @@ class OrtQuantizedProfiler:
     """
 
     def unavailable(self, backend: Backend) -> str | None:
-        import onnxruntime as ort
-
-        if backend.provider not in ort.get_available_providers():
-            return f"this onnxruntime has no {backend.provider}"
+        if missing := provider_missing(backend):
+            return missing
         if backend.precision == "fp16" and backend.provider == "CPUExecutionProvider":
             return "ORT's CPU provider runs fp16 through casts to fp32: not a measurement of fp16"
         return None
