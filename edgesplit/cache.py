@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesplit.errors import InputError
-from edgesplit.util import atomic_write_bytes, atomic_write_text
+from edgesplit.util import atomic_write_bytes, atomic_write_text, by_name
 
 
 @dataclass(frozen=True)
@@ -37,25 +37,22 @@ KEPT_MAX_NBYTES = 2 << 30
 """The most the kept models, and the kept libraries, each take on disk; beyond it the least recently
 used go first (:func:`~edgesplit.cache.prune`)."""
 
-KINDS: dict[str, CacheKind] = {
-    k.name: k
-    for k in (
-        CacheKind(
-            "simplified",
-            "models after folding and shape inference",
-            KEPT_MAX_NBYTES,
-        ),
-        CacheKind(
-            "tvm-libs",
-            "TVM libraries of parts and profiled kernels, built without tuning",
-            KEPT_MAX_NBYTES,
-        ),
-        CacheKind("tvm-tuning", "MetaSchedule tuning records per target (hours of tuning)"),
-        CacheKind("calibration", "int8 calibration ranges per model, data and method"),
-        CacheKind("accuracy", "measured accuracy of reduced-precision parts"),
-        CacheKind("throttle", "the duty cycle's fitted spinner shares per machine, core and share"),
-    )
-}
+KINDS: dict[str, CacheKind] = by_name(
+    CacheKind(
+        "simplified",
+        "models after folding and shape inference",
+        KEPT_MAX_NBYTES,
+    ),
+    CacheKind(
+        "tvm-libs",
+        "TVM libraries of parts and profiled kernels, built without tuning",
+        KEPT_MAX_NBYTES,
+    ),
+    CacheKind("tvm-tuning", "MetaSchedule tuning records per target (hours of tuning)"),
+    CacheKind("calibration", "int8 calibration ranges per model, data and method"),
+    CacheKind("accuracy", "measured accuracy of reduced-precision parts"),
+    CacheKind("throttle", "the duty cycle's fitted spinner shares per machine, core and share"),
+)
 SAFE_TO_CLEAR = tuple(k for k in KINDS if k != "tvm-tuning")
 """What ``--clear all`` clears: every kind but the tuning records, which only tuning makes again."""
 

@@ -14,7 +14,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Protocol, Self, TypeVar
 
 Progress = Callable[[str, int, int], None]
 """Told ``(label, done, total)`` as long work goes on (profiling, tuning, compiling, measuring);
@@ -332,6 +332,28 @@ def refuse_to_replace(
         f"{p}: not empty and not {what}; choose another output or pass --force to replace it (and "
         "all it holds)"
     )
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+NamedT = TypeVar("NamedT", bound=_Named)
+
+
+def by_name(*entries: NamedT) -> dict[str, NamedT]:
+    """A registry table: ``entries`` keyed by their ``name``, in the order given."""
+    return {e.name: e for e in entries}
+
+
+def present_fields(record: Any) -> dict[str, Any]:
+    """The fields of the dataclass instance ``record`` that are not None, in field order (the key
+    order of the JSON our records write)."""
+    import dataclasses
+
+    out = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:

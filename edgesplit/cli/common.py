@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 _WIDTH = None if sys.stdout.isatty() else 160
 console = Console(highlight=False, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False, width=_WIDTH)
+
+
+def file_option(*decls: str, **kwargs: Any) -> Callable:
+    """``click.option`` for a file's path (a folder is refused)."""
+    return click.option(*decls, type=click.Path(dir_okay=False), **kwargs)
+
 
 input_shape_option = click.option(
     "--input-shape",
@@ -160,9 +166,8 @@ def link_options(f):
     f = click.option("--link", help="Network preset from devices/links.yaml (wifi, lte, 5g ...).")(
         f
     )
-    f = click.option(
+    f = file_option(
         "--server-profile",
-        type=click.Path(dir_okay=False),
         help="A profile of MODEL measured on the server (edgesplit profile MODEL --device SERVER, "
         "run there): prices the server's processors instead of its spec's roofline.",
     )(f)
@@ -211,15 +216,13 @@ force_option = click.option(
     is_flag=True,
     help="Replace the output directory even if it holds something other than an edgesplit bundle.",
 )
-sign_key_option = click.option(
+sign_key_option = file_option(
     "--sign-key",
-    type=click.Path(dir_okay=False),
     metavar="KEY",
     help="Sign the bundle's manifest with this ed25519 private key (see 'edgesplit keygen').",
 )
-trust_key_option = click.option(
+trust_key_option = file_option(
     "--trust-key",
-    type=click.Path(dir_okay=False),
     metavar="PUBKEY",
     help="Load the bundle only if its manifest is signed by this ed25519 public key.",
 )

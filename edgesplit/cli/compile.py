@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console, err_console, progress_bar, stage_limit_options
+from edgesplit.cli.common import (
+    console,
+    err_console,
+    file_option,
+    progress_bar,
+    stage_limit_options,
+)
 from edgesplit.cli.options import (
     BuildOptions,
     BundleOutput,
@@ -19,11 +25,10 @@ from edgesplit.cli.options import (
 
 @click.command("compile")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option(
+@file_option(
     "--plan",
     "plan_path",
     required=True,
-    type=click.Path(dir_okay=False),
     help="plan.json from partition.",
 )
 @bundle_output_options(

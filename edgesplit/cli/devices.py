@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console
+from edgesplit.cli.common import console, file_option
 from edgesplit.cli.options import RemoteFlags, Verbosity, remote_options, verbosity_options
 
 
@@ -81,10 +81,9 @@ def show_cmd(name: str, verbosity: Verbosity) -> None:
 @click.option(
     "--name", help="The spec's name (default: the output file's stem, else the host name)."
 )
-@click.option(
+@file_option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False),
     help="Write the spec here (default: print it).",
 )
 @verbosity_options

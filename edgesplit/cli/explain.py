@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console
+from edgesplit.cli.common import console, file_option
 from edgesplit.cli.options import Verbosity, verbosity_options
 
 
@@ -26,9 +26,7 @@ from edgesplit.cli.options import Verbosity, verbosity_options
     is_flag=True,
     help="The band table: each band plan's latency against bandwidth, and their envelope.",
 )
-@click.option(
-    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write the sweep as a PNG."
-)
+@file_option("--plot", "plot_path", help="Write the sweep as a PNG.")
 @verbosity_options
 def command(
     plan_path: str,

@@ -21,6 +21,7 @@ from edgesplit.cli.common import (
     FiniteFloat,
     accuracy_options,
     backend_option,
+    file_option,
     input_shape_option,
     input_values_option,
     link_options,
@@ -38,13 +39,44 @@ if TYPE_CHECKING:
     from edgesplit.workflows.verify import VerifyOptions
 
 
-def option_group(cls: type, name: str, *options: Callable) -> Callable:
+@dataclasses.dataclass(frozen=True)
+class FieldOption:
+    """An option declared without its default: :func:`option_group` takes it from the field of
+    the group's dataclass that the option fills, so the default is written once."""
+
+    decls: tuple[str, ...]
+    kwargs: dict[str, Any]
+
+    def decorator(self, cls: type) -> Callable:
+        """``click.option`` with the default of ``cls``'s field, shown in ``--help`` unless it is
+        None, a flag's or empty (``show_default`` among the keywords overrides that)."""
+        name = click.Option(self.decls).name
+        default = {f.name: f.default for f in dataclasses.fields(cls)}[name]
+        shown = default is not None and not isinstance(default, bool) and default != ()
+        return click.option(
+            *self.decls, **{"default": default, "show_default": shown, **self.kwargs}
+        )
+
+
+def field_option(*decls: str, **kwargs: Any) -> FieldOption:
+    """Like ``click.option`` in an :func:`option_group`, but with the default of the group's
+    dataclass field (see :class:`FieldOption`)."""
+    return FieldOption(decls, kwargs)
+
+
+warmup_option = field_option("--warmup", type=click.IntRange(0), help="Untimed runs first.")
+"""``--warmup``: untimed runs before the timed ones (the default is the group's)."""
+
+
+def option_group(cls: type, name: str, *options: Callable | FieldOption) -> Callable:
     """A decorator that adds ``options`` to a command and passes their values as one ``cls``
     instance, the keyword argument ``name``; every field of ``cls`` must be an option's parameter.
 
-    Options that expose no value (a callback does their work) may be among ``options``.
+    Options that expose no value (a callback does their work) may be among ``options``; those made
+    with :func:`field_option` take their default from ``cls``.
     """
     names = [f.name for f in dataclasses.fields(cls)]
+    decorators = [o.decorator(cls) if isinstance(o, FieldOption) else o for o in options]
 
     def decorate(f: Callable) -> Callable:
         @functools.wraps(f)
@@ -52,7 +84,7 @@ def option_group(cls: type, name: str, *options: Callable) -> Callable:
             kw[name] = cls(**{k: kw.pop(k) for k in names})
             return f(*args, **kw)
 
-        return functools.reduce(lambda acc, o: o(acc), reversed(options), command)
+        return functools.reduce(lambda acc, o: o(acc), reversed(decorators), command)
 
     return decorate
 
@@ -137,50 +169,38 @@ class PlanOptions:
     calibration_method: str | None = None
 
     def choices(self, inputs: ModelInputs) -> Choices:
-        """The one place the command line becomes a :class:`Choices`."""
+        """The one place the command line becomes a :class:`Choices`: the flags named as its
+        fields are copied as they are."""
         from edgesplit.cli.common import accuracy_choices
         from edgesplit.profile.run import ProfileOptions
+        from edgesplit.util import known_fields
         from edgesplit.workflows.resolve import Choices
 
+        accuracy = accuracy_choices(
+            self.min_snr_db,
+            self.min_top1_agreement,
+            self.max_accuracy_drop,
+            self.calibration_data,
+            self.calibration_method,
+        )
         return Choices(
-            objective=self.objective,
-            split_operators=self.split_operators,
-            slo_ms=self.slo_ms,
+            **(known_fields(Choices, vars(self)) | inputs.parsed() | accuracy),
             profile=self.profile_path,
-            server=self.server,
-            server_profile=self.server_profile,
-            link=self.link,
-            bandwidth_mbps=self.bandwidth_mbps,
-            rtt_ms=self.rtt_ms,
-            pins=self.pins,
-            server_load=self.server_load,
-            server_slots=self.server_slots,
             profiling=ProfileOptions(self.backends, runs=self.runs),
-            **inputs.parsed(),
-            **accuracy_choices(
-                self.min_snr_db,
-                self.min_top1_agreement,
-                self.max_accuracy_drop,
-                self.calibration_data,
-                self.calibration_method,
-            ),
         )
 
 
 server_load_options = [
-    click.option(
+    field_option(
         "--server-load",
         type=click.IntRange(min=1),
-        default=None,
         metavar="N",
         help="Price server parts as if N devices share the server (closed-loop queueing delay); a "
         "crowded server pushes work back onto the device. Needs --server.",
     ),
-    click.option(
+    field_option(
         "--server-slots",
         type=click.IntRange(min=1),
-        default=1,
-        show_default=True,
         help="Requests the server computes at once, for --server-load.",
     ),
 ]
@@ -188,9 +208,7 @@ server_load_options = [
 
 def plan_options(profile_help: str) -> Callable:
     """The options of :class:`PlanOptions` (``--profile`` with this command's help)."""
-    profile = click.option(
-        "--profile", "profile_path", type=click.Path(dir_okay=False), help=profile_help
-    )
+    profile = file_option("--profile", "profile_path", help=profile_help)
     return option_group(
         PlanOptions,
         "plan",
@@ -269,38 +287,24 @@ def build_options(tune_trials_help: str, *between: Callable) -> Callable:
             help="With a server: do not add a plan per bandwidth band (the bundle runs the one "
             "plan).",
         ),
-        click.option(
-            "--tune-trials",
-            default=0,
-            show_default=True,
-            type=click.IntRange(0),
-            help=tune_trials_help,
-        ),
+        field_option("--tune-trials", type=click.IntRange(0), help=tune_trials_help),
         *between,
-        click.option(
+        field_option(
             "--verify-budget-s",
-            default=30.0,
-            show_default=True,
             type=click.FloatRange(min=0, min_open=True),
             help="The most time verification may spend measuring.",
         ),
-        click.option(
+        field_option(
             "--server-url",
-            default=None,
             metavar="URL|local",
             help="Offload server for candidates with server parts while verifying (local: serve "
             "them from this process); without one they are skipped.",
         ),
-        click.option(
-            "--token",
-            default=None,
-            envvar="EDGESPLIT_TOKEN",
-            help="Bearer token for the offload server.",
+        field_option(
+            "--token", envvar="EDGESPLIT_TOKEN", help="Bearer token for the offload server."
         ),
-        click.option(
+        field_option(
             "--tune-trials-per-task",
-            default=0,
-            show_default=True,
             type=click.IntRange(0),
             help="Tune each kernel of the TVM parts with up to N trials (kernels a database holds "
             "N of are skipped); --tune-trials caps the total.",
@@ -324,19 +328,9 @@ def batching_options(max_batch_help: str, delay_help: str) -> Callable:
     return option_group(
         Batching,
         "batching",
-        click.option(
-            "--max-batch",
-            default=1,
-            show_default=True,
-            type=click.IntRange(min=1),
-            help=max_batch_help,
-        ),
-        click.option(
-            "--max-queue-delay-ms",
-            default=0.0,
-            show_default=True,
-            type=click.FloatRange(min=0, max=60_000),
-            help=delay_help,
+        field_option("--max-batch", type=click.IntRange(min=1), help=max_batch_help),
+        field_option(
+            "--max-queue-delay-ms", type=click.FloatRange(min=0, max=60_000), help=delay_help
         ),
     )
 
@@ -358,61 +352,44 @@ class RemoteFlags:
     step_timeout: float = 120.0
 
     def ssh(self) -> SshOptions:
-        """The flags as :class:`edgesplit.profile.ssh.SshOptions`."""
+        """The flags as :class:`edgesplit.profile.ssh.SshOptions` (those named as its fields as
+        they are)."""
         from edgesplit.profile.ssh import SshOptions
+        from edgesplit.util import known_fields
 
         return SshOptions(
-            identity=self.identity,
-            known_hosts=self.known_hosts,
-            accept_new_host_key=self.accept_new_host_key,
-            remote_python=self.remote_python,
-            remote_tmpdir=self.remote_tmpdir,
+            **known_fields(SshOptions, vars(self)),
             connect_timeout_s=self.connect_timeout,
             step_timeout_s=self.step_timeout,
         )
 
 
 _SSH_OPTIONS = (
-    click.option(
+    file_option(
         "--identity",
         "-i",
-        type=click.Path(dir_okay=False),
         help="Private key file (default: the SSH agent, then ~/.ssh/id_*). No passwords.",
     ),
-    click.option(
-        "--known-hosts",
-        default="~/.ssh/known_hosts",
-        show_default=True,
-        help="known_hosts file the host key is checked against.",
-    ),
+    field_option("--known-hosts", help="known_hosts file the host key is checked against."),
     click.option(
         "--accept-new-host-key",
         is_flag=True,
         help="Trust and record an unknown host key (a changed key is always refused).",
     ),
-    click.option(
-        "--remote-python",
-        default="python3",
-        show_default=True,
-        help="Python interpreter on the remote host.",
-    ),
+    field_option("--remote-python", help="Python interpreter on the remote host."),
     click.option(
         "--remote-tmpdir",
         metavar="DIR",
         help="Where the agent's private folder goes there (default $TMPDIR or /tmp).",
     ),
-    click.option(
+    field_option(
         "--connect-timeout",
         type=FiniteFloat(minimum=0.1),
-        default=15.0,
-        show_default=True,
         help="Seconds for TCP connect, SSH banner, auth and channel opening, each.",
     ),
-    click.option(
+    field_option(
         "--step-timeout",
         type=FiniteFloat(minimum=1.0),
-        default=120.0,
-        show_default=True,
         help="Seconds the remote agent may stay silent before we give up.",
     ),
 )
@@ -431,14 +408,17 @@ __all__ = [
     "BundleOutput",
     "ModelInputs",
     "PlanOptions",
+    "FieldOption",
     "RemoteFlags",
     "Verbosity",
     "batching_options",
     "build_options",
     "bundle_output_options",
+    "field_option",
     "model_input_options",
     "option_group",
     "plan_options",
     "remote_options",
     "verbosity_options",
+    "warmup_option",
 ]

@@ -10,6 +10,7 @@ from edgesplit.cli.common import (
     console,
     device_option,
     err_console,
+    file_option,
     progress_bar,
     stage_limit_options,
 )
@@ -36,15 +37,10 @@ class PlanOutput:
 plan_output_options = option_group(
     PlanOutput,
     "files",
-    click.option(
-        "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a Gantt chart (PNG)."
-    ),
-    click.option(
-        "-o", "--output", default="plan.json", show_default=True, type=click.Path(dir_okay=False)
-    ),
-    click.option(
+    file_option("--plot", "plot_path", help="Write a Gantt chart (PNG)."),
+    file_option("-o", "--output", default="plan.json", show_default=True),
+    file_option(
         "--onnx-out",
-        type=click.Path(dir_okay=False),
         help="Annotated model copy (default: beside the plan, PLAN.onnx).",
     ),
 )

@@ -12,6 +12,7 @@ from edgesplit.cli.common import (
     console,
     device_option,
     err_console,
+    file_option,
     progress_bar,
     stage_limit_options,
 )
@@ -19,6 +20,7 @@ from edgesplit.cli.options import (
     ModelInputs,
     RemoteFlags,
     Verbosity,
+    field_option,
     model_input_options,
     option_group,
     remote_options,
@@ -57,16 +59,8 @@ measure_options = option_group(
     click.option(
         "--processor", "processors", multiple=True, help="Only these processors (repeatable)."
     ),
-    click.option(
-        "--runs", default=20, show_default=True, type=click.IntRange(1, 10000), help="Timed runs."
-    ),
-    click.option(
-        "--warmup",
-        default=5,
-        show_default=True,
-        type=click.IntRange(0, 10000),
-        help="Untimed runs first.",
-    ),
+    field_option("--runs", type=click.IntRange(1, 10000), help="Timed runs."),
+    field_option("--warmup", type=click.IntRange(0, 10000), help="Untimed runs first."),
 )
 target_options = option_group(
     ProfileTarget,
@@ -78,10 +72,9 @@ target_options = option_group(
         help="Profile JSON (default MODEL.DEVICE.profile.json); "
         "with --hosts, the folder for one profile per host.",
     ),
-    click.option(
+    file_option(
         "--hosts",
         "fleet_file",
-        type=click.Path(dir_okay=False),
         help="Profile on every host of this fleet file (YAML), in parallel.",
     ),
     click.option(

@@ -6,8 +6,14 @@ from dataclasses import dataclass
 
 import click
 
-from edgesplit.cli.common import FiniteFloat, console, trust_key_option
-from edgesplit.cli.options import Verbosity, option_group, verbosity_options
+from edgesplit.cli.common import FiniteFloat, console, file_option, trust_key_option
+from edgesplit.cli.options import (
+    Verbosity,
+    field_option,
+    option_group,
+    verbosity_options,
+    warmup_option,
+)
 
 
 @dataclass(frozen=True)
@@ -23,27 +29,11 @@ class Rounds:
 rounds_options = option_group(
     Rounds,
     "rounds",
-    click.option(
-        "--runs",
-        default=30,
-        show_default=True,
-        type=click.IntRange(3),
-        help="Timed runs per round.",
-    ),
-    click.option(
-        "--warmup", default=5, show_default=True, type=click.IntRange(0), help="Untimed runs first."
-    ),
-    click.option(
-        "--rounds",
-        default=3,
-        show_default=True,
-        type=click.IntRange(1),
-        help="At most this many rounds.",
-    ),
-    click.option(
+    field_option("--runs", type=click.IntRange(3), help="Timed runs per round."),
+    warmup_option,
+    field_option("--rounds", type=click.IntRange(1), help="At most this many rounds."),
+    field_option(
         "--tolerance",
-        default=0.05,
-        show_default=True,
         type=FiniteFloat(minimum=0, open_min=True),
         help="Converged when a round's runs are predicted within this relative error.",
     ),
@@ -52,17 +42,15 @@ rounds_options = option_group(
 
 @click.command("refit")
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option(
+@file_option(
     "-o",
     "--output",
     required=True,
-    type=click.Path(dir_okay=False),
     help="Where to write the refitted profile.",
 )
-@click.option(
+@file_option(
     "--profile",
     "profile_path",
-    type=click.Path(dir_okay=False),
     help="The profile to refit (default: the one the first bundle's plan was made from).",
 )
 @rounds_options

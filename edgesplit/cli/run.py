@@ -6,8 +6,14 @@ from dataclasses import dataclass
 
 import click
 
-from edgesplit.cli.common import console, trust_key_option
-from edgesplit.cli.options import Verbosity, option_group, verbosity_options
+from edgesplit.cli.common import console, file_option, trust_key_option
+from edgesplit.cli.options import (
+    Verbosity,
+    field_option,
+    option_group,
+    verbosity_options,
+    warmup_option,
+)
 
 
 def check_token(token: str | None) -> str | None:
@@ -71,37 +77,29 @@ class RunFiles:
 timing_options = option_group(
     Timing,
     "timing",
-    click.option(
-        "--repeat", default=20, show_default=True, type=click.IntRange(1), help="Timed runs."
-    ),
-    click.option(
-        "--warmup", default=3, show_default=True, type=click.IntRange(0), help="Untimed runs first."
-    ),
-    click.option(
+    field_option("--repeat", type=click.IntRange(1), help="Timed runs."),
+    warmup_option,
+    field_option(
         "--stream",
-        default=0,
         type=click.IntRange(0),
+        show_default=False,
         help="Also run a pipelined stream of N requests.",
     ),
 )
 offload_options = option_group(
     Offload,
     "offload",
-    click.option(
-        "--server", "server_url", default=None, help="Offload server URL for remote parts."
-    ),
-    click.option(
+    field_option("--server", "server_url", help="Offload server URL for remote parts."),
+    field_option(
         "--token",
-        default=None,
         envvar="EDGESPLIT_TOKEN",
         callback=lambda ctx, param, value: check_token(value),
         help="Bearer token for the server.",
     ),
     trust_key_option,
-    click.option(
+    field_option(
         "--deadline-ms",
         type=click.FloatRange(min=0, min_open=True, max=3.6e6),
-        default=None,
         help="Overall deadline of each call to the server (connect, retries, send, answer); past "
         "it "
         "the part runs on its local fallback.  [default: 10000]",
@@ -123,10 +121,9 @@ file_options = option_group(
         type=click.Path(file_okay=False),
         help="Write the outputs as NAME.npy here.",
     ),
-    click.option(
+    file_option(
         "--trace",
         "trace_path",
-        type=click.Path(dir_okay=False),
         help="Write a Chrome trace (Perfetto) here.",
     ),
     click.option(
@@ -134,10 +131,8 @@ file_options = option_group(
         is_flag=True,
         help="Also CPU time per run call and ORT kernels (layout reorders); slows runs.",
     ),
-    click.option(
+    field_option(
         "--trace-request",
-        default=0,
-        show_default=True,
         type=click.IntRange(0),
         help="Align the plan's predicted spans to this timed request (0 = the first).",
     ),
@@ -162,6 +157,7 @@ def command(
     verbosity: Verbosity,
 ) -> None:
     """Run BUNDLE on its processors and compare with the plan's predictions."""
+    from edgesplit.util import known_fields
     from edgesplit.workflows.running import BandRun, RunRequest, run_bundle
 
     if files.trace_request >= timing.repeat:
@@ -170,17 +166,10 @@ def command(
             param_hint="--trace-request",
         )
     request = RunRequest(
+        **known_fields(RunRequest, vars(timing) | vars(offload) | vars(files)),
         inputs=inputs,
-        repeat=timing.repeat,
-        warmup=timing.warmup,
-        stream=timing.stream,
         executor_options=offload.executor_options(),
-        adaptive=offload.adaptive,
-        trust_key=offload.trust_key,
-        output=files.output,
         trace=files.trace_path,
-        trace_detail=files.trace_detail,
-        trace_request=files.trace_request,
     )
     result = run_bundle(bundle, request)
     if isinstance(result, BandRun):

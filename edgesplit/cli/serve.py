@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 import click
 
-from edgesplit.cli.common import FiniteFloat
+from edgesplit.cli.common import FiniteFloat, file_option
 from edgesplit.cli.options import (
     Batching,
     Verbosity,
     batching_options,
+    field_option,
     option_group,
     verbosity_options,
 )
@@ -52,16 +53,12 @@ _seconds = click.FloatRange(min=0, min_open=True)
 access_options = option_group(
     ServeAccess,
     "access",
-    click.option(
+    field_option(
         "--host",
-        default="127.0.0.1",
-        show_default=True,
         help="Address to bind. Anything but loopback exposes the models: use --token.",
     ),
-    click.option(
+    field_option(
         "--port",
-        default=8000,
-        show_default=True,
         type=click.IntRange(0, 65535),
         help="TCP port (0: any free port; the one chosen is printed).",
     ),
@@ -72,16 +69,13 @@ access_options = option_group(
         help="Require 'Authorization: Bearer T' on every call but health checks (or set "
         "EDGESPLIT_TOKEN).",
     ),
-    click.option(
+    field_option(
         "--max-request-mb",
-        default=64.0,
-        show_default=True,
         type=FiniteFloat(minimum=0, open_min=True),
         help="Largest request body accepted (413 above).",
     ),
-    click.option(
+    file_option(
         "--trust-key",
-        type=click.Path(dir_okay=False),
         metavar="PUBKEY",
         help="Serve the bundle only if its manifest is signed by this ed25519 public key.",
     ),
@@ -89,49 +83,36 @@ access_options = option_group(
 limit_options = option_group(
     ServeLimits,
     "limits",
-    click.option(
+    field_option(
         "--max-inflight-mb",
-        default=256.0,
-        show_default=True,
         type=click.FloatRange(min=0, min_open=True),
         help="Request bytes held at once across all requests (503 + Retry-After above; JSON counts "
         "16x).",
     ),
-    click.option(
+    field_option(
         "--max-connections",
         type=click.IntRange(min=1),
-        default=None,
         help="Open connections at most; at the cap the oldest idle one is closed, or 503 if all "
         "are busy [default: the file-descriptor limit less 192, at most 1024].",
     ),
-    click.option(
+    field_option(
         "--max-queue",
-        default=128,
-        show_default=True,
         type=click.IntRange(min=0),
         help="Requests waiting for a compute thread at most (503 + Retry-After above).",
     ),
-    click.option(
+    field_option(
         "--header-timeout-s",
-        default=10.0,
-        show_default=True,
         type=_seconds,
         help="Time for a request's headers to arrive: the first request's from the connection's "
         "start, a kept-alive connection's next one's from its first byte (408 and close after).",
     ),
-    click.option(
+    field_option(
         "--body-timeout-s",
-        default=60.0,
-        show_default=True,
         type=_seconds,
         help="Time to receive a request body, and to send an answer (408 / close after).",
     ),
-    click.option(
-        "--idle-timeout-s",
-        default=30.0,
-        show_default=True,
-        type=_seconds,
-        help="Idle keep-alive connections are closed after this.",
+    field_option(
+        "--idle-timeout-s", type=_seconds, help="Idle keep-alive connections are closed after this."
     ),
 )
 compute_options = option_group(
@@ -142,16 +123,14 @@ compute_options = option_group(
         is_flag=True,
         help="Serve every part of the bundle, not only the server parts.",
     ),
-    click.option(
+    field_option(
         "--threads",
         type=click.IntRange(min=1),
-        default=None,
         help="Requests computed at once (default: the CPU count).",
     ),
-    click.option(
+    field_option(
         "--intra-op-threads",
         type=click.IntRange(min=1),
-        default=None,
         help="ONNX Runtime threads per request (default: the part's planned threads, else all "
         "cores).",
     ),
@@ -215,6 +194,7 @@ def serve_options(
     import math
 
     from edgesplit.serve.server import MB, ServeOptions
+    from edgesplit.util import known_fields
 
     for flag, value in (
         ("--max-request-mb", access.max_request_mb),
@@ -222,21 +202,11 @@ def serve_options(
     ):
         if not math.isfinite(value):
             raise click.BadParameter(f"{value} is not a finite number", param_hint=flag)
+    same = known_fields(ServeOptions, vars(access) | vars(limits) | vars(compute) | vars(batching))
+    same["token"] = access.token or None
     return ServeOptions(
-        host=access.host,
-        port=access.port,
-        token=access.token or None,
+        **same,
         max_request_nbytes=int(access.max_request_mb * MB),
         max_inflight_nbytes=int(limits.max_inflight_mb * MB),
-        max_connections=limits.max_connections,
-        max_queue=limits.max_queue,
-        header_timeout_s=limits.header_timeout_s,
-        body_timeout_s=limits.body_timeout_s,
-        idle_timeout_s=limits.idle_timeout_s,
-        all_parts=compute.all_parts,
         compute_threads=compute.threads,
-        intra_op_threads=compute.intra_op_threads,
-        trust_key=access.trust_key,
-        max_batch=batching.max_batch,
-        max_queue_delay_ms=batching.max_queue_delay_ms,
     )

@@ -11,6 +11,7 @@ from edgesplit.cli.common import console, device_option, input_shape_option, pro
 from edgesplit.cli.options import (
     RemoteFlags,
     Verbosity,
+    field_option,
     option_group,
     remote_options,
     verbosity_options,
@@ -32,17 +33,16 @@ class TuneSearch:
     builders: int | None = None
 
     def options(self) -> TuneOptions:
-        """The search as :class:`edgesplit.backends.tvm.tune.TuneOptions`."""
+        """The search as :class:`edgesplit.backends.tvm.tune.TuneOptions` (the flags named as its
+        fields as they are)."""
         from pathlib import Path
 
         from edgesplit.backends.tvm.tune import TuneOptions
+        from edgesplit.util import known_fields
 
         return TuneOptions(
-            trials_per_task=self.trials_per_task,
-            max_trials=self.max_trials,
+            **known_fields(TuneOptions, vars(self)),
             builder_workers=self.builders,
-            trials_per_iter=self.trials_per_iter,
-            population=self.population,
             database=Path(self.output) if self.output else None,
         )
 
@@ -50,48 +50,35 @@ class TuneSearch:
 search_options = option_group(
     TuneSearch,
     "search",
-    click.option(
+    field_option(
         "--trials-per-task",
-        default=64,
-        show_default=True,
         type=click.IntRange(1),
         help="Measured candidates per kernel; kernels a database already holds this many of are "
         "skipped.",
     ),
-    click.option(
-        "--max-trials",
-        type=click.IntRange(1),
-        default=None,
-        help="Cap on the candidates of this run.",
-    ),
-    click.option(
+    field_option("--max-trials", type=click.IntRange(1), help="Cap on the candidates of this run."),
+    field_option(
         "-o",
         "--output",
         type=click.Path(file_okay=False),
-        default=None,
         help="Database folder to write (e.g. profiles/tvm/NAME); default: the target's cache "
         "folder.",
     ),
-    click.option(
+    field_option(
         "--trials-per-iter",
         type=click.IntRange(1, 64),
-        default=None,
         help="Candidates per search round of a kernel (default: a quarter of --trials-per-task). "
         "With --max-trials below kernels x --trials-per-task, later rounds go to the kernels that "
         "gain most.",
     ),
-    click.option(
+    field_option(
         "--population",
         type=click.IntRange(2, 4096),
-        default=None,
         help="Candidates the evolutionary search keeps per round of a kernel (default: 16 per "
         "candidate measured in a round, 32 to 512). Smaller searches faster and finds less.",
     ),
-    click.option(
-        "--builders",
-        type=click.IntRange(1),
-        default=None,
-        help="Build processes (default: every core).",
+    field_option(
+        "--builders", type=click.IntRange(1), help="Build processes (default: every core)."
     ),
 )
 

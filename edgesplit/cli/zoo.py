@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console
+from edgesplit.cli.common import console, file_option
 from edgesplit.cli.options import Verbosity, verbosity_options
 
 
 @click.command("zoo")
 @click.argument("name", required=False)
-@click.option(
+@file_option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False),
     help="Where to write the model (default NAME.onnx).",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights.")

@@ -27,7 +27,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgesplit.errors import InputError
-from edgesplit.util import atomic_write_bytes
+from edgesplit.util import atomic_write_bytes, by_name
 
 OPSET = 17
 IR_VERSION = 8  # the newest IR that every onnxruntime we meet accepts with opset 17
@@ -58,85 +58,82 @@ def _lazy(module: str, func: str) -> Callable[[int], onnx.ModelProto]:
     return build
 
 
-ZOO: dict[str, ZooEntry] = {
-    e.name: e
-    for e in (
-        ZooEntry(
-            "mobilenetv2",
-            "MobileNetV2 1.0, inverted residuals; input 1x3x224x224 -> logits 1x1000",
-            _lazy("zoo_cnn", "mobilenetv2"),
-        ),
-        ZooEntry(
-            "resnet18",
-            "ResNet-18, basic blocks with skips; input 1x3x224x224 -> logits 1x1000",
-            _lazy("zoo_cnn", "resnet18"),
-        ),
-        ZooEntry(
-            "resnet50",
-            "ResNet-50 v1.5, bottleneck blocks with skips; input 1x3x224x224 -> logits 1x1000",
-            _lazy("zoo_cnn", "resnet50"),
-        ),
-        ZooEntry(
-            "mobilenetv1",
-            "MobileNetV1 1.0, depthwise-separable stack; input 1x3x224x224 -> logits 1x1000",
-            _lazy("zoo_cnn", "mobilenetv1"),
-        ),
-        ZooEntry(
-            "squeezenet",
-            "SqueezeNet 1.1, fire modules; input 1x3x224x224 -> logits 1x1000",
-            _lazy("zoo_cnn", "squeezenet"),
-        ),
-        ZooEntry(
-            "googlenet",
-            "GoogLeNet (Inception v1, no aux heads); input 1x3x224x224 -> logits 1x1000",
-            _lazy("zoo_cnn", "googlenet"),
-        ),
-        ZooEntry(
-            "transformer",
-            "BERT-style encoder, 4 layers, d=256, 4 heads; input 1x128x256 -> hidden 1x128x256",
-            _lazy("zoo_seq", "transformer"),
-        ),
-        ZooEntry(
-            "transformer_large",
-            "BERT-style encoder, 32 small layers (>1000 nodes); input 1x64x128 -> hidden 1x64x128",
-            _lazy("zoo_seq", "transformer_large"),
-        ),
-        ZooEntry(
-            "lstm",
-            "LSTM(128) then GRU(128), last step, Gemm; input 1x32x64 -> logits 1x10",
-            _lazy("zoo_seq", "lstm"),
-        ),
-        ZooEntry(
-            "chain_shrink",
-            "pure chain of Conv/Relu/MaxPool stages whose activations shrink; "
-            "input 1x3x224x224 -> logits 1x10",
-            _lazy("zoo_cnn", "chain_shrink"),
-        ),
-        ZooEntry(
-            "tiny_dag",
-            "10-node branchy DAG (Conv, Add, Concat, Gemm); input 1x3x32x32 -> logits 1x10",
-            _lazy("zoo_cnn", "tiny_dag"),
-        ),
-        ZooEntry(
-            "decoder_tiny",
-            "Llama-style decoder, 2 layers, d=64, GQA 4/2 heads, vocab 256; input_ids + past KV "
-            "-> logits + present KV",
-            _lazy("zoo_decoder", "decoder_tiny"),
-        ),
-        ZooEntry(
-            "decoder_small",
-            "Llama-style decoder, 4 layers, d=256, GQA 8/2 heads, vocab 2048 (3.3M parameters); "
-            "input_ids + past KV -> logits + present KV",
-            _lazy("zoo_decoder", "decoder_small"),
-        ),
-        ZooEntry(
-            "decoder_100m",
-            "Llama-style decoder, 12 layers, d=768, GQA 12/4 heads, vocab 32000 (100M "
-            "parameters); input_ids + past KV -> logits + present KV",
-            _lazy("zoo_decoder", "decoder_100m"),
-        ),
-    )
-}
+ZOO: dict[str, ZooEntry] = by_name(
+    ZooEntry(
+        "mobilenetv2",
+        "MobileNetV2 1.0, inverted residuals; input 1x3x224x224 -> logits 1x1000",
+        _lazy("zoo_cnn", "mobilenetv2"),
+    ),
+    ZooEntry(
+        "resnet18",
+        "ResNet-18, basic blocks with skips; input 1x3x224x224 -> logits 1x1000",
+        _lazy("zoo_cnn", "resnet18"),
+    ),
+    ZooEntry(
+        "resnet50",
+        "ResNet-50 v1.5, bottleneck blocks with skips; input 1x3x224x224 -> logits 1x1000",
+        _lazy("zoo_cnn", "resnet50"),
+    ),
+    ZooEntry(
+        "mobilenetv1",
+        "MobileNetV1 1.0, depthwise-separable stack; input 1x3x224x224 -> logits 1x1000",
+        _lazy("zoo_cnn", "mobilenetv1"),
+    ),
+    ZooEntry(
+        "squeezenet",
+        "SqueezeNet 1.1, fire modules; input 1x3x224x224 -> logits 1x1000",
+        _lazy("zoo_cnn", "squeezenet"),
+    ),
+    ZooEntry(
+        "googlenet",
+        "GoogLeNet (Inception v1, no aux heads); input 1x3x224x224 -> logits 1x1000",
+        _lazy("zoo_cnn", "googlenet"),
+    ),
+    ZooEntry(
+        "transformer",
+        "BERT-style encoder, 4 layers, d=256, 4 heads; input 1x128x256 -> hidden 1x128x256",
+        _lazy("zoo_seq", "transformer"),
+    ),
+    ZooEntry(
+        "transformer_large",
+        "BERT-style encoder, 32 small layers (>1000 nodes); input 1x64x128 -> hidden 1x64x128",
+        _lazy("zoo_seq", "transformer_large"),
+    ),
+    ZooEntry(
+        "lstm",
+        "LSTM(128) then GRU(128), last step, Gemm; input 1x32x64 -> logits 1x10",
+        _lazy("zoo_seq", "lstm"),
+    ),
+    ZooEntry(
+        "chain_shrink",
+        "pure chain of Conv/Relu/MaxPool stages whose activations shrink; "
+        "input 1x3x224x224 -> logits 1x10",
+        _lazy("zoo_cnn", "chain_shrink"),
+    ),
+    ZooEntry(
+        "tiny_dag",
+        "10-node branchy DAG (Conv, Add, Concat, Gemm); input 1x3x32x32 -> logits 1x10",
+        _lazy("zoo_cnn", "tiny_dag"),
+    ),
+    ZooEntry(
+        "decoder_tiny",
+        "Llama-style decoder, 2 layers, d=64, GQA 4/2 heads, vocab 256; input_ids + past KV "
+        "-> logits + present KV",
+        _lazy("zoo_decoder", "decoder_tiny"),
+    ),
+    ZooEntry(
+        "decoder_small",
+        "Llama-style decoder, 4 layers, d=256, GQA 8/2 heads, vocab 2048 (3.3M parameters); "
+        "input_ids + past KV -> logits + present KV",
+        _lazy("zoo_decoder", "decoder_small"),
+    ),
+    ZooEntry(
+        "decoder_100m",
+        "Llama-style decoder, 12 layers, d=768, GQA 12/4 heads, vocab 32000 (100M "
+        "parameters); input_ids + past KV -> logits + present KV",
+        _lazy("zoo_decoder", "decoder_100m"),
+    ),
+)
 """Registry name -> entry. Building a model imports its architecture module then."""
 
 

@@ -24,6 +24,7 @@ from edgesplit.util import (
     check_identifier,
     check_number,
     known_fields,
+    present_fields,
     read_json_object,
     reading_record,
     short,
@@ -138,8 +139,7 @@ class Predicted:
     def to_json(self) -> dict[str, float]:
         """The figures that are not None, in field order; the counts as JSON has always had them
         (``2.0``), so that a plan written again is the same file."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {k: float(v) for k, v in out.items() if v is not None}
+        return {k: float(v) for k, v in present_fields(self).items()}
 
     @staticmethod
     def from_json(d: Any, where: str) -> Predicted:

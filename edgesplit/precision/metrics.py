@@ -115,7 +115,9 @@ class AccuracyBudget:
         return ", ".join(parts) or "none"
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        from edgesplit.util import present_fields
+
+        return present_fields(self)
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> AccuracyBudget:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from edgesplit.precision.metrics import Accuracy, AccuracyBudget, check_figures, check_record
-from edgesplit.util import check_fields, known_fields, short
+from edgesplit.util import check_fields, known_fields, present_fields, short
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +43,7 @@ class CalibrationRecord:
     method: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return _present(self)
+        return present_fields(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +93,7 @@ class AccuracyRecord:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key, value in _present(self).items():
+        for key, value in present_fields(self).items():
             if key == "parts":
                 out[key] = {name: fig.to_json() for name, fig in value.items()}
             elif key == "dropped":
@@ -145,9 +145,3 @@ def _dropped(step: Any, where: str, error: type[Exception]) -> DroppedPart:
     out = DroppedPart(**kw)
     check_fields(out, where, error)
     return out
-
-
-def _present(obj: Any) -> dict[str, Any]:
-    """The fields of ``obj`` that are not None, in field order (the JSON's key order)."""
-    out = {f.name: getattr(obj, f.name) for f in fields(obj)}
-    return {k: v for k, v in out.items() if v is not None}

@@ -31,6 +31,19 @@ import numpy as np
 from edgesplit.bundle.format import PartArtifact
 
 
+class _Interval:
+    """A read-only attribute of a timing record: the time in ns from its ``start`` stamp to its
+    ``end`` stamp (both fields of the record)."""
+
+    def __init__(self, start: str, end: str):
+        self.start, self.end = start, end
+
+    def __get__(self, record: object, owner: type | None = None) -> int:
+        if record is None:
+            return self  # type: ignore[return-value]  # on the class: the attribute itself
+        return getattr(record, self.end) - getattr(record, self.start)
+
+
 @dataclass(frozen=True)
 class PartRun:
     """One run of one part for one request (timestamps: ``time.perf_counter_ns()``).
@@ -61,11 +74,9 @@ class PartRun:
     done_ns: int
     run_cpu_ns: int | None = None
 
-    @property
-    def queue_wait_ns(self) -> int:
-        """Inputs ready -> worker started it: hand-off, plus waiting behind other parts on its
-        worker."""
-        return self.start_ns - self.ready_ns
+    queue_wait_ns = _Interval("ready_ns", "start_ns")
+    """Inputs ready -> worker started it: hand-off, plus waiting behind other parts on its
+    worker."""
 
     @property
     def handoff_ns(self) -> int | None:
@@ -73,30 +84,16 @@ class PartRun:
         busy."""
         return self.start_ns - self.submit_ns if self.worker_idle else None
 
-    @property
-    def run_ns(self) -> int:
-        """The backend's run call."""
-        return self.run_end_ns - self.run_start_ns
-
-    @property
-    def inputs_ns(self) -> int:
-        """Gathering (and for TVM, copying) the inputs before the run call."""
-        return self.run_start_ns - self.start_ns
-
-    @property
-    def outputs_ns(self) -> int:
-        """Collecting the outputs after the run call."""
-        return self.collected_ns - self.run_end_ns
-
-    @property
-    def bookkeeping_ns(self) -> int:
-        """Merging the outputs into the request and finding the parts that became ready."""
-        return self.done_ns - self.collected_ns
-
-    @property
-    def span_ns(self) -> int:
-        """The worker's time on this run: started -> done."""
-        return self.done_ns - self.start_ns
+    run_ns = _Interval("run_start_ns", "run_end_ns")
+    """The backend's run call."""
+    inputs_ns = _Interval("start_ns", "run_start_ns")
+    """Gathering (and for TVM, copying) the inputs before the run call."""
+    outputs_ns = _Interval("run_end_ns", "collected_ns")
+    """Collecting the outputs after the run call."""
+    bookkeeping_ns = _Interval("collected_ns", "done_ns")
+    """Merging the outputs into the request and finding the parts that became ready."""
+    span_ns = _Interval("start_ns", "done_ns")
+    """The worker's time on this run: started -> done."""
 
 
 @dataclass(frozen=True)
@@ -108,9 +105,8 @@ class RequestRun:
     start_ns: int
     end_ns: int
 
-    @property
-    def latency_ns(self) -> int:
-        return self.end_ns - self.start_ns
+    latency_ns = _Interval("start_ns", "end_ns")
+    """Submitted -> result set."""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,31 @@ def _percentiles(values: list[float]) -> tuple[float, float]:
     return float(np.median(arr)), float(np.percentile(arr, 90))
 
 
+def _measured(
+    processor: Processor,
+    backend: Backend,
+    nodes: dict[str, NodeCost],
+    whole: list[float] | None,
+    started: float,
+    notes: list[str],
+    **more: object,
+) -> ProcessorProfile:
+    """A measured entry: ``nodes``, the median and p90 of the whole model's timed runs ``whole``
+    (None: the whole model does not run), the time since ``started`` and the ``notes``."""
+    med, p90 = _percentiles(whole) if whole is not None else (None, None)
+    return ProcessorProfile(
+        processor=processor.name,
+        backend=backend.key,
+        source=MEASURED,
+        nodes=nodes,
+        whole_model_ms=med,
+        whole_model_p90_ms=p90,
+        elapsed_s=time.perf_counter() - started,
+        note="; ".join(notes),
+        **more,
+    )
+
+
 def time_runs(fn: Callable[[], object], runs: int, warmup: int) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -166,16 +191,13 @@ def profile_ort(
             repeats=max(5, runs // 2 + 2),
         )
     nodes = _attribute(graph, processor, optimized, kernels, warmup, runs)
-    med, p90 = _percentiles(whole)
-    return ProcessorProfile(
-        processor=processor.name,
-        backend=backend.key,
-        source=MEASURED,
-        nodes=nodes,
-        whole_model_ms=med,
-        whole_model_p90_ms=p90,
-        elapsed_s=time.perf_counter() - started,
-        note="; ".join(notes),
+    return _measured(
+        processor,
+        backend,
+        nodes,
+        whole,
+        started,
+        notes,
         dispatch_ms=round(dispatch, 6),
         terms=terms,
     )
@@ -256,6 +278,15 @@ def _ticker(progress: Progress | None, label: str, total: int) -> Callable[[], N
     return tick
 
 
+def provider_missing(backend: Backend) -> str | None:
+    """Why this onnxruntime cannot run ``backend`` (its execution provider is absent), or None."""
+    import onnxruntime as ort
+
+    if backend.provider not in ort.get_available_providers():
+        return f"this onnxruntime has no {backend.provider}"
+    return None
+
+
 class OrtProfiler:
     """The ``ort`` entry of the profiler table: ORT's own per-kernel profiler (:func:`profile_ort`).
 
@@ -267,11 +298,7 @@ class OrtProfiler:
         self.session_attrs = session_attrs
 
     def unavailable(self, backend: Backend) -> str | None:
-        import onnxruntime as ort
-
-        if backend.provider not in ort.get_available_providers():
-            return f"this onnxruntime has no {backend.provider}"
-        return None
+        return provider_missing(backend)
 
     def profile(
         self,

@@ -39,9 +39,11 @@ from onnx import TensorProto, helper
 
 from edgesplit.backends.ort.profile import (
     _kernel_times,
+    _measured,
     _percentiles,
     _trivial_model,
     make_session,
+    provider_missing,
     time_runs,
 )
 from edgesplit.backends.ort.run import processor_worker
@@ -200,21 +202,18 @@ def profile_quantized(
         optimized = onnx.load(opt, load_external_data=False).graph
     nodes = _attribute(graph, optimized, kernels, warmup, runs, processor.active_w)
     nodes = {k: v for k, v in nodes.items() if k not in unsupported}
-    med, p90 = _percentiles(whole)
     notes.append(
         f"part edges: in ({edge_ops[0]}) {edge_in:.4f} ms/MB, out ({edge_ops[1]}) {edge_out:.4f} "
         "ms/MB"
     )
-    return ProcessorProfile(
-        processor=processor.name,
-        backend=backend.key,
-        source=MEASURED,
-        nodes=nodes,
+    return _measured(
+        processor,
+        backend,
+        nodes,
+        None if unsupported else whole,
+        started,
+        notes,
         unsupported=unsupported,
-        whole_model_ms=med if not unsupported else None,
-        whole_model_p90_ms=p90 if not unsupported else None,
-        elapsed_s=time.perf_counter() - started,
-        note="; ".join(notes),
         dispatch_ms=round(dispatch, 6),
         edge_in_ms_per_mb=round(edge_in, 6),
         edge_out_ms_per_mb=round(edge_out, 6),
@@ -290,10 +289,8 @@ class OrtQuantizedProfiler:
     """
 
     def unavailable(self, backend: Backend) -> str | None:
-        import onnxruntime as ort
-
-        if backend.provider not in ort.get_available_providers():
-            return f"this onnxruntime has no {backend.provider}"
+        if missing := provider_missing(backend):
+            return missing
         if backend.precision == "fp16" and backend.provider == "CPUExecutionProvider":
             return "ORT's CPU provider runs fp16 through casts to fp32: not a measurement of fp16"
         return None
