@@ -4,10 +4,11 @@ side by side on the same model file.
 One ONNX file is written once; GenAI loads it from its folder (``genai_config.json`` from
 edgesplit.generate.genai), edgesplit's Generator and the plain loop
 (edgesplit.generate.reference) load the same file. Each round runs the three in turn (edgesplit,
-GenAI, plain) on the same prompt, so that load from other work on the shared cores falls on all
-of them; a round is one greedy generation of ``--new-tokens`` after a ``--prompt-tokens`` prompt of
-seeded random ids, with no end token. The tokens of the three are checked equal in every round.
-All three run ORT's CPU provider with the same intra-op threads (``--threads``).
+GenAI, plain; each goes first in a third of the rounds) on the same prompt, so that load from
+other work on the shared cores falls on all of them; a round is one greedy generation of
+``--new-tokens`` after a ``--prompt-tokens`` prompt of seeded random ids, with no end token. The
+tokens of the three are checked equal in every round. All three run ORT's CPU provider with the
+same intra-op threads (``--threads``).
 
     flock /tmp/edgesplit-timing.lock python benchmarks/generate_vs_genai.py \
         [--model decoder_100m|smollm2] [--rounds 7] [--threads 2]
@@ -111,10 +112,11 @@ def main() -> None:
             run()
         rates: dict[str, list[float]] = {k: [] for k in runners}
         ttft: dict[str, list[float]] = {k: [] for k in runners}
-        for _ in range(args.rounds):
+        order = list(runners)
+        for r in range(args.rounds):
             tokens = {}
-            for name, run in runners.items():
-                tokens[name], t_ms, d_ms = run()
+            for name in order[r % 3 :] + order[: r % 3]:  # each goes first in a third of rounds
+                tokens[name], t_ms, d_ms = runners[name]()
                 rates[name].append((len(tokens[name]) - 1) / (d_ms / 1e3))
                 ttft[name].append(t_ms)
             if not tokens["edgesplit"] == tokens["genai"] == tokens["plain-ort"]:
