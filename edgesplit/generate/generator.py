@@ -186,10 +186,6 @@ class Generator:
         Positions of real tokens count from ``position`` (padded slots take no position: they are
         masked); a prefill chunk's padded slots stay in the cache, masked, so every later step
         sees the same real tokens at the same positions as an unpadded run.
-
-        The small inputs and the logits are bound by address to numpy buffers that outlive the
-        run (no copy into or out of ORT); the presents are left for ORT to allocate, at their
-        new length, and kept as the next step's pasts.
         """
         real = len(tokens)
         ids = np.zeros((1, width), np.int64)
@@ -198,26 +194,20 @@ class Generator:
         last = self.config.max_positions - 1
         positions = np.minimum(np.arange(position, position + width, dtype=np.int64), last)[None]
         mask_arr = np.asarray([mask], dtype=np.int64)
-        logits = np.empty((1, width, self.config.vocab_size), np.float32)
         binding = self.session.io_binding()
-        for name, arr in (
-            ("input_ids", ids),
-            ("attention_mask", mask_arr),
-            ("position_ids", positions),
-        ):
-            binding.bind_input(name, "cpu", 0, np.int64, arr.shape, arr.ctypes.data)
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", mask_arr)
+        binding.bind_cpu_input("position_ids", positions)
         bound = cache.bind(binding)
         cache.check_bound(bound, self._returned)
-        binding.bind_output("logits", "cpu", 0, np.float32, logits.shape, logits.ctypes.data)
-        for _, present in self.names:
-            binding.bind_output(present, cache.device)
+        for name in self.outputs:
+            binding.bind_output(name, cache.device)
         self.session.run_with_iobinding(binding)
-        presents = binding.get_outputs_as_ortvaluevector()
-        outs = {present: ort.OrtValue(presents[i + 1]) for i, (_, present) in enumerate(self.names)}
-        self._returned = {present: value.data_ptr() for present, value in outs.items()}
+        outs = dict(zip(self.outputs, binding.get_outputs()))
+        self._returned = {present: outs[present].data_ptr() for _, present in self.names}
         cache.take(outs, move=self.move_cache)
         cache.mask = mask
-        return logits[0, real - 1]
+        return outs["logits"].numpy()[0, real - 1]
 
 
 def _load(model: bytes | str) -> onnx.ModelProto:
