@@ -3,11 +3,12 @@ side by side on the same model file.
 
 One ONNX file is written once; GenAI loads it from its folder (``genai_config.json`` from
 edgesplit.generate.genai), edgesplit's Generator and the plain loop
-(edgesplit.generate.reference) load the same file. Each round runs the three in turn (edgesplit,
-GenAI, plain; each goes first in a third of the rounds) on the same prompt, so that load from
-other work on the shared cores falls on all of them; a round is one greedy generation of
-``--new-tokens`` after a ``--prompt-tokens`` prompt of seeded random ids, with no end token. The
-tokens of the three are checked equal in every round. All three run ORT's CPU provider with the
+(edgesplit.generate.reference) load the same file. A round is one greedy generation by each of
+``--new-tokens`` after a ``--prompt-tokens`` prompt of seeded random ids, with no end token, the
+three interleaved token by token (each goes first in a third of the rounds), so that load from
+other work on the shared cores falls on all of them alike. Each ``next`` is timed: the first is
+the time to first token (prefill), the others the decode steps. The tokens of the three are
+checked equal in every round. All three run ORT's CPU provider with the
 same intra-op threads (``--threads``).
 
     flock /tmp/edgesplit-timing.lock python benchmarks/generate_vs_genai.py \
@@ -22,6 +23,7 @@ import logging
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +39,15 @@ def build(name: str):
     return zoo.build(name, 0)
 
 
-def plain_timed(sess, config, prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
-    """edgesplit.generate.reference.greedy_plain with the same two timings as the others:
-    (tokens, ttft_ms, decode_ms)."""
+def plain_stream(sess, config, prompt: list[int], new_tokens: int) -> Iterator[int]:
+    """edgesplit.generate.reference.greedy_plain, one token per ``next``."""
     from edgesplit.generate.reference import cache_names, empty_cache
 
-    start = time.perf_counter()
     names = [o.name for o in sess.get_outputs()]
     past = empty_cache(config)
     ids = np.asarray([prompt], dtype=np.int64)
-    done, out, first = 0, [], start
-    while len(out) < new_tokens:
+    done, new = 0, 0
+    while new < new_tokens:
         seq = ids.shape[1]
         feeds = {
             "input_ids": ids,
@@ -58,12 +58,31 @@ def plain_timed(sess, config, prompt: list[int], new_tokens: int) -> tuple[list[
         results = dict(zip(names, sess.run(None, feeds)))
         past = {p: results[q] for p, q in cache_names(config)}
         done += seq
-        out.append(int(results["logits"][0, -1].argmax()))
-        if len(out) == 1:
-            first = time.perf_counter()
-        ids = np.asarray([[out[-1]]], dtype=np.int64)
-    end = time.perf_counter()
-    return out, (first - start) * 1e3, (end - first) * 1e3
+        token = int(results["logits"][0, -1].argmax())
+        new += 1
+        yield token
+        ids = np.asarray([[token]], dtype=np.int64)
+
+
+def interleaved(streams: dict[str, Iterator[int]]) -> dict[str, tuple[list[int], list[float]]]:
+    """Advance the streams one token each in turn until all end: (tokens, ms per token) each.
+
+    A token's time is its ``next`` call: the first one runs the prefill, each later one a decode
+    step. Stepping in turn puts the others' load, and the machine's, on all of them alike.
+    """
+    out: dict[str, tuple[list[int], list[float]]] = {k: ([], []) for k in streams}
+    active = dict(streams)
+    while active:
+        for name, stream in list(active.items()):
+            start = time.perf_counter()
+            try:
+                token = next(stream)
+            except StopIteration:
+                del active[name]
+                continue
+            out[name][1].append((time.perf_counter() - start) * 1e3)
+            out[name][0].append(token)
+    return out
 
 
 def main() -> None:
@@ -95,30 +114,22 @@ def main() -> None:
         genai = GenAIGenerator(folder)
         plain = session(path, args.threads)
 
-        def run_edgesplit():
-            tokens = list(gen.generate(prompt, args.new_tokens))
-            return tokens, gen.last_stats.ttft_ms, gen.last_stats.decode_ms
-
-        def run_genai():
-            r = genai.generate(prompt, args.new_tokens)
-            return r.tokens, r.ttft_ms, r.decode_ms
-
-        runners = {
-            "edgesplit": run_edgesplit,
-            "genai": run_genai,
-            "plain-ort": lambda: plain_timed(plain, config, prompt, args.new_tokens),
+        streams = {
+            "edgesplit": lambda: gen.generate(prompt, args.new_tokens),
+            "genai": lambda: genai.stream(prompt, args.new_tokens),
+            "plain-ort": lambda: plain_stream(plain, config, prompt, args.new_tokens),
         }
-        for run in runners.values():  # warm-up
-            run()
-        rates: dict[str, list[float]] = {k: [] for k in runners}
-        ttft: dict[str, list[float]] = {k: [] for k in runners}
-        order = list(runners)
+        order = list(streams)
+        interleaved({k: streams[k]() for k in order})  # warm-up
+        rates: dict[str, list[float]] = {k: [] for k in streams}
+        ttft: dict[str, list[float]] = {k: [] for k in streams}
         for r in range(args.rounds):
-            tokens = {}
-            for name in order[r % 3 :] + order[: r % 3]:  # each goes first in a third of rounds
-                tokens[name], t_ms, d_ms = runners[name]()
-                rates[name].append((len(tokens[name]) - 1) / (d_ms / 1e3))
-                ttft[name].append(t_ms)
+            names = order[r % 3 :] + order[: r % 3]  # each goes first in a third of the rounds
+            got = interleaved({k: streams[k]() for k in names})
+            for k, (_, ms) in got.items():
+                ttft[k].append(ms[0])
+                rates[k].append((len(ms) - 1) / (sum(ms[1:]) / 1e3))
+            tokens = {k: got[k][0] for k in order}
             if not tokens["edgesplit"] == tokens["genai"] == tokens["plain-ort"]:
                 raise SystemExit(f"tokens differ: {tokens}")
     rows = {
@@ -128,14 +139,15 @@ def main() -> None:
             "rounds_tokens_per_s": [round(r, 1) for r in rates[k]],
             "rounds_ttft_ms": [round(t) for t in ttft[k]],
         }
-        for k in runners
+        for k in streams
     }
     ratio = rows["edgesplit"]["decode_tokens_per_s"] / rows["genai"]["decode_tokens_per_s"]
     per_round = [a / b for a, b in zip(rates["edgesplit"], rates["genai"])]
     print(f"{args.model}: {config.parameters / 1e6:.0f}M parameters fp32, prompt "
           f"{args.prompt_tokens}, {args.new_tokens} new tokens, edgesplit chunk "
           f"{args.chunk_tokens}, {args.threads} intra-op threads, {args.rounds} rounds "
-          f"alternating, onnxruntime-genai {version()}, {time.strftime('%Y-%m-%d')}")  # fmt: skip
+          f"interleaved token by token, onnxruntime-genai {version()}, "
+          f"{time.strftime('%Y-%m-%d')}")  # fmt: skip
     print(f"{'runtime':<11}{'decode tok/s':>14}{'TTFT ms':>10}   per round tok/s")
     for k, r in rows.items():
         print(f"{k:<11}{r['decode_tokens_per_s']:>14.1f}{r['ttft_ms']:>10.1f}   "

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,34 +167,42 @@ class GenAIGenerator:
         self.folder = Path(folder)
         self.model = og.Model(str(self.folder))
 
-    def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> GenAIRun:
-        """GenAI's greedy tokens after ``input_ids``, stopping at an end id or
-        ``max_new_tokens``.
+    def stream(self, input_ids: Sequence[int], max_new_tokens: int) -> Iterator[int]:
+        """GenAI's greedy tokens after ``input_ids``, one at a time (the first ``next`` runs the
+        prefill), stopping at an end id or ``max_new_tokens``.
 
         Raises:
-            InputError: for an empty prompt or a negative ``max_new_tokens``.
+            InputError: for an empty prompt or a negative ``max_new_tokens`` (before anything
+                runs).
         """
         prompt = np.asarray(list(input_ids), dtype=np.int32)
         if prompt.ndim != 1 or prompt.size == 0 or max_new_tokens < 0:
             raise InputError("a non-empty prompt and max_new_tokens >= 0 are needed")
+        return self._tokens(prompt, int(max_new_tokens))
+
+    def _tokens(self, prompt: np.ndarray, max_new: int) -> Iterator[int]:
+        if max_new == 0:
+            return
         og = self._og
-        if max_new_tokens == 0:
-            return GenAIRun([], 0.0, 0.0)
-        start = time.perf_counter()
         params = og.GeneratorParams(self.model)
-        params.set_search_options(
-            do_sample=False, max_length=int(prompt.size + max_new_tokens), min_length=0
-        )
+        params.set_search_options(do_sample=False, max_length=int(prompt.size + max_new))
         gen = og.Generator(self.model, params)
         gen.append_tokens(prompt)
-        tokens: list[int] = []
-        first = start
         while not gen.is_done():
             gen.generate_next_token()
-            tokens.append(int(gen.get_next_tokens()[0]))
+            yield int(gen.get_next_tokens()[0])
+
+    def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> GenAIRun:
+        """:meth:`stream`'s tokens, all of them, with their timings."""
+        start = time.perf_counter()
+        stream = self.stream(input_ids, max_new_tokens)
+        tokens: list[int] = []
+        first = start
+        for token in stream:
+            tokens.append(token)
             if len(tokens) == 1:
                 first = time.perf_counter()
-        end = time.perf_counter()
+        end = time.perf_counter() if tokens else start
         return GenAIRun(tokens, (first - start) * 1e3, (end - first) * 1e3)
 
 
