@@ -75,6 +75,10 @@ def test_genai_gives_the_same_greedy_tokens_on_decoder_small(tmp_path, seed: int
         genai, ours, plain = _three(model, tmp_path / f"s{seed}", prompt, 12, None)
         assert genai.tokens == ours == plain, (seed, n)
         assert len(genai.tokens) == 12 and genai.ttft_ms > 0 and genai.decode_tokens_per_s > 0
+    stream = GenAIGenerator(tmp_path / f"s{seed}").stream(prompt, 12)
+    assert iter(stream) is stream and list(stream) == ours  # one token per next
+    with pytest.raises(InputError):
+        GenAIGenerator(tmp_path / f"s{seed}").stream([], 4)
 
 
 def test_genai_stops_at_the_end_id_as_the_others_do(tmp_path):
