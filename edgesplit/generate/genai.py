@@ -8,8 +8,9 @@ decoder in the layout of :mod:`edgesplit.model.zoo_decoder` (the names GenAI's o
 and weights. :class:`GenAIGenerator` runs GenAI's greedy search from token ids (no tokenizer: it
 takes ids through ``Generator.append_tokens``) and times it as :class:`Generator` times itself.
 
-GenAI binds the cache through its own buffers. With this graph's ``Concat`` it cannot share one
-past/present buffer (that needs ``GroupQueryAttention``), so ``past_present_share_buffer`` is off.
+``past_present_share_buffer`` is off: the graph appends the cache with ``Concat``, so past and
+present cannot share one buffer (that needs ``GroupQueryAttention``). GenAI loads the library of
+the installed ``onnxruntime`` package, the one edgesplit's sessions use.
 """
 
 from __future__ import annotations
