@@ -12,9 +12,10 @@ with fp32 on the held-out prompts (SmolLM2 only: it needs the vocabulary).
 Variants (``--variants``, comma-separated):
 
 - ``rtn``: :func:`~edgesplit.precision.int4.quantize_int4` with its defaults;
-- ``rtn-sym-int4head``, ``rtn-asym``, ``kquant``, ``kquant-l0``, ``minmax``: other requantizations;
+- ``rtn-int4head``, ``rtn-asym``, ``kquant``, ``kquant-l0``, ``minmax``: other requantizations;
 - ``gguf``: the GGUF file's own blocks, int8 activations (accuracy_level 4), 8-bit head;
-- ``gguf-head-l0``: the same with float32 activations into the head;
+- ``gguf-head-fp32``: the same with the head in float32;
+- ``gguf-head-l0``: the same with float32 activations into the 8-bit head;
 - ``gguf-l0``: the file's blocks with float32 activations everywhere (reproduces fp32).
 
 On a shared machine, run it under ``flock /tmp/edgesplit-timing.lock`` so that one timing run
@@ -58,12 +59,13 @@ def _gguf(**kwargs) -> Build:
 
 VARIANTS: dict[str, Build] = {
     "rtn": _quantized(),
-    "rtn-sym-int4head": _quantized(method="rtn_sym", head="int4"),
+    "rtn-int4head": _quantized(method="rtn_sym", head="int4"),
     "rtn-asym": _quantized(method="rtn_asym", head="int8"),
     "kquant": _quantized(method="k_quant", head="int8"),
     "kquant-l0": _quantized(method="k_quant", head="int8", accuracy_level=0),
     "minmax": _quantized(method="minmax_offset", head="int8"),
     "gguf": _gguf(accuracy_level=4),
+    "gguf-head-fp32": _gguf(accuracy_level=4, head="fp32"),
     "gguf-head-l0": _gguf(accuracy_level=4, head_accuracy_level=0),
     "gguf-l0": _gguf(accuracy_level=0),
 }
@@ -89,7 +91,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2" if smollm2_path() else "decoder_100m")
-    ap.add_argument("--variants", default="rtn,gguf,gguf-head-l0,gguf-l0")
+    ap.add_argument("--variants", default="rtn,rtn-int4head,gguf,gguf-head-fp32")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)

@@ -44,7 +44,7 @@ HEADS = ("int4", "int8", "fp32")
 """What :func:`quantize_int4` does with the output head: the method's int4, symmetric int8
 blocks, or float32 kept."""
 DEFAULT_METHOD = "rtn_sym"
-DEFAULT_HEAD = "int4"
+DEFAULT_HEAD = "int8"
 HEAD_NODE = "lm_head"
 """The zoo decoders' output head MatMul."""
 
@@ -128,22 +128,80 @@ def with_block_weights(
     if problems:
         raise CompileError("int4 blocks do not fit: " + "; ".join(problems))
     block_sums: dict[tuple[str, int], str] = {}
+    levels = accuracy_levels or {}
+    groups = _offset_groups(graph, weights, levels, accuracy_level)
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         bw = weights.get(node.name) if node.op_type == "MatMul" else None
         if bw is None:
             new_nodes.append(node)
             continue
-        level = (accuracy_levels or {}).get(node.name, accuracy_level)
+        level = levels.get(node.name, accuracy_level)
+        group = groups.get(node.name)
+        if group is not None:
+            if node.name != group[0].name:
+                continue  # made with the group's first node
+            node, bw, split = _fused(group, weights)
         nodes, tensors = _nbits_nodes(node, bw, level, block_sums)
         new_nodes.extend(nodes)
         graph.initializer.extend(tensors)
+        if group is not None:
+            tensors = [numpy_helper.from_array(split, f"{node.name}.split_sizes")]
+            graph.initializer.extend(tensors)
+            outs = [n.output[0] for n in group]
+            new_nodes.append(
+                helper.make_node(
+                    "Split", [node.output[0], tensors[0].name], outs, f"{node.name}.split", axis=-1
+                )
+            )
     del graph.node[:]
     graph.node.extend(new_nodes)
     _prune(graph)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
+
+
+def _offset_groups(
+    graph: onnx.GraphProto,
+    weights: Mapping[str, BlockWeights],
+    levels: Mapping[str, int],
+    accuracy_level: int,
+) -> dict[str, list[onnx.NodeProto]]:
+    """Node name -> the MatMuls with offsets that read the same input (q, k and v; gate and up):
+    one MatMulNBits and one offset correction serve them all, then a Split. On a CPU each op
+    costs some microseconds whatever its size, and a decode step runs hundreds of them."""
+    by_input: dict[tuple, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        bw = weights.get(n.name) if n.op_type == "MatMul" else None
+        if bw is not None and bw.offsets is not None:
+            key = (
+                n.input[0],
+                bw.bits,
+                bw.block_size,
+                bw.shape[0],
+                levels.get(n.name, accuracy_level),
+            )
+            by_input.setdefault(key, []).append(n)
+    return {n.name: g for g in by_input.values() if len(g) > 1 for n in g}
+
+
+def _fused(
+    group: Sequence[onnx.NodeProto], weights: Mapping[str, BlockWeights]
+) -> tuple[onnx.NodeProto, BlockWeights, np.ndarray]:
+    """A MatMul standing for ``group`` (its output the outputs side by side), their blocks
+    concatenated along N, and the Split sizes."""
+    parts = [weights[n.name] for n in group]
+    cat = lambda field: np.concatenate([getattr(b, field) for b in parts])  # noqa: E731
+    zero = cat("zero_points") if all(b.zero_points is not None for b in parts) else None
+    if zero is None and any(b.zero_points is not None for b in parts):
+        zero = np.concatenate([b.zero_points if b.zero_points is not None else np.full(
+            b.scales.shape, 2 ** (b.bits - 1), np.uint8) for b in parts])  # fmt: skip
+    bw = BlockWeights(cat("q"), cat("scales"), zero, cat("offsets"), parts[0].bits,
+                      parts[0].block_size)  # fmt: skip
+    name = f"{group[0].name}.group"
+    node = helper.make_node("MatMul", [group[0].input[0], ""], [f"{name}.out"], name)
+    return node, bw, np.asarray([b.shape[1] for b in parts], np.int64)
 
 
 def _nbits_nodes(
