@@ -20,7 +20,8 @@ import onnxruntime as ort
 
 from edgesplit.errors import InputError
 from edgesplit.generate.kv import KVCache
-from edgesplit.generate.reference import cache_names, session
+from edgesplit.generate.reference import cache_names
+from edgesplit.generate.reference import session as plain_session
 from edgesplit.model.zoo_decoder import config_of
 
 DEFAULT_CHUNK_TOKENS = 32
@@ -41,6 +42,9 @@ class GenerateStats:
         cache_copies: Of those, the ones that reached the next step in another buffer.
         cache_copied_nbytes: Bytes those copies moved.
         cache_nbytes: The cache at the end.
+        prefill_ms: Each prefill chunk's step (binding, run and reading its logits).
+        step_ms: Each decode step after the first token, the same way.
+        run_ms: Each run call alone (the chunks', then the steps').
     """
 
     prompt_tokens: int
@@ -53,6 +57,9 @@ class GenerateStats:
     cache_copies: int
     cache_copied_nbytes: int
     cache_nbytes: int
+    prefill_ms: tuple[float, ...] = ()
+    step_ms: tuple[float, ...] = ()
+    run_ms: tuple[float, ...] = ()
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -71,6 +78,8 @@ class Generator:
         move_cache: Pass the cache through host memory between steps, as a plan that moves it to
             another processor does (the copies are counted).
         max_cache_tokens: The most positions the cache may hold (default: the model's RoPE table).
+        session: A CPU session already made on ``model`` (a bundle part's) to run instead of a new
+            one; ``threads`` then does not apply.
     """
 
     def __init__(
@@ -80,10 +89,11 @@ class Generator:
         threads: int = 0,
         move_cache: bool = False,
         max_cache_tokens: int | None = None,
+        session: ort.InferenceSession | None = None,
     ):
         proto = model if isinstance(model, onnx.ModelProto) else _load(model)
         self.config = config_of(proto)
-        self.session: ort.InferenceSession = session(proto, threads)
+        self.session: ort.InferenceSession = session or plain_session(proto, threads)
         if chunk_tokens < 0:
             raise InputError(f"chunk_tokens must be 0 or more, not {chunk_tokens}")
         self.chunk_tokens = chunk_tokens
@@ -156,11 +166,15 @@ class Generator:
         start = time.perf_counter()
         cache = KVCache.empty(self.config, self.names)
         self._returned: dict[str, int] = {}
+        self._run_ms: list[float] = []
         step = self.chunk_tokens or len(prompt)
         chunks = [prompt[i : i + step] for i in range(0, len(prompt), step)]
         logits = None
+        prefill_ms, step_ms = [], []
         for n, chunk in enumerate(chunks):
+            t0 = time.perf_counter()
             logits = self._step(cache, chunk, step, n * step)
+            prefill_ms.append((time.perf_counter() - t0) * 1e3)
         new, first_ns = 0, time.perf_counter()
         position = len(prompt)
         while new < max_new and logits is not None:
@@ -171,13 +185,16 @@ class Generator:
             yield token
             if token == eos or new == max_new:
                 break
+            t0 = time.perf_counter()
             logits = self._step(cache, [token], 1, position)
+            step_ms.append((time.perf_counter() - t0) * 1e3)
             position += 1
         end = time.perf_counter()
         c = cache.counts
         self.last_stats = GenerateStats(
             len(prompt), new, len(chunks), self.chunk_tokens, (first_ns - start) * 1e3,
             (end - first_ns) * 1e3, c.handoffs, c.copies, c.copied_nbytes, cache.nbytes,
+            tuple(prefill_ms), tuple(step_ms), tuple(self._run_ms),
         )  # fmt: skip
 
     def _step(self, cache: KVCache, tokens: list[int], width: int, position: int) -> np.ndarray:
@@ -202,7 +219,9 @@ class Generator:
         cache.check_bound(bound, self._returned)
         for name in self.outputs:
             binding.bind_output(name, cache.device)
+        t0 = time.perf_counter()
         self.session.run_with_iobinding(binding)
+        self._run_ms.append((time.perf_counter() - t0) * 1e3)
         outs = dict(zip(self.outputs, binding.get_outputs()))
         self._returned = {present: outs[present].data_ptr() for _, present in self.names}
         cache.take(outs, move=self.move_cache)

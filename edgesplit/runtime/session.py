@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -165,6 +165,7 @@ class Session:
         self.bundle = open_verified(self.path, trust_key=trust_key, verify=verify)
         self.manifest: Manifest = _plan_view(self.bundle.manifest, band_plan)
         self.notes: list[str] = []
+        self.last_generate_stats = None  # GenerateStats of the last generate() run to its end
         self._parts = {p.name: p for p in self.manifest.parts}
         self._users: dict[str, list[str]] = {p.name: [] for p in self.manifest.parts}
         for p in self.manifest.parts:
@@ -387,6 +388,38 @@ class Session:
         part = self._parts[self._copies[0][0]]
         self._work(part, req, req.start_ns, _clock_ns(), here=True)
         return req.done.result()
+
+    def generate(
+        self,
+        input_ids: Sequence[int] | np.ndarray,
+        max_new_tokens: int,
+        *,
+        chunk_tokens: int = 32,
+        eos_token_id: int | None = None,
+        move_cache: bool = False,
+        max_cache_tokens: int | None = None,
+    ) -> Iterator[int]:
+        """Greedy tokens after ``input_ids``, streamed, from a bundle whose model is a decoder.
+
+        The bundle must be one local ONNX Runtime part holding the whole decoder with dynamic
+        sequence and cache lengths; the prompt is prefilled in chunks of ``chunk_tokens`` (0: in
+        one run), and the KV cache stays bound in place on the part's processor between steps
+        (``move_cache`` passes it through host memory instead, as a plan that moves it would). Once
+        the iterator is exhausted, :attr:`last_generate_stats` holds its figures
+        (:class:`edgesplit.generate.GenerateStats`: ``ttft_ms``, ``decode_tokens_per_s``,
+        ``cache_copies`` ...) and the run calls count in :meth:`stats`.
+
+        Raises:
+            InputError: before anything runs: a bundle that cannot generate (one line saying
+                why; see :mod:`edgesplit.runtime.generating`), or a bad request (ids outside the
+                vocabulary, a negative count, a cache past ``max_cache_tokens`` or the model's
+                limit).
+        """
+        from edgesplit.runtime.generating import bundle_generator, pinned_tokens
+
+        gen = bundle_generator(self, chunk_tokens, move_cache, max_cache_tokens)
+        worker = self._workers[_worker_key(self.manifest.parts[0])]
+        return pinned_tokens(self, worker, gen, (input_ids, max_new_tokens, eos_token_id))
 
     @property
     def stream_window(self) -> int:

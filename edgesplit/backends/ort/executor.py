@@ -89,6 +89,11 @@ class OrtExecutor:
     def collect(self, raw: list) -> dict[str, np.ndarray]:
         return dict(zip(self._outputs, raw))
 
+    @property
+    def ort_session(self):
+        """The part's ``onnxruntime.InferenceSession`` (generation binds its cache through it)."""
+        return self._sess
+
     def end_profiling(self) -> tuple[str, int] | None:
         """Stop ORT's profiler: (its JSON file, its start on the wall clock in ns), or None if
         off."""
