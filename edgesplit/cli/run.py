@@ -65,6 +65,46 @@ class Offload:
 
 
 @dataclass(frozen=True)
+class Generate:
+    """``--generate`` and its prompt (a decoder bundle)."""
+
+    generate: bool = False
+    prompt_ids: tuple[int, ...] | None = None
+    prompt_tokens: int | None = None
+    new_tokens: int = 32
+    chunk_tokens: int = 32
+
+    def request(self, trust_key: str | None):
+        """The workflow's ``GenerateRequest`` (the prompt given or ``--prompt-tokens`` random)."""
+        from edgesplit.workflows.running import GenerateRequest
+
+        if self.prompt_ids is not None and self.prompt_tokens is not None:
+            raise click.UsageError("give --prompt-ids or --prompt-tokens, not both")
+        if not self.generate and (self.prompt_ids is not None or self.prompt_tokens is not None):
+            raise click.UsageError("--prompt-ids and --prompt-tokens apply to --generate")
+        return GenerateRequest(
+            prompt_ids=self.prompt_ids,
+            prompt_tokens=32 if self.prompt_tokens is None else self.prompt_tokens,
+            new_tokens=self.new_tokens,
+            chunk_tokens=self.chunk_tokens,
+            trust_key=trust_key,
+        )
+
+
+def parse_ids(ctx, param, value: str | None) -> tuple[int, ...] | None:
+    """``1,2,3`` -> (1, 2, 3)."""
+    if value is None:
+        return None
+    try:
+        ids = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(
+            f"{value[:40]!r} is not comma-separated integers", param_hint="--prompt-ids"
+        ) from None
+    return ids
+
+
+@dataclass(frozen=True)
 class RunFiles:
     """``-o DIR`` for the outputs, and the Chrome trace."""
 
@@ -112,6 +152,26 @@ offload_options = option_group(
         "run on the server or the local fallback, whichever is measured faster.",
     ),
 )
+generate_options = option_group(
+    Generate,
+    "gen",
+    click.option(
+        "--generate",
+        is_flag=True,
+        help="Generate tokens from a decoder bundle: time to first token, decode tokens/s, "
+        "per-phase and per-part time, cache copies.",
+    ),
+    field_option("--prompt-ids", callback=parse_ids, help="The prompt's token ids: 1,2,3."),
+    field_option(
+        "--prompt-tokens",
+        type=click.IntRange(1),
+        help="A seeded random prompt of N tokens.  [default: 32]",
+    ),
+    field_option("--new-tokens", type=click.IntRange(0), help="Tokens to generate."),
+    field_option(
+        "--chunk-tokens", type=click.IntRange(0), help="Static prefill chunk (0: one run)."
+    ),
+)
 file_options = option_group(
     RunFiles,
     "files",
@@ -146,6 +206,7 @@ file_options = option_group(
 )
 @timing_options
 @offload_options
+@generate_options
 @file_options
 @verbosity_options
 def command(
@@ -153,12 +214,19 @@ def command(
     inputs: tuple[str, ...],
     timing: Timing,
     offload: Offload,
+    gen: Generate,
     files: RunFiles,
     verbosity: Verbosity,
 ) -> None:
     """Run BUNDLE on its processors and compare with the plan's predictions."""
     from edgesplit.util import known_fields
-    from edgesplit.workflows.running import BandRun, RunRequest, run_bundle
+    from edgesplit.workflows.running import BandRun, RunRequest, generate_bundle, run_bundle
+
+    if gen.generate or gen.prompt_ids is not None or gen.prompt_tokens is not None:
+        generated = generate_bundle(bundle, gen.request(offload.trust_key))
+        if not verbosity.quiet:
+            print_generation(generated)
+        return
 
     if files.trace_request >= timing.repeat:
         raise click.BadParameter(
@@ -182,6 +250,41 @@ def command(
         console.print(
             f"trace: {files.trace_path} (open in https://ui.perfetto.dev or chrome://tracing)"
         )
+
+
+def print_generation(run) -> None:
+    """A generation's figures: first token, decode rate, phases, parts, cache copies, tokens."""
+    import numpy as np
+
+    st = run.stats
+    steps = st.step_ms or (float("nan"),)
+    chunks = ", ".join(f"{ms:.3f}" for ms in st.prefill_ms)
+    console.print(
+        f"prompt {st.prompt_tokens} tokens, {st.new_tokens} new; time to first token "
+        f"{st.ttft_ms:.3f} ms; decode {st.decode_tokens_per_s:.1f} tokens/s"
+    )
+    console.print(
+        f"prefill: {st.prefill_chunks} chunks of {st.chunk_tokens or st.prompt_tokens} tokens, "
+        f"ms per chunk: {chunks}"
+    )
+    console.print(
+        f"decode: {len(st.step_ms)} steps, ms per step: median {np.median(steps):.3f}, "
+        f"p90 {np.percentile(steps, 90):.3f}"
+    )
+    t = _table(
+        "per-part time (run calls)",
+        ("part", "processor", "runs", "total ms", "median ms", "p90 ms"),
+    )
+    for p in run.parts.parts:
+        total = _ms(p.mean_ms * p.runs)
+        t.add_row(p.name, p.processor, str(p.runs), total, _ms(p.median_ms), _ms(p.p90_ms))
+    console.print(t)
+    console.print(
+        f"cache copies between steps: {st.cache_copies} of {st.cache_handoffs} hand-offs "
+        f"({st.cache_copied_nbytes} bytes copied; cache {st.cache_nbytes} bytes at the end)"
+    )
+    shown = " ".join(str(t) for t in run.tokens[:16])
+    console.print(f"tokens: {shown}{' ...' if len(run.tokens) > 16 else ''}")
 
 
 def print_band_stats(st, median_ms: float, p90_ms: float, runs: int) -> None:

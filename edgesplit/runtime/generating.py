@@ -88,18 +88,15 @@ def _fixed_lengths(ort_sess) -> str:
 
 
 def pinned_tokens(
-    sess: Session,
-    worker: _Worker,
-    gen: Generator,
-    request: tuple[Sequence[int] | np.ndarray, int, int | None],
+    sess: Session, gen: Generator, request: tuple[Sequence[int] | np.ndarray, int, int | None]
 ) -> Iterator[int]:
     """``gen``'s tokens for ``request`` (prompt, new tokens, end token), each step run pinned and
-    throttled as ``worker``, holding its cores; the run calls join the part's timings.
+    throttled as the part's worker, holding its cores; the run calls join the part's timings.
 
     The request is checked here, before the first token is asked for.
     """
     tokens = gen.generate(*request)
-    return _steps(sess, worker, gen, tokens)
+    return _steps(sess, sess._workers[sess.manifest.parts[0].processor], gen, tokens)
 
 
 def _steps(sess: Session, worker: _Worker, gen: Generator, tokens: Iterator[int]):

@@ -418,8 +418,7 @@ class Session:
         from edgesplit.runtime.generating import bundle_generator, pinned_tokens
 
         gen = bundle_generator(self, chunk_tokens, move_cache, max_cache_tokens)
-        worker = self._workers[_worker_key(self.manifest.parts[0])]
-        return pinned_tokens(self, worker, gen, (input_ids, max_new_tokens, eos_token_id))
+        return pinned_tokens(self, gen, (input_ids, max_new_tokens, eos_token_id))
 
     @property
     def stream_window(self) -> int:

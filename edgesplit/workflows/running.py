@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from edgesplit.runtime.harness import RunReport
 
-__all__ = ["BandRun", "RunRequest", "run_bundle"]
+__all__ = [
+    "BandRun",
+    "GenerateRequest",
+    "GenerateRun",
+    "RunRequest",
+    "generate_bundle",
+    "run_bundle",
+]
 
 
 @dataclass(frozen=True)
@@ -115,3 +122,61 @@ def _run_bands(bundle: str | os.PathLike, r: RunRequest) -> BandRun:
 
             save_arrays(out, r.output)
     return BandRun(stats, float(np.median(lat)), float(np.percentile(lat, 90)), r.repeat)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """How tokens are generated from a decoder bundle (``edgesplit run --generate``).
+
+    Attributes:
+        prompt_ids: The prompt's token ids; None: ``prompt_tokens`` seeded random ids.
+        prompt_tokens: Length of the random prompt.
+        new_tokens: Tokens to generate.
+        chunk_tokens: Static prefill chunk (0: the whole prompt in one run).
+        seed: Seed of the random prompt.
+        trust_key: Load the bundle only if signed by this ed25519 public key.
+    """
+
+    prompt_ids: Sequence[int] | None = None
+    prompt_tokens: int = 32
+    new_tokens: int = 32
+    chunk_tokens: int = 32
+    seed: int = 0
+    trust_key: str | os.PathLike | None = None
+
+
+@dataclass(frozen=True)
+class GenerateRun:
+    """A generation's tokens, its figures (:class:`edgesplit.generate.GenerateStats`) and the
+    bundle's per-part timings of its run calls (``SessionStats``)."""
+
+    tokens: list[int]
+    stats: Any
+    parts: Any
+
+
+def generate_bundle(bundle: str | os.PathLike, request: GenerateRequest) -> GenerateRun:
+    """Generate ``request.new_tokens`` greedy tokens from a decoder bundle, after one untimed
+    warm-up generation of the same prompt (two tokens at most).
+
+    Raises:
+        InputError: a bundle that cannot generate, or a bad request (one line).
+    """
+    import numpy as np
+
+    from edgesplit.runtime.generating import bundle_generator, pinned_tokens
+    from edgesplit.runtime.harness import load
+
+    r = request
+    with load(bundle, trust_key=r.trust_key) as sess:
+        gen = bundle_generator(sess, r.chunk_tokens, False, None)
+        if r.prompt_ids is not None:
+            prompt = list(r.prompt_ids)
+        else:
+            rng = np.random.default_rng(r.seed)
+            prompt = [int(t) for t in rng.integers(0, gen.config.vocab_size, r.prompt_tokens)]
+        gen.check_request(prompt, r.new_tokens)
+        list(pinned_tokens(sess, gen, (prompt, min(r.new_tokens, 2), None)))
+        sess.reset_stats()
+        tokens = list(pinned_tokens(sess, gen, (prompt, r.new_tokens, None)))
+        return GenerateRun(tokens, sess.last_generate_stats, sess.stats())
