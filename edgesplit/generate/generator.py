@@ -103,6 +103,7 @@ class Generator:
         self.names = cache_names(self.config)
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.last_stats: GenerateStats | None = None
+        self._run_ms: list[float] = []  # run calls of the current generation
 
     # -- checks ------------------------------------------------------------------------------
 
