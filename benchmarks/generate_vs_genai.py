@@ -39,31 +39,6 @@ def build(name: str):
     return zoo.build(name, 0)
 
 
-def plain_stream(sess, config, prompt: list[int], new_tokens: int) -> Iterator[int]:
-    """edgesplit.generate.reference.greedy_plain, one token per ``next``."""
-    from edgesplit.generate.reference import cache_names, empty_cache
-
-    names = [o.name for o in sess.get_outputs()]
-    past = empty_cache(config)
-    ids = np.asarray([prompt], dtype=np.int64)
-    done, new = 0, 0
-    while new < new_tokens:
-        seq = ids.shape[1]
-        feeds = {
-            "input_ids": ids,
-            "attention_mask": np.ones((1, done + seq), np.int64),
-            "position_ids": np.arange(done, done + seq, dtype=np.int64)[None],
-            **past,
-        }
-        results = dict(zip(names, sess.run(None, feeds)))
-        past = {p: results[q] for p, q in cache_names(config)}
-        done += seq
-        token = int(results["logits"][0, -1].argmax())
-        new += 1
-        yield token
-        ids = np.asarray([[token]], dtype=np.int64)
-
-
 def interleaved(streams: dict[str, Iterator[int]]) -> dict[str, tuple[list[int], list[float]]]:
     """Advance the streams one token each in turn until all end: (tokens, ms per token) each.
 
@@ -88,7 +63,7 @@ def interleaved(streams: dict[str, Iterator[int]]) -> dict[str, tuple[list[int],
 def main() -> None:
     from edgesplit.generate import Generator
     from edgesplit.generate.genai import GenAIGenerator, version, write_genai_folder
-    from edgesplit.generate.reference import session
+    from edgesplit.generate.reference import greedy_plain_stream, session
     from edgesplit.model.zoo_decoder import config_of
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -117,7 +92,7 @@ def main() -> None:
         streams = {
             "edgesplit": lambda: gen.generate(prompt, args.new_tokens),
             "genai": lambda: genai.stream(prompt, args.new_tokens),
-            "plain-ort": lambda: plain_stream(plain, config, prompt, args.new_tokens),
+            "plain-ort": lambda: greedy_plain_stream(plain, config, prompt, args.new_tokens),
         }
         order = list(streams)
         interleaved({k: streams[k]() for k in order})  # warm-up

@@ -7,7 +7,7 @@ full forward pass). Both take the decoder layout of :mod:`edgesplit.model.zoo_de
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -65,12 +65,22 @@ def greedy_plain(
         The new tokens (the prompt not included), at most ``max_new_tokens``, ending at
         ``eos_token_id`` when it comes.
     """
+    return list(greedy_plain_stream(sess, config, prompt, max_new_tokens, eos_token_id))
+
+
+def greedy_plain_stream(
+    sess: ort.InferenceSession,
+    config: DecoderConfig,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+) -> Iterator[int]:
+    """:func:`greedy_plain`, one token per ``next`` (the first ``next`` runs the prefill)."""
     names = [o.name for o in sess.get_outputs()]
     past = empty_cache(config)
     ids = np.asarray([list(prompt)], dtype=np.int64)
-    done = 0
-    out: list[int] = []
-    while len(out) < max_new_tokens:
+    done = new = 0
+    while new < max_new_tokens:
         seq = ids.shape[1]
         feeds = {
             "input_ids": ids,
@@ -82,11 +92,11 @@ def greedy_plain(
         past = {p: results[q] for p, q in cache_names(config)}
         done += seq
         token = int(results["logits"][0, -1].argmax())
-        out.append(token)
+        new += 1
+        yield token
         if token == eos_token_id:
-            break
+            return
         ids = np.asarray([[token]], dtype=np.int64)
-    return out
 
 
 def plain_setup(model: onnx.ModelProto, threads: int = 0):
