@@ -83,6 +83,8 @@ class Job:
     names: list[str]
     done: asyncio.Future = field(repr=False)
     queued_at: float = field(default_factory=time.monotonic)
+    batch_id: int = 0  # the run that computed it (runs are numbered from 1 as they finish)
+    batch_size: int = 0  # requests in that run
 
 
 @dataclass
@@ -161,6 +163,14 @@ class ComputeQueue:
     async def submit(self, model: Runnable, feeds: Mapping[str, np.ndarray], names: Sequence[str]):
         """Queue a job and wait for ``(outputs, compute_ms)``; :class:`QueueFull` when it is
         full."""
+        job = await self.submit_job(model, feeds, names)
+        return job.done.result()
+
+    async def submit_job(
+        self, model: Runnable, feeds: Mapping[str, np.ndarray], names: Sequence[str]
+    ) -> Job:
+        """As :meth:`submit`, but the finished :class:`Job` (its result in ``done``, and the run
+        that computed it: ``batch_id`` and ``batch_size``)."""
         if self._arrived is None:
             self.start()
         assert self._arrived is not None
@@ -177,7 +187,8 @@ class ComputeQueue:
         else:
             self._jobs.append(job)
             self._arrived.set()
-        return await job.done
+        await job.done
+        return job
 
     def retry_after_s(self) -> int:
         """Whole seconds until the jobs waiting now should be done (at least 1)."""
@@ -282,6 +293,8 @@ class ComputeQueue:
                 self._budget.give(copy_nbytes)
         self._runs += 1
         self._batched_jobs += len(live) if len(live) > 1 else 0
+        for job in live:
+            job.batch_id, job.batch_size = self._runs, len(live)
         ms = results[0][1] / len(live)
         self._compute_ms = ms if self._compute_ms is None else 0.8 * self._compute_ms + 0.2 * ms
         for job, result in zip(live, results):

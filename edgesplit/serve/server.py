@@ -317,7 +317,8 @@ class OffloadServer:
             req = await self._decode(request, body, held)
             feeds = model.check(req)
             names = list(req.outputs) if req.outputs is not None else model.output_names
-            outputs, compute_ms = await self.compute.submit(model, feeds, names)
+            job = await self.compute.submit_job(model, feeds, names)
+            outputs, compute_ms = job.done.result()
             binary = (
                 req.binary_outputs
                 if req.outputs is not None
@@ -332,7 +333,10 @@ class OffloadServer:
                     self._codec_pool, _encode, model.name, outputs, binary, req.id
                 )
             total_ms = (time.perf_counter() - t0) * 1e3
-            headers = {"Server-Timing": f"compute;dur={compute_ms:.3f}, total;dur={total_ms:.3f}"}
+            headers = {
+                "Server-Timing": f"compute;dur={compute_ms:.3f}, total;dur={total_ms:.3f}, "
+                f'batch;desc="{job.batch_id}x{job.batch_size}"'
+            }
             if out_hlen is not None:
                 headers[oip.HEADER_LENGTH] = str(out_hlen)
             content_type = (
