@@ -83,6 +83,9 @@ def dynamic_part(graph: ModelGraph, plan: Plan) -> DynamicPart | None:
     for vi in (*ins, *g.output):
         if len(vi.type.tensor_type.shape.dim) != len(graph.tensors[vi.name].shape):
             return None
+    kept = [(m.key, m.value) for m in model.metadata_props if m.key != "edgesplit.part"]
     del model.metadata_props[:]
+    for key, value in kept:  # a decoder's own (its position limit) stay
+        model.metadata_props.add(key=key, value=value)
     model.metadata_props.add(key="edgesplit.part", value=part.name)
     return DynamicPart(model, {k: v for k, v in axes.items() if v})
