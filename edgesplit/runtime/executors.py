@@ -59,6 +59,9 @@ def check_io(part: PartArtifact, file: Path, inputs: list, outputs: list) -> Non
     ``inputs``, ``outputs``: ORT's ``NodeArg`` lists (``name``, ``type``, ``shape``).
     """
 
+    strict = any(t.dynamic_axes for t in (*part.inputs, *part.outputs))
+    hint = " ('?': any length)" if strict else ""
+
     def check(specs, args, what: str) -> None:
         have = {a.name: a for a in args}
         for t in specs:
@@ -71,18 +74,19 @@ def check_io(part: PartArtifact, file: Path, inputs: list, outputs: list) -> Non
                 )
             dtype = _ORT_DTYPES.get(a.type)
             dims = list(a.shape)
-            # a dynamic axis is symbolic in the model; a fixed input is fixed there to the
-            # manifest's length (an output may be symbolic: a length that depends on the values)
+            # a dynamic axis is symbolic in the model. In a part with dynamic axes, a fixed input
+            # axis is fixed there too; elsewhere a symbolic one (a boundary the extraction could
+            # not shape, a length that depends on the values) takes the manifest's length.
             fits = len(dims) == len(t.shape) and all(
                 (not isinstance(d, int))
                 if k in t.dynamic_axes
-                else d == s or (what == "output" and not isinstance(d, int))
+                else d == s or (not isinstance(d, int) and not (strict and what == "input"))
                 for k, (d, s) in enumerate(zip(dims, t.shape))
             )
             if (dtype is not None and dtype != t.dtype) or not fits:
                 raise BundleError(
                     f"{file}: the manifest says {what} {t.name!r:.60} of part {part.name} is "
-                    f"{t.dtype} {t.shown()} ('?': any length), the model has {a.type} {dims}"
+                    f"{t.dtype} {t.shown()}{hint}, the model has {a.type} {dims}"
                 )
 
     check(part.inputs, inputs, "input")
