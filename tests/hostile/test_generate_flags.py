@@ -5,6 +5,7 @@ several parts. Each exits 2 with one line, never a traceback."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import onnx
 import pytest
@@ -92,3 +93,11 @@ def test_manifest_dynamic_axes_that_the_model_does_not_have(tmp_path, fixed):
     r = run_cli("run", str(b), "--generate")
     _refused(r, "the manifest says input 'input_ids' of part p0 is int64")
     assert ("[1, '?']" if fixed else "[1, 1]") in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("axes", [[5], [1, 1], [-1]])
+def test_manifest_dynamic_axes_out_of_the_shape(tiny, tmp_path, axes):
+    b = tmp_path / "b"
+    shutil.copytree(tiny, b)
+    _edit_axes(b, "input_ids", axes)
+    _refused(run_cli("run", str(b), "--generate"), "dynamic_axes", "input_ids")
