@@ -370,11 +370,21 @@ def test_an_older_plan_reads_and_unknown_keys_are_left(plan):
     assert old.server is None and old.transfers == () and old.solver.name == "manual"
 
 
-tensor_specs = st.builds(
-    TensorSpec,
-    texts,
-    st.lists(st.integers(1, 9), max_size=3).map(tuple),
-    st.sampled_from(["float32", "int64"]),
+tensor_specs = (
+    st.lists(st.integers(1, 9), max_size=3)
+    .map(tuple)
+    .flatmap(
+        lambda shape: st.builds(
+            TensorSpec,
+            texts,
+            st.just(shape),
+            st.sampled_from(["float32", "int64"]),
+            st.just("tensor"),
+            st.lists(st.integers(0, max(len(shape) - 1, 0)), unique=True, max_size=len(shape))
+            .map(sorted)
+            .map(tuple),
+        )
+    )
 )
 artifacts = st.builds(
     PartArtifact,
@@ -435,3 +445,14 @@ def test_a_malformed_plan_in_a_manifest_names_the_file():
     }
     with pytest.raises(BundleError, match="bundle/manifest.json: plan: not a valid plan"):
         Manifest.from_json(d, "bundle/manifest.json")
+
+
+def test_a_static_tensor_spec_writes_no_dynamic_axes():
+    static = TensorSpec("x", (1, 3), "float32")
+    assert "dynamic_axes" not in static.to_json()
+    part = PartArtifact("p0", "cpu", "ort", "f", "f", (static,), ())
+    assert "dynamic_axes" not in part.to_json()["inputs"][0]
+    seq = TensorSpec("ids", (1, 4), "int64", dynamic_axes=(1,))
+    assert seq.to_json()["dynamic_axes"] == [1] and TensorSpec.from_json(seq.to_json()) == seq
+    assert seq.fits((1, 9)) and not seq.fits((2, 4)) and not seq.fits((1, 4, 1))
+    assert seq.shown() == [1, "?"]

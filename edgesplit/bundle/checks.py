@@ -45,6 +45,12 @@ def _check_spec(t: TensorSpec, where: str) -> None:
         raise BundleError(
             f"{where}: tensor {short(t.name, 60)}: unknown kind {short(str(t.kind), 40)}"
         )
+    axes = t.dynamic_axes
+    if len(set(axes)) != len(axes) or any(not 0 <= k < len(t.shape) for k in axes):
+        raise BundleError(
+            f"{where}: tensor {short(t.name, 60)}: dynamic_axes {short(list(axes), 40)} are not "
+            f"distinct axes of its {len(t.shape)}-d shape"
+        )
     nbytes = dtype.itemsize
     for d in t.shape:
         nbytes *= d
@@ -55,10 +61,10 @@ def _check_spec(t: TensorSpec, where: str) -> None:
 
 
 def _same_spec(a: TensorSpec, b: TensorSpec, where: str, what: str) -> None:
-    if (a.shape, a.dtype) != (b.shape, b.dtype):
+    if (a.shape, a.dtype, set(a.dynamic_axes)) != (b.shape, b.dtype, set(b.dynamic_axes)):
         raise BundleError(
-            f"{where}: tensor {short(a.name, 60)} is {a.dtype} {list(a.shape)} here but "
-            f"{b.dtype} {list(b.shape)} in {what}"
+            f"{where}: tensor {short(a.name, 60)} is {a.dtype} {a.shown()} here but "
+            f"{b.dtype} {b.shown()} in {what}"
         )
 
 

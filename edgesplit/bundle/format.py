@@ -28,6 +28,7 @@ from edgesplit.bundle.signing import (
 )
 from edgesplit.bundle.verdict import Verification
 from edgesplit.errors import BundleError, PlanError
+from edgesplit.model.values import shape_fits
 from edgesplit.optimize.plan import Plan
 from edgesplit.util import (
     MAX_JSON_NBYTES,
@@ -53,21 +54,55 @@ MANIFEST = "manifest.json"
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, static shape and numpy dtype name of a value crossing a part boundary; ``kind``
-    ``"sequence"`` or ``"optional"`` for those (their tensors' dtype; see ``TensorInfo``)."""
+    """Name, shape and numpy dtype name of a value crossing a part boundary; ``kind``
+    ``"sequence"`` or ``"optional"`` for those (their tensors' dtype; see ``TensorInfo``).
+
+    ``shape`` is the shape the bundle was compiled and checked with. ``dynamic_axes`` lists the
+    axes whose length may differ at run time (a decoder's sequence and cache lengths): the part's
+    ONNX file leaves them symbolic. Empty (and absent from the JSON): every dimension is fixed.
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     kind: str = "tensor"
+    dynamic_axes: tuple[int, ...] = ()
+
+    def fits(self, shape: Sequence[int]) -> bool:
+        """Whether an array of ``shape`` is one this value takes (any length on a dynamic axis)."""
+        return shape_fits(tuple(shape), self.shape, self.dynamic_axes)
+
+    def shown(self) -> list[int | str]:
+        """The shape for messages: ``"?"`` on each dynamic axis."""
+        return ["?" if k in self.dynamic_axes else d for k, d in enumerate(self.shape)]
 
     def to_json(self) -> dict[str, Any]:
-        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
-        return d if self.kind == "tensor" else {**d, "kind": self.kind}
+        d: dict[str, Any] = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.kind != "tensor":
+            d["kind"] = self.kind
+        if self.dynamic_axes:
+            d["dynamic_axes"] = list(self.dynamic_axes)
+        return d
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> TensorSpec:
-        return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d.get("kind", "tensor"))
+        return TensorSpec(
+            d["name"],
+            tuple(d["shape"]),
+            d["dtype"],
+            d.get("kind", "tensor"),
+            tuple(d.get("dynamic_axes", ())),
+        )
+
+
+def _tensors_json(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` (an ``asdict``) with ``dynamic_axes`` left out of its static tensors: a bundle
+    without dynamic axes writes the manifest older readers wrote."""
+    for key in ("inputs", "outputs"):
+        for t in d.get(key, ()):
+            if not t.get("dynamic_axes"):
+                t.pop("dynamic_axes", None)
+    return d
 
 
 @dataclass(frozen=True)
@@ -107,7 +142,7 @@ class PartArtifact:
     core_quotas: tuple[tuple[int, float], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return _tensors_json(asdict(self))
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> PartArtifact:
@@ -250,7 +285,8 @@ class Manifest:
         )
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = _tensors_json(asdict(self))
+        d["parts"] = [_tensors_json(p) for p in d["parts"]]
         d["plan"] = self.plan.to_json()
         if self.bands is None:
             del d["bands"]

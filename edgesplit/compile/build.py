@@ -29,6 +29,7 @@ from edgesplit.bundle.format import (
 from edgesplit.bundle.signing import load_private_key
 from edgesplit.compile.backends import COMPILERS
 from edgesplit.compile.bands import bundle_bands, compile_band_parts, part_key
+from edgesplit.compile.dynamic import DynamicPart, dynamic_part
 from edgesplit.compile.job import CompileJob
 from edgesplit.compile.precision_check import check_precision, plan_budget, require
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
@@ -48,9 +49,10 @@ if TYPE_CHECKING:
     from edgesplit.precision.metrics import AccuracyBudget
 
 
-def _spec(graph: ModelGraph, name: str) -> TensorSpec:
+def _spec(graph: ModelGraph, name: str, dynamic: DynamicPart | None = None) -> TensorSpec:
     t = graph.tensors[name]
-    return TensorSpec(name, t.shape, t.dtype, t.kind)
+    axes = dynamic.dynamic_axes.get(name, ()) if dynamic is not None else ()
+    return TensorSpec(name, t.shape, t.dtype, t.kind, axes)
 
 
 def check_plan_fits(plan: Plan, path: str, sha256: str) -> None:
@@ -195,7 +197,10 @@ def build_bundle(
             "tune": tune,
             "progress": progress,
         }  # CompileJob fields
-        artifacts = _compile_plan_parts(graph, tmp, plan, spec, local_cpu, tuning, progress, notes)
+        dynamic = dynamic_part(graph, plan)
+        artifacts = _compile_plan_parts(
+            graph, tmp, plan, spec, local_cpu, tuning, progress, notes, dynamic
+        )
         replicas = _replicas(plan, spec, artifacts)
         band_set = None
         if analysis is not None and analysis.table is not None:
@@ -209,8 +214,8 @@ def build_bundle(
             model_sha256=graph.sha256,
             model_name=graph.name,
             device=plan.device or spec.name,
-            inputs=tuple(_spec(graph, t) for t in graph.inputs),
-            outputs=tuple(_spec(graph, t) for t in graph.outputs),
+            inputs=tuple(_spec(graph, t, dynamic) for t in graph.inputs),
+            outputs=tuple(_spec(graph, t, dynamic) for t in graph.outputs),
             parts=tuple(artifacts),
             files=checksums(tmp, [f for a in artifacts for f in {a.file, a.onnx_file}]),
             plan=plan,
@@ -234,9 +239,20 @@ def _compile_plan_parts(
     tuning: dict[str, Any],
     progress: Progress | None,
     notes: list[str],
+    dynamic: DynamicPart | None = None,
 ) -> list[PartArtifact]:
-    """Extract, check and compile the plan's own parts into ``tmp``; warnings go to ``notes``."""
+    """Extract, check and compile the plan's own parts into ``tmp``; warnings go to ``notes``.
+    With ``dynamic`` (:func:`edgesplit.compile.dynamic.dynamic_part`), the one part is that
+    model, its dynamic axes kept."""
     extracted = extract_parts(graph, [(p.name, p.inputs, p.outputs) for p in plan.parts])
+    if dynamic is not None:
+        (pm,) = extracted
+        extracted = [replace(pm, model=dynamic.model)]
+        notes.append(
+            f"part {pm.name} keeps the model's dynamic axes "
+            f"({', '.join(f'{k} {list(v)}' for k, v in list(dynamic.dynamic_axes.items())[:2])}"
+            f"{', ...' if len(dynamic.dynamic_axes) > 2 else ''})"
+        )
     errors = check_parts(
         graph, extracted, reduced={p.name for p in plan.parts if p.precision != "fp32"}
     )
@@ -255,7 +271,9 @@ def _compile_plan_parts(
             **_calibration(plan),
         )
         onnx.save(pm.model, tmp / job.onnx_file)
-        art, warning = _compile_part(job, p, spec.processor(p.processor), local_cpu, producer)
+        art, warning = _compile_part(
+            job, p, spec.processor(p.processor), local_cpu, producer, dynamic
+        )
         artifacts.append(art)
         notes.extend([warning] if warning else [])
     return artifacts
@@ -381,6 +399,7 @@ def _compile_part(
     proc: Processor,
     local_cpu: Processor | None,
     producer: Mapping[str, str],
+    dynamic: DynamicPart | None = None,
 ) -> tuple[PartArtifact, str | None]:
     """One part through its backend's compiler; the artifact and a note for the manifest, if any."""
     backend_name = part.backend or "ort"
@@ -407,8 +426,8 @@ def _compile_part(
         backend=done.backend,
         file=done.file,
         onnx_file=job.onnx_file,
-        inputs=tuple(_spec(job.graph, t) for t in pm.inputs),
-        outputs=tuple(_spec(job.graph, t) for t in pm.outputs),
+        inputs=tuple(_spec(job.graph, t, dynamic) for t in pm.inputs),
+        outputs=tuple(_spec(job.graph, t, dynamic) for t in pm.outputs),
         depends_on=tuple(sorted({producer[t] for t in pm.inputs if t in producer})),
         remote=remote,
         provider=done.provider,

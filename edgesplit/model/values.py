@@ -23,6 +23,7 @@ class ValueSpec(Protocol):
     shape: tuple[int, ...]
     dtype: str
     kind: str
+    """A ``TensorSpec`` may also have ``dynamic_axes``: axes of any length."""
 
 
 def as_value(value: object) -> object:
@@ -56,10 +57,21 @@ def check_value(spec: ValueSpec, value: object) -> object:
         return value
     if not isinstance(value, np.ndarray):
         raise RunInputError(f"{where}: an array expected, got {type(value).__name__}")
-    if tuple(value.shape) != tuple(spec.shape):
-        raise RunInputError(f"{where}: shape {tuple(value.shape)}, expected {tuple(spec.shape)}")
+    axes = getattr(spec, "dynamic_axes", ())
+    if not shape_fits(value.shape, spec.shape, axes):
+        want = tuple("?" if k in axes else d for k, d in enumerate(spec.shape))
+        raise RunInputError(f"{where}: shape {tuple(value.shape)}, expected {want}")
     _check_dtype(where, value, spec.dtype)
     return value
+
+
+def shape_fits(
+    shape: tuple[int, ...], spec: tuple[int, ...], dynamic_axes: tuple[int, ...] = ()
+) -> bool:
+    """Whether ``shape`` is ``spec`` but on ``dynamic_axes``, where any length fits."""
+    return len(shape) == len(spec) and all(
+        a == b or k in dynamic_axes for k, (a, b) in enumerate(zip(shape, spec))
+    )
 
 
 def _check_dtype(where: str, value: object, dtype: str) -> None:

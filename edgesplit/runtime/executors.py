@@ -53,10 +53,14 @@ _ORT_DTYPES = {
 
 def check_io(part: PartArtifact, file: Path, inputs: list, outputs: list) -> None:
     """The manifest's inputs and outputs of ``part`` are those of the loaded model (names, dtypes,
-    static dimensions): an edited manifest is a one-line error here, not ORT's at the first run.
+    fixed dimensions, and the dynamic ones symbolic there): an edited manifest is a one-line
+    error here, not ORT's at the first run.
 
     ``inputs``, ``outputs``: ORT's ``NodeArg`` lists (``name``, ``type``, ``shape``).
     """
+
+    strict = any(t.dynamic_axes for t in (*part.inputs, *part.outputs))
+    hint = " ('?': any length)" if strict else ""
 
     def check(specs, args, what: str) -> None:
         have = {a.name: a for a in args}
@@ -70,14 +74,19 @@ def check_io(part: PartArtifact, file: Path, inputs: list, outputs: list) -> Non
                 )
             dtype = _ORT_DTYPES.get(a.type)
             dims = list(a.shape)
+            # a dynamic axis is symbolic in the model. In a part with dynamic axes, a fixed input
+            # axis is fixed there too; elsewhere a symbolic one (a boundary the extraction could
+            # not shape, a length that depends on the values) takes the manifest's length.
             fits = len(dims) == len(t.shape) and all(
-                not isinstance(d, int) or d == s for d, s in zip(dims, t.shape)
+                (not isinstance(d, int))
+                if k in t.dynamic_axes
+                else d == s or (not isinstance(d, int) and not (strict and what == "input"))
+                for k, (d, s) in enumerate(zip(dims, t.shape))
             )
             if (dtype is not None and dtype != t.dtype) or not fits:
                 raise BundleError(
                     f"{file}: the manifest says {what} {t.name!r:.60} of part {part.name} is "
-                    f"{t.dtype} "
-                    f"{list(t.shape)}, the model has {a.type} {dims}"
+                    f"{t.dtype} {t.shown()}{hint}, the model has {a.type} {dims}"
                 )
 
     check(part.inputs, inputs, "input")

@@ -9,8 +9,9 @@ part's worker, holding its cores.
 Refused, with one line naming the bundle (:class:`~edgesplit.errors.InputError`): a bundle of
 several parts (their boundaries would carry cache tensors between processors every step; not
 built), replicas or band plans, a remote or non-ORT part, a model without ``past_key_values``
-inputs, and a part compiled for fixed sequence and cache lengths (``compile`` folds shapes for the
-input shapes it is given, so such a part runs only the one step it was compiled for).
+inputs, and a part compiled for fixed sequence and cache lengths (``compile`` keeps a decoder's
+symbolic lengths only for a one-part fp32 ORT plan of a decoder file that has them; any other part
+runs only the one step it was compiled for).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def bundle_generator(
     if fixed:
         raise InputError(
             f"{where}: part {part.name} was compiled for fixed lengths ({fixed}); generate needs "
-            "the sequence and cache lengths dynamic, which compile does not keep yet"
+            "the sequence and cache lengths dynamic (compile keeps them for a one-part fp32 ORT "
+            "plan of a decoder whose file has them)"
         )
     try:
         return Generator(proto, chunk_tokens, 0, move_cache, max_cache_tokens, session=ort_sess)

@@ -133,9 +133,9 @@ def read_npy(path: str | os.PathLike, spec: TensorSpec) -> np.ndarray:
             raise RunInputError(f"{path}: not a .npy array ({e})") from e
         if dtype.hasobject:
             raise RunInputError(f"{path}: holds Python objects (a pickle), which are never loaded")
-        if tuple(shape) != tuple(spec.shape):
+        if not spec.fits(shape):
             raise RunInputError(
-                f"{path}: input '{spec.name}': shape {tuple(shape)}, expected {tuple(spec.shape)}"
+                f"{path}: input '{spec.name}': shape {tuple(shape)}, expected {tuple(spec.shown())}"
             )
         if dtype != np.dtype(spec.dtype):
             raise RunInputError(

@@ -171,9 +171,9 @@ class ServedModel:
                 f"input '{name}': datatype {oip.oip_datatype(dtype)}, expected "
                 f"{oip.oip_datatype(spec.dtype)}"
             )
-        if tuple(shape) != tuple(spec.shape):
+        if not spec.fits(shape):
             got = list(shape) if len(shape) <= 8 else f"of {len(shape)} dimensions"
-            raise RunInputError(f"input '{name}': shape {got}, expected {list(spec.shape)}")
+            raise RunInputError(f"input '{name}': shape {got}, expected {spec.shown()}")
 
     def run(
         self, feeds: Mapping[str, np.ndarray], names: list[str]

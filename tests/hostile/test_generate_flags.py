@@ -4,6 +4,9 @@ several parts. Each exits 2 with one line, never a traceback."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import onnx
 import pytest
 from conftest import make_model, run_cli
@@ -68,3 +71,33 @@ def test_not_a_decoder(relu):
 def test_several_parts(tmp_path):
     b = decoder_bundle(tmp_path, "decoder_tiny", parts=2)
     _refused(run_cli("run", str(b), "--generate"), "one-part bundle", "this one has 2 parts")
+
+
+def _edit_axes(bundle, name: str, axes: list[int]) -> None:
+    """Set tensor ``name``'s dynamic axes in the manifest, in the part and the bundle's inputs
+    alike (so that only the check against the ONNX file can tell)."""
+    path = bundle / "manifest.json"
+    m = json.loads(path.read_text())
+    for t in (*m["inputs"], *m["parts"][0]["inputs"]):
+        if t["name"] == name:
+            t["dynamic_axes"] = axes
+    path.write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_manifest_dynamic_axes_that_the_model_does_not_have(tmp_path, fixed):
+    """A manifest that says an axis is dynamic where the part's ONNX fixes it, or fixed where the
+    ONNX leaves it symbolic, is refused at load in one line."""
+    b = decoder_bundle(tmp_path, "decoder_tiny", fixed=fixed)
+    _edit_axes(b, "input_ids", [1] if fixed else [])
+    r = run_cli("run", str(b), "--generate")
+    _refused(r, "the manifest says input 'input_ids' of part p0 is int64")
+    assert ("[1, '?']" if fixed else "[1, 1]") in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("axes", [[5], [1, 1], [-1]])
+def test_manifest_dynamic_axes_out_of_the_shape(tiny, tmp_path, axes):
+    b = tmp_path / "b"
+    shutil.copytree(tiny, b)
+    _edit_axes(b, "input_ids", axes)
+    _refused(run_cli("run", str(b), "--generate"), "dynamic_axes", "input_ids")
