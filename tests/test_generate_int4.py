@@ -158,6 +158,7 @@ def smollm2():
 
 
 @needs_smollm2
+@pytest.mark.slow  # 22 s: dequantizes the whole 135M model twice
 def test_gguf_blocks_are_the_files_weights(smollm2):
     from edgesplit.model.gguf_decoder import read_gguf, read_gguf_blocks
 

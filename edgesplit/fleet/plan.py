@@ -92,7 +92,7 @@ def best_alone(group: Group, device_only: bool = False) -> int:
     ok = [i for i in idx if alone_ms(group, i) <= group.deadline_p95_ms]
     if not ok:
         return min(idx, key=lambda i: alone_ms(group, i))
-    if group.objective == "latency":
+    if not group.minimises_energy:
         return min(ok, key=lambda i: alone_ms(group, i))
     return min(ok, key=lambda i: (group.candidates[i].energy_mj, alone_ms(group, i)))
 
@@ -263,7 +263,7 @@ def energy_bound_mj(groups: Sequence[Group]) -> float:
     second: no choice of the fleet's costs less (the load only adds time and idle energy)."""
     total = 0.0
     for g in groups:
-        if g.objective != "energy":
+        if not g.minimises_energy:
             continue
         ok = [
             c.energy_mj for i, c in enumerate(g.candidates) if alone_ms(g, i) <= g.deadline_p95_ms

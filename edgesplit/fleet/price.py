@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import gammaln, pdtr
 
-OBJECTIVES = ("energy", "latency")
+OBJECTIVE_FIGURES = {"energy": "energy_mj", "latency": "p95_ms"}
+"""What a group's objective minimises for it: a :class:`Pricing` field (device energy or p95)."""
+OBJECTIVES = tuple(OBJECTIVE_FIGURES)
 SATURATED_MS = 1e9
 """The p95 priced for a request to a saturated server (finite, so misses still compare)."""
 
@@ -81,6 +83,15 @@ class Group:
     @property
     def requests_per_s(self) -> float:
         return self.count * self.rate_per_s
+
+    @property
+    def figure(self) -> str:
+        """The :class:`Pricing` field its objective minimises (:data:`OBJECTIVE_FIGURES`)."""
+        return OBJECTIVE_FIGURES[self.objective]
+
+    @property
+    def minimises_energy(self) -> bool:
+        return self.figure == "energy_mj"
 
 
 @dataclass(frozen=True)
@@ -162,7 +173,7 @@ class FleetTable:
         self.rate_per_ms = np.array([g.requests_per_s / 1000.0 for g in self.groups])
         self.weight = np.array([g.requests_per_s for g in self.groups])
         self.deadline_ms = np.array([g.deadline_p95_ms for g in self.groups])
-        self.is_energy = np.array([g.objective == "energy" for g in self.groups])
+        self.is_energy = np.array([g.minimises_energy for g in self.groups])
         n_lat = self.weight[~self.is_energy].sum()
         self.latency_weight = np.where(~self.is_energy, self.weight / n_lat if n_lat else 0.0, 0.0)
 

@@ -26,7 +26,7 @@ def _selfish(table: FleetTable, choice: FleetChoice, g: int) -> int:
         trial[g] = i
         p = table.price(trial, choice.server)
         met = p.p95_ms[g] <= group.deadline_p95_ms * (1 + 1e-9)
-        own = p.energy_mj[g] if group.objective == "energy" else p.p95_ms[g]
+        own = getattr(p, group.figure)[g]
         k = (not met, p.p95_ms[g] if not met else own)
         if best_key is None or k < best_key:
             best, best_key = i, k
@@ -45,7 +45,7 @@ def sharing(table: FleetTable, choice: FleetChoice) -> list[dict[str, Any]]:
         trial = list(base.choice)
         trial[g] = own
         alt = table.price(trial, choice.server)
-        figure = "energy_mj" if group.objective == "energy" else "p95_ms"
+        figure = group.figure
         mine = getattr(base, figure)[g] - getattr(alt, figure)[g]
         out.append(
             {
@@ -79,7 +79,7 @@ def not_shared(table: FleetTable, choice: FleetChoice) -> list[dict[str, Any]]:
             trial = list(base.choice)
             trial[g] = i
             alt = table.price(trial, choice.server)
-            figure = "energy_mj" if group.objective == "energy" else "p95_ms"
+            figure = group.figure
             out.append(
                 {
                     "group": group.name,

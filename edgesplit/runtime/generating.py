@@ -16,33 +16,47 @@ runs only the one step it was compiled for).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import numpy as np
 import onnx
 
+from edgesplit.bundle.format import Manifest
 from edgesplit.device.throttle import busy
 from edgesplit.errors import InputError
 from edgesplit.generate.generator import GenerateStats, Generator
 
-if TYPE_CHECKING:
-    from edgesplit.runtime.session import Session, _Worker
+
+class PartWorker(Protocol):
+    """What the generation needs of the part's worker (:class:`edgesplit.runtime.session`'s)."""
+
+    def in_caller(self) -> AbstractContextManager: ...
+
+    def holding(self) -> AbstractContextManager: ...
+
 
 __all__ = ["bundle_generator", "pinned_tokens"]
 
 
 def bundle_generator(
-    sess: Session, chunk_tokens: int, move_cache: bool, max_cache_tokens: int | None
+    where: str,
+    manifest: Manifest,
+    executors: Mapping[str, object],
+    read: Callable[[str], bytes],
+    options: tuple[int, bool, int | None],
 ) -> Generator:
-    """A :class:`Generator` over ``sess``'s one part, once the bundle can generate.
+    """A :class:`Generator` over the one part of the bundle at ``where`` (its ``manifest``, its
+    parts' ``executors``, ``read`` for its files), once the bundle can generate; ``options``:
+    (chunk tokens, move the cache, max cache tokens).
 
     Raises:
         InputError: naming the bundle and why it cannot generate.
     """
-    where = str(sess.path)
-    parts = sess.manifest.parts
-    if sess.manifest.bands is not None or len(sess.manifest.replicas) > 1:
+    chunk_tokens, move_cache, max_cache_tokens = options
+    parts = manifest.parts
+    if manifest.bands is not None or len(manifest.replicas) > 1:
         raise InputError(f"{where}: generate needs a plain one-part bundle (no band plans, no "
                          "replicas)")  # fmt: skip
     if len(parts) != 1:
@@ -51,13 +65,13 @@ def bundle_generator(
             "(the cache would cross between parts every step)"
         )
     part = parts[0]
-    ort_sess = getattr(sess._executors[part.name], "ort_session", None)
+    ort_sess = getattr(executors[part.name], "ort_session", None)
     if part.remote or ort_sess is None:
         raise InputError(
             f"{where}: generate needs a local ONNX Runtime part; part {part.name} runs "
             f"{'on a server' if part.remote else f'on {part.backend}'}"
         )
-    proto = onnx.load_model_from_string(sess.bundle.read(part.onnx_file))
+    proto = onnx.load_model_from_string(read(part.onnx_file))
     names = {i.name for i in proto.graph.input}
     if "input_ids" not in names or not any(n.startswith("past_key_values.") for n in names):
         raise InputError(
@@ -90,18 +104,27 @@ def _fixed_lengths(ort_sess) -> str:
 
 
 def pinned_tokens(
-    sess: Session, gen: Generator, request: tuple[Sequence[int] | np.ndarray, int, int | None]
+    worker: PartWorker,
+    gen: Generator,
+    request: tuple[Sequence[int] | np.ndarray, int, int | None],
+    on_done: Callable[[GenerateStats], None],
 ) -> Iterator[int]:
     """``gen``'s tokens for ``request`` (prompt, new tokens, end token), each step run pinned and
-    throttled as the part's worker, holding its cores; the run calls join the part's timings.
+    throttled as the part's ``worker``, holding its cores; ``on_done`` gets the figures once the
+    tokens end.
 
     The request is checked here, before the first token is asked for.
     """
     tokens = gen.generate(*request)
-    return _steps(sess, sess._workers[sess.manifest.parts[0].processor], gen, tokens)
+    return _steps(worker, gen, tokens, on_done)
 
 
-def _steps(sess: Session, worker: _Worker, gen: Generator, tokens: Iterator[int]):
+def _steps(
+    worker: PartWorker,
+    gen: Generator,
+    tokens: Iterator[int],
+    on_done: Callable[[GenerateStats], None],
+) -> Iterator[int]:
     while True:
         with worker.in_caller(), worker.holding(), busy():
             token = next(tokens, None)
@@ -110,5 +133,4 @@ def _steps(sess: Session, worker: _Worker, gen: Generator, tokens: Iterator[int]
         yield token
     stats: GenerateStats | None = gen.last_stats
     if stats is not None:
-        sess._times[sess.manifest.parts[0].name].extend(stats.run_ms)
-        sess.last_generate_stats = stats
+        on_done(stats)

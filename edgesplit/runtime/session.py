@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,6 +43,9 @@ from edgesplit.runtime.breakdown import Breakdown, breakdown
 from edgesplit.runtime.executors import Executor
 from edgesplit.runtime.kernels import KernelTracer
 from edgesplit.runtime.trace import Trace, build_trace
+
+if TYPE_CHECKING:
+    from edgesplit.generate.generator import GenerateStats, Generator
 
 _clock_ns = time.perf_counter_ns
 
@@ -415,10 +419,49 @@ class Session:
                 vocabulary, a negative count, a cache past ``max_cache_tokens`` or the model's
                 limit).
         """
-        from edgesplit.runtime.generating import bundle_generator, pinned_tokens
+        gen = self.generator(chunk_tokens, move_cache, max_cache_tokens)
+        return self.generate_with(gen, input_ids, max_new_tokens, eos_token_id)
 
-        gen = bundle_generator(self, chunk_tokens, move_cache, max_cache_tokens)
-        return pinned_tokens(self, gen, (input_ids, max_new_tokens, eos_token_id))
+    def generator(
+        self,
+        chunk_tokens: int = 32,
+        move_cache: bool = False,
+        max_cache_tokens: int | None = None,
+    ) -> Generator:
+        """The :class:`edgesplit.generate.Generator` over this bundle's one part (see
+        :meth:`generate`), for :meth:`generate_with`: one per session serves many requests.
+
+        Raises:
+            InputError: a bundle that cannot generate (one line saying why).
+        """
+        from edgesplit.runtime.generating import bundle_generator
+
+        return bundle_generator(
+            str(self.path),
+            self.manifest,
+            self._executors,
+            self.bundle.read,
+            (chunk_tokens, move_cache, max_cache_tokens),
+        )
+
+    def generate_with(
+        self,
+        gen: Generator,
+        input_ids: Sequence[int] | np.ndarray,
+        max_new_tokens: int,
+        eos_token_id: int | None = None,
+    ) -> Iterator[int]:
+        """:meth:`generate` with a generator from :meth:`generator`."""
+        from edgesplit.runtime.generating import pinned_tokens
+
+        part = self.manifest.parts[0]
+
+        def done(stats: GenerateStats) -> None:
+            self._times[part.name].extend(stats.run_ms)
+            self.last_generate_stats = stats
+
+        request = (input_ids, max_new_tokens, eos_token_id)
+        return pinned_tokens(self._workers[_worker_key(part)], gen, request, done)
 
     @property
     def stream_window(self) -> int:

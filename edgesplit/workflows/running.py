@@ -164,19 +164,18 @@ def generate_bundle(bundle: str | os.PathLike, request: GenerateRequest) -> Gene
     """
     import numpy as np
 
-    from edgesplit.runtime.generating import bundle_generator, pinned_tokens
     from edgesplit.runtime.harness import load
 
     r = request
     with load(bundle, trust_key=r.trust_key) as sess:
-        gen = bundle_generator(sess, r.chunk_tokens, False, None)
+        gen = sess.generator(r.chunk_tokens)
         if r.prompt_ids is not None:
             prompt = list(r.prompt_ids)
         else:
             rng = np.random.default_rng(r.seed)
             prompt = [int(t) for t in rng.integers(0, gen.config.vocab_size, r.prompt_tokens)]
         gen.check_request(prompt, r.new_tokens)
-        list(pinned_tokens(sess, gen, (prompt, min(r.new_tokens, 2), None)))
+        list(sess.generate_with(gen, prompt, min(r.new_tokens, 2)))
         sess.reset_stats()
-        tokens = list(pinned_tokens(sess, gen, (prompt, r.new_tokens, None)))
+        tokens = list(sess.generate_with(gen, prompt, r.new_tokens))
         return GenerateRun(tokens, sess.last_generate_stats, sess.stats())

@@ -124,7 +124,15 @@ def _write(tmp: Path, files: dict[str, str]) -> None:
         (tmp / name).write_text(text)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# Through the real command line (a process each, 0.7-1 s): four cases in the quick subset, the
+# rest marked slow; every case is also refused in-process below.
+QUICK_CLI = {"unknown spec", "include cycle", "malformed YAML", "negative count"}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=() if c in QUICK_CLI else pytest.mark.slow) for c in sorted(CASES)],
+)
 def test_bad_fleet_file_one_line_exit_2(case, tmp_path):
     files, given, wanted = CASES[case]
     _write(tmp_path, files)
@@ -135,6 +143,22 @@ def test_bad_fleet_file_one_line_exit_2(case, tmp_path):
     for w in wanted:
         assert w in lines[0], lines[0]
     assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_fleet_file_refuses_it_in_one_line(case, tmp_path):
+    """What the command calls refuses every case with a FleetError of one line (exit code 2) that
+    holds what the command prints, and writes nothing."""
+    from edgesplit.workflows.fleet import plan_fleet_file
+
+    files, given, wanted = CASES[case]
+    _write(tmp_path, files)
+    with pytest.raises(FleetError) as e:
+        plan_fleet_file(tmp_path / given, tmp_path / "out")
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
+    for w in wanted:
+        assert w in str(e.value), str(e.value)
     assert not (tmp_path / "out").exists()
 
 
