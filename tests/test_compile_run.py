@@ -299,6 +299,7 @@ def test_plan_for_another_model(zoo_models, tmp_path):
     assert r.returncode == 2 and "does not fit" in r.stderr and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_wrong_inputs_name_the_expected(bundle, tmp_path):
     with load(bundle) as sess:
         good = random_feeds(sess)

@@ -144,6 +144,7 @@ def test_the_known_failures_file_names_real_models_stages_and_reasons():
     assert list(known) == sorted(known), "keep the file sorted by model"
 
 
+@pytest.mark.slow
 def test_a_listed_model_that_passes_fails_the_test(tmp_path, monkeypatch):
     """The file can only shrink: listing a model that passes is a failure, named."""
     fake = tmp_path / "known.txt"

@@ -235,6 +235,7 @@ def _embedding(rows: int) -> onnx.ModelProto:
     )
 
 
+@pytest.mark.slow
 def test_defect_an_embedding_lookup_profiles_on_indices_within_the_table(tmp_path):
     """A table of 3 rows: the made-up ids are 0, 1 or 2 (they were 0 to 7: 'indices element out
     of data bounds'), profiled, split and run."""

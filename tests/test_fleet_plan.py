@@ -198,6 +198,7 @@ def test_bad_fleets_are_refused():
         plan_fleet([Group("x", 1, 1.0, 1.0, "energy", ())], Server())
 
 
+@pytest.mark.slow
 def test_fleet_plan_file_writes_plans_server_flags_and_report(tmp_path):
     """The workflow on a small real fleet (predicted profiles, nothing measured): a plan per
     group, the serve flags, the report; an output folder that is not a fleet plan is kept."""

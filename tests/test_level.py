@@ -85,6 +85,7 @@ def test_only_one_measured_pair_per_processor_is_leveled(machine):
     assert leveling.level(None, device, entries, 20, progress) == tuple(entries)
 
 
+@pytest.mark.slow
 def test_a_real_profile_is_leveled_on_both_cores(tmp_path):
     graph = load_model(zoo.save("tiny_dag", tmp_path / "tiny_dag.onnx"))
     prof = profile_model(

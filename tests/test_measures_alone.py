@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 from measuring import RUN_DIR, RunLock, running_alone
 
 WAIT_S = 10.0  # for what must happen; what must not happen is checked after a short wait
@@ -91,6 +92,7 @@ def test_a_run_of_measuring_tests_keeps_its_hold_and_others_wait_for_the_whole_r
     other.release.set()
 
 
+@pytest.mark.slow
 def test_the_measuring_tests_of_every_module_run_first_and_together_on_one_worker(
     pytester, monkeypatch
 ):
@@ -124,6 +126,7 @@ def test_the_measuring_tests_of_every_module_run_first_and_together_on_one_worke
     assert ran[worker][:2] == ["test_a2", "test_b1"], ran
 
 
+@pytest.mark.slow
 def test_after_the_measuring_tests_the_longest_modules_go_first(pytester, monkeypatch):
     """The units of work are handed out longest first, by a guess from the ``slow`` marks: a module
     of one slow test before one of five quick ones (xdist's own order is most tests first, which

@@ -58,6 +58,7 @@ def tiny_dag(tmp_path) -> Path:
     return zoo.save("tiny_dag", tmp_path / "tiny_dag.onnx")
 
 
+@pytest.mark.slow
 def test_partition_writes_plan_onnx_and_plot(tmp_path, capsys, tiny_dag):
     plan_path = tmp_path / "out" / "plan.json"
     code, out, err = run(
@@ -249,6 +250,7 @@ def test_annotated_copy_never_overwrites_the_model(tmp_path, capsys, tiny_dag):
     assert tiny_dag.with_suffix(".annotated.onnx").is_file()
 
 
+@pytest.mark.slow
 def test_backend_chooses_what_partition_and_deploy_measure(tmp_path, capsys, tiny_dag):
     """``--backend ort`` measures only ORT on ``host-biglittle`` (whose processors also offer TVM,
     minutes of compiling per model): the kept profile has ORT entries alone, and TVM, measured

@@ -118,6 +118,7 @@ def test_link_flags_without_a_server_are_refused_everywhere(capsys, tiny, board,
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_api_and_cli_measure_the_same_way_without_a_profile(capsys, tiny, local, tmp_path):
     """The API predicted every cost when given no profile, while the CLI measured."""
     from edgesplit.profile.run import ProfileOptions

@@ -511,6 +511,7 @@ def test_compile_checks_int8_parts_by_the_budget_and_refuses_a_wrong_scale(
     assert not (tmp_path / "broken").exists()
 
 
+@pytest.mark.slow
 def test_verification_never_ships_a_plan_that_misses_the_accuracy_budget(problem, tmp_path, capsys):
     """deploy's verification measures each int8 candidate's accuracy through the runtime: held to a
     budget 5 dB over what the plan measures, the plan is not shipped, the all-fp32 baseline is, and
@@ -613,6 +614,7 @@ def test_an_int8_only_processor_never_gets_an_fp32_part(tmp_path, split_net):
         with_precisions(forged, device)
 
 
+@pytest.mark.slow
 def test_a_snapdragon_plan_has_int8_npu_parts_checked_here(tmp_path):
     """The Hexagon NPU is priced in int8 from AI Hub's figures; the plan's accuracy check runs here,
     on the same int8 QDQ parts, and compile makes them int8 artifacts for the QNN provider."""

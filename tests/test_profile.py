@@ -49,6 +49,7 @@ def test_ort_measures_every_node_of_a_real_model(host):
     assert e.whole_model_ms > 0 and e.sum_ms > 0
 
 
+@pytest.mark.slow
 def test_tvm_says_why_it_cannot_run_lstm(tmp_path, host):
     seq, inp, hid = 4, 6, 5
     m = make_model(

@@ -38,6 +38,7 @@ def _two_kernels(tmp_path):
     return load_model(path)
 
 
+@pytest.mark.slow
 def test_a_kernel_profiled_again_is_loaded_not_compiled(cpu_tvm, tmp_path, monkeypatch):
     cpu, tvm = cpu_tvm
     graph = _two_kernels(tmp_path)

@@ -87,6 +87,7 @@ def test_bad_requests_are_refused_before_running(small):
             sess.generate([1] * 2040, 20)
 
 
+@pytest.mark.slow
 def test_compiled_fixed_length_and_multi_part_bundles_are_refused(tmp_path):
     fixed = decoder_bundle(tmp_path / "f", "decoder_tiny", fixed=True)
     with load(fixed) as sess, pytest.raises(InputError, match="compiled for fixed lengths"):

@@ -106,6 +106,7 @@ def test_a_server_profile_must_be_of_the_model_the_server_and_its_processors(lab
         _resolve(lab, server_profile=tmp_path / "other.json")
 
 
+@pytest.mark.slow
 def test_a_plan_records_the_server_profile_and_its_problem_merges_it_again(lab):
     """From the CLI and from code: the plan names both profiles, and the problem made again from
     it (compile's bands, explain, verify) prices the server as measured, not by the roofline."""
@@ -136,6 +137,7 @@ def test_a_plan_records_the_server_profile_and_its_problem_merges_it_again(lab):
         assert again.source == "measured" and again.nodes == measured
 
 
+@pytest.mark.slow
 def test_profile_here_measures_a_spec_not_marked_local_and_says_when_nothing_was(lab):
     """On the server itself, ``profile --device SERVER --here`` measures it; without --here a spec
     not marked local is all roofline, and the command says so."""

@@ -493,6 +493,7 @@ def test_defect11_the_bytes_loaded_are_the_bytes_checked(w, tvm_bundle, tmp_path
         OrtExecutor(vb.manifest.parts[1], vb)
 
 
+@pytest.mark.slow
 def test_defect12_a_failed_partition_leaves_no_profile(w, tmp_path):
     """Measured here (no --profile), then failed at solve time: plan.profile.json was left. (An
     unknown pin, the failure this test first used, is now refused before anything is measured.)

@@ -85,6 +85,7 @@ def test_a_cache_that_cannot_be_written_keeps_nothing_and_the_load_goes_on(
     assert (tmp_path / "cache" / "simplified" / onnx_file.name).is_dir()
 
 
+@pytest.mark.slow
 def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkeypatch):
     """A one-node model (a fraction of a second to build): its kept library (empty, cut in half:
     its sha256 no longer matches) and facts spoiled in turn; each build gives the first build's

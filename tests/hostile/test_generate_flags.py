@@ -68,6 +68,7 @@ def test_not_a_decoder(relu):
     _refused(run_cli("run", str(relu), "--generate"), "not a decoder", str(relu))
 
 
+@pytest.mark.slow
 def test_several_parts(tmp_path):
     b = decoder_bundle(tmp_path, "decoder_tiny", parts=2)
     _refused(run_cli("run", str(b), "--generate"), "one-part bundle", "this one has 2 parts")

@@ -131,6 +131,7 @@ def _env(tmp_path: Path) -> dict:
     return {**os.environ, "EDGESPLIT_CACHE": str(tmp_path / "cache")}
 
 
+@pytest.mark.slow
 def test_a_model_that_would_hang_simplify_stops_at_the_simplify_limit(tmp_path):
     p = endless_for_simplify(tmp_path)
     _stopped(["profile", str(p), "-q", "-o", str(tmp_path / "p.json")], p, "simplify", tmp_path)
