@@ -18,6 +18,7 @@ from edgesplit.cli.options import (
     ModelInputs,
     PlanOptions,
     Verbosity,
+    field_option,
     model_input_options,
     option_group,
     plan_options,
@@ -46,6 +47,28 @@ plan_output_options = option_group(
 )
 
 
+@dataclass(frozen=True)
+class PhaseChoice:
+    """``--generate``: a plan per phase of a decoder for P prompt and N new tokens."""
+
+    generate: bool = False
+    prompt_tokens: int = 64
+    new_tokens: int = 32
+
+
+phase_options = option_group(
+    PhaseChoice,
+    "phases",
+    field_option(
+        "--generate",
+        is_flag=True,
+        help="MODEL is a decoder: choose a prefill plan and a decode plan (writes JSON to -o).",
+    ),
+    field_option("--prompt-tokens", type=click.IntRange(1), help="With --generate: P."),
+    field_option("--new-tokens", type=click.IntRange(1), help="With --generate: N."),
+)
+
+
 @click.command("partition")
 @click.argument("model", type=click.Path(dir_okay=False))
 @device_option
@@ -55,6 +78,7 @@ plan_output_options = option_group(
     "A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest)."
 )
 @plan_output_options
+@phase_options
 @verbosity_options
 def command(
     model: str,
@@ -62,14 +86,28 @@ def command(
     inputs: ModelInputs,
     plan: PlanOptions,
     files: PlanOutput,
+    phases: PhaseChoice,
     verbosity: Verbosity,
 ) -> None:
     """Split MODEL across the processors of DEVICE (and a server) for an objective.
 
     Without --profile, the processors of DEVICE that are on this machine are measured and the
-    profile is written beside the plan (PLAN.profile.json).
+    profile is written beside the plan (PLAN.profile.json). With --generate, MODEL is a decoder
+    and each phase (prefill, decode) gets a processor: the whole decoder is measured per phase on
+    each local processor and the plan with the least time to first token + decode is written.
     """
     from edgesplit.workflows.plan_files import PlanFiles, write_plan
+
+    if phases.generate:
+        from edgesplit.workflows.phase_plan import PhaseRequest, write_phase_plan
+
+        request = PhaseRequest(phases.prompt_tokens, phases.new_tokens)
+        note = None if verbosity.quiet else lambda n: err_console.print(f"note: {n}")
+        phase_plan = write_phase_plan(model, device, request, files.output, note).plan
+        if not verbosity.quiet:
+            print_phase_plan(phase_plan)
+        console.print(f"wrote {files.output}")
+        return
 
     where = PlanFiles(files.output, files.onnx_out, files.plot_path)
     # profiling here and measuring accuracy can take minutes on a big model
@@ -260,3 +298,30 @@ def accuracy_lines(plan) -> list[str]:
             f"{step.why}"
         )
     return lines
+
+
+def print_phase_plan(plan) -> None:
+    """The candidates of a phase plan, least total first (at most 12), and the choice."""
+    from rich.table import Table
+
+    pr = plan.profile
+    t = Table(
+        title=f"{pr.model_name} on {pr.device}: {pr.prompt_tokens} prompt tokens, "
+        f"{pr.new_tokens} new (predicted)"
+    )
+    for col in ("prefill", "chunk", "decode", "TTFT ms", "switch ms", "decode tok/s", "total ms"):
+        t.add_column(col, justify="left" if col in ("prefill", "decode") else "right")
+    t.add_column("mJ/token", justify="right")
+    for c in plan.candidates[:12]:
+        t.add_row(
+            c.prefill_processor, str(c.chunk_tokens), c.decode_processor, f"{c.ttft_ms:.3f}",
+            f"{c.switch_ms:.3f}", f"{c.decode_tokens_per_s:.1f}", f"{c.total_ms:.3f}",
+            f"{c.energy_per_token_mj:.3f}",
+        )  # fmt: skip
+    console.print(t)
+    best = plan.best_single()
+    console.print(
+        f"chosen: {plan.chosen.label}, {plan.chosen.total_ms:.3f} ms predicted; best single "
+        f"processor: {best.label}, {best.total_ms:.3f} ms",
+        soft_wrap=True,
+    )

@@ -198,6 +198,24 @@ class Generator:
             tuple(prefill_ms), tuple(step_ms), tuple(self._run_ms),
         )  # fmt: skip
 
+    def prefill(self, prompt: list[int]) -> tuple[KVCache, np.ndarray]:
+        """A new cache holding ``prompt`` (prefilled in chunks of :attr:`chunk_tokens`) and the
+        logits of its last token. The prompt is not checked (see :meth:`check_request`)."""
+        cache = KVCache.empty(self.config, self.names)
+        self._returned, self._run_ms = {}, []
+        step = self.chunk_tokens or len(prompt)
+        logits = np.empty(0, np.float32)
+        for i in range(0, len(prompt), step):
+            logits = self._step(cache, prompt[i : i + step], step, i)
+        return cache, logits
+
+    def decode_step(self, cache: KVCache, token: int, position: int) -> np.ndarray:
+        """One decode step of ``token`` at ``position`` over ``cache`` (which may come from another
+        generator's :meth:`prefill`); the next token's logits."""
+        if not hasattr(self, "_returned"):
+            self._returned = {}
+        return self._step(cache, [token], 1, position)
+
     def _step(self, cache: KVCache, tokens: list[int], width: int, position: int) -> np.ndarray:
         """One run over ``tokens`` padded to ``width``; the logits of the last real token.
 
