@@ -69,7 +69,8 @@ def bench(name: str, prompt_tokens: int, new_tokens: int, rounds: int, repeats: 
         measured[key] = med["total_ms"]
         print(
             f"| {key} | {c.ttft_ms:.2f} | {med['ttft_ms']:.2f} | {c.decode_ms + c.switch_ms:.2f} "
-            f"| {med['decode_ms'] + med['switch_ms']:.2f} | {c.total_ms:.2f} | {med['total_ms']:.2f} "
+            f"| {med['decode_ms'] + med['switch_ms']:.2f} | {c.total_ms:.2f} "
+            f"| {med['total_ms']:.2f} "
             f"| {med['total_ms'] / c.total_ms:.2f} | {med['wall_ms']:.2f} |"
         )
     chosen_key = next(iter(plans))
