@@ -76,10 +76,15 @@ def bench(name: str, prompt_tokens: int, new_tokens: int, rounds: int, repeats: 
     chosen_key = next(iter(plans))
     best_single = min((k for k in plans if k.startswith("single")), key=measured.get)
     two_phase = not plan.chosen.single_processor
+    if not two_phase:
+        print(
+            f"chosen plan is single-processor ({plan.chosen.label}): no two-phase plan was "
+            f"predicted to win; measured best single: {best_single} {measured[best_single]:.2f} ms"
+        )
+        return
     verdict = "beats" if measured[chosen_key] < measured[best_single] else "does not beat"
     print(
-        f"chosen plan is {'two-phase' if two_phase else 'single-processor'}; measured it "
-        f"{verdict} the best single processor ({best_single}): "
+        f"two-phase plan measured: it {verdict} the best single processor ({best_single}): "
         f"{measured[chosen_key]:.2f} vs {measured[best_single]:.2f} ms"
     )
 
