@@ -100,7 +100,7 @@ def phase_processors(spec: DeviceSpec, names: Sequence[str] | None = None) -> li
         p.name: p
         for p in spec.processors
         if p.server is None
-        and any(b.runtime == "ort" and b.precision == "fp32" for b in p.backends)
+        and any(b.key == "ort" for b in p.backends)  # the fp32 ONNX Runtime backend
     }
     if names:
         missing = [n for n in names if n not in usable]
