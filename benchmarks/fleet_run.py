@@ -638,6 +638,7 @@ def sweep(fleet_file: str, scales: list[int], duration_s: float, json_out: str |
                     r = run_strategy(
                         f"{variant}-x{k}", sfleet, per_group, pick, server, work, duration_s
                     )
+                    r["loadavg_1min"] = os.getloadavg()[0]  # the host is shared: how busy it was
                     measured[same] = r
                     r = dict(r, variant=variant)
                 r["scale"] = k
