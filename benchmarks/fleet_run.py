@@ -32,10 +32,17 @@ Each device sends Poisson arrivals at its group's rate; a device computes one re
 the answer. The server's batch sizes and busy time come from its ``Server-Timing`` (``batch``:
 the run that computed each request and its size; ``compute``: the run's time).
 
+The capacity sweep (``--sweep 1,2,4``): every group's count times each scale. At each size the
+fleet planner re-plans (``replanned``) and the plan it chose at the first scale runs unchanged
+(``fixed``), both on the emulated fleet; it prints a table and writes the runs to ``--json``.
+
+Only offloading devices get a shaped link (device-only plans send nothing); at most 250.
+
 Needs root for ``ip netns`` and ``tc`` (the netlab tests' facilities).
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/fleet_run.py [benchmarks/fleets/lab.yaml]
      [--duration-s 30] [--strategies device,offload,alone,server-load,fleet] [--json out.json]
+     [--sweep 1,2,3,4,6]
 """
 
 from __future__ import annotations
@@ -482,7 +489,10 @@ async def drive(fleet, per_group, pick, lab: FleetLab, port: int, requests, dura
         plan = kept[pick[gi]][1]
         rtt = g.rtt_ms if g.rtt_ms is not None else 0.0
         for d in range(g.count):
-            _, ip = lab.links[k]
+            ip = ""
+            if plan.cut:  # only offloading devices have a link
+                _, ip = lab.links[k]
+                k += 1
             s = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
             sessions.append(s)
             url = f"http://{ip}:{port}/v2/models/{part_name(plan)}/infer"
@@ -501,7 +511,6 @@ async def drive(fleet, per_group, pick, lab: FleetLab, port: int, requests, dura
                     rows[g.name],
                 )
             )
-            k += 1
     await asyncio.gather(*tasks)
     for s in sessions:
         await s.close()
@@ -536,9 +545,12 @@ def run_strategy(name, fleet, per_group, pick, server, work: Path, duration_s: f
         plan = kept[pick[gi]][1]
         if plan.cut:
             parts[part_name(plan)] = (str(problem.graph.path), plan.cut)
-    rates = []
-    for g in fleet.groups:
-        rates += [g.bandwidth_mbps] * g.count
+    rates = []  # a shaped link per offloading device (device-only devices send nothing)
+    for gi, g in enumerate(fleet.groups):
+        if per_group[g.name][3][pick[gi]][1].cut:
+            rates += [g.bandwidth_mbps] * g.count
+    if len(rates) > 250:
+        raise SystemExit(f"{len(rates)} offloading devices: the lab's 10.233.N subnets stop at 250")
     out = {"strategy": name, "serve_args": serve_args(server), "groups": {}}
     with FleetLab(rates) as lab:
         requests, proc = {}, None
@@ -589,13 +601,118 @@ def run_strategy(name, fleet, per_group, pick, server, work: Path, duration_s: f
     return out
 
 
+def sweep(fleet_file: str, scales: list[int], duration_s: float, json_out: str | None) -> None:
+    """The capacity sweep: every group's count times each scale. At each size the planner re-plans
+    the fleet (``replanned``), and the plan it chose at the first scale runs unchanged
+    (``fixed``); both run on the emulated fleet. Where the two are the same plan, it runs once."""
+    from edgesplit.fleet import Server, plan_fleet
+    from edgesplit.fleet.price import FleetTable
+    from edgesplit.workflows.fleet import serve_args
+
+    with tempfile.TemporaryDirectory(prefix="fleetcap-") as d:
+        work = Path(d)
+        fleet, per_group, groups, _, dropped = plan_strategies(fleet_file, work, ("device",))
+        s = fleet.server
+        file_server = Server(s.slots, s.max_batch, s.max_queue_delay_ms)
+        fixed = None
+        results = []
+        for k in scales:
+            sgroups = [replace(g, count=g.count * k) for g in groups]
+            sfleet = replace(
+                fleet, groups=tuple(replace(g, count=g.count * k) for g in fleet.groups)
+            )
+            fc = plan_fleet(sgroups, file_server, max_replicas=1)
+            if fixed is None:
+                fixed = (list(fc.pricing.choice), fc.server)
+            runs = {"replanned": (list(fc.pricing.choice), fc.server)}
+            runs["fixed"] = fixed
+            measured: dict[tuple, dict] = {}
+            for variant, (pick, server) in runs.items():
+                pricing = fc.pricing
+                if variant == "fixed":
+                    pricing = FleetTable(sgroups, server).price(pick, server)
+                same = (tuple(pick), serve_args(server))
+                if same in measured:
+                    r = dict(measured[same], variant=variant, same_as="replanned")
+                else:
+                    r = run_strategy(
+                        f"{variant}-x{k}", sfleet, per_group, pick, server, work, duration_s
+                    )
+                    r["loadavg_1min"] = os.getloadavg()[0]  # the host is shared: how busy it was
+                    measured[same] = r
+                    r = dict(r, variant=variant)
+                r["scale"] = k
+                r["devices"] = sum(g.count for g in sfleet.groups)
+                r["offloading_groups"] = sum(
+                    v["server_part"] is not None for v in r["groups"].values()
+                )
+                r["plans"] = {g: v["plan"] for g, v in r["groups"].items()}
+                r["predicted"] = {
+                    "utilisation": pricing.utilisation,
+                    "saturated": pricing.saturated,
+                    "p95_ms": dict(zip((g.name for g in sgroups), pricing.p95_ms)),
+                }
+                results.append(r)
+                print(
+                    json.dumps(
+                        {
+                            key: r[key]
+                            for key in (
+                                "scale",
+                                "variant",
+                                "devices",
+                                "plans",
+                                "met_pct",
+                                "device_mj_per_request",
+                                "server_utilisation",
+                                "requests",
+                            )
+                        }
+                    ),
+                    flush=True,
+                )
+    print(f"\n{dropped} candidate(s) not a server suffix, dropped\n")
+    gnames = [g.name for g in fleet.groups]
+    head = (
+        "| devices | plan | deadlines met | device mJ/request | server busy (predicted) "
+        "| groups offloading | " + " | ".join(f"{g} plan, p95 ms" for g in gnames) + " |"
+    )
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for r in results:
+        cells = [
+            f"{r['devices']} (x{r['scale']})",
+            r["variant"] + (" (same plan)" if r.get("same_as") else ""),
+            f"{r['met_pct']:.1f}%",
+            f"{r['device_mj_per_request']:.1f}",
+            f"{100 * r['server_utilisation']:.0f}% ({100 * r['predicted']['utilisation']:.0f}%)",
+            str(r["offloading_groups"]),
+        ]
+        for g in gnames:
+            v = r["groups"][g]
+            p95 = "-" if v["p95_ms"] is None else f"{v['p95_ms']:,.0f}"
+            cells.append(f"{v['plan']}, {p95} (dl {v['deadline_p95_ms']:g})")
+        print("| " + " | ".join(cells) + " |")
+    if json_out:
+        Path(json_out).write_text(json.dumps(results, indent=1, sort_keys=True))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("fleet", nargs="?", default=str(Path(__file__).parent / "fleets/lab.yaml"))
     ap.add_argument("--duration-s", type=float, default=30.0)
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--sweep",
+        default=None,
+        help="a capacity sweep: scales of every group's count, comma-separated (e.g. 1,2,4,6)",
+    )
     args = ap.parse_args()
+    if args.sweep:
+        scales = [int(x) for x in args.sweep.split(",")]
+        sweep(args.fleet, scales, args.duration_s, args.json)
+        return
     names = tuple(args.strategies.split(","))
     with tempfile.TemporaryDirectory(prefix="fleetrun-") as d:
         work = Path(d)
