@@ -30,6 +30,12 @@ def command() -> None:
     show_default=True,
     help="Candidate plans kept per group.",
 )
+@click.option(
+    "--bundles",
+    is_flag=True,
+    help="Also compile each group's plan into groups/NAME/bundle and write the server parts as "
+    "a Triton repository, server/triton (takes a compile per distinct plan).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Replace an output folder that is not a fleet plan.")
 @verbosity_options
@@ -37,6 +43,7 @@ def plan_cmd(
     fleet_file: str,
     out: str,
     max_candidates: int,
+    bundles: bool,
     as_json: bool,
     force: bool,
     verbosity: Verbosity,
@@ -49,7 +56,12 @@ def plan_cmd(
 
     with progress_bar(not verbosity.quiet and not as_json) as progress:
         result = plan_fleet_file(
-            fleet_file, out, progress=progress, max_candidates=max_candidates, force=force
+            fleet_file,
+            out,
+            progress=progress,
+            max_candidates=max_candidates,
+            force=force,
+            bundles=bundles,
         )
     if as_json:
         click.echo(json.dumps(result.report, indent=1))
@@ -95,6 +107,13 @@ def _print(result) -> None:
             f"{c['group']} does not share {c['plan']} with {', '.join(c['with'])}: it would cost "
             f"the group {cost:+.3f} and the server {c['server_utilisation_change']:+.1%} "
             f"utilisation{'' if c['meets_deadline'] else ', and miss its deadline'}"
+        )
+    if "triton" in r:
+        t = r["triton"]
+        console.print(
+            f"bundles: groups/NAME/bundle; Triton repository {t['repository']} "
+            f"(max batch {t['max_batch']}, queue delay {t['max_queue_delay_ms']:g} ms, "
+            f"{t['instances']} instance(s) per model)"
         )
     for name in r["unmet"]:
         console.print(f"[red]{name}: no plan meets its deadline; its best effort is planned[/red]")

@@ -214,6 +214,15 @@ def _checked_text(pb: ModuleType, config: Any) -> str:
     return text
 
 
+def config_text(pb: ModuleType, config: Any) -> str:
+    """A ``ModelConfig`` in text format, checked by parsing it back with Triton's schema.
+
+    Raises:
+        CompileError: the text does not parse as a ``ModelConfig``, or parses to another config.
+    """
+    return _checked_text(pb, config)
+
+
 def _batch_forms(
     verified: VerifiedBundle,
     parts: list[PartArtifact],

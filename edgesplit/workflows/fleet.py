@@ -34,6 +34,9 @@ class FleetOptions(TypedDict, total=False):
     """Price every choice when there are at most this many (default 4096)."""
     force: bool
     """Replace an output folder that is not a fleet plan."""
+    bundles: bool
+    """Also compile each group's plan into ``groups/NAME/bundle`` and write the server parts as a
+    Triton repository, ``server/triton`` (see :mod:`edgesplit.workflows.fleet_bundles`)."""
 
 
 @dataclass(frozen=True)
@@ -159,11 +162,13 @@ def plan_fleet_file(
     **options: Unpack[FleetOptions],
 ) -> FleetResult:
     """Plan the fleet of ``fleet_file`` together and write ``out/``: ``groups/NAME/plan.json``,
-    ``server/serve.args`` (and ``server/replicas``), ``fleet-report.json``; all or nothing.
+    ``server/serve.args`` (and ``server/replicas``), ``fleet-report.json``; all or nothing. With
+    ``bundles``, also ``groups/NAME/bundle`` and the Triton repository ``server/triton``.
 
     Raises:
         FleetError: a bad fleet file, an unknown spec or model (one line naming file and field).
         PlanError: a group with no plan that runs.
+        CompileError, BundleError: with ``bundles``, a plan that does not compile or export.
     """
     from edgesplit.fleet.plan import plan_fleet
     from edgesplit.fleet.price import FleetTable, Group
@@ -202,9 +207,11 @@ def plan_fleet_file(
     )
     data = report(groups, choice, FleetTable(groups, choice.server))
     data["server"]["serve_args"] = serve_args(choice.server)
+    compiled = []
     with atomic_dir(out) as tmp:
         for g, i in zip(fleet.groups, choice.pricing.choice):
             problem, cm, cands = made[g.name]
+            compiled.append((g.name, str(problem.graph.path), cands[i].candidate.key))
             detail = f"fleet plan {cands[i].candidate.name} of {len(cands)} candidates"
             d = tmp / "groups" / g.name
             d.mkdir(parents=True)
@@ -214,5 +221,17 @@ def plan_fleet_file(
         (tmp / "server").mkdir()
         (tmp / "server" / "serve.args").write_text(data["server"]["serve_args"] + "\n")
         (tmp / "server" / "replicas").write_text(f"{choice.server.replicas}\n")
+        if options.get("bundles", False):
+            _bundles(tmp, compiled, {g.name: made[g.name][0] for g in fleet.groups}, data, choice)
         (tmp / OUT_MARKER).write_text(dump_json(data))
     return FleetResult(out, data)
+
+
+def _bundles(tmp: Path, groups: list, problems: dict, data: dict[str, Any], choice) -> None:
+    """Each group's bundle and the shared Triton repository, inside the folder being written."""
+    from edgesplit.workflows.fleet_bundles import compile_groups, export_shared
+
+    copies = compile_groups(tmp, groups, problems)
+    data["bundles"] = {name: f"groups/{name}/bundle" for name, _, _ in groups}
+    data["bundles_copied_from"] = {k: v for k, v in copies.items() if k != v}
+    data["triton"] = export_shared(tmp, groups, choice.server)
