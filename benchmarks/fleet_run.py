@@ -185,17 +185,17 @@ def emulated(cm, made) -> Emulated | None:
 
 def plan_strategies(fleet_file: str, work: Path, names: tuple[str, ...]):
     """Each strategy's choice (a candidate per group) and server setting, with the candidates."""
-    from edgesplit.fleet import Group, Server, plan_fleet
+    from edgesplit.fleet import Server, plan_fleet
     from edgesplit.fleet.candidates import Made, price
     from edgesplit.fleet.plan import best_alone
     from edgesplit.fleet.spec import load_fleet
     from edgesplit.optimize.load import ServerLoad
     from edgesplit.optimize.planner import costs_of, solve_plan
-    from edgesplit.workflows.fleet import _candidates, _check_specs
+    from edgesplit.workflows.fleet import check_specs, fleet_candidates, fleet_group
 
     fleet = load_fleet(fleet_file)
-    _check_specs(fleet)
-    made = _candidates(fleet, work / "models", {}, None)
+    check_specs(fleet)
+    made = fleet_candidates(fleet, work / "models", {})
     n_devices = sum(g.count for g in fleet.groups)
     per_group, dropped, loaded_assign = {}, 0, {}
     for g in fleet.groups:
@@ -236,15 +236,7 @@ def plan_strategies(fleet_file: str, work: Path, names: tuple[str, ...]):
         dropped += len(cands) - len(kept)
         per_group[g.name] = (g, problem, cm, kept)
     groups = [
-        Group(
-            g.name,
-            g.count,
-            g.rate_per_s,
-            g.deadline_p95_ms,
-            g.objective,
-            tuple(m.candidate for m, _ in kept),
-        )
-        for g, _, _, kept in per_group.values()
+        fleet_group(g, [m.candidate for m, _ in kept]) for g, _, _, kept in per_group.values()
     ]
     s = fleet.server
     file_server = Server(s.slots, s.max_batch, s.max_queue_delay_ms)

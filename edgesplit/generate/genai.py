@@ -15,7 +15,6 @@ the installed ``onnxruntime`` package, the one edgesplit's sessions use.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -27,6 +26,7 @@ import onnx
 
 from edgesplit.errors import InputError
 from edgesplit.model.zoo_decoder import DecoderConfig, config_of
+from edgesplit.util import atomic_write_bytes, atomic_write_text, dump_json
 
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "genai_config.json"
@@ -115,21 +115,22 @@ def write_genai_folder(
             :mod:`edgesplit.model.zoo_decoder`.
     """
     out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
     target = out / MODEL_FILE
     if isinstance(model, onnx.ModelProto):
         proto = model
-        onnx.save(proto, str(target))
     else:
         proto = onnx.load(str(model), load_external_data=False)
-        if Path(model).resolve() != target.resolve():
-            onnx.save(onnx.load(str(model)), str(target))
     try:
         config = config_of(proto)
     except ValueError as e:
         raise InputError(f"not a decoder GenAI can run: {e}") from e
     cfg = genai_config(config, eos_token_id, threads=threads)
-    (out / CONFIG_FILE).write_text(json.dumps(cfg, indent=1) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    if isinstance(model, onnx.ModelProto):
+        atomic_write_bytes(target, proto.SerializeToString())
+    elif Path(model).resolve() != target.resolve():
+        atomic_write_bytes(target, onnx.load(str(model)).SerializeToString())
+    atomic_write_text(out / CONFIG_FILE, dump_json(cfg))
     return out
 
 

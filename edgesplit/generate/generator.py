@@ -104,6 +104,8 @@ class Generator:
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.last_stats: GenerateStats | None = None
         self._run_ms: list[float] = []  # run calls of the current generation
+        self._prefill_ms: list[float] = []  # its prefill chunks' steps
+        self._returned: dict[str, int] = {}  # the present buffers the last step returned
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -165,20 +167,11 @@ class Generator:
 
     def _tokens(self, prompt: list[int], max_new: int, eos: int | None) -> Iterator[int]:
         start = time.perf_counter()
-        cache = KVCache.empty(self.config, self.names)
-        self._returned: dict[str, int] = {}
-        self._run_ms: list[float] = []
-        step = self.chunk_tokens or len(prompt)
-        chunks = [prompt[i : i + step] for i in range(0, len(prompt), step)]
-        logits = None
-        prefill_ms, step_ms = [], []
-        for n, chunk in enumerate(chunks):
-            t0 = time.perf_counter()
-            logits = self._step(cache, chunk, step, n * step)
-            prefill_ms.append((time.perf_counter() - t0) * 1e3)
+        cache, logits = self.prefill(prompt)
+        prefill_ms, step_ms = self._prefill_ms, []
         new, first_ns = 0, time.perf_counter()
         position = len(prompt)
-        while new < max_new and logits is not None:
+        while new < max_new and logits.size:
             token = int(np.argmax(logits))
             new += 1
             if new == 1:
@@ -187,33 +180,34 @@ class Generator:
             if token == eos or new == max_new:
                 break
             t0 = time.perf_counter()
-            logits = self._step(cache, [token], 1, position)
+            logits = self.decode_step(cache, token, position)
             step_ms.append((time.perf_counter() - t0) * 1e3)
             position += 1
         end = time.perf_counter()
         c = cache.counts
         self.last_stats = GenerateStats(
-            len(prompt), new, len(chunks), self.chunk_tokens, (first_ns - start) * 1e3,
+            len(prompt), new, len(prefill_ms), self.chunk_tokens, (first_ns - start) * 1e3,
             (end - first_ns) * 1e3, c.handoffs, c.copies, c.copied_nbytes, cache.nbytes,
             tuple(prefill_ms), tuple(step_ms), tuple(self._run_ms),
         )  # fmt: skip
 
     def prefill(self, prompt: list[int]) -> tuple[KVCache, np.ndarray]:
         """A new cache holding ``prompt`` (prefilled in chunks of :attr:`chunk_tokens`) and the
-        logits of its last token. The prompt is not checked (see :meth:`check_request`)."""
+        logits of its last token (empty for an empty prompt). The prompt is not checked (see
+        :meth:`check_request`)."""
         cache = KVCache.empty(self.config, self.names)
-        self._returned, self._run_ms = {}, []
+        self._returned, self._run_ms, self._prefill_ms = {}, [], []
         step = self.chunk_tokens or len(prompt)
         logits = np.empty(0, np.float32)
         for i in range(0, len(prompt), step):
+            t0 = time.perf_counter()
             logits = self._step(cache, prompt[i : i + step], step, i)
+            self._prefill_ms.append((time.perf_counter() - t0) * 1e3)
         return cache, logits
 
     def decode_step(self, cache: KVCache, token: int, position: int) -> np.ndarray:
         """One decode step of ``token`` at ``position`` over ``cache`` (which may come from another
         generator's :meth:`prefill`); the next token's logits."""
-        if not hasattr(self, "_returned"):
-            self._returned = {}
         return self._step(cache, [token], 1, position)
 
     def _step(self, cache: KVCache, tokens: list[int], width: int, position: int) -> np.ndarray:

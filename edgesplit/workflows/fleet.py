@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -16,7 +17,7 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 
 from edgesplit.errors import InputError
-from edgesplit.fleet.price import Server
+from edgesplit.fleet.price import Candidate, Group, Server
 from edgesplit.fleet.spec import FleetError, FleetSpec, GroupSpec, load_fleet
 from edgesplit.util import Progress, atomic_dir, dump_json, refuse_to_replace
 
@@ -62,7 +63,7 @@ def _model_path(g: GroupSpec, models_dir: Path) -> str:
     )
 
 
-def _check_specs(fleet: FleetSpec) -> None:
+def check_specs(fleet: FleetSpec) -> None:
     """Every spec the file names loads, before any model is read (one line naming the field)."""
     from edgesplit.device.spec import load_device
 
@@ -99,8 +100,11 @@ def _problem(g: GroupSpec, model: str, fleet: FleetSpec, progress: Progress | No
         raise FleetError(f"{g.source}: groups.{g.name}: {e}") from e
 
 
-def _candidates(fleet: FleetSpec, models_dir: Path, options: FleetOptions, progress) -> dict:
-    """Per group name: (problem, cost model, made candidates); alike groups share them."""
+def fleet_candidates(
+    fleet: FleetSpec, models_dir: Path, options: FleetOptions, progress: Progress | None = None
+) -> dict:
+    """Per group name: (problem, cost model, made candidates); alike groups share them. The
+    groups' models are written to ``models_dir`` where the file names a zoo model."""
     from edgesplit.fleet.candidates import group_candidates
 
     cache: dict[tuple, tuple] = {}
@@ -141,6 +145,11 @@ def _plan_json(problem, cm, assign: np.ndarray, detail: str) -> dict[str, Any]:
     return make_plan(problem, cm, out).to_json()
 
 
+def fleet_group(g: GroupSpec, candidates: Sequence[Candidate]) -> Group:
+    """The planner's :class:`~edgesplit.fleet.price.Group` for group ``g`` of the fleet file."""
+    return Group(g.name, g.count, g.rate_per_s, g.deadline_p95_ms, g.objective, tuple(candidates))
+
+
 def serve_args(server: Server) -> str:
     """The ``edgesplit serve`` flags of the planned server setting."""
     flags = [
@@ -171,11 +180,11 @@ def plan_fleet_file(
         CompileError, BundleError: with ``bundles``, a plan that does not compile or export.
     """
     from edgesplit.fleet.plan import plan_fleet
-    from edgesplit.fleet.price import FleetTable, Group
+    from edgesplit.fleet.price import FleetTable
     from edgesplit.fleet.report import report
 
     fleet = load_fleet(fleet_file)
-    _check_specs(fleet)
+    check_specs(fleet)
     out = Path(out)
     refuse_to_replace(
         out,
@@ -185,18 +194,8 @@ def plan_fleet_file(
         error=FleetError,
     )
     models_dir = out.parent / f".{out.name}.models"
-    made = _candidates(fleet, models_dir, options, progress)
-    groups = [
-        Group(
-            g.name,
-            g.count,
-            g.rate_per_s,
-            g.deadline_p95_ms,
-            g.objective,
-            tuple(m.candidate for m in made[g.name][2]),
-        )
-        for g in fleet.groups
-    ]
+    made = fleet_candidates(fleet, models_dir, options, progress)
+    groups = [fleet_group(g, [m.candidate for m in made[g.name][2]]) for g in fleet.groups]
     s = fleet.server
     server = Server(s.slots, s.max_batch, s.max_queue_delay_ms)
     choice = plan_fleet(
