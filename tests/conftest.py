@@ -143,7 +143,9 @@ PPOCR_SHAPES = {"det": "x=1,3,640,640", "rec": "x=1,3,48,320", "cls": "x=1,3,48,
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the markers true: a test that starts a real sshd (its fixtures) carries ``ssh``."""
+    """Keep the markers true: a test that starts a real sshd (its fixtures) carries ``ssh``, and
+    a test that times real runs (``measures``) stays out of the quick subset (``slow``, or one of
+    the markers it leaves out): it runs alone under xdist, so there it would hold every worker up."""
     unmarked = [
         item.nodeid
         for item in items
@@ -153,6 +155,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unmarked:
         raise pytest.UsageError(
             "tests that use tests/sshd.py need @pytest.mark.ssh: " + ", ".join(unmarked)
+        )
+    quick_measures = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("measures")
+        and not any(item.get_closest_marker(m) for m in ("slow", "netlab", "ssh", "java"))
+    ]
+    if quick_measures:
+        raise pytest.UsageError(
+            "tests marked measures need @pytest.mark.slow too: " + ", ".join(quick_measures)
         )
 
 

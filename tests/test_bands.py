@@ -64,6 +64,7 @@ def test_band_table_is_optimal_on_a_fine_grid(cm: CostModel, name: str) -> None:
         )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(networked())
 def test_breakpoints_are_exact(cm: CostModel) -> None:

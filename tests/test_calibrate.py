@@ -340,6 +340,7 @@ def _mis_scaled(profile: Profile, processor: str, factor: float) -> Profile:
     return replace(profile, entries=tuple(entries))
 
 
+@pytest.mark.slow
 @pytest.mark.measures
 def test_calibration_lowers_the_error_of_a_mis_scaled_profile(conv_chain, tmp_path):
     """core1's node costs made eight times too high in the profile: the plan (half the chain on
@@ -558,6 +559,7 @@ def _call_ms(costs, k: int) -> float:
     return max(s.crossing_end_ms[j] for j in outs) - min(s.crossing_start_ms[j] for j in ins)
 
 
+@pytest.mark.slow
 @pytest.mark.measures
 def test_a_server_call_is_fitted_from_calls_to_a_real_server(conv_chain, tmp_path):
     """The second half of the chain on a server (this machine over loopback, 400 kB each way): a

@@ -186,6 +186,7 @@ def test_cross_compiled_part_is_an_aarch64_shared_object(zoo_models, tmp_path):
     assert magic == b"\x7fELF" and e_type == 3 and e_machine == 183  # ET_DYN, EM_AARCH64
 
 
+@pytest.mark.slow
 def test_a_tvm_library_is_kept_and_built_again_only_when_its_inputs_change(tmp_path, monkeypatch):
     """A second build of the same part for the same target copies the kept library (the same bytes,
     the same facts) without compiling; another thread count or a changed model is built again."""

@@ -388,6 +388,7 @@ def chain_profile(chain_model):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.measures
 def test_the_profiler_measures_every_term(chain_profile):
     for e in chain_profile.entries:
@@ -420,6 +421,7 @@ def _optimised_ops(path) -> list[str]:
     return [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node]
 
 
+@pytest.mark.slow
 def test_reorders_at_a_conv_boundary_are_those_ort_adds(chain_model, chain_profile, tmp_path):
     """Cut the conv chain in three: the model charges one ReorderOutput where a part hands on a
     blocked tensor and one ReorderInput where a blocked reader takes it; ORT's optimised parts have
@@ -468,6 +470,7 @@ def _median_latency(
     return {k: float(np.quantile(v, q)) for k, v in times.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.measures
 def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp_path):
     """One processor, the same chain as 1 and as 3 parts: the extra two parts (fixed costs, bytes
@@ -498,6 +501,7 @@ def test_an_extra_part_costs_what_the_model_says(chain_model, chain_profile, tmp
     assert 0.25 <= share_measured / share_predicted <= 4.0, (got, extra_predicted, one_predicted)
 
 
+@pytest.mark.slow
 @pytest.mark.measures
 def test_a_busy_worker_starts_its_next_queued_part_a_hand_off_later(
     chain_model, chain_profile, tmp_path
@@ -536,6 +540,7 @@ def test_a_busy_worker_starts_its_next_queued_part_a_hand_off_later(
     assert 0.25 * handoff0 <= gap <= 4 * handoff0, (lane, gap, handoff0)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64"), reason="ORT's NCHWc layout is x86's"
 )
@@ -588,6 +593,7 @@ def test_reorders_at_a_cut_cost_what_the_profiler_measured_for_that_tensor(tmp_p
     assert 0.2 <= measured / table <= 5.0, (measured, table, per_mb)
 
 
+@pytest.mark.slow
 @pytest.mark.measures
 def test_a_trivial_bundle_costs_the_session_and_its_wake_ups(tmp_path):
     """A one-node model as a 1-part bundle through the real Session: nearly all of its latency is
@@ -638,6 +644,7 @@ def _twin_backends(chain_profile):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["latency", "pareto"])
 def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
     chain_model, chain_profile, objective

@@ -793,6 +793,7 @@ def test_a_budget_drops_the_noisy_half_of_a_long_int8_part_not_all_of_it(tmp_pat
     assert plan.accuracy.meets and [d.part for d in plan.accuracy.dropped] == [halves[1].name]
 
 
+@pytest.mark.slow
 @pytest.mark.measures
 def test_int8_part_edges_cost_what_the_profiler_measured(tmp_path):
     """An int8 part between fp32 parts pays, at its way in, a quantization and a layout transpose,

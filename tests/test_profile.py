@@ -92,6 +92,7 @@ def test_a_cuda_processor_is_measured_on_its_gpu(tiny_conv, tmp_path):
     assert all(c.latency_ms > 0 for c in e.nodes.values())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(has_cuda_gpu(), reason="checks a machine without a CUDA GPU")
 def test_a_cuda_processor_where_no_gpu_is_is_predicted(tiny_conv, tmp_path):
     _, e = _gpu_profile(tiny_conv, tmp_path)

@@ -58,6 +58,7 @@ def test_a_kernel_profiled_again_is_loaded_not_compiled(cpu_tvm, tmp_path, monke
     assert sorted((tmp_path / "cache" / "tvm-libs").glob("*.so")) == kept
 
 
+@pytest.mark.slow
 def test_without_a_c_compiler_the_profile_is_made_and_nothing_kept(cpu_tvm, tmp_path, monkeypatch):
     """TVM links a library with the C compiler it finds (``CXX`` first): none there, the compiled
     module runs as it is (a device without a compiler can still be profiled)."""

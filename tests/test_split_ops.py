@@ -251,6 +251,7 @@ def _stacks(draw):
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=max_examples(60), deadline=None)
 @given(_stacks())
 def test_a_row_split_of_a_conv_and_pool_stack_is_the_whole_stack(tmp_path_factory, case):

@@ -204,6 +204,7 @@ def test_a_database_folder_without_target_file_is_not_applied(tmp_path):
     assert any("target is unknown" in n for n in lookup.notes)
 
 
+@pytest.mark.slow
 def test_tune_names_a_processor_without_tvm(tmp_path):
     onnx.save(conv_model("matmul"), tmp_path / "a.onnx")
     r = run_cli("tune", str(tmp_path / "a.onnx"), "-d", "host", "-p", "nope")

@@ -130,6 +130,7 @@ def test_a_spoiled_kept_tvm_library_is_built_again_and_replaced(tmp_path, monkey
     assert "kept" not in build_library(model, llvm_target(), tmp_path / "c.so", threads=1)
 
 
+@pytest.mark.slow
 def test_a_spoiled_kernel_library_kept_by_the_profiler_is_built_again_and_replaced(
     tmp_path, monkeypatch
 ):

@@ -85,6 +85,7 @@ def _edit_axes(bundle, name: str, axes: list[int]) -> None:
     path.write_text(json.dumps(m))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixed", [True, False])
 def test_manifest_dynamic_axes_that_the_model_does_not_have(tmp_path, fixed):
     """A manifest that says an axis is dynamic where the part's ONNX fixes it, or fixed where the

@@ -690,12 +690,14 @@ def test_defect9_opset_999_and_mismatched_matmul_are_refused_by_partition(tmp_pa
         assert not out.exists()
 
 
+@pytest.mark.slow
 def test_defect10_huge_input_shape_names_the_model_the_input_and_the_bytes(tmp_path):
     p = huge_input(_case_dir(tmp_path))
     r = run_cli("partition", str(p), "-o", str(tmp_path / "plan.json"))
     _one_line(r, p, "input 'x' of shape [1, 3, 100000, 200000] needs 240.0 GB")
 
 
+@pytest.mark.slow
 def test_a_string_input_partitions(tmp_path):
     p = string_input(_case_dir(tmp_path))
     r = run_cli("partition", str(p), "-d", "raspberry-pi5", "-o", str(tmp_path / "plan.json"), "-q")
