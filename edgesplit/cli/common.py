@@ -26,6 +26,25 @@ def file_option(*decls: str, **kwargs: Any) -> Callable:
     return click.option(*decls, type=click.Path(dir_okay=False), **kwargs)
 
 
+def folder_option(*decls: str, **kwargs: Any) -> Callable:
+    """``click.option`` for a folder's path (a file is refused)."""
+    return click.option(*decls, type=click.Path(file_okay=False), **kwargs)
+
+
+def output_folder_option(help_text: str, dest: str = "output") -> Callable:
+    """``-o``/``--output``, required: the folder the command writes, passed as ``dest``."""
+    return folder_option("-o", "--output", dest, required=True, help=help_text)
+
+
+model_argument = click.argument("model", type=click.Path(dir_okay=False))
+"""MODEL: the ONNX file a command reads."""
+
+
+def print_note(note: str) -> None:
+    """A workflow's note (what loading changed, a choice it made) on stderr, as it comes."""
+    err_console.print(f"note: {note}", soft_wrap=True)
+
+
 input_shape_option = click.option(
     "--input-shape",
     "input_shapes",

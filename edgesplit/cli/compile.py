@@ -6,8 +6,8 @@ import click
 
 from edgesplit.cli.common import (
     console,
-    err_console,
     file_option,
+    model_argument,
     progress_bar,
     stage_limit_options,
 )
@@ -24,7 +24,7 @@ from edgesplit.cli.options import (
 
 
 @click.command("compile")
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_argument
 @file_option(
     "--plan",
     "plan_path",
@@ -91,11 +91,6 @@ def bundle_request(bundle: BundleOutput, build: BuildOptions, verify: bool):
         bands=not build.no_bands,
         verify=build.verify_options() if verify else None,
     )
-
-
-def print_note(note: str) -> None:
-    """What loading a model changed, on stderr before anything long starts."""
-    err_console.print(f"note: {note}", soft_wrap=True)
 
 
 def print_manifest(manifest) -> None:

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console, device_option, progress_bar, stage_limit_options
-from edgesplit.cli.compile import bundle_request, print_note
+from edgesplit.cli.common import (
+    console,
+    device_option,
+    model_argument,
+    print_note,
+    progress_bar,
+    stage_limit_options,
+)
+from edgesplit.cli.compile import bundle_request
 from edgesplit.cli.options import (
     BuildOptions,
     BundleOutput,
@@ -21,7 +28,7 @@ from edgesplit.cli.options import (
 
 
 @click.command("deploy")
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_argument
 @device_option
 @bundle_output_options(
     "Bundle directory (an existing one must be empty or a bundle, unless --force)."

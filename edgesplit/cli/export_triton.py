@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console
+from edgesplit.cli.common import console, output_folder_option
 from edgesplit.cli.options import Batching, Verbosity, batching_options, verbosity_options
 
 
 @click.command("export-triton")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "-o",
-    "--output",
-    "repo",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="The model repository to write (replaced if it exists).",
-)
+@output_folder_option("The model repository to write (replaced if it exists).", "repo")
 @click.option("--all-parts", is_flag=True, help="Export every part, not only the server parts.")
 @batching_options(
     "Triton dynamic batching: requests per batch at most (1: none), as 'serve --max-batch'. "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console, progress_bar
+from edgesplit.cli.common import console, output_folder_option, progress_bar
 from edgesplit.cli.options import Verbosity, verbosity_options
 
 
@@ -15,13 +15,8 @@ def command() -> None:
 
 @command.command("plan")
 @click.argument("fleet_file", type=click.Path(dir_okay=False))
-@click.option(
-    "-o",
-    "--output",
-    "out",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Folder to write: groups/NAME/plan.json, server/serve.args, fleet-report.json.",
+@output_folder_option(
+    "Folder to write: groups/NAME/plan.json, server/serve.args, fleet-report.json.", "out"
 )
 @click.option(
     "--max-candidates",

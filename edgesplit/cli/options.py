@@ -239,11 +239,9 @@ class BundleOutput:
 
 def bundle_output_options(output_help: str) -> Callable:
     """``-o`` (required, with this command's help), ``--force`` and ``--sign-key``."""
-    from edgesplit.cli.common import force_option, sign_key_option
+    from edgesplit.cli.common import force_option, output_folder_option, sign_key_option
 
-    output = click.option(
-        "-o", "--output", required=True, type=click.Path(file_okay=False), help=output_help
-    )
+    output = output_folder_option(output_help)
     return option_group(BundleOutput, "bundle", output, force_option, sign_key_option)
 
 

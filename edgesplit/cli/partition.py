@@ -11,6 +11,8 @@ from edgesplit.cli.common import (
     device_option,
     err_console,
     file_option,
+    model_argument,
+    print_note,
     progress_bar,
     stage_limit_options,
 )
@@ -70,7 +72,7 @@ phase_options = option_group(
 
 
 @click.command("partition")
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_argument
 @device_option
 @model_input_options
 @stage_limit_options
@@ -118,7 +120,7 @@ def command(
             plan.choices(inputs),
             where,
             progress=update,
-            on_note=lambda note: err_console.print(f"note: {note}", soft_wrap=True),
+            on_note=print_note,
         )
     if not verbosity.quiet:
         print_plan(written.plan)

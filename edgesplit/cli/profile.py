@@ -13,6 +13,8 @@ from edgesplit.cli.common import (
     device_option,
     err_console,
     file_option,
+    model_argument,
+    print_note,
     progress_bar,
     stage_limit_options,
 )
@@ -98,7 +100,7 @@ target_options = option_group(
 
 
 @click.command("profile")
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_argument
 @device_option
 @model_input_options
 @stage_limit_options
@@ -128,12 +130,8 @@ def command(
     if target.fleet_file:
         return run_fleet(model, target.fleet_file, request, jobs=target.jobs, quiet=verbosity.quiet)
     with progress_bar(not verbosity.quiet) as update:
-        done = profile_to_file(model, device, request, progress=update, on_note=_note)
+        done = profile_to_file(model, device, request, progress=update, on_note=print_note)
     print_profiled(done, top, verbosity.quiet)
-
-
-def _note(note: str) -> None:
-    err_console.print(f"note: {note}", soft_wrap=True)
 
 
 def profile_request(
@@ -191,7 +189,7 @@ def run_fleet(model: str, fleet_file: str, request: ProfileRequest, *, jobs, qui
     ) as bar:
         rows = _FleetRows(bar)
         graph, results = profile_hosts(
-            model, fleet_file, request, jobs=jobs, on_event=rows.on_event, on_note=_note
+            model, fleet_file, request, jobs=jobs, on_event=rows.on_event, on_note=print_note
         )
     print_fleet(graph, results)
 

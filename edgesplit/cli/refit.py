@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 import click
 
@@ -14,30 +14,23 @@ from edgesplit.cli.options import (
     verbosity_options,
     warmup_option,
 )
-
-
-@dataclass(frozen=True)
-class Rounds:
-    """``--runs``, ``--warmup``, ``--rounds`` and ``--tolerance``: how long calibrating goes on."""
-
-    runs: int = 30
-    warmup: int = 5
-    rounds: int = 3
-    tolerance: float = 0.05
-
+from edgesplit.workflows.refit_rounds import RefitRounds
 
 rounds_options = option_group(
-    Rounds,
+    RefitRounds,
     "rounds",
     field_option("--runs", type=click.IntRange(3), help="Timed runs per round."),
     warmup_option,
-    field_option("--rounds", type=click.IntRange(1), help="At most this many rounds."),
+    field_option(
+        "--rounds", "max_rounds", type=click.IntRange(1), help="At most this many rounds."
+    ),
     field_option(
         "--tolerance",
         type=FiniteFloat(minimum=0, open_min=True),
         help="Converged when a round's runs are predicted within this relative error.",
     ),
 )
+"""``--runs``, ``--warmup``, ``--rounds`` and ``--tolerance``: how long refitting goes on."""
 
 
 @click.command("refit")
@@ -75,7 +68,7 @@ def command(
     bundles: tuple[str, ...],
     output: str,
     profile_path: str | None,
-    rounds: Rounds,
+    rounds: RefitRounds,
     server_url: str | None,
     inputs: tuple[str, ...],
     trust_key: str | None,
@@ -95,10 +88,7 @@ def command(
     result = refit(
         list(bundles),
         profile=profile_path,
-        runs=rounds.runs,
-        warmup=rounds.warmup,
-        max_rounds=rounds.rounds,
-        tolerance=rounds.tolerance,
+        **dataclasses.asdict(rounds),
         progress=None if verbosity.quiet else console.print,
         trust_key=trust_key,
         server_url=server_url,

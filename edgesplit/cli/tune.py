@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from edgesplit.cli.common import console, device_option, input_shape_option, progress_bar
+from edgesplit.cli.common import (
+    console,
+    device_option,
+    input_shape_option,
+    model_argument,
+    progress_bar,
+)
 from edgesplit.cli.options import (
     RemoteFlags,
     Verbosity,
@@ -84,7 +90,7 @@ search_options = option_group(
 
 
 @click.command("tune")
-@click.argument("model", type=click.Path(dir_okay=False))
+@model_argument
 @device_option
 @click.option(
     "--processor",

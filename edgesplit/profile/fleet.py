@@ -72,6 +72,15 @@ FleetEvent = Callable[[str, Mapping[str, Any]], None]
 
 @dataclass(frozen=True)
 class FleetHost:
+    """One host of a fleet file, its ``defaults`` and the command line's SSH options merged in.
+
+    Attributes:
+        name: The host's name; its profile is written to ``NAME.profile.json``.
+        target: Where to connect (``USER@HOST[:PORT]`` parsed).
+        opts: How to connect: key, known hosts, remote Python, timeouts.
+        device: The spec to profile with (``host``: detected there).
+    """
+
     name: str
     target: Target
     opts: SshOptions
@@ -80,6 +89,14 @@ class FleetHost:
 
 @dataclass(frozen=True)
 class Fleet:
+    """A fleet file as read by :func:`load_fleet`: its hosts, and how many are profiled at once.
+
+    Attributes:
+        path: The fleet file.
+        hosts: Every host, in the file's order, with unique names.
+        jobs: Hosts profiled at a time at most (the file's ``jobs``).
+    """
+
     path: str
     hosts: tuple[FleetHost, ...]
     jobs: int = 4
@@ -87,7 +104,20 @@ class Fleet:
 
 @dataclass(frozen=True)
 class HostResult:
-    """How one host went. ``exit_code`` is 0 on success."""
+    """How one host went.
+
+    Attributes:
+        name: The host's name in the fleet file.
+        target: Where it was reached (``USER@HOST:PORT``).
+        ok: Whether its profile was written.
+        output: The profile written (empty on failure).
+        error: Why it failed, one line (empty on success).
+        exit_code: The CLI exit code of its failure (0 on success).
+        elapsed_s: Wall time spent on it, failure included.
+        entries: The profile's (processor, backend) entries.
+        reused: Of those, how many were kept from an earlier run there (``resume``).
+        energy: The profile's ``energy``: ``measured`` from power rails, else ``modelled``.
+    """
 
     name: str
     target: str

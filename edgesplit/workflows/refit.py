@@ -46,6 +46,7 @@ from edgesplit.profile.predict import complete_profile
 from edgesplit.profile.store import Profile, load_profile
 from edgesplit.runtime.session import load
 from edgesplit.runtime.trace import PartRun, Trace
+from edgesplit.workflows.refit_rounds import RefitRounds
 from edgesplit.workflows.resolve import load_graph, plan_device, with_server_profile
 
 Progress = Callable[[str], None]
@@ -444,8 +445,10 @@ def refit(
             or device, server parts without ``server_url``, or a server that failed them.
         PlanError, BundleError: for a bundle or plan that cannot be loaded or priced.
     """
-    runs, warmup = options.get("runs", 30), options.get("warmup", 5)
-    max_rounds, tolerance = options.get("max_rounds", 3), options.get("tolerance", 0.05)
+    d = RefitRounds()
+    runs, warmup = options.get("runs", d.runs), options.get("warmup", d.warmup)
+    max_rounds = options.get("max_rounds", d.max_rounds)
+    tolerance = options.get("tolerance", d.tolerance)
     progress, trust_key = options.get("progress"), options.get("trust_key")
     server_url, inputs = options.get("server_url"), options.get("inputs")
     paths = [bundles] if isinstance(bundles, (str, os.PathLike)) else list(bundles)
