@@ -145,7 +145,8 @@ PPOCR_SHAPES = {"det": "x=1,3,640,640", "rec": "x=1,3,48,320", "cls": "x=1,3,48,
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep the markers true: a test that starts a real sshd (its fixtures) carries ``ssh``, and
     a test that times real runs (``measures``) stays out of the quick subset (``slow``, or one of
-    the markers it leaves out): it runs alone under xdist, so there it would hold every worker up."""
+    the markers it leaves out): it runs alone under xdist, so there it would hold every worker
+    up."""
     unmarked = [
         item.nodeid
         for item in items
