@@ -33,6 +33,7 @@ def cache(tmp_path, monkeypatch):
     return root
 
 
+@pytest.mark.slow
 def test_kept_work_is_shown_by_kind_and_cleared_by_kind(cache, tmp_path, capsys):
     from conftest import make_model
     from onnx import helper

@@ -348,6 +348,7 @@ def test_no_pareto_point_is_beaten_by_one_processor_alone():
     assert [p["processors"] for p in out.pareto] == [["core1"]]
 
 
+@pytest.mark.slow
 @settings(deadline=None)
 @given(part_cost_models())
 def test_pareto_points_are_never_dominated_by_a_baseline(cm):
@@ -680,6 +681,7 @@ def test_a_backend_faster_on_one_node_does_not_cut_a_processor_into_parts(
             assert b.latency_ms <= ort_alone[b.name] * (1 + 1e-9), (b, ort_alone[b.name])
 
 
+@pytest.mark.slow
 def test_band_plans_do_not_cut_a_processor_into_parts_for_a_backend_faster_on_one_node(
     chain_model, chain_profile
 ):

@@ -284,6 +284,7 @@ def test_real_ppocr_models_load(kind):
     assert all(t.shape and min(t.shape) > 0 for t in g.tensors.values() if not t.is_weight)
 
 
+@pytest.mark.slow
 def test_a_simplified_model_is_kept_and_read_back_by_the_next_load(tmp_path, monkeypatch):
     """The next load of the same model and shapes reads the simplified model from the cache instead
     of folding again: the same graph, costs and notes. A changed model, or other shapes, fold

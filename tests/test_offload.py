@@ -100,6 +100,7 @@ def test_session_over_the_server_equals_the_whole_model(model):
         }
 
 
+@pytest.mark.slow
 def test_run_splits_each_remote_call_into_compute_server_and_wire(model):
     """``edgesplit run --server``: per remote part, a call's median, the server's compute in it,
     the server's other time and the rest, which add up to the call."""

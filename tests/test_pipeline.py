@@ -151,6 +151,7 @@ def test_api_and_cli_measure_the_same_way_without_a_profile(capsys, tiny, local,
     assert api.entry("cpu", "ort").source == "measured"
 
 
+@pytest.mark.slow
 def test_every_objective_is_offered_everywhere(capsys, tiny, board, local, tmp_path):
     """The API had 5 objectives, ``partition`` 4 and ``deploy`` 3."""
     for cmd in ("partition", "deploy"):

@@ -193,6 +193,7 @@ def test_fusion_groups_follow_elementwise_chains(tiny_conv):
     assert ["conv2", "add"] in groups and ["sig"] in groups
 
 
+@pytest.mark.slow
 def test_a_database_folder_without_target_file_is_not_applied(tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
