@@ -100,3 +100,44 @@ def test_fleet_bundles_load_and_the_triton_repository_is_shared(tmp_path):
     configs = _configs(again / "server" / "triton")
     _check_batching(configs, batched)
     assert any(c.HasField("dynamic_batching") for c in configs.values())
+
+
+@pytest.mark.slow
+def test_a_group_s_bundle_runs_against_the_fleet_s_shared_server_by_its_model_prefix(tmp_path):
+    """The shared server names a split point's models ``<prefix>_<part>`` (as the Triton repository
+    does): ``serve --model-prefix`` serves one group's bundle so, and another group on the same
+    split point reaches it with its report's prefix (``run --server-model-prefix``); without the
+    prefix the server has no such model and the call is refused (4xx), not sent to the fallback."""
+    from edgesplit.errors import RemoteError
+    from edgesplit.serve.server import ServeOptions, ServerThread
+    from edgesplit.workflows.fleet import plan_fleet_file
+
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    out = tmp_path / "fleet"
+    r = plan_fleet_file(tmp_path / "fleet.yaml", out, max_candidates=6, bundles=True).report
+    triton = r["triton"]
+    prefix = triton["model_prefixes"]["pis"]
+    assert prefix == triton["model_prefixes"]["pis2"]  # one split point, one set of models
+    served = out / "groups" / "pis" / "bundle"
+    caller = out / "groups" / "pis2" / "bundle"
+    remote = [p.name for p in edgesplit.open_bundle(caller).parts if p.remote]
+    assert remote and {f"{prefix}_{p}" for p in remote} <= set(triton["groups"]["pis"])
+
+    model = tmp_path / ".fleet.models" / "squeezenet.onnx"
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    name = ref.get_inputs()[0].name
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    want = ref.run(None, {name: x})
+    with ServerThread(served, ServeOptions(port=0, model_prefix=prefix)) as srv:
+        opts = {"remote": {"url": srv.url, "model_prefix": prefix}}
+        with edgesplit.load(caller, executor_options=opts) as sess:
+            got = sess.run({name: x})
+            stats = sess.remote_stats()
+        for o, w in zip(ref.get_outputs(), want):
+            np.testing.assert_allclose(got[o.name], w, rtol=1e-3, atol=1e-3)
+        # the plan's server part ran there (the band plans' parts stand by: an adaptive bundle)
+        assert stats and set(stats) <= set(remote)
+        assert all(s.remote_runs == 1 and s.local_runs == 0 for s in stats.values())
+        with edgesplit.load(caller, executor_options={"remote": {"url": srv.url}}) as sess:
+            with pytest.raises(RemoteError, match=f"part {next(iter(stats))}"):
+                sess.run({name: x})

@@ -27,6 +27,17 @@ def check_token(token: str | None) -> str | None:
         raise click.BadParameter(str(e), param_hint="--token") from None
 
 
+def check_prefix(prefix: str | None, flag: str) -> str:
+    """A server model prefix names models: letters, digits, '_', '.' and '-' only."""
+    from edgesplit.errors import InputError
+    from edgesplit.runtime.oip import check_model_prefix
+
+    try:
+        return check_model_prefix(prefix or "", "the prefix")
+    except InputError as e:
+        raise click.BadParameter(str(e), param_hint=flag) from None
+
+
 @dataclass(frozen=True)
 class Timing:
     """``--repeat``, ``--warmup`` and ``--stream``."""
@@ -45,6 +56,7 @@ class Offload:
     trust_key: str | None = None
     deadline_ms: float | None = None
     adaptive: bool = False
+    server_model_prefix: str = ""
 
     def executor_options(self) -> dict | None:
         """The executors' options: the server's URL, token and deadline (None: no server)."""
@@ -59,6 +71,8 @@ class Offload:
         if not self.server_url:
             return None
         remote = {"url": self.server_url, "token": self.token}
+        if self.server_model_prefix:
+            remote["model_prefix"] = self.server_model_prefix
         if self.deadline_ms is not None:
             remote["timeout_s"] = self.deadline_ms / 1e3
         return {"remote": remote}
@@ -150,6 +164,14 @@ offload_options = option_group(
         help="Switch band plans by the measured uplink (an adaptive bundle); else, per remote "
         "part, "
         "run on the server or the local fallback, whichever is measured faster.",
+    ),
+    field_option(
+        "--server-model-prefix",
+        metavar="PREFIX",
+        show_default=False,
+        callback=lambda ctx, param, value: check_prefix(value, "--server-model-prefix"),
+        help="The server names each part's model PREFIX_<part> (a fleet's shared server: "
+        "'fleet plan --bundles' gives each group's prefix).",
     ),
 )
 generate_options = option_group(

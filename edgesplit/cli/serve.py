@@ -47,6 +47,7 @@ class ServeCompute:
     all_parts: bool = False
     threads: int | None = None
     intra_op_threads: int | None = None
+    model_prefix: str = ""
 
 
 _seconds = click.FloatRange(min=0, min_open=True)
@@ -134,6 +135,13 @@ compute_options = option_group(
         help="ONNX Runtime threads per request (default: the part's planned threads, else all "
         "cores).",
     ),
+    field_option(
+        "--model-prefix",
+        metavar="PREFIX",
+        show_default=False,
+        help="Name each part's model PREFIX_<part> (as 'fleet plan --bundles' names a shared "
+        "server's models); devices call it with 'run --server-model-prefix PREFIX'.",
+    ),
 )
 
 
@@ -156,7 +164,7 @@ def command(
     batching: Batching,
     verbosity: Verbosity,
 ) -> None:
-    """Serve BUNDLE's server parts (model name = part name) until SIGTERM or Ctrl-C.
+    """Serve BUNDLE's server parts (model name = part name, or --model-prefix's) until SIGTERM.
 
     Speaks KServe v2 / Triton REST with the binary tensor extension, so tritonclient.http
     and 'edgesplit run --server URL' work against it. In-flight requests finish on shutdown.

@@ -75,6 +75,30 @@ def _fail(msg: str) -> RunInputError:
     return RunInputError(msg)
 
 
+_MODEL_PREFIX_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def check_model_prefix(prefix: str, what: str = "the model prefix") -> str:
+    """``prefix`` if models may be named ``<prefix>_<part>`` on a server: letters, digits, ``_``,
+    ``.`` and ``-`` (what Triton's repository folders and a URL path take unescaped), at most 128.
+
+    Raises :class:`~edgesplit.errors.InputError` naming the first bad character."""
+    bad = next((ch for ch in prefix if ch not in _MODEL_PREFIX_CHARS), None)
+    if bad is not None:
+        raise InputError(
+            f"{what} {prefix!r} holds {bad!r}: only letters, digits, '_', '.' and '-' can name a "
+            "model"
+        )
+    if len(prefix) > 128:
+        raise InputError(f"{what} is {len(prefix)} characters long: at most 128")
+    return prefix
+
+
+def served_name(part: str, model_prefix: str = "") -> str:
+    """The name a server gives part ``part``'s model: ``<model_prefix>_<part>``, or ``part``."""
+    return f"{model_prefix}_{part}" if model_prefix else part
+
+
 def check_bearer_token(token: str, what: str = "the bearer token") -> str:
     """``token`` if it can go in an ``Authorization`` header: visible ASCII only (no CR, LF, space).
 

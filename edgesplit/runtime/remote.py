@@ -39,6 +39,7 @@ from edgesplit.errors import RemoteError, RemoteHostError
 from edgesplit.runtime.adaptive import LinkEstimator, OffloadPolicy
 from edgesplit.runtime.client import OipClient
 from edgesplit.runtime.executors import Executor
+from edgesplit.runtime.oip import served_name
 
 _LINKS: dict[str, LinkEstimator] = {}
 _LINKS_LOCK = threading.Lock()
@@ -105,9 +106,13 @@ class RemoteExecutor:
         cooldown_s: float = 0.5,
         max_cooldown_s: float = 15.0,
         probe_interval_s: float = 1.0,
+        model_prefix: str = "",
     ):
+        """``model_prefix``: the server names this part's model ``<prefix>_<part>`` (a fleet's
+        Triton repository, ``serve --model-prefix``); empty: the part's own name."""
         self.part = part
         self.url = url
+        self.model_name = served_name(part.name, model_prefix)
         self._inputs = [t.name for t in part.inputs]
         self._outputs = {t.name: t for t in part.outputs}
         self._lock = threading.Lock()
@@ -195,14 +200,14 @@ class RemoteExecutor:
             )
         t0 = time.perf_counter()
         try:
-            out, ex = self._client.infer(self.part.name, ins, list(self._outputs))
+            out, ex = self._client.infer(self.model_name, ins, list(self._outputs))
             self._check(out)
         except RemoteError as e:
             status = getattr(e, "status", None)
             if (
                 status is not None and 400 <= status < 500
             ):  # the server refuses us: bad configuration
-                raise RemoteHostError(f"part {self.part.name}: {e}") from e
+                raise RemoteHostError(f"part {self._called()}: {e}") from e
             self._trip(e)
             if self._local is not None:
                 return self._run_local(ins)
@@ -237,6 +242,12 @@ class RemoteExecutor:
     def link(self) -> LinkEstimator:
         return self._link
 
+    def _called(self) -> str:
+        """The part, and the server's name for it when that is another."""
+        if self.model_name == self.part.name:
+            return self.part.name
+        return f"{self.part.name} (model {self.model_name} on the server)"
+
     def probe(self) -> bool:
         """Send the part's zero inputs to the server to measure the link (not counted as a run);
         True when it answered. A failure starts the cool-down, as a failed run does."""
@@ -245,7 +256,7 @@ class RemoteExecutor:
         feeds = {t.name: np.zeros(t.shape, dtype=t.dtype) for t in self.part.inputs}
         try:
             self._link.add_ping(self._client.ping(timeout_s=self._client.connect_timeout_s))
-            out, ex = self._client.infer(self.part.name, feeds, list(self._outputs))
+            out, ex = self._client.infer(self.model_name, feeds, list(self._outputs))
             self._check(out)
         except RemoteError as e:
             self._trip(e)

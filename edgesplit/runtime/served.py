@@ -39,11 +39,13 @@ class ServedModel:
         bundle: VerifiedBundle,
         intra_op_threads: int | None,
         max_batch: int = 1,
+        name: str | None = None,
     ):
         """Load the part; with ``max_batch > 1``, its batch-free form when it has one (see
-        :mod:`edgesplit.bundle.batching`), else it is served unbatched and :attr:`note` says so."""
+        :mod:`edgesplit.bundle.batching`), else it is served unbatched and :attr:`note` says so.
+        ``name``: the model's name on the server (default: the part's)."""
         self.part = part
-        self.name = part.name
+        self.name = name or part.name
         self.max_batch, self.rows = 1, 0
         self.executor, notes = None, []
         if part.file != part.onnx_file:
@@ -63,7 +65,7 @@ class ServedModel:
         self.inputs = {t.name: t for t in part.inputs}
         self.output_names = [t.name for t in part.outputs]
         self.metadata = {
-            "name": part.name,
+            "name": self.name,
             "versions": ["1"],
             "platform": "onnxruntime_onnx"
             if self.executor is None

@@ -99,6 +99,7 @@ class ServeOptions:
     trust_key: str | None = None  # an ed25519 public key file: serve only a bundle signed by it
     max_batch: int = 1  # requests of one part run as one batch at most (1: no batching)
     max_queue_delay_ms: float = 0.0  # how long a batch may wait for more requests
+    model_prefix: str = ""  # models are named <prefix>_<part> (a fleet's shared server)
 
     def check(self) -> None:
         """Raise :class:`InputError` naming the ``serve`` flag of the first inconsistent limit."""
@@ -117,6 +118,7 @@ class ServeOptions:
                 raise InputError(f"{flag} must be a positive number of seconds, not {value}")
         if self.token is not None:
             oip.check_bearer_token(self.token, "--token")
+        oip.check_model_prefix(self.model_prefix, "--model-prefix")
         if self.max_batch < 1:
             raise InputError(f"--max-batch must be at least 1, not {self.max_batch}")
         if not 0 <= self.max_queue_delay_ms < 60_000:
@@ -167,7 +169,13 @@ class OffloadServer:
             # rather than let each pool take them all (measured: 2 pools of 2 threads on 2 cores
             # ran batches of 8 tiny_dag requests 10-30x slower than one thread each)
             intra = max(1, (os.cpu_count() or 1) // workers)
-        self.models = {p.name: ServedModel(p, verified, intra, options.max_batch) for p in parts}
+        served = [
+            ServedModel(
+                p, verified, intra, options.max_batch, oip.served_name(p.name, options.model_prefix)
+            )
+            for p in parts
+        ]
+        self.models = {m.name: m for m in served}
         self.notes = [m.note for m in self.models.values() if m.note]
         self._token = options.token.encode() if options.token else None
         self.budget = ByteBudget(options.max_inflight_nbytes)

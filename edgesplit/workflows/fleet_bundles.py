@@ -68,8 +68,8 @@ def _rename(pb, text: str, names: dict[str, str], instances: int):
 def export_shared(tmp: Path, groups: list[tuple[str, str, Any]], server: Server) -> dict[str, Any]:
     """Write ``tmp/server/triton``: per server part key the models of its first group's bundle,
     renamed with :func:`triton_prefix`, batching and instances set from ``server``. Returns the
-    report's ``triton`` section (per group its Triton models; per model the parts that did not
-    batch and why)."""
+    report's ``triton`` section (per group its Triton models and the model prefix its bundle runs
+    with, ``run --server-model-prefix``; per model the parts that did not batch and why)."""
     from edgesplit.compile.triton import config_text, export_triton, model_config_pb2
 
     pb = model_config_pb2()
@@ -78,6 +78,7 @@ def export_shared(tmp: Path, groups: list[tuple[str, str, Any]], server: Server)
     repo.mkdir(parents=True)
     per_key: dict[str, list[str]] = {}
     per_group: dict[str, list[str]] = {}
+    prefixes: dict[str, str] = {}
     unbatched: dict[str, str] = {}
     for name, _model, key in groups:
         if key is None:
@@ -102,11 +103,13 @@ def export_shared(tmp: Path, groups: list[tuple[str, str, Any]], server: Server)
             per_key[key] = [names[m] for m in (*made.ensembles, *made.models)]
             unbatched.update({names[p]: why for p, why in made.unbatched})
         per_group[name] = per_key[key]
+        prefixes[name] = triton_prefix(key)
     return {
         "repository": "server/triton",
         "max_batch": max_batch,
         "max_queue_delay_ms": server.max_queue_delay_ms if max_batch > 1 else 0.0,
         "instances": server.slots,
         "groups": per_group,
+        "model_prefixes": prefixes,
         "unbatched": unbatched,
     }
