@@ -184,24 +184,28 @@ class NetworkLink:
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """A device (or server): its processors and the on-chip links between them.
-
-    Attributes:
-        links: ``(a, b) -> (bandwidth_gbps, latency_ms)`` for on-chip copies; pairs not listed use
-            ``default_link``.
-        local: True when the processors are on this machine and can be measured here.
-    """
+    """A device (or server): its processors and the on-chip links between them."""
 
     name: str
     kind: str
+    """``device`` or ``server``."""
     processors: tuple[Processor, ...]
+    """The spec's processors in its order, then its core groups (:func:`core_group`), then a
+    server's (:meth:`with_server`)."""
     path: str = ""
+    """The file it was read from, or what errors name for a spec that came another way."""
     description: str = ""
     memory_mb: float | None = None
+    """What all its processors' nodes may hold together, in MB (10^6 bytes); None: no limit."""
     links: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    """``(a, b) -> (bandwidth_gbps, latency_ms)`` for on-chip copies; pairs not listed use
+    ``default_link``."""
     default_link: tuple[float, float] = (10.0, 0.02)
+    """``(bandwidth_gbps, latency_ms)`` of an on-chip copy between processors ``links`` omits."""
     servers: tuple[str, ...] = ()
+    """The server specs it can reach, by name, as its spec lists them (``--server`` picks one)."""
     local: bool = False
+    """True when the processors are on this machine and can be measured here."""
 
     def processor(self, name: str) -> Processor:
         for p in self.processors:
