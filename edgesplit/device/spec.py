@@ -88,25 +88,44 @@ class Processor:
     """One processor: a CPU cluster, a GPU, an NPU or DSP, on a device or a server."""
 
     name: str
+    """Its key under the spec's ``processors``; ``<server>.<processor>`` for a server's."""
     kind: str
+    """``cpu``, ``gpu``, ``npu`` or ``dsp``."""
     backends: tuple[Backend, ...]
+    """How it runs a part, in the spec's order."""
     peak_gflops: float
+    """Datasheet peak compute, in GFLOP/s, for the roofline prediction."""
     mem_bandwidth_gbps: float
+    """Datasheet memory bandwidth, in gigabytes (not bits) per second, for the roofline."""
     active_w: float
+    """Power while it runs a node, in watts: a predicted node's energy is this times its latency."""
     idle_w: float
+    """Power while the device waits and it runs nothing, in watts."""
     launch_overhead_ms: float = 0.01
+    """Fixed cost of one node, in ms, added to the roofline prediction."""
     memory_mb: float | None = None
+    """What its nodes may hold, in MB (10^6 bytes); None: no limit of its own."""
     ops_only: frozenset[str] | None = None
+    """The spec's ``ops.only``: the ONNX op types it runs, every other refused; None: no list."""
     ops_exclude: frozenset[str] = frozenset()
+    """The spec's ``ops.exclude``: ONNX op types it never runs."""
     dtypes: tuple[str, ...] | None = None
+    """Tensor element types its nodes may take (``float32``, ``int8`` ...); None: any."""
     cores: tuple[int, ...] | None = None
+    """The CPU cores its threads are pinned to, when profiling and running; None: not pinned."""
     threads: int | None = None
+    """ONNX Runtime intra-op threads; None: one per core in ``cores``, else the runtime's choice."""
     cpu_quota_pct: float | None = None
-    server: str | None = None  # name of the server spec when the processor is remote
+    """The share of its cores its work gets, in percent (an emulated little core); None: all."""
+    server: str | None = None
+    """The server spec's name when the processor is remote (:meth:`DeviceSpec.with_server`)."""
     description: str = ""
     spec_precisions: tuple[str, ...] | None = None
+    """The spec's ``precisions`` list as written (None when absent); read :attr:`precisions`."""
     members: tuple[str, ...] = ()
+    """For a core group, the CPU processors whose cores it runs on (see :func:`core_group`)."""
     core_quotas: tuple[tuple[int, float], ...] = ()
+    """For a core group, ``(core, cpu_quota_pct)`` of each member core that keeps a quota."""
 
     @property
     def is_remote(self) -> bool:
@@ -149,34 +168,44 @@ class NetworkLink:
     """A network link between the device and a server (Wi-Fi, LTE, 5G, or given by flags)."""
 
     name: str
+    """The preset's name in ``links.yaml`` (``wifi``, ``lte`` ...); empty for flags alone."""
     up_mbps: float
+    """Device-to-server rate, in megabits per second."""
     down_mbps: float
+    """Server-to-device rate, in megabits per second."""
     rtt_ms: float
+    """Round-trip time, paid once per transfer whichever way it goes."""
     tx_power_w: float
+    """The radio's power while sending at ``up_mbps``, in watts (the whole phone's)."""
     rx_power_w: float
+    """The radio's power while receiving at ``down_mbps``, in watts."""
     description: str = ""
 
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """A device (or server): its processors and the on-chip links between them.
-
-    Attributes:
-        links: ``(a, b) -> (bandwidth_gbps, latency_ms)`` for on-chip copies; pairs not listed use
-            ``default_link``.
-        local: True when the processors are on this machine and can be measured here.
-    """
+    """A device (or server): its processors and the on-chip links between them."""
 
     name: str
     kind: str
+    """``device`` or ``server``."""
     processors: tuple[Processor, ...]
+    """The spec's processors in its order, then its core groups (:func:`core_group`), then a
+    server's (:meth:`with_server`)."""
     path: str = ""
+    """The file it was read from, or what errors name for a spec that came another way."""
     description: str = ""
     memory_mb: float | None = None
+    """What all its processors' nodes may hold together, in MB (10^6 bytes); None: no limit."""
     links: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    """``(a, b) -> (bandwidth_gbps, latency_ms)`` for on-chip copies; pairs not listed use
+    ``default_link``."""
     default_link: tuple[float, float] = (10.0, 0.02)
+    """``(bandwidth_gbps, latency_ms)`` of an on-chip copy between processors ``links`` omits."""
     servers: tuple[str, ...] = ()
+    """The server specs it can reach, by name, as its spec lists them (``--server`` picks one)."""
     local: bool = False
+    """True when the processors are on this machine and can be measured here."""
 
     def processor(self, name: str) -> Processor:
         for p in self.processors:

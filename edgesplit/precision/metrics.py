@@ -1,14 +1,8 @@
 """Accuracy of a reduced-precision model against fp32, and the budget a plan must meet.
 
 Pure numpy (``optimize/`` imports it). Figures compare a plan's outputs with the fp32 model's on
-the same held-out samples; there are no labels, so "accuracy" is agreement with fp32:
-
-- ``snr_db``: 10 log10(sum ref^2 / sum (ref - got)^2) over every output element of every
-  sample, the worst output counted (capped at :data:`SNR_CAP_DB`, which means equal to rounding);
-- ``cosine``: cosine similarity of the flattened outputs, the worst output counted;
-- ``max_abs_error``: the largest absolute difference anywhere;
-- ``top1_agreement``: for classifiers (an output of shape ``(N, C)`` with ``C >= 2``), the share of
-  samples whose arg-max class is fp32's; None for other models.
+the same held-out samples; there are no labels, so "accuracy" is agreement with fp32 (each figure
+is defined on its field of :class:`Accuracy`).
 
 ``drop`` is one number for both kinds of model: the share of samples whose top-1 class changed
 for a classifier, else the relative RMS error ``10 ** (-snr_db / 20)`` (0.01 is 40 dB).
@@ -30,13 +24,20 @@ SNR_CAP_DB = 200.0
 
 @dataclass(frozen=True)
 class Accuracy:
-    """How close a reduced-precision run is to fp32 (see the module doc for each figure)."""
+    """How close a reduced-precision run is to fp32, on held-out samples (no labels: agreement)."""
 
     snr_db: float
+    """10 log10(sum ref^2 / sum (ref - got)^2) over every output element of every sample, the
+    worst output counted (capped at :data:`SNR_CAP_DB`, which means equal to rounding)."""
     cosine: float
+    """Cosine similarity of the flattened outputs, the worst output counted."""
     max_abs_error: float
+    """The largest absolute difference anywhere."""
     top1_agreement: float | None = None
+    """For classifiers (an output of shape ``(N, C)`` with ``C >= 2``), the share of samples whose
+    arg-max class is fp32's; None for other models."""
     samples: int = 0
+    """How many held-out samples the figures are over (0 in :data:`EXACT`: nothing was run)."""
 
     @property
     def drop(self) -> float:

@@ -74,28 +74,35 @@ class RequestBreakdown:
 
 @dataclass(frozen=True)
 class Breakdown:
-    """Per part, per request, per processor; the end-to-end figures are medians over requests.
-
-    Attributes:
-        processors: Each lane's run calls over the time requests were in flight
-            (:meth:`Trace.busy_in_requests`).
-        critical_run_ms: Sum of the run calls on each request's realised critical path.
-        unexplained_ms: Latency minus ``critical_run_ms``, split into the other buckets (each a
-            median on its own, so they need not add up exactly).
-    """
+    """Per part, per request, per processor; the end-to-end figures are medians over requests
+    (None when the trace has no request)."""
 
     parts: tuple[PartBreakdown, ...]
+    """Each part that ran, in the manifest's order: medians over its runs."""
     requests: tuple[RequestBreakdown, ...]
+    """Each request of the trace, split along its realised critical path."""
     processors: tuple[ProcessorBusy, ...]
+    """Each lane's run calls over the time requests were in flight
+    (:meth:`Trace.busy_in_requests`)."""
     latency_ms: float | None
+    """End-to-end latency of a request."""
     predicted_ms: float | None
+    """The plan's predicted latency (its ``predicted.latency_ms``; None when it has none)."""
     critical_run_ms: float | None
+    """Sum of the run calls on each request's realised critical path."""
     unexplained_ms: float | None
+    """Latency minus ``critical_run_ms``, split into the buckets below (each a median on its own,
+    so they need not add up exactly)."""
     io_ms: float | None
+    """Gathering inputs before, and collecting outputs after, the critical path's run calls."""
     handoff_ms: float | None
+    """Waits for an idle worker to start a part (thread wake-ups) on the critical path."""
     queue_ms: float | None
+    """Waits on the critical path behind another part on a busy worker (two parts, one lane)."""
     bookkeeping_ms: float | None
+    """The scheduler merging outputs into the request and finding the parts that became ready."""
     other_ms: float | None
+    """The rest of the latency: building the result."""
 
 
 def plan_value(plan: Any, key: str) -> Any:
