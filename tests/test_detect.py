@@ -61,7 +61,7 @@ def test_big_little_phone_becomes_three_clusters_a_gpu_and_an_npu(tmp_path):
     assert procs["cpu_little"]["peak_gflops"] == pytest.approx(64.0)
     assert procs["gpu"]["backends"][0]["provider"] == "QNNExecutionProvider"
     assert procs["npu"]["backends"][0]["options"]["backend_path"] == "libQnnHtp.so"
-    assert data["memory_mb"] == 11264
+    assert data["memory_mb"] == 11811  # 11,534,336 kB (KiB) in 10^6 bytes
     assert "# Estimate: 1 core x 3.20 GHz x 32; Cortex-X3" in text
     assert "Adreno740v2 (/dev/kgsl-3d0)" in text and "Estimate" in text.split("gpu:")[1]
     out = tmp_path / "my-phone.yaml"
@@ -169,12 +169,12 @@ def test_nvidia_smi_gpus_become_cuda_processors(tmp_path, monkeypatch):
             "vendor": "nvidia",
             "node": "/dev/nvidia0",
             "model": "NVIDIA H200",
-            "memory_mb": 143771.0,
+            "memory_mb": 150755,  # nvidia-smi's 143,771 MiB in 10^6 bytes
         }
     ]
     data = yaml.safe_load(to_yaml(draft_spec(facts, "gpu-box")))
     gpu = data["processors"]["gpu"]
     assert (
         gpu["backends"] == [{"runtime": "ort", "provider": "CUDAExecutionProvider"}]
-        and gpu["memory_mb"] == 143771
+        and gpu["memory_mb"] == 150755
     )

@@ -271,7 +271,10 @@ def _nvidia_smi(root: Path) -> list[dict[str, Any]]:
                 "vendor": "nvidia",
                 "node": f"/dev/nvidia{i}",
                 "model": name.strip(),
-                "memory_mb": float(mem) if mem.strip().replace(".", "", 1).isdigit() else None,
+                # nvidia-smi gives MiB; a spec's MB are 10^6 bytes
+                "memory_mb": round(float(mem) * 2**20 / 1e6)
+                if mem.strip().replace(".", "", 1).isdigit()
+                else None,
             }
         )
     return gpus

@@ -275,8 +275,8 @@ def draft_spec(facts: Mapping[str, Any], name: str | None = None) -> DraftSpec:
         f"Python {facts.get('python')}, drafted by edgesplit devices detect",
     }
     if facts.get("memory_kb"):
-        data["memory_mb"] = round(facts["memory_kb"] / 1024)
-        comments["memory_mb"] = ("MemTotal from /proc/meminfo.",)
+        data["memory_mb"] = round(facts["memory_kb"] * 1024 / 1e6)  # kB are KiB; MB are 10^6 bytes
+        comments["memory_mb"] = ("MemTotal from /proc/meminfo, in 10^6 bytes.",)
     data["processors"] = procs
     return DraftSpec(data, comments, _header(facts))
 

@@ -128,7 +128,8 @@ def detect_host(data: dict[str, Any]) -> dict[str, Any]:
     try:
         import psutil
 
-        data.setdefault("memory_mb", round(psutil.virtual_memory().total / 2**20))
+        # MB is 10^6 bytes, as the planner counts a part's memory (optimize/costs.py)
+        data.setdefault("memory_mb", round(psutil.virtual_memory().total / 1e6))
     except ImportError:
         pass
     return data
