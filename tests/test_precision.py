@@ -18,6 +18,7 @@ from conftest import make_model, max_examples, rand
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
+from precision_kit import ALLOWED, NPU_SPEC, made_up_profile, noisy_tail_chain, split_net_model
 
 import edgesplit
 import edgesplit.precision.measure
@@ -31,8 +32,6 @@ from edgesplit.precision.metrics import SNR_CAP_DB, AccuracyBudget, compare
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile, Profile
 from edgesplit.runtime.accuracy import bundle_accuracy
 from edgesplit.workflows.resolve import Choices, resolve
-
-ALLOWED = {"Conv", "Relu", "GlobalAveragePool", "Flatten", "Gemm", "Add"}
 
 
 @pytest.fixture(scope="module")
@@ -48,88 +47,11 @@ def _cache(_module_cache, monkeypatch):
     monkeypatch.setenv("EDGESPLIT_CACHE", str(_module_cache))
 
 
-def _split_net(path) -> str:
-    """Conv-Relu-Conv, HardSigmoid (not on the NPU), Conv-Relu-Conv, Div (not on the NPU),
-    GlobalAveragePool-Flatten-Gemm: a classifier whose int8 nodes form three parts."""
-
-    def c(i: str, o: str, n: int):
-        return helper.make_node(
-            "Conv", [i, f"w{n}", f"b{n}"], [o], pads=[1, 1, 1, 1], name=f"conv{n}"
-        )
-
-    nodes = [
-        c("x", "c1", 1),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        c("r1", "c2", 2),
-        helper.make_node("HardSigmoid", ["c2"], ["h"], name="hsig"),
-        c("h", "c3", 3),
-        helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
-        c("r3", "c4", 4),
-        helper.make_node("Div", ["c4", "two"], ["d"], name="div"),
-        helper.make_node("GlobalAveragePool", ["d"], ["p"], name="gap"),
-        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
-        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1, name="fc"),
-    ]
-    weights = [
-        ("two", np.array(2.0, np.float32)),
-        ("wf", rand(10, 16, seed=9) * 10),
-        ("bf", rand(10, seed=8)),
-    ]
-    for n, (ci, co) in enumerate([(3, 16), (16, 16), (16, 16), (16, 16)], start=1):
-        weights += [(f"w{n}", rand(co, ci, 3, 3, seed=n) * 3), (f"b{n}", rand(co, seed=10 + n))]
-    onnx.save(make_model(nodes, [("x", [1, 3, 32, 32])], [("y", [1, 10])], weights), path)
-    return str(path)
-
-
-NPU_SPEC = """\
-name: npu-board
-kind: device
-local: true
-processors:
-  cpu:
-    kind: cpu
-    cores: [0]
-    threads: 1
-    precisions: [fp32]
-    peak_gflops: 100
-    mem_bandwidth_gbps: 10
-    active_w: 3
-    idle_w: 1
-    backends: [{runtime: ort}]
-  npu:
-    kind: npu
-    cores: [1]
-    threads: 1
-    precisions: [int8]
-    peak_gflops: 400
-    mem_bandwidth_gbps: 10
-    active_w: 3
-    idle_w: 1
-    ops: {only: [Conv, Relu, GlobalAveragePool, Flatten, Gemm, Add]}
-    backends: [{runtime: ort-int8}]
-default_link: {bandwidth_gbps: 8, latency_ms: 0.01}
-"""
-
-
 @pytest.fixture
 def split_net(tmp_path):
-    model = _split_net(tmp_path / "split.onnx")
+    model = split_net_model(tmp_path / "split.onnx")
     (tmp_path / "npu.yaml").write_text(NPU_SPEC)
     return edgesplit.load_model(model), edgesplit.load_device(tmp_path / "npu.yaml")
-
-
-def _profile(graph, device) -> Profile:
-    """Made-up costs: every allowed node 4x faster on the npu, so the plan has three int8 parts."""
-    cpu = {n.name: NodeCost(1.0, 1.0, MEASURED, 3.0, 5) for n in graph.nodes}
-    npu = {
-        n.name: NodeCost(0.25, 0.25, MEASURED, 0.75, 5) for n in graph.nodes if n.op_type in ALLOWED
-    }
-    bad = {n.name: f"{n.op_type} is not supported" for n in graph.nodes if n.op_type not in ALLOWED}
-    entries = (
-        ProcessorProfile("cpu", "ort", MEASURED, cpu, dispatch_ms=0.05),
-        ProcessorProfile("npu", "ort-int8", MEASURED, npu, bad, dispatch_ms=0.05),
-    )
-    return Profile(graph.sha256, graph.name, device.name, graph.input_shapes(), entries)
 
 
 def _int8_nodes(plan) -> set[str]:
@@ -168,7 +90,7 @@ def _tensor(graph, name, sample):
 @pytest.fixture
 def problem(split_net):
     graph, device = split_net
-    return resolve(graph, device, Choices(profile=_profile(graph, device)))
+    return resolve(graph, device, Choices(profile=made_up_profile(graph, device)))
 
 
 def _solve(problem, budget):
@@ -245,7 +167,7 @@ def test_measuring_the_units_of_a_plan_that_misses_the_budget_reports_progress(s
     graph, device = split_net
     seen = []
     choices = Choices(
-        profile=_profile(graph, device), accuracy=AccuracyBudget(min_snr_db=SNR_CAP_DB)
+        profile=made_up_profile(graph, device), accuracy=AccuracyBudget(min_snr_db=SNR_CAP_DB)
     )
     plan = solve_plan(resolve(graph, device, choices, progress=lambda *a: seen.append(a)))
     drops = plan.accuracy.dropped
@@ -320,7 +242,7 @@ def test_a_second_partition_of_the_same_model_converts_no_part_again(
     )
 
     def plan(g, data=None):
-        p = resolve(g, device, Choices(profile=_profile(g, device), calibration_data=data))
+        p = resolve(g, device, Choices(profile=made_up_profile(g, device), calibration_data=data))
         return _solve(p, AccuracyBudget(min_snr_db=30.0))
 
     first = plan(graph)
@@ -353,7 +275,9 @@ def test_a_new_process_reads_the_figures_from_disk_and_measures_an_unreadable_fi
     def plan():
         monkeypatch.setattr(edgesplit.precision.measure, "_MEMOS", OrderedDict())  # a new process
         p = resolve(
-            edgesplit.load_model(graph.path), device, Choices(profile=_profile(graph, device))
+            edgesplit.load_model(graph.path),
+            device,
+            Choices(profile=made_up_profile(graph, device)),
         )
         return _solve(p, AccuracyBudget(min_snr_db=30.0))
 
@@ -605,7 +529,7 @@ def test_an_int8_only_processor_never_gets_an_fp32_part(tmp_path, split_net):
         edgesplit.load_device(tmp_path / "bad.yaml")
     graph, device = split_net
     plan = _solve(
-        resolve(graph, device, Choices(profile=_profile(graph, device))), AccuracyBudget()
+        resolve(graph, device, Choices(profile=made_up_profile(graph, device))), AccuracyBudget()
     )
     forged = dataclasses.replace(
         plan, parts=tuple(dataclasses.replace(p, backend="ort") for p in plan.parts)
@@ -739,34 +663,6 @@ def test_fp16_part_on_cuda(split_net):
     assert compare([{"y": ref}], [{"y": sess.run(None, dict(x))[0]}]).snr_db > 40
 
 
-def _noisy_tail_chain(path) -> str:
-    """Conv-Relu x6, then an Add of +1000 at one pixel and one of -1000 back (int8 with a range of
-    +-1000 rounds every other value of the tensor away: noise, not signal), then Conv-Relu: 16
-    nodes, all on the NPU's list, the noise all in the second half."""
-    nodes, weights, prev = [], [], "x"
-    spike = np.zeros((1, 8, 16, 16), np.float32)
-    spike[0, 0, 0, 0] = 1000.0
-    for k in range(7):
-        if k == 6:
-            nodes += [
-                helper.make_node("Add", [prev, "spike"], ["up"], name="add_big"),
-                helper.make_node("Add", ["up", "unspike"], ["down"], name="add_back"),
-            ]
-            weights += [("spike", spike), ("unspike", -spike)]
-            prev = "down"
-        cin = 3 if k == 0 else 8
-        nodes += [
-            helper.make_node(
-                "Conv", [prev, f"w{k}"], [f"c{k}"], pads=[1, 1, 1, 1], name=f"conv{k}"
-            ),
-            helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}"),
-        ]
-        weights.append((f"w{k}", rand(8, cin, 3, 3, seed=20 + k)))
-        prev = f"r{k}"
-    onnx.save(make_model(nodes, [("x", [1, 3, 16, 16])], [(prev, [1, 8, 16, 16])], weights), path)
-    return str(path)
-
-
 @pytest.mark.slow  # three int8 conversions and measurements of a 16-node part: about 5 s
 def test_a_budget_drops_the_noisy_half_of_a_long_int8_part_not_all_of_it(tmp_path):
     """One int8 part of 16 nodes whose noise is all in its second half: a budget between the SNR of
@@ -774,9 +670,9 @@ def test_a_budget_drops_the_noisy_half_of_a_long_int8_part_not_all_of_it(tmp_pat
     from edgesplit.optimize.accuracy import _alone, units
 
     (tmp_path / "npu.yaml").write_text(NPU_SPEC)
-    graph = edgesplit.load_model(_noisy_tail_chain(tmp_path / "chain.onnx"))
+    graph = edgesplit.load_model(noisy_tail_chain(tmp_path / "chain.onnx"))
     device = edgesplit.load_device(tmp_path / "npu.yaml")
-    problem = resolve(graph, device, Choices(profile=_profile(graph, device)))
+    problem = resolve(graph, device, Choices(profile=made_up_profile(graph, device)))
     first = _solve(problem, AccuracyBudget(min_snr_db=-SNR_CAP_DB))
     int8 = [p for p in first.parts if p.precision == "int8"]
     assert len(int8) == 1 and len(int8[0].nodes) == 16
