@@ -10,9 +10,10 @@ What is real and what is emulated:
 * **Emulated**: the device's own compute (the client sleeps the plan's device time on its spec,
   as the planner's cost model predicts it); the link's propagation delay (this kernel has no
   netem: the client sleeps half the RTT before sending and half after the answer); the device's
-  energy (modelled as edgesplit does: the plan's device compute energy, the radio's power over the
-  link's serialisation time of the bytes sent and received, and the device's idle power over the
-  rest of the time it waits for the answer).
+  energy (modelled as the planner prices it, :func:`edgesplit.fleet.price.energy_at_mj`: the
+  plan's energy alone, which holds its compute, its hand-offs, its radio and its idle power, plus
+  the device's idle power over the time the answer took longer than alone, or less where it came
+  sooner).
 
 Strategies (all on the same fleet file):
 
@@ -62,6 +63,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from netlab import free_port, serve_command, stop_process, wait_ready  # noqa: E402
 
+from edgesplit.fleet.price import Candidate, energy_at_mj  # noqa: E402
 from edgesplit.runtime import oip  # noqa: E402
 
 STRATEGIES = ("device", "offload", "alone", "server-load", "fleet")
@@ -149,6 +151,7 @@ class Emulated:
     device_compute_ms: float
     compute_mj: float
     cut: tuple[str, ...]  # tensors sent to the server ((): device only)
+    alone: Candidate  # the candidate as the planner priced it, alone
 
 
 def suffix_cut(cm, assign: np.ndarray) -> tuple[str, ...] | None:
@@ -180,6 +183,7 @@ def emulated(cm, made) -> Emulated | None:
         float(cm.node_ms[rows, a[rows]].sum()),
         float(cm.node_mj[rows, a[rows]].sum()),
         cut,
+        made.candidate,
     )
 
 
@@ -514,18 +518,11 @@ def part_name(plan: Emulated) -> str:
     return "p" + (plan.key or "device").split("/")[-1] if plan.cut else "device"
 
 
-def energy_mj(plan: Emulated, cm, row, group_spec, req) -> float:
-    """The device's modelled energy for one request: compute energy, radio power over the bytes'
-    serialisation time at the link's rate, idle power over the rest of the wait."""
-    if not plan.cut:
-        return plan.compute_mj
-    home = int(cm.home)
-    server = int(np.flatnonzero(cm.remote)[0])
-    radio_w = float(cm.radio_w[home, server])
-    nbytes = len(req["body"]) + req["out_nbytes"]
-    radio_ms = nbytes * 8 / (group_spec.bandwidth_mbps * 1e3)
-    wait_ms = max(0.0, row["busy_ms"] - plan.device_compute_ms - radio_ms)
-    return plan.compute_mj + radio_w * radio_ms + cm.idle_total_w * wait_ms
+def energy_mj(plan: Emulated, row) -> float:
+    """The device's modelled energy for one request, priced as the planner prices it: the plan's
+    energy alone, plus idle power over the time the answer took longer than alone (less where it
+    came sooner)."""
+    return energy_at_mj(plan.alone, row["busy_ms"])
 
 
 def run_strategy(name, fleet, per_group, pick, server, work: Path, duration_s: float) -> dict:
@@ -559,12 +556,11 @@ def run_strategy(name, fleet, per_group, pick, server, work: Path, duration_s: f
         rows, wall_s = asyncio.run(drive(fleet, per_group, pick, lab, port, requests, duration_s))
     batches: dict[int, tuple[int, float]] = {}
     for gi, g in enumerate(fleet.groups):
-        _, _, cm, kept = per_group[g.name]
+        _, _, _, kept = per_group[g.name]
         plan = kept[pick[gi]][1]
         rs = rows[g.name]
         lat = np.array([r["latency_ms"] for r in rs if r["ok"]])
-        req = requests.get(part_name(plan))
-        e = [energy_mj(plan, cm, r, g, req) for r in rs if r["ok"]]
+        e = [energy_mj(plan, r) for r in rs if r["ok"]]
         for r in rs:
             if r["batch"]:
                 batches[r["batch"][0]] = (r["batch"][1], r["compute_ms"])
@@ -705,6 +701,8 @@ def main() -> None:
         scales = [int(x) for x in args.sweep.split(",")]
         sweep(args.fleet, scales, args.duration_s, args.json)
         return
+    from edgesplit.fleet.price import FleetTable
+
     names = tuple(args.strategies.split(","))
     with tempfile.TemporaryDirectory(prefix="fleetrun-") as d:
         work = Path(d)
@@ -718,6 +716,15 @@ def main() -> None:
             pick, server, extra = choices[name]
             r = run_strategy(name, fleet, per_group, pick, server, work, args.duration_s)
             r.update(extra)
+            r["loadavg_1min"] = os.getloadavg()[0]  # the host is shared: how busy it was
+            priced = FleetTable(groups, server).price(pick, server)
+            r["predicted"] = {
+                "utilisation": priced.utilisation,
+                "saturated": priced.saturated,
+                "batch": priced.batch,
+                "p95_ms": dict(zip((g.name for g in groups), priced.p95_ms)),
+                "device_mj_per_request": dict(zip((g.name for g in groups), priced.energy_mj)),
+            }
             results.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "groups"}), flush=True)
     print()

@@ -237,3 +237,20 @@ def test_fleet_plan_file_writes_plans_server_flags_and_report(tmp_path):
     with pytest.raises(FleetError, match="not a fleet plan"):
         plan_fleet_file(tmp_path / "fleet.yaml", other)
     assert (other / "keep.txt").read_text() == "x"
+
+
+def test_a_measured_latency_is_charged_as_the_pricing_charges_it():
+    """benchmarks/fleet_run.py measures device energy with energy_at_mj: at the latency the
+    pricing predicts on an idle server it gives the priced energy, and each ms longer costs the
+    device's idle power; a plan all on the device costs its energy alone."""
+    from edgesplit.fleet.price import energy_at_mj
+
+    off = Candidate("cut", "k", device_ms=12.0, energy_mj=40.0, idle_w=0.5, server_ms=8.0)
+    local = Candidate("local", None, device_ms=30.0, energy_mj=90.0, idle_w=0.5)
+    g = Group("g", 1, 0.001, 100.0, "energy", (off, local))
+    priced = FleetTable([g], Server()).price([0])
+    assert energy_at_mj(off, priced.p50_ms[0]) == pytest.approx(priced.energy_mj[0])
+    assert energy_at_mj(off, 30.0) == pytest.approx(40.0 + 0.5 * 10.0)
+    assert energy_at_mj(off, 15.0) == pytest.approx(40.0 - 0.5 * 5.0)  # sooner than alone
+    assert energy_at_mj(off, 1.0) == pytest.approx(40.0 - 0.5 * 8.0)  # never below the device's
+    assert energy_at_mj(local, 500.0) == 90.0

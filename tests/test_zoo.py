@@ -22,6 +22,7 @@ EXPECTED_OUTPUTS: dict[str, tuple[str, tuple[int, ...]]] = {
     "mobilenetv1": ("logits", (1, 1000)),
     "squeezenet": ("logits", (1, 1000)),
     "googlenet": ("logits", (1, 1000)),
+    "alexnet": ("logits", (1, 1000)),
     "transformer": ("hidden", (1, 128, 256)),
     "transformer_large": ("hidden", (1, 64, 128)),
     "lstm": ("logits", (1, 10)),
@@ -31,7 +32,7 @@ EXPECTED_OUTPUTS: dict[str, tuple[str, tuple[int, ...]]] = {
 
 
 # Seconds each to build, check or load with costs: in the full suite, not the quick subset.
-_HEAVY = {"resnet18", "resnet50", "googlenet", "transformer", "transformer_large"}
+_HEAVY = {"resnet18", "resnet50", "googlenet", "alexnet", "transformer", "transformer_large"}
 
 
 def _names() -> list:
@@ -132,6 +133,7 @@ def test_save_writes_the_built_bytes(tmp_path: Path):
             ("mobilenetv1", 0.569, 0.10),  # MobileNets paper, table 8
             ("squeezenet", 0.35, 0.10),
             ("googlenet", 1.5, 0.15),  # 5x5 convs as in the paper (torchvision has 3x3 there)
+            ("alexnet", 0.71, 0.10),  # torchvision's count
         ]
     ],
 )

@@ -8,6 +8,13 @@ greedy assignment, and the solver's energy and latency plans. Each is priced by 
 device energy, device time and server time together are kept (at most ``max_candidates``,
 spread over the energies), since a dominated one can only cost more whatever the load.
 
+Reduced precision is held to the problem's accuracy budget, as ``partition`` holds its plans:
+each candidate with int8 or fp16 parts is measured whole against fp32. Where one misses the
+budget, reduced precision is allowed only on the nodes that candidates meeting it run that way
+(none: the group is planned in fp32), the candidates are made again on those costs and measured
+again, and any that still misses is dropped. So an int8 NPU plan that ``partition`` would refuse
+is never offered to the fleet, and the fp32 plans it would fall back on are.
+
 A candidate's server part is keyed by the model, the server processor and its nodes: groups whose
 candidates have the same key run the same server part, so the server may batch them together.
 """
@@ -15,18 +22,22 @@ candidates have the same key run the same server part, so the server may batch t
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from edgesplit.errors import PlanError
 from edgesplit.fleet.price import Candidate
+from edgesplit.optimize.accuracy import reduced, restrict, with_precisions
 from edgesplit.optimize.baselines import baseline_candidates
 from edgesplit.optimize.costs import CostModel
-from edgesplit.optimize.planner import costs_of
+from edgesplit.optimize.evaluate import sequential_cost
+from edgesplit.optimize.pipeline import period_ms
+from edgesplit.optimize.plan import Plan, SolverInfo
+from edgesplit.optimize.planner import costs_of, make_plan
 from edgesplit.optimize.problem import Problem
 from edgesplit.optimize.schedule import schedule
-from edgesplit.optimize.solve import solve
+from edgesplit.optimize.solve import Outcome, solve
 
 MAX_CANDIDATES = 12
 
@@ -77,6 +88,39 @@ def price(problem: Problem, cm: CostModel, name: str, assign: np.ndarray) -> Can
         server_ms=server_ms,
         shared_ms=_shared_ms(problem, cm, assign) if on.any() else 0.0,
     )
+
+
+def plan_of(problem: Problem, cm: CostModel, assign: np.ndarray, detail: str = "") -> Plan:
+    """``assign`` as a :class:`~edgesplit.optimize.plan.Plan` of ``problem`` (solver ``fleet``),
+    each part in its backend's precision."""
+    info = SolverInfo("fleet", 0.0, False, None, "makespan", detail)
+    out = Outcome(
+        assign,
+        schedule(cm, assign),
+        period_ms(cm, assign),
+        sequential_cost(cm, assign, "latency"),
+        info,
+        (),
+        {},
+    )
+    return with_precisions(make_plan(problem, cm, out), problem.full_device)
+
+
+def _measured(problem: Problem, cm: CostModel, made: list[Made]) -> tuple[list[Made], set, bool]:
+    """The candidates that meet the problem's accuracy budget (all-fp32 ones always do), the nodes
+    they run in reduced precision, and whether any missed."""
+    check = problem.accuracy
+    assert check is not None and check.measure is not None
+    kept, nodes, missed = [], set(), False
+    for m in made:
+        plan = plan_of(problem, cm, m.assign)
+        parts = reduced(plan)
+        if parts and not check.budget.meets(check.measure(plan.parts)):
+            missed = True
+            continue
+        kept.append(m)
+        nodes.update(n for p in parts for n in p.nodes)
+    return kept, nodes, missed
 
 
 def _assignments(cm: CostModel, max_evals: int) -> dict[str, np.ndarray]:
@@ -136,11 +180,25 @@ def group_candidates(
     """
     if problem.server is None:
         raise PlanError("a fleet group needs the server (its spec in the fleet file)")
-    cm = costs_of(problem)
-    made = [
-        Made(price(problem, cm, name, a), np.asarray(a, dtype=np.int64))
-        for name, a in _assignments(cm, max_evals).items()
-    ]
+    allowed: frozenset[str] | None = None  # nodes reduced precision may run (None: all)
+    while True:
+        costed = problem
+        if allowed is not None:
+            n_nodes = len(problem.graph.nodes)
+            profile = restrict(problem.profile, problem.full_device, allowed, n_nodes)
+            costed = replace(problem, profile=profile)
+        cm = costs_of(costed)
+        made = [
+            Made(price(costed, cm, name, a), np.asarray(a, dtype=np.int64))
+            for name, a in _assignments(cm, max_evals).items()
+        ]
+        check = problem.accuracy
+        if check is None or check.measure is None:
+            break
+        made, nodes, missed = _measured(costed, cm, made)
+        if not missed or (allowed is not None and nodes >= allowed):
+            break
+        allowed = frozenset(nodes)
     if not made:
         raise PlanError(f"{problem.graph.name} on {problem.device.name}: no plan runs")
     return _front(made, max_candidates), cm

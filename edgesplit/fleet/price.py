@@ -260,6 +260,16 @@ class FleetTable:
 _FIELDS = ("key", "device_ms", "energy_mj", "idle_w", "server_ms")
 
 
+def energy_at_mj(c: Candidate, latency_ms: float) -> float:
+    """The device energy of one request of ``c`` whose answer took ``latency_ms`` from the moment
+    the device started it: its energy alone, plus the device's idle power over the time it waited
+    longer than alone (less, shorter). The pricing's rule, applied to a measured latency; a plan
+    all on the device costs its energy alone."""
+    if c.key is None:
+        return c.energy_mj
+    return c.energy_mj + c.idle_w * (max(latency_ms, c.device_ms) - (c.device_ms + c.server_ms))
+
+
 def best_row(scores: np.ndarray) -> int:
     """The row of ``scores`` (rows x 3) that is smallest in order (first of equals)."""
     return int(np.lexsort((scores[:, 2], scores[:, 1], scores[:, 0]))[0])

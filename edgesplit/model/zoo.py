@@ -90,6 +90,12 @@ ZOO: dict[str, ZooEntry] = by_name(
         _lazy("zoo_cnn", "googlenet"),
     ),
     ZooEntry(
+        "alexnet",
+        "AlexNet, five convolutions then a 58.6M-weight fully connected head; "
+        "input 1x3x224x224 -> logits 1x1000",
+        _lazy("zoo_cnn", "alexnet"),
+    ),
+    ZooEntry(
         "transformer",
         "BERT-style encoder, 4 layers, d=256, 4 heads; input 1x128x256 -> hidden 1x128x256",
         _lazy("zoo_seq", "transformer"),

@@ -1,6 +1,5 @@
-"""Convolutional networks of the zoo: MobileNetV1/V2, ResNet-18/50, SqueezeNet 1.1, GoogLeNet and
-two
-small test graphs (a pure chain and a tiny DAG).
+"""Convolutional networks of the zoo: MobileNetV1/V2, ResNet-18/50, SqueezeNet 1.1, GoogLeNet,
+AlexNet and two small test graphs (a pure chain and a tiny DAG).
 
 Layer names follow torchvision where it has the model (``layer1.0.conv1``, ``features.3.dw``), so
 a split plan reads like the PyTorch module tree.
@@ -294,3 +293,26 @@ def tiny_dag(seed: int = 0) -> onnx.ModelProto:
     x = b.flatten(x, "flatten")
     b.gemm(x, "fc", 16 * 8 * 8, 10, output="logits")
     return b.model({"input": (1, 3, 32, 32)}, {"logits": (1, 10)}, "tiny branchy DAG for tests")
+
+
+def alexnet(seed: int = 0) -> onnx.ModelProto:
+    """AlexNet as torchvision has it: five convolutions (0.7 G multiply-adds) and a head of three
+    fully connected layers that holds 94% of its 61 M weights.
+
+    The split benchmark of Neurosurgeon and DADS. Input ``input`` 1x3x224x224, output ``logits``
+    1x1000; no dropout (inference).
+    """
+    b = _Builder("alexnet", seed)
+    x = b.relu(b.conv("input", "features.0", 3, 64, 11, 4, pad=2), "features.1")
+    x = b.maxpool(x, "features.2", 3, 2)
+    x = b.relu(b.conv(x, "features.3", 64, 192, 5), "features.4")
+    x = b.maxpool(x, "features.5", 3, 2)
+    x = b.relu(b.conv(x, "features.6", 192, 384, 3), "features.7")
+    x = b.relu(b.conv(x, "features.8", 384, 256, 3), "features.9")
+    x = b.relu(b.conv(x, "features.10", 256, 256, 3), "features.11")
+    x = b.maxpool(x, "features.12", 3, 2)  # 256 x 6 x 6: torchvision's 6x6 average pool is a no-op
+    x = b.flatten(x, "flatten")
+    x = b.relu(b.gemm(x, "classifier.1", 256 * 6 * 6, 4096), "classifier.2")
+    x = b.relu(b.gemm(x, "classifier.4", 4096, 4096), "classifier.5")
+    b.gemm(x, "classifier.6", 4096, 1000, output="logits")
+    return b.model({"input": _IMAGE}, {"logits": (1, 1000)}, "AlexNet, random weights")

@@ -125,24 +125,9 @@ def fleet_candidates(
 
 
 def _plan_json(problem, cm, assign: np.ndarray, detail: str) -> dict[str, Any]:
-    from edgesplit.optimize.evaluate import sequential_cost
-    from edgesplit.optimize.pipeline import period_ms
-    from edgesplit.optimize.plan import SolverInfo
-    from edgesplit.optimize.planner import make_plan
-    from edgesplit.optimize.schedule import schedule
-    from edgesplit.optimize.solve import Outcome
+    from edgesplit.fleet.candidates import plan_of
 
-    info = SolverInfo("fleet", 0.0, False, None, "makespan", detail)
-    out = Outcome(
-        assign,
-        schedule(cm, assign),
-        period_ms(cm, assign),
-        sequential_cost(cm, assign, "latency"),
-        info,
-        (),
-        {},
-    )
-    return make_plan(problem, cm, out).to_json()
+    return plan_of(problem, cm, assign, detail).to_json()
 
 
 def fleet_group(g: GroupSpec, candidates: Sequence[Candidate]) -> Group:
