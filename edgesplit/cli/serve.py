@@ -38,6 +38,7 @@ class ServeLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     idle_timeout_s: float = 30.0
+    max_cache_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,12 @@ limit_options = option_group(
     ),
     field_option(
         "--idle-timeout-s", type=_seconds, help="Idle keep-alive connections are closed after this."
+    ),
+    field_option(
+        "--max-cache-tokens",
+        type=click.IntRange(min=1),
+        help="A decoder part's KV cache per request, batch x positions, at most (400 above) "
+        "[default: the model's positions].",
     ),
 )
 compute_options = option_group(

@@ -11,7 +11,7 @@ decoding ran and how often the cache was copied between steps.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +25,9 @@ from edgesplit.generate.reference import session as plain_session
 from edgesplit.model.zoo_decoder import config_of
 
 DEFAULT_CHUNK_TOKENS = 32
+
+Prefill = Callable[[list[int]], "tuple[KVCache, np.ndarray]"]
+"""A prefill run elsewhere: the prompt -> its cache and the logits of its last token."""
 
 
 @dataclass(frozen=True)
@@ -156,18 +159,32 @@ class Generator:
         input_ids: Sequence[int] | np.ndarray,
         max_new_tokens: int,
         eos_token_id: int | None = None,
+        prefill: Prefill | None = None,
     ) -> Iterator[int]:
         """Greedy tokens after ``input_ids``, one at a time; :attr:`last_stats` when exhausted.
+
+        ``prefill``: a prefill to run instead of this generator's (a server's, as
+        :func:`edgesplit.generate.offload.server_prefill` makes); the decode steps bind the cache
+        it returns. Its figures count as one prefill chunk of the whole prompt.
 
         Raises:
             InputError: from :meth:`check_request`, before anything runs.
         """
         prompt = self.check_request(input_ids, max_new_tokens)
-        return self._tokens(prompt, int(max_new_tokens), eos_token_id)
+        return self._tokens(prompt, int(max_new_tokens), eos_token_id, prefill)
 
-    def _tokens(self, prompt: list[int], max_new: int, eos: int | None) -> Iterator[int]:
+    def _tokens(
+        self, prompt: list[int], max_new: int, eos: int | None, prefill: Prefill | None = None
+    ) -> Iterator[int]:
         start = time.perf_counter()
-        cache, logits = self.prefill(prompt)
+        if prefill is None:
+            cache, logits = self.prefill(prompt)
+            chunk_tokens = self.chunk_tokens
+        else:
+            self._returned, self._run_ms = {}, []
+            cache, logits = prefill(prompt)
+            self._prefill_ms = [(time.perf_counter() - start) * 1e3]
+            chunk_tokens = 0
         prefill_ms, step_ms = self._prefill_ms, []
         new, first_ns = 0, time.perf_counter()
         position = len(prompt)
@@ -186,7 +203,7 @@ class Generator:
         end = time.perf_counter()
         c = cache.counts
         self.last_stats = GenerateStats(
-            len(prompt), new, len(prefill_ms), self.chunk_tokens, (first_ns - start) * 1e3,
+            len(prompt), new, len(prefill_ms), chunk_tokens, (first_ns - start) * 1e3,
             (end - first_ns) * 1e3, c.handoffs, c.copies, c.copied_nbytes, cache.nbytes,
             tuple(prefill_ms), tuple(step_ms), tuple(self._run_ms),
         )  # fmt: skip

@@ -14,12 +14,21 @@ pricing here is a pure function of that profile:
   through host memory, ``cache bytes / host copy bandwidth``;
 - energy: each phase's ms at its processor's active power (the switch at the decode processor's).
 
+With a :class:`ServerPrefill` in the profile, prefill on the server is a candidate too: the prompt
+goes up (the request's bytes at the link's uplink rate), the server prefills the whole prompt in
+one run (its own measured time), and the cache of P positions and the last logits come down (at
+the downlink rate), plus one RTT; then the device decodes from a cache of exactly P positions.
+Time to first token holds all of it. Energy: the radio's power over each transfer (the wait for
+the server is not charged), then decode as above.
+
 :func:`choose_phases` returns every (prefill processor, chunk, decode processor) candidate priced,
-and the one with the least total (time to first token + switch + decode).
+and the one with the least total (time to first token + switch + decode);
+:func:`choose_per_band` chooses once per link bandwidth.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -64,6 +73,37 @@ class ProcessorPhases:
 
 
 @dataclass(frozen=True)
+class ServerPrefill:
+    """A server that prefills the whole prompt in one run and sends the cache back, and the link.
+
+    Attributes:
+        server: Its name (the candidates' prefill processor).
+        prefill_ms: The server's own time for one prefill request of the P-token prompt (measured
+            there: decoding the request, the run, encoding the answer).
+        upload_nbytes: The request on the wire (ids, mask, positions, empty past, headers).
+        download_fixed_nbytes: The answer on the wire beyond the cache (last logits, headers).
+        up_mbps: Uplink rate.
+        down_mbps: Downlink rate.
+        rtt_ms: Round-trip time.
+        tx_power_w: The device's radio power while sending.
+        rx_power_w: The device's radio power while receiving.
+    """
+
+    server: str
+    prefill_ms: float
+    upload_nbytes: int
+    download_fixed_nbytes: int
+    up_mbps: float
+    down_mbps: float
+    rtt_ms: float
+    tx_power_w: float = 0.0
+    rx_power_w: float = 0.0
+
+    def to_json(self) -> dict:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in vars(self).items()}
+
+
+@dataclass(frozen=True)
 class PhaseProfile:
     """Per-phase costs of a decoder on a device's processors.
 
@@ -75,6 +115,7 @@ class PhaseProfile:
         cache_nbytes_per_token: Bytes the whole KV cache holds per position (every layer).
         host_copy_gbps: Measured host memory copy bandwidth (GB/s), for moving the cache.
         processors: Each processor's figures.
+        server: A server that can prefill instead, and the link to it (None: local only).
     """
 
     model_name: str
@@ -84,6 +125,7 @@ class PhaseProfile:
     cache_nbytes_per_token: int
     host_copy_gbps: float
     processors: tuple[ProcessorPhases, ...]
+    server: ServerPrefill | None = None
 
     def of(self, name: str) -> ProcessorPhases:
         for p in self.processors:
@@ -106,6 +148,9 @@ class PhaseCandidate:
         decode_ms: Predicted ms of the ``N - 1`` decode steps.
         energy_mj: Predicted energy of the whole generation.
         new_tokens: N.
+        transfer_ms: Of the time to first token, the link's share (prefill on a server: upload,
+            RTT, download of the cache; 0 otherwise).
+        offloaded: Whether the server prefills (``chunk_tokens`` 0: the whole prompt in one run).
     """
 
     prefill_processor: str
@@ -117,6 +162,8 @@ class PhaseCandidate:
     decode_ms: float
     energy_mj: float
     new_tokens: int
+    transfer_ms: float = 0.0
+    offloaded: bool = False
 
     @property
     def total_ms(self) -> float:
@@ -137,6 +184,8 @@ class PhaseCandidate:
 
     @property
     def label(self) -> str:
+        if self.offloaded:
+            return f"prefill on server {self.prefill_processor} -> decode {self.decode_processor}"
         if self.single_processor:
             return f"{self.prefill_processor} (chunk {self.chunk_tokens})"
         return (
@@ -157,6 +206,8 @@ class PhaseCandidate:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "energy_mj": round(self.energy_mj, 4),
             "energy_per_token_mj": round(self.energy_per_token_mj, 4),
+            "offloaded": self.offloaded,
+            "transfer_ms": round(self.transfer_ms, 4),
         }
 
 
@@ -199,6 +250,7 @@ class PhasePlan:
                     }
                     for p in pr.processors
                 ],
+                "server": pr.server.to_json() if pr.server else None,
             },
         }
 
@@ -218,7 +270,7 @@ def price(
     p, n = profile.prompt_tokens, profile.new_tokens
     ttft_ms = math.ceil(p / chunk_tokens) * pre.prefill_chunk_ms[chunk_tokens]
     slots = prompt_slots(p, chunk_tokens)
-    decode_ms = sum(dec.decode_ms_at(slots + i) for i in range(max(n - 1, 0)))
+    decode_ms = _decode_ms(dec, slots, n)
     moved = 0 if pre.processor == dec.processor else slots * profile.cache_nbytes_per_token
     switch_ms = moved / (profile.host_copy_gbps * 1e9) * 1e3 if moved else 0.0
     energy_mj = ttft_ms * pre.active_w + (switch_ms + decode_ms) * dec.active_w
@@ -228,15 +280,49 @@ def price(
     )  # fmt: skip
 
 
+def _decode_ms(dec: ProcessorPhases, slots: int, new_tokens: int) -> float:
+    """The ``new_tokens - 1`` steps after the first token, from a cache of ``slots``."""
+    return sum(dec.decode_ms_at(slots + i) for i in range(max(new_tokens - 1, 0)))
+
+
+def price_offloaded(profile: PhaseProfile, decode_processor: str) -> PhaseCandidate:
+    """Prefill on the profile's server, decode on ``decode_processor`` (see the module's
+    docstring).
+
+    Raises:
+        InputError: a profile without a server, or a link without a rate.
+    """
+    srv = profile.server
+    if srv is None:
+        raise InputError(f"{profile.model_name}: no server in the phase profile")
+    if srv.up_mbps <= 0 or srv.down_mbps <= 0:
+        raise InputError(f"{srv.server}: the link's rates must be positive")
+    dec, p, n = profile.of(decode_processor), profile.prompt_tokens, profile.new_tokens
+    cache = p * profile.cache_nbytes_per_token
+    up_ms = srv.upload_nbytes * 8 / (srv.up_mbps * 1e3)
+    down_ms = (srv.download_fixed_nbytes + cache) * 8 / (srv.down_mbps * 1e3)
+    transfer_ms = srv.rtt_ms + up_ms + down_ms
+    ttft_ms = srv.prefill_ms + transfer_ms
+    decode_ms = _decode_ms(dec, p, n)
+    energy_mj = up_ms * srv.tx_power_w + down_ms * srv.rx_power_w + decode_ms * dec.active_w
+    return PhaseCandidate(
+        srv.server, 0, dec.processor, ttft_ms, cache, 0.0, decode_ms, energy_mj, n, transfer_ms,
+        offloaded=True,
+    )  # fmt: skip
+
+
 def all_candidates(profile: PhaseProfile) -> list[PhaseCandidate]:
-    """Every (prefill processor, chunk, decode processor) of the profile, priced, least total
-    first (ties: fewer switches, then by name)."""
+    """Every (prefill processor, chunk, decode processor) of the profile, and every decode
+    processor after a server's prefill, priced, least total first (ties: local before the server,
+    fewer switches, then by name)."""
     out = [
         price(profile, pre.processor, chunk, dec.processor)
         for pre, dec in itertools.product(profile.processors, repeat=2)
         for chunk in sorted(pre.prefill_chunk_ms)
     ]
-    return sorted(out, key=lambda c: (c.total_ms, not c.single_processor, c.label))
+    if profile.server is not None:
+        out += [price_offloaded(profile, dec.processor) for dec in profile.processors]
+    return sorted(out, key=lambda c: (c.total_ms, c.offloaded, not c.single_processor, c.label))
 
 
 def choose_phases(profile: PhaseProfile) -> PhasePlan:
@@ -249,6 +335,23 @@ def choose_phases(profile: PhaseProfile) -> PhasePlan:
     if not cands:
         raise InputError(f"{profile.model_name}: no processor has prefill figures to plan with")
     return PhasePlan(cands[0], tuple(cands), profile)
+
+
+def at_bandwidth(profile: PhaseProfile, mbps: float) -> PhaseProfile:
+    """``profile`` with its server's link at ``mbps`` both ways.
+
+    Raises:
+        InputError: a profile without a server.
+    """
+    if profile.server is None:
+        raise InputError(f"{profile.model_name}: no server in the phase profile")
+    link = dataclasses.replace(profile.server, up_mbps=mbps, down_mbps=mbps)
+    return dataclasses.replace(profile, server=link)
+
+
+def choose_per_band(profile: PhaseProfile, bands_mbps: Sequence[float]) -> list[PhasePlan]:
+    """:func:`choose_phases` at each link rate of ``bands_mbps`` (both ways), in order."""
+    return [choose_phases(at_bandwidth(profile, mbps)) for mbps in bands_mbps]
 
 
 def chunk_sizes(prompt_tokens: int, candidates: Sequence[int] = (16, 32, 64)) -> tuple[int, ...]:

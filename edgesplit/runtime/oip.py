@@ -309,6 +309,8 @@ def _tensor_header(name: str, arr: np.ndarray, binary: bool) -> dict[str, Any]:
 
 
 def _raw(arr: np.ndarray) -> memoryview:
+    if arr.size == 0:  # a memoryview with a zero in its shape cannot be cast (an empty KV cache)
+        return memoryview(b"")
     return memoryview(np.ascontiguousarray(arr)).cast("B")
 
 

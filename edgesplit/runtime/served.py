@@ -21,6 +21,7 @@ import numpy as np
 from edgesplit.bundle.format import PartArtifact, VerifiedBundle
 from edgesplit.errors import BundleError, RunInputError
 from edgesplit.runtime import oip
+from edgesplit.runtime.served_decoder import LAST_LOGITS, DecoderServing, decoder_serving
 
 
 class ServedModel:
@@ -40,14 +41,18 @@ class ServedModel:
         intra_op_threads: int | None,
         max_batch: int = 1,
         name: str | None = None,
+        max_cache_tokens: int | None = None,
     ):
         """Load the part; with ``max_batch > 1``, its batch-free form when it has one (see
         :mod:`edgesplit.bundle.batching`), else it is served unbatched and :attr:`note` says so.
-        ``name``: the model's name on the server (default: the part's)."""
+        ``name``: the model's name on the server (default: the part's). A decoder with dynamic
+        lengths is served for prefill and decode requests (:mod:`edgesplit.runtime.served_decoder`),
+        its cache held to ``max_cache_tokens`` positions (default: the model's)."""
         self.part = part
         self.name = name or part.name
         self.max_batch, self.rows = 1, 0
         self.executor, notes = None, []
+        self.decoder: DecoderServing | None = None
         if part.file != part.onnx_file:
             self.executor, why = _artifact_executor(part, bundle, intra_op_threads)
             notes += [why] if why else []
@@ -60,10 +65,14 @@ class ServedModel:
         self._serial = threading.Lock() if unsafe else None
         if self.executor is None:
             notes += self._load_onnx(part, bundle, intra_op_threads, max_batch)
+            meta = self.session.get_modelmeta().custom_metadata_map
+            self.decoder = decoder_serving(part, meta, max_cache_tokens)
         self.runs_on = part.backend if self.executor is not None else "ort"
         self.note = "; ".join(notes)
         self.inputs = {t.name: t for t in part.inputs}
         self.output_names = [t.name for t in part.outputs]
+        # outputs a request may ask for beyond the part's own (not sent unless asked)
+        self.extra_outputs = [LAST_LOGITS] if self.decoder else []
         self.metadata = {
             "name": self.name,
             "versions": ["1"],
@@ -73,6 +82,10 @@ class ServedModel:
             "inputs": [_spec_json(t) for t in part.inputs],
             "outputs": [_spec_json(t) for t in part.outputs],
         }
+        if self.decoder:
+            self.metadata["outputs"].append(
+                {"name": LAST_LOGITS, "datatype": "FP32", "shape": [-1, self.decoder.vocab_size]}
+            )
 
     def _load_onnx(
         self,
@@ -107,7 +120,9 @@ class ServedModel:
             providers.append(("CPUExecutionProvider", {}))
         # from the bytes checked against the manifest as they were read
         onnx_bytes = bundle.read(part.onnx_file)
-        if max_batch > 1:
+        if max_batch > 1 and decoder_serving(part, {}, None) is not None:
+            notes.append(f"{part.name}: served unbatched: a decoder's requests differ in length")
+        elif max_batch > 1:
             from edgesplit.bundle.batching import free_batch
 
             found = free_batch(onnx_bytes, part.inputs, part.outputs)
@@ -123,12 +138,15 @@ class ServedModel:
         self._check_names(list(req.inputs))
         for name, arr in req.inputs.items():
             self._check_tensor(name, arr.dtype, arr.shape)
+        if self.decoder is not None:
+            self.decoder.check_values(req.inputs)
         if req.outputs is not None:
-            bad = [n[:64] for n in req.outputs if n not in self.output_names]
+            known = self.output_names + self.extra_outputs
+            bad = [n[:64] for n in req.outputs if n not in known]
             if bad:
                 raise RunInputError(
                     f"model '{self.name}' has no output {', '.join(bad[:8])} "
-                    f"(has {', '.join(self.output_names)})"
+                    f"(has {', '.join(known)})"
                 )
         return dict(req.inputs)
 
@@ -142,6 +160,8 @@ class ServedModel:
         self._check_names([d.name for d in declared])
         for d in declared:
             self._check_tensor(d.name, d.dtype, d.shape)
+        if self.decoder is not None:
+            self.decoder.check_shapes({d.name: d.shape for d in declared})
         total = sum(d.binary_nbytes or 0 for d in declared)
         if binary_nbytes is None:
             return total
@@ -183,7 +203,13 @@ class ServedModel:
         """Outputs ``names`` for ``feeds``, and the compute time in ms (called on a compute
         thread)."""
         t0 = time.perf_counter()
-        if self.executor is None:
+        if self.executor is None and self.decoder is not None and LAST_LOGITS in names:
+            # the last row of the logits (ORT computes them all: the graph's head runs per token)
+            ask = list(dict.fromkeys("logits" if n == LAST_LOGITS else n for n in names))
+            full = dict(zip(ask, self.session.run(ask, dict(feeds))))
+            full[LAST_LOGITS] = np.ascontiguousarray(full["logits"][:, -1, :])
+            got = {n: full[n] for n in names}
+        elif self.executor is None:
             got = dict(zip(names, self.session.run(names, dict(feeds))))
         else:
             with self._serial or contextlib.nullcontext():

@@ -100,6 +100,7 @@ class ServeOptions:
     max_batch: int = 1  # requests of one part run as one batch at most (1: no batching)
     max_queue_delay_ms: float = 0.0  # how long a batch may wait for more requests
     model_prefix: str = ""  # models are named <prefix>_<part> (a fleet's shared server)
+    max_cache_tokens: int | None = None  # a decoder's cache per request (None: the model's)
 
     def check(self) -> None:
         """Raise :class:`InputError` naming the ``serve`` flag of the first inconsistent limit."""
@@ -119,6 +120,8 @@ class ServeOptions:
         if self.token is not None:
             oip.check_bearer_token(self.token, "--token")
         oip.check_model_prefix(self.model_prefix, "--model-prefix")
+        if self.max_cache_tokens is not None and self.max_cache_tokens < 1:
+            raise InputError(f"--max-cache-tokens must be at least 1, not {self.max_cache_tokens}")
         if self.max_batch < 1:
             raise InputError(f"--max-batch must be at least 1, not {self.max_batch}")
         if not 0 <= self.max_queue_delay_ms < 60_000:
@@ -171,7 +174,12 @@ class OffloadServer:
             intra = max(1, (os.cpu_count() or 1) // workers)
         served = [
             ServedModel(
-                p, verified, intra, options.max_batch, oip.served_name(p.name, options.model_prefix)
+                p,
+                verified,
+                intra,
+                options.max_batch,
+                oip.served_name(p.name, options.model_prefix),
+                options.max_cache_tokens,
             )
             for p in parts
         ]
