@@ -157,6 +157,11 @@ def test_a_tight_budget_drops_int8_parts_least_valuable_first(problem):
     dropped = exact.accuracy.dropped
     assert len(dropped) >= 1 and all("SNR" in d.why for d in dropped)
     assert exact.accuracy.measured.snr_db == SNR_CAP_DB  # fp32 parts reproduce the model
+    # ORT's own assignment would run every NPU node in int8: the restricted one priced here says so
+    (greedy,) = [b for b in exact.baselines if b.name == "ort-greedy"]
+    assert "only where the budget keeps it" in greedy.assignment_summary
+    (untouched,) = [b for b in first.baselines if b.name == "ort-greedy"]
+    assert "budget" not in untouched.assignment_summary
 
 
 def test_measuring_the_units_of_a_plan_that_misses_the_budget_reports_progress(split_net):

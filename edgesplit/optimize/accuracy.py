@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from edgesplit.device.spec import DeviceSpec
 from edgesplit.errors import PlanError
 from edgesplit.model.graph import ModelGraph, part_boundaries
-from edgesplit.optimize.plan import Part, Plan
+from edgesplit.optimize.plan import Baseline, Part, Plan
 from edgesplit.precision.metrics import DEFAULT_BUDGET, EXACT, Accuracy, AccuracyBudget
 from edgesplit.precision.record import AccuracyRecord, CalibrationRecord, DroppedPart
 from edgesplit.profile.store import Profile
@@ -209,7 +209,7 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
     while reduced(plan):
         acc = check.measure(plan.parts)
         if check.budget.meets(acc):
-            kept = baselines if not steps else plan.baselines  # after a drop: as above
+            kept = baselines if not steps else _restricted(plan.baselines)  # after a drop
             return replace(
                 plan, baselines=kept, accuracy=_figures(check, plan, acc, steps, problem.graph)
             )
@@ -237,5 +237,21 @@ def fit_budget(problem: Problem, plan: Plan, solve: Callable[[Problem], Plan]) -
     if steps:  # every reduced part dropped: the fp32 plan, with what was tried. Its baselines are
         # those of the restricted problem: one that runs the dropped nodes in reduced precision
         # (all on an int8 NPU, say) would miss the budget the plan was held to.
-        return replace(plan, accuracy=_figures(check, plan, EXACT, steps, problem.graph))
+        return replace(
+            plan,
+            baselines=_restricted(plan.baselines),
+            accuracy=_figures(check, plan, EXACT, steps, problem.graph),
+        )
     return plan
+
+
+def _restricted(baselines: Sequence[Baseline]) -> tuple[Baseline, ...]:
+    """The baselines of a problem whose reduced precision the budget cut back, saying so where it
+    matters: ORT's own assignment puts every node a provider takes on it, in reduced precision; the
+    one priced here has reduced precision only where the budget left it (``deploy``'s verification
+    measures ORT's own, with its accuracy)."""
+    note = " (reduced precision only where the budget keeps it; deploy measures ORT's own)"
+    return tuple(
+        replace(b, assignment_summary=b.assignment_summary + note) if b.name == "ort-greedy" else b
+        for b in baselines
+    )
