@@ -356,6 +356,7 @@ def _matmul(path):
     return path
 
 
+@pytest.mark.slow
 def test_a_tuning_database_is_kept_per_target_and_reused(tmp_path, monkeypatch):
     """Builds apply the database in the target's cache folder, even with 0 trials, unless told not
     to."""

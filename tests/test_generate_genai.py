@@ -65,6 +65,7 @@ def test_not_a_decoder_is_refused(tmp_path):
         write_genai_folder(zoo.build("squeezenet", 0), tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_genai_gives_the_same_greedy_tokens_on_decoder_small(tmp_path, seed: int):
     model = _model("decoder_small", seed)

@@ -323,6 +323,7 @@ def test_a_simplified_model_is_kept_and_read_back_by_the_next_load(tmp_path, mon
     assert load_model(small) == first_small and len(folds) == 2
 
 
+@pytest.mark.slow
 def test_kept_models_past_the_cap_go_least_recently_used_first(tmp_path, monkeypatch):
     """The cache folder holds at most ``MAX_NBYTES``: a model read from it counts as used, and
     the model used longest ago goes first."""

@@ -50,6 +50,7 @@ def _serve_and_call(bundle, part, x: dict[str, np.ndarray]):
         return served, got
 
 
+@pytest.mark.slow
 def test_a_tvm_server_part_is_run_by_tvm(tmp_path):
     graph, part = _bundle(tmp_path, "{kind: llvm}")
     x = _feeds(part, 0)

@@ -291,6 +291,7 @@ def test_the_shipped_databases_are_found_for_their_own_target_only():
         assert set(records_per_workload(folder)) <= set(range(workloads)), folder
 
 
+@pytest.mark.slow
 def test_a_database_is_parsed_once_until_tuning_writes_to_it(tmp_path):
     """Profiling builds one module per fused group, each applying the databases: they are opened
     once per process, and again only once a folder's files change (a tuning run added records)."""

@@ -180,6 +180,7 @@ def test_a_plan_that_is_the_best_single_processor_is_kept_and_measured_once(setu
     assert m.plan.solver.name != "baseline:only:big"  # the optimiser's own plan was shipped
 
 
+@pytest.mark.slow
 def test_a_tiny_budget_keeps_the_plan_and_says_so(setup_big, tmp_path):
     m = _deploy(setup_big, tmp_path / "bundle", "little", verify_budget_s=0.001)
     v = m.verification

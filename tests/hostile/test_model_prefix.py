@@ -6,9 +6,11 @@ that would split a request line) is refused before anything runs: exit 2, one li
 
 from __future__ import annotations
 
+import click
 import pytest
 from conftest import run_cli
 
+from edgesplit.cli.run import check_prefix
 from edgesplit.errors import InputError
 from edgesplit.serve.server import ServeOptions
 
@@ -22,11 +24,13 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("prefix", BAD.values(), ids=BAD.keys())
+@pytest.mark.parametrize("prefix", [BAD["a slash"], BAD["a line break"]], ids=["slash", "CRLF"])
 @pytest.mark.parametrize(
     ("command", "flag"), [("run", "--server-model-prefix"), ("serve", "--model-prefix")]
 )
 def test_a_bad_model_prefix_is_one_line_exit_2(tmp_path, command, flag, prefix):
+    """Through the console script (a process each): the two flags, two of the cases; every case is
+    refused by the same check below."""
     r = run_cli(command, flag, prefix, str(tmp_path))
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
@@ -35,9 +39,12 @@ def test_a_bad_model_prefix_is_one_line_exit_2(tmp_path, command, flag, prefix):
 
 
 @pytest.mark.parametrize("prefix", BAD.values(), ids=BAD.keys())
-def test_serve_options_refuse_a_bad_prefix(prefix):
+def test_serve_options_and_run_refuse_a_bad_prefix(prefix):
     with pytest.raises(InputError, match="--model-prefix"):
         ServeOptions(model_prefix=prefix).check()
+    with pytest.raises(click.BadParameter) as info:
+        check_prefix(prefix, "--server-model-prefix")
+    assert "--server-model-prefix" in info.value.format_message()
 
 
 def test_a_good_prefix_passes():
