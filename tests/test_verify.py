@@ -474,3 +474,55 @@ def test_one_slow_warm_up_is_looked_at_again_before_giving_up(monkeypatch, tmp_p
     monkeypatch.setattr(vm, "random_feeds", lambda session: {})
     m = vm.measure({"plan": tmp_path / "a", "only:big": tmp_path / "b"}, "latency", 1.5)
     assert m.short is None and m.rounds >= 1 and not m.errors, m
+
+
+def test_a_race_stops_the_clearly_slower_and_gives_its_time_to_the_close_ones(
+    monkeypatch, tmp_path
+):
+    """Four bundles: the plan and a baseline as fast as it (2 ms a request), one 3x slower and one
+    4x faster that misses the accuracy budget (not in the race's pace). After the minimum rounds the
+    slow one stops; the time it would have taken goes to more rounds of the others, up to the most
+    allowed. The fast inaccurate one sets no pace, so nothing else stops."""
+    import edgesplit.workflows.verify.measure as vm
+
+    class Sleeper:
+        def __init__(self, s: float):
+            self.s = s
+
+        def run(self, feeds):
+            time.sleep(self.s)
+            return {}
+
+        def close(self):
+            pass
+
+    took = {"plan": 0.002, "near": 0.002, "slow": 0.006, "inaccurate": 0.0005}
+    monkeypatch.setattr(
+        vm, "load", lambda path, executor_options=None: Sleeper(took[Path(path).name])
+    )
+    monkeypatch.setattr(vm, "random_feeds", lambda session: {})
+    bundles = {n: tmp_path / n for n in took}
+    m = vm.measure(bundles, "latency", 0.8, max_rounds=40, race={"plan", "near", "slow"})
+    assert m.short is None and not m.errors, m
+    assert m.stopped == {"slow": vm.MIN_ROUNDS}, m.stopped
+    assert len(m.rounds_ms["slow"]) == vm.MIN_ROUNDS
+    # the others took every round, more than all four could have had in the budget
+    per_round_s = sum(took.values()) * (vm.TURN_REQUESTS["latency"][1] + 1)
+    assert m.rounds > 0.8 / per_round_s, (m.rounds, per_round_s)
+    assert {len(m.rounds_ms[n]) for n in ("plan", "near", "inaccurate")} == {m.rounds}
+    # unraced, every bundle takes every round
+    plain = vm.measure(bundles, "latency", 0.3, max_rounds=40)
+    assert not plain.stopped and len({len(v) for v in plain.rounds_ms.values()}) == 1
+
+
+def test_the_verdict_pairs_a_plan_with_fewer_rounds_by_round():
+    """A raced plan stopped after 3 rounds (slower in each); the best baseline took 9: the plan is
+    compared with the baseline's first 3 rounds, and the baseline is shipped."""
+    from edgesplit.bundle.verdict import MeasuredCandidate
+    from edgesplit.workflows.verify.decide import decide
+
+    plan = MeasuredCandidate("plan", "p", 2, 10.0, measured_ms=13.0, rounds_ms=(13.0, 12.5, 13.5))
+    base = MeasuredCandidate("plain-ort", "b", 1, 10.0, measured_ms=10.0, rounds_ms=(10.0,) * 9)
+    shipped, reason, low, high = decide([plan, base], "latency", None)
+    assert shipped == "plain-ort" and low == 1.25 and high == 1.35, reason
+    assert "over 3 rounds" in reason

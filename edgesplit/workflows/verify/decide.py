@@ -193,7 +193,9 @@ def decide(
             None,
             None,
         )
-    q = _per_round(plan, metric) / _per_round(best, metric)
+    a, b = _per_round(plan, metric), _per_round(best, metric)
+    n = min(len(a), len(b))  # a raced candidate that stopped early has fewer rounds
+    q = a[:n] / b[:n]
     low, high = round(float(q.min()), 4), round(float(q.max()), 4)
     span = (
         f"plan / {best.name}: median {float(np.median(q)):.2f}, {low:.2f}-{high:.2f} over "

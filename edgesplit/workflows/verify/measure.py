@@ -12,13 +12,20 @@ The budget covers the warm-up and the rounds (loading the bundles comes before, 
 them: a bundle of hundreds of parts takes a while to load, and a budget spent on loading would keep
 exactly the plans most worth checking unverified). The rounds and ``k`` are chosen from the warm-up
 times to fit it, and no round starts that would not end within it.
+
+With ``race`` (a race, as in successive halving), a bundle that is out of the running stops being
+measured: after ``min_rounds`` rounds, one slower than the fastest by more than ``RACE_MARGIN`` in
+every round so far, paired by round, takes no more turns. The time it would have taken goes to
+more rounds of the bundles still in the running (up to ``max_rounds``), so that two close
+candidates (plain ONNX Runtime and its replicas, often within 5%) are told apart on more rounds.
+Only bundles named in ``leaders`` can set the pace (those that meet the accuracy budget).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,8 @@ from edgesplit.runtime.session import Session, load
 
 MIN_ROUNDS = 3
 MAX_ROUNDS = 9
+# A raced bundle slower than the fastest by more than this in every round so far stops.
+RACE_MARGIN = 0.10
 # Timed requests per turn: latency (single requests), throughput (a stream, after it has filled).
 TURN_REQUESTS = {"latency": (1, 5, 10), "throughput": (4, 10, 20)}
 
@@ -38,13 +47,15 @@ class Measurement:
     """Per bundle, the figure of each completed round (ms), and the bundles that failed.
 
     Attributes:
-        rounds_ms: name -> one figure per completed round (every bundle has the same count).
+        rounds_ms: name -> one figure per completed round; round ``r`` of each bundle is from the
+            same round (a raced bundle that stopped early has fewer).
         errors: name -> why it could not be loaded or run.
         requests_per_turn: Timed requests per turn (0 when no round ran).
         elapsed_s: Measuring time (warm-up and rounds: what the budget bounds).
         load_s: Loading the bundles into Sessions, before (not in the budget, like compiling).
         short: Why no round ran (None when at least one did; fewer than the minimum count as
             weaker evidence, see :func:`edgesplit.workflows.verify.decide.decide`).
+        stopped: Raced bundles that stopped early, by name, with the rounds they took.
     """
 
     rounds_ms: Mapping[str, list[float]]
@@ -53,10 +64,12 @@ class Measurement:
     elapsed_s: float
     short: str | None = None
     load_s: float = 0.0
+    stopped: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def rounds(self) -> int:
-        return min((len(v) for v in self.rounds_ms.values()), default=0)
+        """Rounds run (the bundles still in the running took a turn in each)."""
+        return max((len(v) for v in self.rounds_ms.values()), default=0)
 
 
 @dataclass
@@ -68,6 +81,7 @@ class _Bench:
     metric: str
     warm_ms: float = 0.0
     rounds_ms: list[float] = field(default_factory=list)
+    stopped: bool = False
 
     def turn(self, feeds: dict[str, Any], k: int) -> float:
         """One turn: the median of ``k`` timed requests, or a stream's period (ms per request)."""
@@ -162,6 +176,7 @@ def measure(
     min_rounds: int = MIN_ROUNDS,
     max_rounds: int = MAX_ROUNDS,
     progress: Callable[[str, int, int], None] | None = None,
+    race: Collection[str] | None = None,
 ) -> Measurement:
     """Measure ``bundles`` (name -> bundle folder) in alternating rounds within ``budget_s``.
 
@@ -169,6 +184,8 @@ def measure(
         bundles: Loaded in this order, before the budget's clock starts.
         metric: ``latency`` (single-request medians) or ``throughput`` (stream periods).
         executor_options: Per bundle name, ``executor_options`` for :func:`edgesplit.load`.
+        race: Race the bundles (see the module doc), paced by these names; None: every bundle
+            takes every round.
     """
     t_load = time.perf_counter()
     benches, errors = _load(bundles, metric, executor_options)
@@ -198,36 +215,76 @@ def measure(
                 f"{need + time.perf_counter() - t0:.1f} s, the budget is {budget_s:g} s"
             )
             return result({}, 0, short)
-        _rounds(benches, feeds, rounds, k, t0 + budget_s, errors, progress)
+        plan = _Rounds(rounds, k, t0 + budget_s, max_rounds, min_rounds, race)
+        plan.run(benches, feeds, errors, progress)
         done = {b.name: b.rounds_ms for b in benches if b.name not in errors}
         n = min((len(v) for v in done.values()), default=0)
         short = None if n else "not enough time to verify: no round ended within the budget"
-        return result({m: v[:n] for m, v in done.items()}, k, short)
+        stopped = {b.name: len(b.rounds_ms) for b in benches if b.stopped and b.name in done}
+        return replace(result(done, k, short), stopped=stopped)
     finally:
         for b in benches:
             b.session.close()
 
 
-def _rounds(
-    benches: list[_Bench],
-    feeds: dict[str, Any],
-    rounds: int,
-    k: int,
-    deadline: float,
-    errors: dict[str, str],
-    progress: Callable[[str, int, int], None] | None,
-) -> None:
-    """Up to ``rounds`` rounds in rotating order; none starts that would end after ``deadline``."""
-    for r in range(rounds):
-        live = [b for b in benches if b.name not in errors]
-        round_s = sum(b.turn_cost_ms(k) for b in live) / 1e3
-        if time.perf_counter() + round_s > deadline:
-            break
-        shift = r % max(1, len(live))
-        for b in live[shift:] + live[:shift]:
-            try:
-                b.rounds_ms.append(b.turn(feeds, k))
-            except Exception as e:  # noqa: BLE001
-                errors[b.name] = f"failed in round {r + 1}: {e}"
-        if progress:
-            progress("verify: measure", r + 1, rounds)
+@dataclass
+class _Rounds:
+    """The rounds: ``planned`` of ``k`` requests a turn, none ending after ``deadline``; raced
+    (``race``: the names that may set the pace), more of them, up to ``max_rounds``, when
+    bundles stop."""
+
+    planned: int
+    k: int
+    deadline: float
+    max_rounds: int
+    min_rounds: int
+    race: Collection[str] | None
+
+    def run(
+        self,
+        benches: list[_Bench],
+        feeds: dict[str, Any],
+        errors: dict[str, str],
+        progress: Callable[[str, int, int], None] | None,
+    ) -> None:
+        """Rounds in rotating order; every bundle's figures land in its ``rounds_ms``."""
+        r = 0
+        while r < self.planned:
+            live = [b for b in benches if b.name not in errors and not b.stopped]
+            round_s = sum(b.turn_cost_ms(self.k) for b in live) / 1e3
+            if time.perf_counter() + round_s > self.deadline:
+                break
+            shift = r % max(1, len(live))
+            for b in live[shift:] + live[:shift]:
+                try:
+                    b.rounds_ms.append(b.turn(feeds, self.k))
+                except Exception as e:  # noqa: BLE001
+                    errors[b.name] = f"failed in round {r + 1}: {e}"
+            r += 1
+            if self.race is not None and r >= self.min_rounds and self._stop(live, errors):
+                self._more(r, [b for b in live if not b.stopped and b.name not in errors])
+            if progress:
+                progress("verify: measure", r, self.planned)
+
+    def _stop(self, live: list[_Bench], errors: Mapping[str, str]) -> bool:
+        """Stop the bundles out of the running; whether any stopped."""
+        ok = [b for b in live if b.name not in errors]
+        pace = [b for b in ok if self.race is not None and b.name in self.race]
+        if not pace:
+            return False
+        lead = min(pace, key=lambda b: float(np.median(b.rounds_ms)))
+        best = np.asarray(lead.rounds_ms)
+        out = [
+            b
+            for b in ok
+            if b is not lead and float((np.asarray(b.rounds_ms) / best).min()) > 1 + RACE_MARGIN
+        ]
+        for b in out:
+            b.stopped = True
+        return bool(out)
+
+    def _more(self, done: int, live: list[_Bench]) -> None:
+        """Plan as many rounds as now fit the time left, up to ``max_rounds``."""
+        round_s = sum(b.turn_cost_ms(self.k) for b in live) / 1e3
+        fit = int(max(self.deadline - time.perf_counter(), 0.0) / max(round_s, 1e-9))
+        self.planned = max(self.planned, min(self.max_rounds, done + fit))

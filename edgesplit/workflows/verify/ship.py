@@ -44,7 +44,13 @@ from edgesplit.workflows.verify.candidates import (
     stage_dir,
 )
 from edgesplit.workflows.verify.decide import decide, metric_for, rows
-from edgesplit.workflows.verify.measure import MAX_ROUNDS, MIN_ROUNDS, Measurement, measure
+from edgesplit.workflows.verify.measure import (
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    RACE_MARGIN,
+    Measurement,
+    measure,
+)
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -246,8 +252,23 @@ def _measure(
             min_rounds=options.min_rounds,
             max_rounds=options.max_rounds,
             progress=progress,
+            race=None if metric == "energy" else _pace(bundles, accuracy),
         )
     return cands, meas, accuracy, accuracy_s
+
+
+def _stopped_note(meas: Measurement) -> str:
+    who = ", ".join(f"{n} after {k}" for n, k in meas.stopped.items())
+    return (
+        f"raced: stopped measuring {who} round(s), each slower than the fastest by more than "
+        f"{RACE_MARGIN:.0%} in every round; the others took {meas.rounds} rounds"
+    )
+
+
+def _pace(bundles: Mapping[str, Path], accuracy: Mapping[str, Measured]) -> set[str]:
+    """The candidates that may set a race's pace: those not measured to miss the accuracy budget
+    (energy is not raced: it is latency times each candidate's own power)."""
+    return {n for n in bundles if not (n in accuracy and accuracy[n].misses)}
 
 
 def _verdict(
@@ -347,6 +368,8 @@ def verify_plan(
         else:
             cands, meas, accuracy, accuracy_s = _measure(problem, cands, metric, options, progress)
         timing = {"compile_s": round(compile_s, 3), "accuracy_s": round(accuracy_s, 3)}
+        if meas.stopped:
+            notes.append(_stopped_note(meas))
         table = rows(cands, meas, metric, accuracy)
         verdict = _verdict(
             table, metric, meas, options, notes, budget_of(problem).summary(), timing
