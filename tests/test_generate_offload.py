@@ -6,6 +6,8 @@ zoo decoder compiled by ``edgesplit compile`` as one part with dynamic lengths.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -123,3 +125,37 @@ def test_planner_offloads_at_high_bandwidth_and_not_at_low():
         assert plan.chosen.total_ms == min(c.total_ms for c in plan.candidates)
         assert {c.offloaded for c in plan.candidates} == {True, False}
     assert high.to_json()["profile"]["server"]["down_mbps"] == 200.0
+
+
+def test_partition_generate_prices_a_running_servers_prefill(lab, tmp_path):
+    """`partition --generate --server-url`: the server's prefill is measured from here (its own
+    time, the request's and the answer's bytes) and priced on the link given; the plan then holds
+    prefill on the server as a candidate, its time to first token the server's time plus the
+    link's."""
+    from click.testing import CliRunner
+
+    from edgesplit.cli.main import cli
+
+    model = tmp_path / "decoder_tiny.onnx"
+    onnx.save(lab["model"], model)
+    out = tmp_path / "phases.json"
+    args = ["partition", str(model), "--device", "host", "--generate", "--prompt-tokens", "24"]
+    args += ["--new-tokens", "4", "--server-url", lab["server"].url, "--bandwidth-mbps", "40"]
+    args += ["--rtt-ms", "3", "-o", str(out)]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    srv = data["profile"]["server"]
+    assert srv["server"] == "server" and srv["prefill_ms"] > 0
+    assert (srv["up_mbps"], srv["down_mbps"], srv["rtt_ms"]) == (40.0, 40.0, 3.0)
+    assert srv["tx_power_w"] > 0 and srv["rx_power_w"] > 0  # the radio's, from the wifi preset
+    assert srv["upload_nbytes"] >= 3 * 24 * 8  # ids, mask and positions
+    offloaded = [c for c in data["candidates"] if c["offloaded"]]
+    assert [c["prefill_processor"] for c in offloaded] == ["server"]
+    cache = 24 * data["profile"]["cache_nbytes_per_token"]
+    wire_nbytes = srv["upload_nbytes"] + srv["download_fixed_nbytes"] + cache
+    transfer_ms = 3.0 + wire_nbytes * 8 / 40e3
+    assert offloaded[0]["switch_nbytes"] == cache
+    assert offloaded[0]["transfer_ms"] == pytest.approx(transfer_ms, abs=1e-3)
+    assert offloaded[0]["ttft_ms"] == pytest.approx(srv["prefill_ms"] + transfer_ms, abs=1e-3)
+    assert "prefill on server" in r.output or "server" in r.output

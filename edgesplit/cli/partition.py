@@ -56,6 +56,9 @@ class PhaseChoice:
     generate: bool = False
     prompt_tokens: int = 64
     new_tokens: int = 32
+    server_url: str | None = None
+    server_model: str = "p0"
+    token: str | None = None
 
 
 phase_options = option_group(
@@ -68,6 +71,18 @@ phase_options = option_group(
     ),
     field_option("--prompt-tokens", type=click.IntRange(1), help="With --generate: P."),
     field_option("--new-tokens", type=click.IntRange(1), help="With --generate: N."),
+    field_option(
+        "--server-url",
+        help="With --generate: a running `edgesplit serve` of the decoder that may prefill the "
+        "prompt instead; its prefill is measured from here and priced on --link, "
+        "--bandwidth-mbps and --rtt-ms.",
+    ),
+    field_option(
+        "--server-model",
+        show_default=True,
+        help="With --server-url: the decoder's name on the server (a one-part bundle's part).",
+    ),
+    field_option("--token", envvar="EDGESPLIT_TOKEN", help="Bearer token for --server-url."),
 )
 
 
@@ -101,15 +116,12 @@ def command(
     from edgesplit.workflows.plan_files import PlanFiles, write_plan
 
     if phases.generate:
-        from edgesplit.workflows.phase_plan import PhaseRequest, write_phase_plan
-
-        request = PhaseRequest(phases.prompt_tokens, phases.new_tokens)
-        note = None if verbosity.quiet else lambda n: err_console.print(f"note: {n}")
-        phase_plan = write_phase_plan(model, device, request, files.output, note).plan
-        if not verbosity.quiet:
-            print_phase_plan(phase_plan)
-        console.print(f"wrote {files.output}")
+        _partition_phases(model, device, plan, phases, files.output, verbosity.quiet)
         return
+    if phases.server_url is not None:
+        from edgesplit.errors import PlanError
+
+        raise PlanError("--server-url is for --generate (a plan's server parts take --server)")
 
     where = PlanFiles(files.output, files.onnx_out, files.plot_path)
     # profiling here and measuring accuracy can take minutes on a big model
@@ -126,6 +138,35 @@ def command(
         print_plan(written.plan)
     plot = f" and {written.plot_path}" if written.plot_path else ""
     console.print(f"wrote {written.plan_path} and {written.onnx_path}{plot}")
+
+
+def _partition_phases(
+    model: str, device: str, plan: PlanOptions, phases: PhaseChoice, output: str, quiet: bool
+) -> None:
+    """``--generate``: a plan per phase, a server's prefill among the candidates with
+    ``--server-url``."""
+    from edgesplit.errors import PlanError
+    from edgesplit.workflows.phase_plan import PhaseRequest, PrefillServer, write_phase_plan
+
+    link_flags = (plan.link, plan.bandwidth_mbps, plan.rtt_ms)
+    if plan.server is not None or plan.server_profile is not None:
+        raise PlanError(
+            "--generate takes --server-url (a running serve of the decoder), not --server"
+        )
+    if phases.server_url is None and any(v is not None for v in link_flags):
+        raise PlanError("with --generate, --link, --bandwidth-mbps and --rtt-ms need --server-url")
+    server = None
+    if phases.server_url is not None:
+        from edgesplit.device.spec import network_link
+
+        link = network_link(plan.link, bandwidth_mbps=plan.bandwidth_mbps, rtt_ms=plan.rtt_ms)
+        server = PrefillServer(phases.server_url, phases.server_model, phases.token, link)
+    request = PhaseRequest(phases.prompt_tokens, phases.new_tokens, server=server)
+    note = None if quiet else lambda n: err_console.print(f"note: {n}")
+    phase_plan = write_phase_plan(model, device, request, output, note).plan
+    if not quiet:
+        print_phase_plan(phase_plan)
+    console.print(f"wrote {output}")
 
 
 def print_plan(plan) -> None:

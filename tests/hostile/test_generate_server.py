@@ -139,3 +139,30 @@ def test_limit_refused_from_the_header_before_the_body(served):
 def test_serve_refuses_a_zero_limit(served):
     r = run_cli("serve", str(served["bundle"]), "--all-parts", "--max-cache-tokens", "0")
     assert r.returncode == 2 and "--max-cache-tokens" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow  # five runs of the real console script
+def test_partition_generate_refuses_a_server_it_cannot_use_in_one_line(served, tmp_path):
+    """`partition --generate --server-url`: a server that is not there, a model it does not serve,
+    a prompt past its cache limit, and flags that do not go together: exit code 2, one line."""
+    model = str(served["bundle"].parent / "decoder_tiny.onnx")
+    base = ["partition", model, "-d", "host", "--generate", "-o", str(tmp_path / "p.json")]
+    cases = [
+        (["--server-url", "http://127.0.0.1:9"], ["could not prefill", "127.0.0.1:9"]),
+        (["--server-url", served["url"], "--server-model", "nope"], ["no model 'nope'"]),
+        (
+            ["--server-url", served["url"], "--prompt-tokens", str(LIMIT + 1)],
+            [f"past this server's limit of {LIMIT}"],
+        ),
+        (["--rtt-ms", "5"], ["need --server-url"]),
+        (["--server-url", served["url"], "--server", "lab-server"], ["not --server"]),
+    ]
+    for extra, words in cases:
+        r = run_cli(*base, *extra)
+        err = r.stderr.strip()
+        assert r.returncode == 2 and "\n" not in err and "Traceback" not in err, (extra, err)
+        for w in words:
+            assert w in err, (w, err)
+    assert not (tmp_path / "p.json").exists()
+    r = run_cli("partition", model, "-d", "host", "--server-url", served["url"])
+    assert r.returncode == 2 and "--server-url is for --generate" in r.stderr
