@@ -40,7 +40,7 @@ def lab(tmp_path_factory):
     opts = ServeOptions(port=0, all_parts=True, max_cache_tokens=LIMIT)
     with ServerThread(bundle, opts) as server:
         client = OipClient(server.url, timeout_s=30)
-        yield {"model": model, "client": client, "server": server}
+        yield {"model": model, "client": client, "server": server, "bundle": bundle}
         client.close()
 
 
@@ -159,3 +159,34 @@ def test_partition_generate_prices_a_running_servers_prefill(lab, tmp_path):
     assert offloaded[0]["transfer_ms"] == pytest.approx(transfer_ms, abs=1e-3)
     assert offloaded[0]["ttft_ms"] == pytest.approx(srv["prefill_ms"] + transfer_ms, abs=1e-3)
     assert "prefill on server" in r.output or "server" in r.output
+
+
+def test_a_bundle_generates_after_a_servers_prefill(lab):
+    """`Session.generate(prefill=RemotePrefill)` and `run --generate --server URL`: the same
+    bundle's decoder prefills on the server, the tokens equal the local prefill's, and `run` says
+    where the prompt went."""
+    from conftest import run_cli
+
+    from edgesplit.runtime.session import load
+
+    prompt = _prompt(21, 4)
+    with load(lab["bundle"]) as sess:
+        local = list(sess.generate(prompt, 8))
+        gen = sess.generator()
+        remote = RemotePrefill(lab["client"], "p0", gen.config)
+        offloaded = list(sess.generate(prompt, 8, prefill=remote))
+        st = sess.last_generate_stats
+    assert offloaded == local
+    assert (st.prefill_chunks, st.chunk_tokens, st.cache_copies) == (1, 0, 0)
+    ids = ",".join(map(str, prompt))
+    url = lab["server"].url
+    r = run_cli("run", str(lab["bundle"]), "--generate", "--prompt-ids", ids, "--new-tokens", "8",
+                "--server", url)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert f"prefill: on the server {url}" in r.stdout
+    assert r.stdout.split("tokens: ")[-1].split() == [str(t) for t in local]
+    bad = run_cli("run", str(lab["bundle"]), "--generate", "--prompt-tokens", str(LIMIT + 1),
+                  "--new-tokens", "2", "--server", url)  # fmt: skip
+    err = bad.stderr.strip()
+    assert bad.returncode == 2 and "\n" not in err and "could not prefill" in err, err
+    assert f"past this server's limit of {LIMIT}" in err

@@ -88,8 +88,9 @@ class Generate:
     new_tokens: int = 32
     chunk_tokens: int = 32
 
-    def request(self, trust_key: str | None):
-        """The workflow's ``GenerateRequest`` (the prompt given or ``--prompt-tokens`` random)."""
+    def request(self, trust_key: str | None, executor_options: dict | None = None):
+        """The workflow's ``GenerateRequest`` (the prompt given or ``--prompt-tokens`` random;
+        with ``--server``, the server prefills it)."""
         from edgesplit.workflows.running import GenerateRequest
 
         if self.prompt_ids is not None and self.prompt_tokens is not None:
@@ -102,6 +103,7 @@ class Generate:
             new_tokens=self.new_tokens,
             chunk_tokens=self.chunk_tokens,
             trust_key=trust_key,
+            server=(executor_options or {}).get("remote"),
         )
 
 
@@ -181,7 +183,8 @@ generate_options = option_group(
         "--generate",
         is_flag=True,
         help="Generate tokens from a decoder bundle: time to first token, decode tokens/s, "
-        "per-phase and per-part time, cache copies.",
+        "per-phase and per-part time, cache copies. With --server, a server serving the same "
+        "decoder prefills the prompt and the decode runs here.",
     ),
     field_option("--prompt-ids", callback=parse_ids, help="The prompt's token ids: 1,2,3."),
     field_option(
@@ -245,7 +248,8 @@ def command(
     from edgesplit.workflows.running import BandRun, RunRequest, generate_bundle, run_bundle
 
     if gen.generate or gen.prompt_ids is not None or gen.prompt_tokens is not None:
-        generated = generate_bundle(bundle, gen.request(offload.trust_key))
+        request = gen.request(offload.trust_key, offload.executor_options())
+        generated = generate_bundle(bundle, request)
         if not verbosity.quiet:
             print_generation(generated)
         return
@@ -285,10 +289,16 @@ def print_generation(run) -> None:
         f"prompt {st.prompt_tokens} tokens, {st.new_tokens} new; time to first token "
         f"{st.ttft_ms:.3f} ms; decode {st.decode_tokens_per_s:.1f} tokens/s"
     )
-    console.print(
-        f"prefill: {st.prefill_chunks} chunks of {st.chunk_tokens or st.prompt_tokens} tokens, "
-        f"ms per chunk: {chunks}"
-    )
+    if run.prefill_server:
+        console.print(
+            f"prefill: on the server {run.prefill_server}, {chunks} ms (the request, its run "
+            "there and the cache's download)"
+        )
+    else:
+        console.print(
+            f"prefill: {st.prefill_chunks} chunks of {st.chunk_tokens or st.prompt_tokens} "
+            f"tokens, ms per chunk: {chunks}"
+        )
     console.print(
         f"decode: {len(st.step_ms)} steps, ms per step: median {np.median(steps):.3f}, "
         f"p90 {np.percentile(steps, 90):.3f}"

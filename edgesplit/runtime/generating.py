@@ -26,7 +26,7 @@ import onnx
 from edgesplit.bundle.format import Manifest
 from edgesplit.device.throttle import busy
 from edgesplit.errors import InputError
-from edgesplit.generate.generator import GenerateStats, Generator
+from edgesplit.generate.generator import GenerateStats, Generator, Prefill
 
 
 class PartWorker(Protocol):
@@ -106,10 +106,11 @@ def _fixed_lengths(ort_sess) -> str:
 def pinned_tokens(
     worker: PartWorker,
     gen: Generator,
-    request: tuple[Sequence[int] | np.ndarray, int, int | None],
+    request: tuple[Sequence[int] | np.ndarray, int, int | None, Prefill | None],
     on_done: Callable[[GenerateStats], None],
 ) -> Iterator[int]:
-    """``gen``'s tokens for ``request`` (prompt, new tokens, end token), each step run pinned and
+    """``gen``'s tokens for ``request`` (prompt, new tokens, end token, a prefill to run instead of
+    ``gen``'s or None), each step run pinned and
     throttled as the part's ``worker``, holding its cores; ``on_done`` gets the figures once the
     tokens end.
 

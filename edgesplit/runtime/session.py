@@ -45,7 +45,7 @@ from edgesplit.runtime.kernels import KernelTracer
 from edgesplit.runtime.trace import Trace, build_trace
 
 if TYPE_CHECKING:
-    from edgesplit.generate.generator import GenerateStats, Generator
+    from edgesplit.generate.generator import GenerateStats, Generator, Prefill
 
 _clock_ns = time.perf_counter_ns
 
@@ -402,6 +402,7 @@ class Session:
         eos_token_id: int | None = None,
         move_cache: bool = False,
         max_cache_tokens: int | None = None,
+        prefill: Prefill | None = None,
     ) -> Iterator[int]:
         """Greedy tokens after ``input_ids``, streamed, from a bundle whose model is a decoder.
 
@@ -411,7 +412,9 @@ class Session:
         (``move_cache`` passes it through host memory instead, as a plan that moves it would). Once
         the iterator is exhausted, :attr:`last_generate_stats` holds its figures
         (:class:`edgesplit.generate.GenerateStats`: ``ttft_ms``, ``decode_tokens_per_s``,
-        ``cache_copies`` ...) and the run calls count in :meth:`stats`.
+        ``cache_copies`` ...) and the run calls count in :meth:`stats`. ``prefill``: a prefill to
+        run instead (a server's: :class:`edgesplit.generate.offload.RemotePrefill`); the decode
+        steps bind the cache it returns.
 
         Raises:
             InputError: before anything runs: a bundle that cannot generate (one line saying
@@ -420,7 +423,7 @@ class Session:
                 limit).
         """
         gen = self.generator(chunk_tokens, move_cache, max_cache_tokens)
-        return self.generate_with(gen, input_ids, max_new_tokens, eos_token_id)
+        return self.generate_with(gen, input_ids, max_new_tokens, eos_token_id, prefill)
 
     def generator(
         self,
@@ -450,6 +453,7 @@ class Session:
         input_ids: Sequence[int] | np.ndarray,
         max_new_tokens: int,
         eos_token_id: int | None = None,
+        prefill: Prefill | None = None,
     ) -> Iterator[int]:
         """:meth:`generate` with a generator from :meth:`generator`."""
         from edgesplit.runtime.generating import pinned_tokens
@@ -460,7 +464,7 @@ class Session:
             self._times[part.name].extend(stats.run_ms)
             self.last_generate_stats = stats
 
-        request = (input_ids, max_new_tokens, eos_token_id)
+        request = (input_ids, max_new_tokens, eos_token_id, prefill)
         return pinned_tokens(self._workers[_worker_key(part)], gen, request, done)
 
     @property

@@ -7,8 +7,9 @@ band plans between requests by the measured uplink.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +136,9 @@ class GenerateRequest:
         chunk_tokens: Static prefill chunk (0: the whole prompt in one run).
         seed: Seed of the random prompt.
         trust_key: Load the bundle only if signed by this ed25519 public key.
+        server: ``remote`` executor options (``url``, ``token``, ``model_prefix``) of a server
+            serving the same decoder that prefills the prompt instead (None: the bundle's part
+            does); decode runs here.
     """
 
     prompt_ids: Sequence[int] | None = None
@@ -143,16 +147,19 @@ class GenerateRequest:
     chunk_tokens: int = 32
     seed: int = 0
     trust_key: str | os.PathLike | None = None
+    server: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class GenerateRun:
-    """A generation's tokens, its figures (:class:`edgesplit.generate.GenerateStats`) and the
-    bundle's per-part timings of its run calls (``SessionStats``)."""
+    """A generation's tokens, its figures (:class:`edgesplit.generate.GenerateStats`), the
+    bundle's per-part timings of its run calls (``SessionStats``) and the server that prefilled
+    (None: the bundle's part)."""
 
     tokens: list[int]
     stats: Any
     parts: Any
+    prefill_server: str | None = None
 
 
 def generate_bundle(bundle: str | os.PathLike, request: GenerateRequest) -> GenerateRun:
@@ -161,6 +168,7 @@ def generate_bundle(bundle: str | os.PathLike, request: GenerateRequest) -> Gene
 
     Raises:
         InputError: a bundle that cannot generate, or a bad request (one line).
+        RemoteHostError: ``request.server`` could not prefill the prompt (one line, exit code 2).
     """
     import numpy as np
 
@@ -175,7 +183,33 @@ def generate_bundle(bundle: str | os.PathLike, request: GenerateRequest) -> Gene
             rng = np.random.default_rng(r.seed)
             prompt = [int(t) for t in rng.integers(0, gen.config.vocab_size, r.prompt_tokens)]
         gen.check_request(prompt, r.new_tokens)
-        list(sess.generate_with(gen, prompt, min(r.new_tokens, 2)))
-        sess.reset_stats()
-        tokens = list(sess.generate_with(gen, prompt, r.new_tokens))
-        return GenerateRun(tokens, sess.last_generate_stats, sess.stats())
+        with _server_prefill(r.server, sess.manifest.parts[0].name, gen) as prefill:
+            list(sess.generate_with(gen, prompt, min(r.new_tokens, 2), prefill=prefill))
+            sess.reset_stats()
+            tokens = list(sess.generate_with(gen, prompt, r.new_tokens, prefill=prefill))
+        where = r.server["url"] if r.server else None
+        return GenerateRun(tokens, sess.last_generate_stats, sess.stats(), where)
+
+
+@contextlib.contextmanager
+def _server_prefill(server: Mapping[str, Any] | None, part: str, gen: Any) -> Iterator[Any]:
+    """A server's prefill of the bundle's decoder part (None without a server); a server that
+    fails it is an error of the user's input (:class:`~edgesplit.errors.RemoteHostError`)."""
+    if server is None:
+        yield None
+        return
+    from edgesplit.errors import RemoteError, RemoteHostError
+    from edgesplit.generate.offload import RemotePrefill
+    from edgesplit.runtime.client import OipClient
+    from edgesplit.runtime.oip import served_name
+
+    url, model = server["url"], served_name(part, server.get("model_prefix", ""))
+    client = OipClient(url, token=server.get("token"), timeout_s=server.get("timeout_s", 600.0))
+    try:
+        yield RemotePrefill(client, model, gen.config, timeout_s=client.timeout_s)
+    except RemoteError as e:
+        if isinstance(e, RemoteHostError):
+            raise
+        raise RemoteHostError(f"server {url} could not prefill the prompt ({model}): {e}") from e
+    finally:
+        client.close()
