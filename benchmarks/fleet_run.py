@@ -61,7 +61,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from netlab import free_port, serve_command, stop_process, wait_ready  # noqa: E402
+from netlab import (  # noqa: E402
+    free_port,
+    serve_command,
+    stop_process,
+    tbf_commands,
+    wait_ready,
+)
 
 from edgesplit.fleet.price import Candidate, energy_at_mj  # noqa: E402
 from edgesplit.runtime import oip  # noqa: E402
@@ -99,24 +105,8 @@ class FleetLab:
                 sh("ip", "link", "set", h, "up")
                 sh("ip", "-n", self.ns, "addr", "add", f"{server_ip}/30", "dev", p)
                 sh("ip", "-n", self.ns, "link", "set", p, "up")
-                burst = str(max(3200, int(mbps * 1e6 / 8 * 0.001)))
-                for prefix, dev in (((), h), (("-n", self.ns), p)):
-                    sh(
-                        "tc",
-                        *prefix,
-                        "qdisc",
-                        "replace",
-                        "dev",
-                        dev,
-                        "root",
-                        "tbf",
-                        "rate",
-                        f"{mbps}mbit",
-                        "burst",
-                        burst,
-                        "latency",
-                        "200ms",
-                    )
+                for cmd in tbf_commands(h, self.ns, p, mbps):
+                    sh(*cmd)
         except BaseException:
             self.close()
             raise

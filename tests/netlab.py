@@ -40,6 +40,19 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, check=check, timeout=30)
 
 
+def tbf_commands(host_if: str, ns: str, ns_if: str, mbps: float) -> list[list[str]]:
+    """``tc`` commands that shape a veth pair to ``mbps`` both ways: ``host_if`` here and
+    ``ns_if`` in namespace ``ns``. A small bucket (1 ms of traffic, at least 3.2 kB), so that a
+    transfer after idle does not start with a free burst a real link would not give."""
+    burst = str(max(3200, int(mbps * 1e6 / 8 * 0.001)))
+    shape = ["qdisc", "replace", "root", "tbf", "rate", f"{mbps}mbit", "burst", burst]
+    shape += ["latency", "200ms"]
+    return [
+        ["tc", *prefix, *shape[:2], "dev", dev, *shape[2:]]
+        for prefix, dev in (((), host_if), (("-n", ns), ns_if))
+    ]
+
+
 def _uid() -> int:
     return (os.getpid() * 37 + next(_ids)) % 16000
 
@@ -186,29 +199,9 @@ class NetLab:
         return self
 
     def set_rate(self, mbps: float) -> None:
-        """Shape both directions to ``mbps`` (tbf with a small bucket: 1 ms of traffic, at least 3.2
-        kB,
-        so that a transfer after idle does not start with a free burst a real link would not
-        give)."""
+        """Shape both directions to ``mbps`` (:func:`tbf_commands`)."""
         self.bandwidth_mbps = mbps
-        burst = max(3200, int(mbps * 1e6 / 8 * 0.001))
-        for prefix, dev in ((), self.host_if), (("-n", self.ns), self.ns_if):
-            cmd = [
-                "tc",
-                *prefix,
-                "qdisc",
-                "replace",
-                "dev",
-                dev,
-                "root",
-                "tbf",
-                "rate",
-                f"{mbps}mbit",
-                "burst",
-                str(burst),
-                "latency",
-                "200ms",
-            ]
+        for cmd in tbf_commands(self.host_if, self.ns, self.ns_if, mbps):
             _run(*cmd)
 
     def spawn(self, argv: Sequence[str], **popen) -> subprocess.Popen:
