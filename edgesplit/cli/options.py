@@ -21,15 +21,18 @@ from edgesplit.cli.common import (
     FiniteFloat,
     accuracy_options,
     backend_option,
+    device_option,
     file_option,
     input_shape_option,
     input_values_option,
     link_options,
+    model_argument,
     objective_option,
     pin_option,
     runs_option,
     slo_option,
     split_option,
+    stage_limit_options,
 )
 
 if TYPE_CHECKING:
@@ -139,6 +142,15 @@ class ModelInputs:
 
 
 model_input_options = option_group(ModelInputs, "inputs", input_shape_option, input_values_option)
+
+
+def model_device_options(f: Callable) -> Callable:
+    """MODEL, ``--device``, ``--input-shape`` and ``--input`` (as :class:`ModelInputs` named
+    ``inputs``) and the stages' time limits: what a command that reads a model for a device takes
+    (profile, partition, deploy)."""
+    for decorator in (stage_limit_options, model_input_options, device_option, model_argument):
+        f = decorator(f)
+    return f
 
 
 # what a plan is made from: the fields of Choices ------------------------------------------------
@@ -413,6 +425,7 @@ __all__ = [
     "build_options",
     "bundle_output_options",
     "field_option",
+    "model_device_options",
     "model_input_options",
     "option_group",
     "plan_options",

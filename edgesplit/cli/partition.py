@@ -8,20 +8,16 @@ import click
 
 from edgesplit.cli.common import (
     console,
-    device_option,
-    err_console,
     file_option,
-    model_argument,
     print_note,
     progress_bar,
-    stage_limit_options,
 )
 from edgesplit.cli.options import (
     ModelInputs,
     PlanOptions,
     Verbosity,
     field_option,
-    model_input_options,
+    model_device_options,
     option_group,
     plan_options,
     verbosity_options,
@@ -72,10 +68,7 @@ phase_options = option_group(
 
 
 @click.command("partition")
-@model_argument
-@device_option
-@model_input_options
-@stage_limit_options
+@model_device_options
 @plan_options(
     "A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest)."
 )
@@ -104,7 +97,7 @@ def command(
         from edgesplit.workflows.phase_plan import PhaseRequest, write_phase_plan
 
         request = PhaseRequest(phases.prompt_tokens, phases.new_tokens)
-        note = None if verbosity.quiet else lambda n: err_console.print(f"note: {n}")
+        note = None if verbosity.quiet else print_note
         phase_plan = write_phase_plan(model, device, request, files.output, note).plan
         if not verbosity.quiet:
             print_phase_plan(phase_plan)

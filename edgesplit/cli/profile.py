@@ -10,20 +10,17 @@ import click
 from edgesplit.cli.common import (
     backend_option,
     console,
-    device_option,
     err_console,
     file_option,
-    model_argument,
     print_note,
     progress_bar,
-    stage_limit_options,
 )
 from edgesplit.cli.options import (
     ModelInputs,
     RemoteFlags,
     Verbosity,
     field_option,
-    model_input_options,
+    model_device_options,
     option_group,
     remote_options,
     verbosity_options,
@@ -100,10 +97,7 @@ target_options = option_group(
 
 
 @click.command("profile")
-@model_argument
-@device_option
-@model_input_options
-@stage_limit_options
+@model_device_options
 @measure_options
 @target_options
 @remote_options("Profile on this host over SSH.")
