@@ -278,7 +278,7 @@ class PlanOptions:
     def choices(self, inputs: ModelInputs) -> Choices:
         """The one place the command line becomes a :class:`Choices`: the flags named as its
         fields are copied as they are."""
-        from edgesplit.profile.run import ProfileOptions
+        from edgesplit.profile.options import ProfileOptions
         from edgesplit.util import known_fields
         from edgesplit.workflows.resolve import Choices
 
