@@ -72,7 +72,8 @@ warmup_option = field_option("--warmup", type=click.IntRange(0), help="Untimed r
 
 def option_group(cls: type, name: str, *options: Callable | FieldOption) -> Callable:
     """A decorator that adds ``options`` to a command and passes their values as one ``cls``
-    instance, the keyword argument ``name``; every field of ``cls`` must be an option's parameter.
+    instance, the keyword argument ``name``; the fields of ``cls`` that no option fills keep their
+    defaults (so a library's own options dataclass can be the group).
 
     Options that expose no value (a callback does their work) may be among ``options``; those made
     with :func:`field_option` take their default from ``cls``.
@@ -83,7 +84,7 @@ def option_group(cls: type, name: str, *options: Callable | FieldOption) -> Call
     def decorate(f: Callable) -> Callable:
         @functools.wraps(f)
         def command(*args: Any, **kw: Any) -> Any:
-            kw[name] = cls(**{k: kw.pop(k) for k in names})
+            kw[name] = cls(**{k: kw.pop(k) for k in names if k in kw})
             return f(*args, **kw)
 
         return functools.reduce(lambda acc, o: o(acc), reversed(decorators), command)
