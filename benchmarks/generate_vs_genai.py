@@ -63,7 +63,7 @@ def interleaved(streams: dict[str, Iterator[int]]) -> dict[str, tuple[list[int],
 def main() -> None:
     from edgesplit.generate import Generator
     from edgesplit.generate.genai import GenAIGenerator, version, write_genai_folder
-    from edgesplit.generate.reference import greedy_plain_stream, session
+    from edgesplit.generate.reference import greedy_plain, session
     from edgesplit.model.zoo_decoder import config_of
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -92,7 +92,7 @@ def main() -> None:
         streams = {
             "edgesplit": lambda: gen.generate(prompt, args.new_tokens),
             "genai": lambda: genai.stream(prompt, args.new_tokens),
-            "plain-ort": lambda: greedy_plain_stream(plain, config, prompt, args.new_tokens),
+            "plain-ort": lambda: greedy_plain(plain, config, prompt, args.new_tokens),
         }
         order = list(streams)
         interleaved({k: streams[k]() for k in order})  # warm-up

@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "NetworkLink": "edgesplit.device.spec",
     # profiles
     "profile_model": "edgesplit.profile.run",
-    "ProfileOptions": "edgesplit.profile.run",
+    "ProfileOptions": "edgesplit.profile.options",
     "RemoteOptions": "edgesplit.profile.remote",
     "profile_remote": "edgesplit.profile.remote",
     "profile_fleet": "edgesplit.profile.fleet",
@@ -136,8 +136,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the table above is 
     from edgesplit.optimize import Plan, load_plan
     from edgesplit.precision.metrics import Accuracy, AccuracyBudget
     from edgesplit.profile.fleet import profile_fleet
+    from edgesplit.profile.options import ProfileOptions
     from edgesplit.profile.remote import RemoteOptions, detect_remote, profile_remote
-    from edgesplit.profile.run import ProfileOptions, profile_model
+    from edgesplit.profile.run import profile_model
     from edgesplit.profile.store import NodeCost, ProcessorProfile, Profile, load_profile
     from edgesplit.runtime.accuracy import bundle_accuracy
     from edgesplit.runtime.breakdown import Breakdown

@@ -8,6 +8,7 @@ parameters; and the options shared by several commands are on every command that
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 from pathlib import Path
 
@@ -133,7 +134,14 @@ def test_partition_and_deploy_take_the_same_plan_options():
     """The options a plan is made from are one group: partition and deploy cannot drift apart."""
     from edgesplit.cli.options import PlanOptions
 
-    fields = {f.name for f in __import__("dataclasses").fields(PlanOptions)}
+    def options(group) -> set[str]:  # a group's own options and those of the groups it holds
+        fields = dataclasses.fields(group)
+        inner = [type(f.default) for f in fields if dataclasses.is_dataclass(f.default)]
+        own = {f.name for f in fields if not dataclasses.is_dataclass(f.default)}
+        return own.union(*map(options, inner))
+
+    fields = options(PlanOptions)
+    assert {"server", "rtt_ms", "pins", "min_snr_db", "calibration_method"} <= fields
     for name in ("partition", "deploy"):
         params = {p.name for p in LEAVES[name].params}
         assert fields <= params, f"{name} lacks {sorted(fields - params)}"

@@ -96,7 +96,7 @@ def test_generate_gives_the_plain_ort_loops_tokens(name: str, chunk: int):
     model = _model(name)
     sess, c = plain_setup(model)
     prompt = _prompt(c, 45)
-    want = greedy_plain(sess, c, prompt, 24)
+    want = list(greedy_plain(sess, c, prompt, 24))
     gen = Generator(model, chunk_tokens=chunk)
     stream = gen.generate(prompt, 24)
     assert iter(stream) is stream  # an iterator: tokens come one at a time

@@ -30,7 +30,7 @@ def _three(model: onnx.ModelProto, folder, prompt: list[int], new: int, eos: int
     genai = GenAIGenerator(write_genai_folder(model, folder, eos_token_id=eos))
     ours = list(Generator(model, chunk_tokens=8).generate(prompt, new, eos_token_id=eos))
     sess, config = plain_setup(model)
-    plain = greedy_plain(sess, config, prompt, new, eos_token_id=eos)
+    plain = list(greedy_plain(sess, config, prompt, new, eos_token_id=eos))
     return genai.generate(prompt, new), ours, plain
 
 
@@ -115,6 +115,6 @@ def test_genai_gives_the_same_greedy_tokens_on_smollm2(smollm2, tmp_path):
         prompt = encode(text, tokens)
         ours = list(gen.generate(prompt, 16, eos_token_id=eos))
         assert genai.generate(prompt, 16).tokens == ours, text
-        assert greedy_plain(*sess_config, prompt, 16, eos_token_id=eos) == ours, text
+        assert list(greedy_plain(*sess_config, prompt, 16, eos_token_id=eos)) == ours, text
         if text == texts[0]:
             assert decode(ours, tokens).startswith(" Paris")

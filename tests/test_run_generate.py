@@ -56,7 +56,7 @@ def test_compile_keeps_the_decoders_lengths_dynamic(small):
 def test_session_generate_equals_plain_ort_loop(small, chunk, n):
     prompt = _prompt(n)
     sess_plain, config = plain_setup(onnx.load(small.parent / "decoder_small.onnx"))
-    want = greedy_plain(sess_plain, config, prompt, 12)
+    want = list(greedy_plain(sess_plain, config, prompt, 12))
     with load(small) as sess:
         tokens = sess.generate(prompt, 12, chunk_tokens=chunk)
         assert sess.last_generate_stats is None  # nothing ran before the first token is asked

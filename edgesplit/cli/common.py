@@ -169,30 +169,6 @@ slo_option = click.option(
 )
 
 
-def link_options(f):
-    """``--server``, ``--server-profile``, ``--link``, ``--bandwidth-mbps`` and ``--rtt-ms``
-    (partition and deploy)."""
-    f = click.option(
-        "--rtt-ms",
-        type=FiniteFloat(minimum=0),
-        help="Network round-trip time (overrides the preset).",
-    )(f)
-    f = click.option(
-        "--bandwidth-mbps",
-        type=FiniteFloat(minimum=0, open_min=True),
-        help="Network bandwidth, up and down (overrides the preset).",
-    )(f)
-    f = click.option("--link", help="Network preset from devices/links.yaml (wifi, lte, 5g ...).")(
-        f
-    )
-    f = file_option(
-        "--server-profile",
-        help="A profile of MODEL measured on the server (edgesplit profile MODEL --device SERVER, "
-        "run there): prices the server's processors instead of its spec's roofline.",
-    )(f)
-    return click.option("--server", help="A server spec whose processors may take parts.")(f)
-
-
 _STAGE_HELP = {
     "load": "reading, checking and shaping the model, simplifying included",
     "simplify": "folding its shape computations (onnxslim) and inferring shapes",
@@ -334,60 +310,3 @@ def progress_bar(enabled: bool = True) -> Iterator[Progress]:
     finally:
         if bars:
             bars[0].stop()
-
-
-def accuracy_options(f):
-    """``--min-snr-db``, ``--min-top1-agreement``, ``--max-accuracy-drop``, ``--calibration-data``
-    and ``--calibration-method`` (partition and deploy): the budget int8 and fp16 parts must meet,
-    the data to calibrate and measure on, and how int8 ranges are found."""
-    from edgesplit.precision import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
-
-    f = click.option(
-        "--calibration-method",
-        type=click.Choice(CALIBRATION_METHODS),
-        help="How int8 activation ranges are found from the calibration data: minmax (extremes), "
-        f"percentile (99.999th), entropy (KL divergence); default {DEFAULT_CALIBRATION_METHOD}.",
-    )(f)
-    f = click.option(
-        "--calibration-data",
-        type=click.Path(),
-        help="An .npz of arrays named after the inputs, or a folder of .npy files, to calibrate "
-        "int8 "
-        "parts and measure accuracy on (default: photographs for a vision model, else synthetic).",
-    )(f)
-    f = click.option(
-        "--max-accuracy-drop",
-        type=click.FloatRange(0, 1),
-        help="Largest accuracy drop against fp32: top-1 classes changed, or relative RMS error "
-        "(0-1).",
-    )(f)
-    f = click.option(
-        "--min-top1-agreement",
-        type=click.FloatRange(0, 1),
-        help="Least share of samples whose top-1 class is fp32's (classifiers, 0-1).",
-    )(f)
-    return click.option(
-        "--min-snr-db",
-        type=click.FloatRange(-200, 200),
-        help="Least SNR of every output against fp32, in dB.",
-    )(f)
-
-
-def accuracy_choices(
-    min_snr_db: float | None,
-    min_top1_agreement: float | None,
-    max_accuracy_drop: float | None,
-    calibration_data: str | None,
-    calibration_method: str | None = None,
-) -> dict:
-    """The ``accuracy``, ``calibration_data`` and ``calibration_method`` fields of
-    :class:`edgesplit.workflows.resolve.Choices` (no flag: the default budget)."""
-    from edgesplit.precision.metrics import AccuracyBudget
-
-    given = (min_snr_db, min_top1_agreement, max_accuracy_drop)
-    budget = AccuracyBudget(*given) if any(v is not None for v in given) else None
-    return {
-        "accuracy": budget,
-        "calibration_data": calibration_data,
-        "calibration_method": calibration_method,
-    }

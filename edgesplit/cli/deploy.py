@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import (
-    console,
-    device_option,
-    model_argument,
-    print_note,
-    progress_bar,
-    stage_limit_options,
-)
+from edgesplit.cli.common import console, print_note, progress_bar
 from edgesplit.cli.compile import bundle_request
 from edgesplit.cli.options import (
     BuildOptions,
@@ -21,21 +14,18 @@ from edgesplit.cli.options import (
     Verbosity,
     build_options,
     bundle_output_options,
-    model_input_options,
+    model_device_options,
     plan_options,
     verbosity_options,
 )
 
 
 @click.command("deploy")
-@model_argument
-@device_option
+@model_device_options
 @bundle_output_options(
     "Bundle directory (an existing one must be empty or a bundle, unless --force)."
 )
 @plan_options("Use this profile instead of measuring.")
-@model_input_options
-@stage_limit_options
 @build_options(
     "MetaSchedule trials for TVM parts.",
     click.option(

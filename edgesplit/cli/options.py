@@ -19,21 +19,23 @@ import click
 
 from edgesplit.cli.common import (
     FiniteFloat,
-    accuracy_options,
     backend_option,
+    device_option,
     file_option,
     input_shape_option,
     input_values_option,
-    link_options,
+    model_argument,
     objective_option,
     pin_option,
     runs_option,
     slo_option,
     split_option,
+    stage_limit_options,
 )
 
 if TYPE_CHECKING:
     from edgesplit.backends.tvm.tune import TuneOptions
+    from edgesplit.precision.metrics import AccuracyBudget
     from edgesplit.profile.ssh import SshOptions
     from edgesplit.workflows.resolve import Choices
     from edgesplit.workflows.verify import VerifyOptions
@@ -70,7 +72,8 @@ warmup_option = field_option("--warmup", type=click.IntRange(0), help="Untimed r
 
 def option_group(cls: type, name: str, *options: Callable | FieldOption) -> Callable:
     """A decorator that adds ``options`` to a command and passes their values as one ``cls``
-    instance, the keyword argument ``name``; every field of ``cls`` must be an option's parameter.
+    instance, the keyword argument ``name``; the fields of ``cls`` that no option fills keep their
+    defaults (so a library's own options dataclass can be the group).
 
     Options that expose no value (a callback does their work) may be among ``options``; those made
     with :func:`field_option` take their default from ``cls``.
@@ -81,7 +84,7 @@ def option_group(cls: type, name: str, *options: Callable | FieldOption) -> Call
     def decorate(f: Callable) -> Callable:
         @functools.wraps(f)
         def command(*args: Any, **kw: Any) -> Any:
-            kw[name] = cls(**{k: kw.pop(k) for k in names})
+            kw[name] = cls(**{k: kw.pop(k) for k in names if k in kw})
             return f(*args, **kw)
 
         return functools.reduce(lambda acc, o: o(acc), reversed(decorators), command)
@@ -141,6 +144,117 @@ class ModelInputs:
 model_input_options = option_group(ModelInputs, "inputs", input_shape_option, input_values_option)
 
 
+def model_device_options(f: Callable) -> Callable:
+    """MODEL, ``--device``, ``--input-shape`` and ``--input`` (as :class:`ModelInputs` named
+    ``inputs``) and the stages' time limits: what a command that reads a model for a device takes
+    (profile, partition, deploy)."""
+    for decorator in (stage_limit_options, model_input_options, device_option, model_argument):
+        f = decorator(f)
+    return f
+
+
+# the server a plan may use and the link to it --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerLinkFlags:
+    """``--server``, ``--server-profile``, ``--link``, ``--bandwidth-mbps`` and ``--rtt-ms``, named
+    as the fields of :class:`Choices` they fill."""
+
+    server: str | None = None
+    server_profile: str | None = None
+    link: str | None = None
+    bandwidth_mbps: float | None = None
+    rtt_ms: float | None = None
+
+
+server_link_options = option_group(
+    ServerLinkFlags,
+    "server_link",
+    click.option("--server", help="A server spec whose processors may take parts."),
+    file_option(
+        "--server-profile",
+        help="A profile of MODEL measured on the server (edgesplit profile MODEL --device SERVER, "
+        "run there): prices the server's processors instead of its spec's roofline.",
+    ),
+    click.option("--link", help="Network preset from devices/links.yaml (wifi, lte, 5g ...)."),
+    click.option(
+        "--bandwidth-mbps",
+        type=FiniteFloat(minimum=0, open_min=True),
+        help="Network bandwidth, up and down (overrides the preset).",
+    ),
+    click.option(
+        "--rtt-ms",
+        type=FiniteFloat(minimum=0),
+        help="Network round-trip time (overrides the preset).",
+    ),
+)
+
+
+# the accuracy budget of reduced-precision parts --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetFlags:
+    """``--min-snr-db``, ``--min-top1-agreement`` and ``--max-accuracy-drop``: the fields of the
+    :class:`~edgesplit.precision.metrics.AccuracyBudget` that int8 and fp16 parts must meet."""
+
+    min_snr_db: float | None = None
+    min_top1_agreement: float | None = None
+    max_accuracy_drop: float | None = None
+
+    def given(self) -> AccuracyBudget | None:
+        """The budget given (None when no flag is: the default budget applies)."""
+        from edgesplit.precision.metrics import AccuracyBudget
+
+        return AccuracyBudget(**vars(self)) if self != BudgetFlags() else None
+
+
+budget_options = option_group(
+    BudgetFlags,
+    "budget",
+    field_option(
+        "--min-snr-db",
+        type=click.FloatRange(-200, 200),
+        help="Least SNR of every output against fp32, in dB.",
+    ),
+    field_option(
+        "--min-top1-agreement",
+        type=click.FloatRange(0, 1),
+        help="Least share of samples whose top-1 class is fp32's (classifiers, 0-1).",
+    ),
+    field_option(
+        "--max-accuracy-drop",
+        type=click.FloatRange(0, 1),
+        help="Largest accuracy drop against fp32: top-1 classes changed, or relative RMS error "
+        "(0-1).",
+    ),
+)
+
+
+def calibration_options() -> list[Callable]:
+    """``--calibration-data`` and ``--calibration-method``: the data int8 parts are calibrated and
+    every reduced-precision part is measured on, and how int8 ranges are found."""
+    from edgesplit.precision import CALIBRATION_METHODS, DEFAULT_CALIBRATION_METHOD
+
+    return [
+        click.option(
+            "--calibration-data",
+            type=click.Path(),
+            help="An .npz of arrays named after the inputs, or a folder of .npy files, to "
+            "calibrate int8 parts and measure accuracy on (default: photographs for a vision "
+            "model, else synthetic).",
+        ),
+        click.option(
+            "--calibration-method",
+            type=click.Choice(CALIBRATION_METHODS),
+            help="How int8 activation ranges are found from the calibration data: minmax "
+            "(extremes), percentile (99.999th), entropy (KL divergence); default "
+            f"{DEFAULT_CALIBRATION_METHOD}.",
+        ),
+    ]
+
+
 # what a plan is made from: the fields of Choices ------------------------------------------------
 
 
@@ -154,39 +268,27 @@ class PlanOptions:
     objective: str = "latency"
     split_operators: bool = False
     slo_ms: float | None = None
-    server: str | None = None
-    server_profile: str | None = None
-    link: str | None = None
-    bandwidth_mbps: float | None = None
-    rtt_ms: float | None = None
+    server_link: ServerLinkFlags = ServerLinkFlags()
     pins: tuple[str, ...] = ()
     server_load: int | None = None
     server_slots: int = 1
-    min_snr_db: float | None = None
-    min_top1_agreement: float | None = None
-    max_accuracy_drop: float | None = None
+    budget: BudgetFlags = BudgetFlags()
     calibration_data: str | None = None
     calibration_method: str | None = None
 
     def choices(self, inputs: ModelInputs) -> Choices:
         """The one place the command line becomes a :class:`Choices`: the flags named as its
         fields are copied as they are."""
-        from edgesplit.cli.common import accuracy_choices
-        from edgesplit.profile.run import ProfileOptions
+        from edgesplit.profile.options import ProfileOptions
         from edgesplit.util import known_fields
         from edgesplit.workflows.resolve import Choices
 
-        accuracy = accuracy_choices(
-            self.min_snr_db,
-            self.min_top1_agreement,
-            self.max_accuracy_drop,
-            self.calibration_data,
-            self.calibration_method,
-        )
+        given = known_fields(Choices, vars(self) | vars(self.server_link)) | inputs.parsed()
         return Choices(
-            **(known_fields(Choices, vars(self)) | inputs.parsed() | accuracy),
+            **given,
             profile=self.profile_path,
             profiling=ProfileOptions(self.backends, runs=self.runs),
+            accuracy=self.budget.given(),
         )
 
 
@@ -218,10 +320,11 @@ def plan_options(profile_help: str) -> Callable:
         objective_option,
         split_option,
         slo_option,
-        link_options,
+        server_link_options,
         pin_option,
         *server_load_options,
-        accuracy_options,
+        budget_options,
+        *calibration_options(),
     )
 
 
@@ -402,17 +505,20 @@ def remote_options(remote_help: str) -> Callable:
 
 __all__ = [
     "Batching",
+    "BudgetFlags",
     "BuildOptions",
     "BundleOutput",
     "ModelInputs",
     "PlanOptions",
     "FieldOption",
     "RemoteFlags",
+    "ServerLinkFlags",
     "Verbosity",
     "batching_options",
     "build_options",
     "bundle_output_options",
     "field_option",
+    "model_device_options",
     "model_input_options",
     "option_group",
     "plan_options",

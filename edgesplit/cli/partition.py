@@ -8,20 +8,16 @@ import click
 
 from edgesplit.cli.common import (
     console,
-    device_option,
-    err_console,
     file_option,
-    model_argument,
     print_note,
     progress_bar,
-    stage_limit_options,
 )
 from edgesplit.cli.options import (
     ModelInputs,
     PlanOptions,
     Verbosity,
     field_option,
-    model_input_options,
+    model_device_options,
     option_group,
     plan_options,
     verbosity_options,
@@ -87,10 +83,7 @@ phase_options = option_group(
 
 
 @click.command("partition")
-@model_argument
-@device_option
-@model_input_options
-@stage_limit_options
+@model_device_options
 @plan_options(
     "A profile JSON of MODEL on DEVICE (default: measure what is local, predict the rest)."
 )
@@ -148,8 +141,9 @@ def _partition_phases(
     from edgesplit.errors import PlanError
     from edgesplit.workflows.phase_plan import PhaseRequest, PrefillServer, write_phase_plan
 
-    link_flags = (plan.link, plan.bandwidth_mbps, plan.rtt_ms)
-    if plan.server is not None or plan.server_profile is not None:
+    flags = plan.server_link
+    link_flags = (flags.link, flags.bandwidth_mbps, flags.rtt_ms)
+    if flags.server is not None or flags.server_profile is not None:
         raise PlanError(
             "--generate takes --server-url (a running serve of the decoder), not --server"
         )
@@ -159,10 +153,10 @@ def _partition_phases(
     if phases.server_url is not None:
         from edgesplit.device.spec import network_link
 
-        link = network_link(plan.link, bandwidth_mbps=plan.bandwidth_mbps, rtt_ms=plan.rtt_ms)
+        link = network_link(flags.link, bandwidth_mbps=flags.bandwidth_mbps, rtt_ms=flags.rtt_ms)
         server = PrefillServer(phases.server_url, phases.server_model, phases.token, link)
     request = PhaseRequest(phases.prompt_tokens, phases.new_tokens, server=server)
-    note = None if quiet else lambda n: err_console.print(f"note: {n}")
+    note = None if quiet else print_note
     phase_plan = write_phase_plan(model, device, request, output, note).plan
     if not quiet:
         print_phase_plan(phase_plan)

@@ -10,37 +10,25 @@ import click
 from edgesplit.cli.common import (
     backend_option,
     console,
-    device_option,
     err_console,
     file_option,
-    model_argument,
     print_note,
     progress_bar,
-    stage_limit_options,
 )
 from edgesplit.cli.options import (
     ModelInputs,
     RemoteFlags,
     Verbosity,
     field_option,
-    model_input_options,
+    model_device_options,
     option_group,
     remote_options,
     verbosity_options,
 )
+from edgesplit.profile.options import ProfileOptions
 
 if TYPE_CHECKING:
     from edgesplit.workflows.profiling import ProfiledModel, ProfileRequest
-
-
-@dataclass(frozen=True)
-class Measure:
-    """``--backend``, ``--processor``, ``--runs`` and ``--warmup``: what is measured, how often."""
-
-    backends: tuple[str, ...] = ()
-    processors: tuple[str, ...] = ()
-    runs: int = 20
-    warmup: int = 5
 
 
 @dataclass(frozen=True)
@@ -55,7 +43,7 @@ class ProfileTarget:
 
 
 measure_options = option_group(
-    Measure,
+    ProfileOptions,
     "measure",
     backend_option,
     click.option(
@@ -100,10 +88,7 @@ target_options = option_group(
 
 
 @click.command("profile")
-@model_argument
-@device_option
-@model_input_options
-@stage_limit_options
+@model_device_options
 @measure_options
 @target_options
 @remote_options("Profile on this host over SSH.")
@@ -113,7 +98,7 @@ def command(
     model: str,
     device: str,
     inputs: ModelInputs,
-    measure: Measure,
+    measure: ProfileOptions,
     target: ProfileTarget,
     remote: RemoteFlags,
     top: int,
@@ -135,15 +120,14 @@ def command(
 
 
 def profile_request(
-    inputs: ModelInputs, measure: Measure, target: ProfileTarget, remote: RemoteFlags
+    inputs: ModelInputs, measure: ProfileOptions, target: ProfileTarget, remote: RemoteFlags
 ) -> ProfileRequest:
     """The :class:`~edgesplit.workflows.profiling.ProfileRequest` of the command line."""
-    from edgesplit.profile.run import ProfileOptions
     from edgesplit.workflows.profiling import ProfileRequest
 
     return ProfileRequest(
         output=target.output,
-        options=ProfileOptions(measure.backends, measure.processors, measure.runs, measure.warmup),
+        options=measure,
         resume=target.resume,
         here=target.here,
         remote=remote.remote,

@@ -180,7 +180,7 @@ def command(
     """
     import logging
 
-    from edgesplit.cli.common import err_console
+    from edgesplit.cli.common import print_note
     from edgesplit.workflows.serving import serve_bundle
 
     options = serve_options(access, limits, compute, batching)
@@ -194,8 +194,7 @@ def command(
             err=True,
         )
 
-    note = lambda n: err_console.print(f"note: {n}")  # noqa: E731 - a one-line callback
-    serve_bundle(bundle, options, on_note=note, on_ready=ready)
+    serve_bundle(bundle, options, on_note=print_note, on_ready=ready)
 
 
 def serve_options(

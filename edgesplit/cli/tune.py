@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import click
 
+from edgesplit.backends.tvm.tune import TuneOptions
 from edgesplit.cli.common import (
     console,
     device_option,
@@ -23,38 +23,8 @@ from edgesplit.cli.options import (
     verbosity_options,
 )
 
-if TYPE_CHECKING:
-    from edgesplit.backends.tvm.tune import TuneOptions
-
-
-@dataclass(frozen=True)
-class TuneSearch:
-    """How many candidates are tried, how, and where the database goes."""
-
-    trials_per_task: int = 64
-    max_trials: int | None = None
-    output: str | None = None
-    trials_per_iter: int | None = None
-    population: int | None = None
-    builders: int | None = None
-
-    def options(self) -> TuneOptions:
-        """The search as :class:`edgesplit.backends.tvm.tune.TuneOptions` (the flags named as its
-        fields as they are)."""
-        from pathlib import Path
-
-        from edgesplit.backends.tvm.tune import TuneOptions
-        from edgesplit.util import known_fields
-
-        return TuneOptions(
-            **known_fields(TuneOptions, vars(self)),
-            builder_workers=self.builders,
-            database=Path(self.output) if self.output else None,
-        )
-
-
 search_options = option_group(
-    TuneSearch,
+    TuneOptions,
     "search",
     field_option(
         "--trials-per-task",
@@ -66,7 +36,8 @@ search_options = option_group(
     field_option(
         "-o",
         "--output",
-        type=click.Path(file_okay=False),
+        "database",
+        type=click.Path(file_okay=False, path_type=Path),
         help="Database folder to write (e.g. profiles/tvm/NAME); default: the target's cache "
         "folder.",
     ),
@@ -84,7 +55,10 @@ search_options = option_group(
         "candidate measured in a round, 32 to 512). Smaller searches faster and finds less.",
     ),
     field_option(
-        "--builders", type=click.IntRange(1), help="Build processes (default: every core)."
+        "--builders",
+        "builder_workers",
+        type=click.IntRange(1),
+        help="Build processes (default: every core).",
     ),
 )
 
@@ -106,7 +80,7 @@ def command(
     model: str,
     device: str,
     processor: str | None,
-    search: TuneSearch,
+    search: TuneOptions,
     input_shapes: tuple[str, ...],
     remote: RemoteFlags,
     verbosity: Verbosity,
@@ -124,7 +98,7 @@ def command(
             model,
             device,
             processor,
-            options=search.options(),
+            options=search,
             input_shapes=parse_input_shapes(input_shapes) or None,
             remote=remote.remote,
             ssh=remote.ssh() if remote.remote else None,

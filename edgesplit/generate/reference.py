@@ -58,24 +58,14 @@ def greedy_plain(
     prompt: Sequence[int],
     max_new_tokens: int,
     eos_token_id: int | None = None,
-) -> list[int]:
-    """Greedy generation with plain ``InferenceSession.run`` and numpy feeds.
+) -> Iterator[int]:
+    """Greedy generation with plain ``InferenceSession.run`` and numpy feeds, one token per
+    ``next`` (the first ``next`` runs the prefill).
 
-    Returns:
+    Yields:
         The new tokens (the prompt not included), at most ``max_new_tokens``, ending at
         ``eos_token_id`` when it comes.
     """
-    return list(greedy_plain_stream(sess, config, prompt, max_new_tokens, eos_token_id))
-
-
-def greedy_plain_stream(
-    sess: ort.InferenceSession,
-    config: DecoderConfig,
-    prompt: Sequence[int],
-    max_new_tokens: int,
-    eos_token_id: int | None = None,
-) -> Iterator[int]:
-    """:func:`greedy_plain`, one token per ``next`` (the first ``next`` runs the prefill)."""
     names = [o.name for o in sess.get_outputs()]
     past = empty_cache(config)
     ids = np.asarray([list(prompt)], dtype=np.int64)

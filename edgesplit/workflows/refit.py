@@ -67,8 +67,11 @@ class Case:
     bundle: str
     predicted_ms: float
     measured_ms: float
-    error: float
     metric: str = "latency"
+
+    @property
+    def error(self) -> float:
+        return self.measured_ms / self.predicted_ms - 1 if self.predicted_ms > 0 else float("inf")
 
 
 @dataclass(frozen=True)
@@ -403,10 +406,7 @@ def _cases(bundle: str, priced: PlanCosts, fresh: Measured) -> list[Case]:
     pairs = [("latency", priced.latency_ms(), fresh.latency_ms)]
     if fresh.stream is not None:
         pairs.append(("period", priced.period_ms(), fresh.stream.period_ms))
-    return [
-        Case(bundle, pred, got, got / pred - 1 if pred > 0 else float("inf"), metric)
-        for metric, pred, got in pairs
-    ]
+    return [Case(bundle, pred, got, metric) for metric, pred, got in pairs]
 
 
 class RefitOptions(TypedDict, total=False):
