@@ -16,7 +16,10 @@ Variants (``--variants``, comma-separated):
 - ``gguf``: the GGUF file's own blocks, int8 activations (accuracy_level 4), 8-bit head;
 - ``gguf-head-fp32``: the same with the head in float32;
 - ``gguf-head-l0``: the same with float32 activations into the 8-bit head;
-- ``gguf-l0``: the file's blocks with float32 activations everywhere (reproduces fp32).
+- ``gguf-l0``: the file's blocks with float32 activations everywhere (reproduces fp32);
+- ``gguf-rescore``: ``gguf`` with the 8-bit head's 8 best tokens scored again in float32
+  (:mod:`edgesplit.precision.head_rescore`);
+- ``gguf-int4head-rescore``: the same over a 4-bit head (the file's head requantized).
 
 On a shared machine, run it under ``flock /tmp/edgesplit-timing.lock`` so that one timing run
 at a time uses the cores:
@@ -68,6 +71,8 @@ VARIANTS: dict[str, Build] = {
     "gguf-head-fp32": _gguf(accuracy_level=4, head="fp32"),
     "gguf-head-l0": _gguf(accuracy_level=4, head_accuracy_level=0),
     "gguf-l0": _gguf(accuracy_level=0),
+    "gguf-rescore": _gguf(accuracy_level=4, rescore_top_k=8),
+    "gguf-int4head-rescore": _gguf(accuracy_level=4, head="int4", rescore_top_k=8),
 }
 
 

@@ -17,6 +17,7 @@ from edgesplit.model import zoo
 from edgesplit.model.gguf_decoder import smollm2_path
 from edgesplit.model.zoo_decoder import config_of
 from edgesplit.precision.blocks import BlockWeights, quantize_blocks
+from edgesplit.precision.head_rescore import head_rows, rescore_head
 from edgesplit.precision.int4 import (
     fold_transposed_weights,
     int4_matmuls,
@@ -215,3 +216,38 @@ def test_trained_decoder_answers_and_its_int4_accuracy_is_measured(smollm2):
     acc = decoder_accuracy(model, quantize_int4(model), prompts)
     assert acc.samples == sum(map(len, prompts))
     assert 0.0 < acc.top1_agreement < 1.0 and acc.snr_db < SNR_CAP_DB
+
+
+@pytest.mark.parametrize("top_k", [1, 4])
+def test_rescored_head_gives_the_fp32_heads_logits_to_its_candidates(top_k):
+    """The cheap head's top-k tokens get the float32 head's logits; the others keep the cheap
+    head's; greedy picks what the float32 head picks whenever its best is a candidate."""
+    model = _model("decoder_tiny")
+    cheap, fp32_head = quantize_int4(model, head="int4"), quantize_int4(model, head="fp32")
+    rescored = rescore_head(cheap, head_rows(model), top_k)
+    assert {n.op_type for n in rescored.graph.node} >= {"TopK", "ScatterElements"}
+    ids = np.random.default_rng(0).integers(0, config_of(model).vocab_size, (1, 32))
+    approx, want, got = (forward(*plain_setup(m), ids)[0] for m in (cheap, fp32_head, rescored))
+    idx = np.argsort(-approx, axis=-1, kind="stable")[:, :top_k]
+    np.testing.assert_allclose(
+        np.take_along_axis(got, idx, -1), np.take_along_axis(want, idx, -1), rtol=1e-5, atol=1e-5
+    )
+    others = np.ones(got.shape, bool)
+    np.put_along_axis(others, idx, False, -1)
+    np.testing.assert_array_equal(got[others], approx[others])
+    covered = (idx == want.argmax(-1)[:, None]).any(-1)
+    assert covered.sum() >= len(covered) // 2
+    assert (got.argmax(-1) == want.argmax(-1))[covered].all()
+
+
+def test_rescored_head_refuses_what_does_not_fit():
+    from edgesplit.errors import CompileError
+
+    model = _model("decoder_tiny")
+    vocab = config_of(model).vocab_size
+    with pytest.raises(CompileError, match="no initializer 'nowhere'.*top_k 0 not in"):
+        rescore_head(model, "nowhere", 0)
+    with pytest.raises(CompileError, match=r"rows \(3, 4\) are not \(vocab"):
+        rescore_head(model, np.zeros((3, 4), np.float32))
+    with pytest.raises(CompileError, match=f"top_k {vocab + 1} not in"):
+        rescore_head(model, top_k=vocab + 1)
