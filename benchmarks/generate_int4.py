@@ -19,7 +19,9 @@ Variants (``--variants``, comma-separated):
 - ``gguf-l0``: the file's blocks with float32 activations everywhere (reproduces fp32);
 - ``gguf-rescore``: ``gguf`` with the 8-bit head's 8 best tokens scored again in float32
   (:mod:`edgesplit.precision.head_rescore`);
-- ``gguf-int4head-rescore``: the same over a 4-bit head (the file's head requantized).
+- ``gguf-int4head-rescore``: the same over a 4-bit head (the file's head requantized);
+- ``gguf-int4head-rescore-OFFSETS`` for OFFSETS ``centered``, ``digits2``, ``digits3``, ``int8``:
+  the same with the Q4_1 minimums computed that way (``edgesplit.precision.int4.OFFSETS``).
 
 On a shared machine, run it under ``flock /tmp/edgesplit-timing.lock`` so that one timing run
 at a time uses the cores:
@@ -73,6 +75,10 @@ VARIANTS: dict[str, Build] = {
     "gguf-l0": _gguf(accuracy_level=0),
     "gguf-rescore": _gguf(accuracy_level=4, rescore_top_k=8),
     "gguf-int4head-rescore": _gguf(accuracy_level=4, head="int4", rescore_top_k=8),
+    **{
+        f"gguf-int4head-rescore-{o}": _gguf(head="int4", rescore_top_k=8, offsets=o)
+        for o in ("centered", "digits2", "digits3", "int8")
+    },
 }
 
 
@@ -146,12 +152,12 @@ def main() -> None:
     print(f"{args.model}: {config.parameters / 1e6:.0f}M parameters, prompt {args.prompt_tokens}, "
           f"{args.new_tokens} new tokens, chunk {args.chunk_tokens}, {args.rounds} rounds "
           f"alternating, {time.strftime('%Y-%m-%d')}")  # fmt: skip
-    print(f"{'variant':<18}{'decode tok/s':>13}{'x fp32':>8}{'TTFT ms':>9}{'SNR dB':>8}"
+    print(f"{'variant':<24}{'decode tok/s':>13}{'x fp32':>8}{'TTFT ms':>9}{'SNR dB':>8}"
           f"{'top-1':>8}   per round")  # fmt: skip
     for k, r in rows.items():
         snr = f"{r['snr_db']:>8.1f}" if "snr_db" in r else f"{'':>8}"
         top1 = f"{r['top1_agreement']:>8.3f}" if "top1_agreement" in r else f"{'':>8}"
-        print(f"{k:<18}{r['decode_tokens_per_s']:>13.1f}{r['decode_vs_fp32']:>8.2f}"
+        print(f"{k:<24}{r['decode_tokens_per_s']:>13.1f}{r['decode_vs_fp32']:>8.2f}"
               f"{r['ttft_ms']:>9.1f}{snr}{top1}   {r['rounds_tokens_per_s']}")  # fmt: skip
     print("baseline: fp32, same runtime and threads")
     if args.json:

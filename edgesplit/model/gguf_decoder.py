@@ -216,6 +216,7 @@ def load_gguf_int4(
     head: str = "file",
     head_accuracy_level: int | None = None,
     rescore_top_k: int = 0,
+    offsets: str = "matmul",
 ) -> tuple[onnx.ModelProto, list[str]]:
     """The zoo decoder graph with the file's own 4-bit blocks in ``MatMulNBits`` (the published
     4-bit weights, not a requantization), and its token strings.
@@ -228,9 +229,12 @@ def load_gguf_int4(
         rescore_top_k: When above 0, the head's best ``rescore_top_k`` tokens per position are
             scored again in float32 against the file's (dequantized) head weights
             (:func:`~edgesplit.precision.head_rescore.rescore_head`).
+        offsets: How the Q4_1 minimums are computed, one of
+            :data:`~edgesplit.precision.int4.OFFSETS`.
 
     Raises:
         InputError: when the file is no llama GGUF, or ``head`` is none of :data:`HEADS`.
+        CompileError: for an unknown ``offsets``.
     """
     from edgesplit.precision.blocks import quantize_blocks
     from edgesplit.precision.head_rescore import head_rows, rescore_head
@@ -246,7 +250,7 @@ def load_gguf_int4(
         blocks[HEAD_NODE] = quantize_blocks(blocks[HEAD_NODE].dequantize(), "k_quant")
     levels = {} if head_accuracy_level is None else {HEAD_NODE: head_accuracy_level}
     rows = head_rows(model) if rescore_top_k else None
-    model = with_block_weights(model, blocks, accuracy_level, levels)
+    model = with_block_weights(model, blocks, accuracy_level, levels, offsets)
     if rows is not None:
         model = rescore_head(model, rows, rescore_top_k)
     return model, tokens
