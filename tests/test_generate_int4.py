@@ -251,3 +251,54 @@ def test_rescored_head_refuses_what_does_not_fit():
         rescore_head(model, np.zeros((3, 4), np.float32))
     with pytest.raises(CompileError, match=f"top_k {vocab + 1} not in"):
         rescore_head(model, top_k=vocab + 1)
+
+
+def _q4_1_blocks(rng, k: int, n: int) -> BlockWeights:
+    """Blocks as llama.cpp's Q4_1 makes them: zero point 0, each block's minimum as its offset,
+    every block straddling zero."""
+    blocks = (n, k // 32)
+    scales = rng.uniform(0.01, 0.1, blocks).astype(np.float32)
+    offsets = (-rng.uniform(1.0, 14.0, blocks) * scales).astype(np.float32)
+    q = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    return BlockWeights(q, scales, np.zeros(blocks, np.uint8), offsets, 4, 32)
+
+
+def test_offset_forms_keep_the_weights_within_their_bounds():
+    rng = np.random.default_rng(3)
+    bw = _q4_1_blocks(rng, 96, 24)
+    w, step = bw.dequantize(), bw.scales.max()
+    centered = bw.centered()
+    np.testing.assert_allclose(centered.dequantize(), w, atol=1e-6)
+    assert np.abs(centered.offsets).max() <= 0.5 * step + 1e-6  # within half a step
+    assert np.abs(bw.as_8bit().dequantize() - w).max() <= step / 32 + 1e-6
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    sums = np.zeros((5, 32), np.float32)
+    sums[:, :3] = x.reshape(5, 3, 32).sum(-1)
+    for digits, bound in ((2, 1e-2), (3, 1e-3)):
+        folded, width = centered.offset_digits(digits)
+        assert width == 32 and folded.shape == (96 + digits * 32, 24)
+        got = np.concatenate([x] + [sums] * digits, axis=1) @ folded.dequantize()
+        err = np.abs(got - x @ w).max() / np.abs(x @ w).max()
+        assert 0 < err < bound
+
+
+@pytest.mark.parametrize("offsets", ["matmul", "centered", "digits2", "digits3", "int8"])
+def test_each_offset_form_computes_the_blocks_at_accuracy_level_0(offsets):
+    """Every form of the offsets computes x @ dequantize() in the graph, to the rounding of its
+    digits (int8 against the weights it stands for, whose bound is checked above): a block sum,
+    digit or zero point misplaced by one would miss by far more."""
+    model = _model("decoder_small")
+    rng = np.random.default_rng(0)
+    dense = fold_transposed_weights(model)
+    inits = {t.name: t for t in dense.graph.initializer}
+    names = [n for n in dense.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    blocks = {n.name: _q4_1_blocks(rng, *inits[n.input[1]].dims) for n in names}
+    q = with_block_weights(model, blocks, accuracy_level=0, offsets=offsets)
+    for n in names:
+        bw = blocks[n.name].as_8bit() if offsets == "int8" else blocks[n.name]
+        inits[n.input[1]].CopyFrom(onnx.numpy_helper.from_array(bw.dequantize(), n.input[1]))
+    ids = np.arange(24)[None] % config_of(model).vocab_size
+    want, got = (forward(*plain_setup(m), ids) for m in (dense, q))
+    tolerance = {"matmul": 1e-4, "centered": 1e-4, "digits3": 3e-3, "digits2": 3e-2, "int8": 1e-4}
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < tolerance[offsets], err
