@@ -23,6 +23,9 @@ Variants (``--variants``, comma-separated):
 - ``gguf-int4head-rescore-OFFSETS`` for OFFSETS ``centered``, ``digits2``, ``digits3``, ``int8``:
   the same with the Q4_1 minimums computed that way (``edgesplit.precision.int4.OFFSETS``).
 
+``--fuse-rotary`` runs every model, fp32 included, with its rotary embeddings fused into ORT's
+``RotaryEmbedding`` (:func:`edgesplit.model.decoder_fusion.fuse_rotary`).
+
 On a shared machine, run it under ``flock /tmp/edgesplit-timing.lock`` so that one timing run
 at a time uses the cores:
 
@@ -108,6 +111,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--chunk-tokens", type=int, default=32)
     ap.add_argument("--accuracy", action="store_true", help="also measure accuracy (SmolLM2)")
+    ap.add_argument("--fuse-rotary", action="store_true", help="RotaryEmbedding in every model")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     logging.disable(logging.INFO)
@@ -117,6 +121,10 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variants {unknown}: {sorted(VARIANTS)}")
     models = {"fp32": fp32, **{v: VARIANTS[v](fp32, path) for v in names}}
+    if args.fuse_rotary:
+        from edgesplit.model.decoder_fusion import fuse_rotary
+
+        models = {k: fuse_rotary(m)[0] for k, m in models.items()}
     config = config_of(fp32)
     prompt = np.random.default_rng(0).integers(0, config.vocab_size, args.prompt_tokens)
     gens = {k: Generator(m, chunk_tokens=args.chunk_tokens) for k, m in models.items()}
@@ -151,7 +159,8 @@ def main() -> None:
             rows[k]["positions"] = acc.samples
     print(f"{args.model}: {config.parameters / 1e6:.0f}M parameters, prompt {args.prompt_tokens}, "
           f"{args.new_tokens} new tokens, chunk {args.chunk_tokens}, {args.rounds} rounds "
-          f"alternating, {time.strftime('%Y-%m-%d')}")  # fmt: skip
+          f"alternating, rotary {'fused' if args.fuse_rotary else 'as ops'}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
     print(f"{'variant':<24}{'decode tok/s':>13}{'x fp32':>8}{'TTFT ms':>9}{'SNR dB':>8}"
           f"{'top-1':>8}   per round")  # fmt: skip
     for k, r in rows.items():
@@ -162,7 +171,8 @@ def main() -> None:
     print("baseline: fp32, same runtime and threads")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "rows": rows}, f, indent=1)
+            json.dump({"model": args.model, "fuse_rotary": args.fuse_rotary, "rows": rows}, f,
+                      indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":
