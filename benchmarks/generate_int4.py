@@ -23,8 +23,9 @@ Variants (``--variants``, comma-separated):
 - ``gguf-int4head-rescore-OFFSETS`` for OFFSETS ``centered``, ``digits2``, ``digits3``, ``int8``:
   the same with the Q4_1 minimums computed that way (``edgesplit.precision.int4.OFFSETS``).
 
-``--fuse-rotary`` runs every model, fp32 included, with its rotary embeddings fused into ORT's
-``RotaryEmbedding`` (:func:`edgesplit.model.decoder_fusion.fuse_rotary`).
+``--rotary fused`` runs every model, fp32 included, with its rotary embeddings fused into ORT's
+``RotaryEmbedding`` (:func:`edgesplit.model.decoder_fusion.fuse_rotary`); ``--rotary both`` runs
+each model both ways (the fused ones named ``NAME+rotary``, each compared with ``fp32+rotary``).
 
 On a shared machine, run it under ``flock /tmp/edgesplit-timing.lock`` so that one timing run
 at a time uses the cores:
@@ -111,7 +112,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--chunk-tokens", type=int, default=32)
     ap.add_argument("--accuracy", action="store_true", help="also measure accuracy (SmolLM2)")
-    ap.add_argument("--fuse-rotary", action="store_true", help="RotaryEmbedding in every model")
+    ap.add_argument(
+        "--rotary", choices=("ops", "fused", "both"), default="ops", help="see the module doc"
+    )
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     logging.disable(logging.INFO)
@@ -121,10 +124,11 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variants {unknown}: {sorted(VARIANTS)}")
     models = {"fp32": fp32, **{v: VARIANTS[v](fp32, path) for v in names}}
-    if args.fuse_rotary:
+    if args.rotary != "ops":
         from edgesplit.model.decoder_fusion import fuse_rotary
 
-        models = {k: fuse_rotary(m)[0] for k, m in models.items()}
+        fused = {f"{k}+rotary": fuse_rotary(m)[0] for k, m in models.items()}
+        models = {**models, **fused} if args.rotary == "both" else fused
     config = config_of(fp32)
     prompt = np.random.default_rng(0).integers(0, config.vocab_size, args.prompt_tokens)
     gens = {k: Generator(m, chunk_tokens=args.chunk_tokens) for k, m in models.items()}
@@ -137,11 +141,14 @@ def main() -> None:
             list(gen.generate(prompt, args.new_tokens))
             rates[name].append(gen.last_stats.decode_tokens_per_s)
             ttft[name].append(gen.last_stats.ttft_ms)
-    base = statistics.median(rates["fp32"])
+
+    def base(k: str) -> float:  # each model against fp32 with its own rotary form
+        return statistics.median(rates["fp32+rotary" if k.endswith("+rotary") else "fp32"])
+
     rows = {
         k: {
             "decode_tokens_per_s": round(statistics.median(rates[k]), 2),
-            "decode_vs_fp32": round(statistics.median(rates[k]) / base, 3),
+            "decode_vs_fp32": round(statistics.median(rates[k]) / base(k), 3),
             "ttft_ms": round(statistics.median(ttft[k]), 1),
             "rounds_tokens_per_s": [round(r, 2) for r in rates[k]],
         }
@@ -152,14 +159,14 @@ def main() -> None:
         from edgesplit.generate.text import encode
 
         prompts = [encode(t, tokens) for t in HELD_OUT_PROMPTS]
-        for k in names:
+        for k in [k for k in models if not k.startswith("fp32")]:
             acc = decoder_accuracy(fp32, models[k], prompts)
             rows[k]["snr_db"] = round(acc.snr_db, 1)
             rows[k]["top1_agreement"] = round(acc.top1_agreement or 0.0, 4)
             rows[k]["positions"] = acc.samples
     print(f"{args.model}: {config.parameters / 1e6:.0f}M parameters, prompt {args.prompt_tokens}, "
           f"{args.new_tokens} new tokens, chunk {args.chunk_tokens}, {args.rounds} rounds "
-          f"alternating, rotary {'fused' if args.fuse_rotary else 'as ops'}, "
+          f"alternating, rotary {args.rotary}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
     print(f"{'variant':<24}{'decode tok/s':>13}{'x fp32':>8}{'TTFT ms':>9}{'SNR dB':>8}"
           f"{'top-1':>8}   per round")  # fmt: skip
@@ -171,8 +178,7 @@ def main() -> None:
     print("baseline: fp32, same runtime and threads")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "fuse_rotary": args.fuse_rotary, "rows": rows}, f,
-                      indent=1)  # fmt: skip
+            json.dump({"model": args.model, "rotary": args.rotary, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
