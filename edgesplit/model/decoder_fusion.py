@@ -6,6 +6,12 @@ few microseconds whatever its size, and a 30-layer decoder runs well over a thou
 ``Concat``, two ``Mul`` and an ``Add``, ``x * cos + rotate_half(x) * sin``) by ORT's
 ``RotaryEmbedding`` (contrib domain ``com.microsoft``), which reads the cos/sin tables by
 ``position_ids`` itself. It applies to the float32 model and to any reduced-precision one alike.
+
+:func:`fuse_head_split` serves a graph whose query, key and value come out of one projection and a
+``Split`` (the int4 graphs of :mod:`edgesplit.precision.int4` read them through one
+``MatMulNBits``): instead of splitting first and giving each part its own ``Reshape`` and
+``Transpose`` into heads, it reshapes and transposes once and splits the heads (three operators
+instead of seven per layer).
 """
 
 from __future__ import annotations
@@ -55,6 +61,83 @@ def fuse_rotary(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model, len(replaced)
+
+
+def fuse_head_split(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``model`` with every ``Split`` (last axis) whose outputs each go into heads
+    (``Reshape`` to ``(0, 0, heads, head_dim)``, then ``Transpose`` ``(0, 2, 1, 3)``) turned into
+    one ``Reshape``, one ``Transpose`` and a ``Split`` of the heads; and how many were.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+    outputs = {o.name for o in graph.output}
+    replace: dict[str, list[onnx.NodeProto]] = {}  # the Split's name -> its nodes
+    gone: set[str] = set()
+    for split in graph.node:
+        match = _head_split(split, users, inits, outputs) if split.op_type == "Split" else None
+        if match is None:
+            continue
+        heads, head_dim, ends = match
+        name = f"{split.name}.heads"
+        shape = numpy_helper.from_array(
+            np.asarray([0, 0, sum(heads), head_dim], np.int64), f"{name}.shape"
+        )
+        sizes = numpy_helper.from_array(np.asarray(heads, np.int64), f"{name}.sizes")
+        graph.initializer.extend([shape, sizes])
+        replace[split.name] = [
+            helper.make_node("Reshape", [split.input[0], shape.name], [f"{name}.r"], f"{name}.r"),
+            helper.make_node(
+                "Transpose", [f"{name}.r"], [f"{name}.t"], f"{name}.t", perm=[0, 2, 1, 3]
+            ),
+            helper.make_node("Split", [f"{name}.t", sizes.name], ends, name, axis=1),
+        ]
+        for out in split.output:
+            reshape = users[out][0]
+            gone |= {reshape.name, users[reshape.output[0]][0].name}
+    if not replace:
+        return model, 0
+    nodes = []
+    for n in graph.node:
+        if n.name in replace:
+            nodes.extend(replace[n.name])
+        elif n.name not in gone:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _prune(graph)
+    return model, len(replace)
+
+
+def _head_split(split, users, inits, outputs) -> tuple[list[int], int, list[str]] | None:
+    """(heads per output, head dim, the transposed outputs) when ``split`` feeds heads only."""
+    axis = next((a.i for a in split.attribute if a.name == "axis"), 0)
+    if axis not in (-1, 2) or len(split.input) < 2 or split.input[1] not in inits:
+        return None
+    sizes = numpy_helper.to_array(inits[split.input[1]]).tolist()
+    heads, dims, ends = [], set(), []
+    for out, size in zip(split.output, sizes, strict=False):
+        reshape = users.get(out, [None])
+        if out in outputs or len(reshape) != 1 or reshape[0].op_type != "Reshape":
+            return None
+        shape = inits.get(reshape[0].input[1])
+        shape = numpy_helper.to_array(shape).tolist() if shape is not None else None
+        after = users.get(reshape[0].output[0], [])
+        if not shape or len(shape) != 4 or shape[:2] != [0, 0] or shape[2] * shape[3] != size:
+            return None
+        if len(after) != 1 or after[0].op_type != "Transpose" or reshape[0].output[0] in outputs:
+            return None
+        perm = next((list(a.ints) for a in after[0].attribute if a.name == "perm"), None)
+        if perm != [0, 2, 1, 3]:
+            return None
+        heads.append(shape[2])
+        dims.add(shape[3])
+        ends.append(after[0].output[0])
+    return (heads, dims.pop(), ends) if len(dims) == 1 and len(heads) == len(sizes) else None
 
 
 def _rotary(add, made_by, inits) -> tuple[str, str, str, str] | None:
