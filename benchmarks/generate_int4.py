@@ -17,7 +17,7 @@ Variants (``--variants``, comma-separated):
 - ``gguf-head-fp32``: the same with the head in float32;
 - ``gguf-head-l0``: the same with float32 activations into the 8-bit head;
 - ``gguf-l0``: the file's blocks with float32 activations everywhere (reproduces fp32);
-- ``gguf-rescore``: ``gguf`` with the 8-bit head's 8 best tokens scored again in float32
+- ``gguf-rescore``: ``gguf`` with the 8-bit head's 16 best tokens scored again in float32
   (:mod:`edgesplit.precision.head_rescore`);
 - ``gguf-int4head-rescore``: the same over a 4-bit head (the file's head requantized);
 - ``gguf-int4head-rescore-OFFSETS`` for OFFSETS ``centered``, ``digits2``, ``digits3``, ``int8``:
@@ -66,6 +66,9 @@ def _gguf(**kwargs) -> Build:
     return build
 
 
+TOP_K = 16
+"""Candidates the rescoring variants score again (``rescore_top_k``)."""
+
 VARIANTS: dict[str, Build] = {
     "rtn": _quantized(),
     "rtn-int4head": _quantized(method="rtn_sym", head="int4"),
@@ -77,10 +80,10 @@ VARIANTS: dict[str, Build] = {
     "gguf-head-fp32": _gguf(accuracy_level=4, head="fp32"),
     "gguf-head-l0": _gguf(accuracy_level=4, head_accuracy_level=0),
     "gguf-l0": _gguf(accuracy_level=0),
-    "gguf-rescore": _gguf(accuracy_level=4, rescore_top_k=8),
-    "gguf-int4head-rescore": _gguf(accuracy_level=4, head="int4", rescore_top_k=8),
+    "gguf-rescore": _gguf(accuracy_level=4, rescore_top_k=TOP_K),
+    "gguf-int4head-rescore": _gguf(accuracy_level=4, head="int4", rescore_top_k=TOP_K),
     **{
-        f"gguf-int4head-rescore-{o}": _gguf(head="int4", rescore_top_k=8, offsets=o)
+        f"gguf-int4head-rescore-{o}": _gguf(head="int4", rescore_top_k=TOP_K, offsets=o)
         for o in ("centered", "digits2", "digits3", "int8")
     },
 }
