@@ -14,11 +14,16 @@ Weights reach ``MatMulNBits`` in one of two ways:
 
 A block is ``w = scale * (q - zero_point) + offset``. ORT's CPU kernel is fast only with integer
 zero points (float zero points run about 10x slower per MatMul and ignore ``accuracy_level`` in
-onnxruntime 1.32), so a float per-block offset (a Q4_1 block's minimum) is added by a small
-float32 MatMul of the input's block sums: ``x @ W = MatMulNBits(x) + blocksum(x) @ offsets.T``.
+onnxruntime 1.32), so a float per-block offset (a Q4_1 block's minimum) is computed from the
+input's block sums, ``x @ W = MatMulNBits(x) + blocksum(x) @ offsets.T``, in one of the ways of
+:data:`OFFSETS`: by a small float32 MatMul, or inside the same ``MatMulNBits`` as extra blocks.
 
 ``accuracy_level`` 4 lets ORT's CPU kernel quantize the activations to int8 per block and run the
-dot products in integers (VNNI here); 0 keeps them in float32.
+dot products in integers (AVX2 on this host); 0 keeps them in float32.
+
+Projections with offsets that read the same input (q, k and v; gate and up) share one
+``MatMulNBits``; q, k and v then go into heads together
+(:func:`~edgesplit.model.decoder_fusion.fuse_head_split`).
 """
 
 from __future__ import annotations
