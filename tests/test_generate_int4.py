@@ -302,3 +302,26 @@ def test_each_offset_form_computes_the_blocks_at_accuracy_level_0(offsets):
     tolerance = {"matmul": 1e-4, "centered": 1e-4, "digits3": 3e-3, "digits2": 3e-2, "int8": 1e-4}
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < tolerance[offsets], err
+
+
+@needs_smollm2
+@pytest.mark.slow  # 50 s: two int4 builds and a k_quant search over the 49,152-token head
+def test_rescored_4bit_head_picks_what_a_float32_head_picks_on_smollm2(smollm2):
+    from edgesplit.generate.accuracy import next_token_logits
+    from edgesplit.generate.text import encode
+    from edgesplit.model.gguf_decoder import load_gguf_int4
+
+    model, tokens = smollm2
+    kw = {"offsets": "digits3", "accuracy_level": 4}
+    rescored, _ = load_gguf_int4(smollm2_path(), "smollm2", head="int4", rescore_top_k=16, **kw)
+    fp32_head, _ = load_gguf_int4(smollm2_path(), "smollm2", head="fp32", **kw)
+    assert int4_matmuls(rescored) == int4_matmuls(fp32_head) + 1  # the 4-bit head
+    prompts = [encode(t, tokens) for t in HELD_OUT_PROMPTS[:3]]
+    got = np.concatenate(next_token_logits(rescored, prompts))
+    want = np.concatenate(next_token_logits(fp32_head, prompts))
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+    best = want.argmax(-1)[:, None]
+    np.testing.assert_allclose(
+        np.take_along_axis(got, best, -1), np.take_along_axis(want, best, -1), rtol=1e-4
+    )
+    assert decoder_accuracy(model, rescored, prompts).snr_db < 30.0  # the 4-bit head's own error
