@@ -16,7 +16,16 @@ Variants (``--variants``, comma-separated):
 - ``gguf``: the GGUF file's own blocks, int8 activations (accuracy_level 4), 8-bit head;
 - ``gguf-head-fp32``: the same with the head in float32;
 - ``gguf-head-l0``: the same with float32 activations into the 8-bit head;
-- ``gguf-l0``: the file's blocks with float32 activations everywhere (reproduces fp32).
+- ``gguf-l0``: the file's blocks with float32 activations everywhere (reproduces fp32);
+- ``gguf-rescore``: ``gguf`` with the 8-bit head's 16 best tokens scored again in float32
+  (:mod:`edgesplit.precision.head_rescore`);
+- ``gguf-int4head-rescore``: the same over a 4-bit head (the file's head requantized);
+- ``gguf-int4head-rescore-OFFSETS`` for OFFSETS ``centered``, ``digits2``, ``digits3``, ``int8``:
+  the same with the Q4_1 minimums computed that way (``edgesplit.precision.int4.OFFSETS``).
+
+``--rotary fused`` runs every model, fp32 included, with its rotary embeddings fused into ORT's
+``RotaryEmbedding`` (:func:`edgesplit.model.decoder_fusion.fuse_rotary`); ``--rotary both`` runs
+each model both ways (the fused ones named ``NAME+rotary``, each compared with ``fp32+rotary``).
 
 On a shared machine, run it under ``flock /tmp/edgesplit-timing.lock`` so that one timing run
 at a time uses the cores:
@@ -57,6 +66,9 @@ def _gguf(**kwargs) -> Build:
     return build
 
 
+TOP_K = 16
+"""Candidates the rescoring variants score again (``rescore_top_k``)."""
+
 VARIANTS: dict[str, Build] = {
     "rtn": _quantized(),
     "rtn-int4head": _quantized(method="rtn_sym", head="int4"),
@@ -68,6 +80,12 @@ VARIANTS: dict[str, Build] = {
     "gguf-head-fp32": _gguf(accuracy_level=4, head="fp32"),
     "gguf-head-l0": _gguf(accuracy_level=4, head_accuracy_level=0),
     "gguf-l0": _gguf(accuracy_level=0),
+    "gguf-rescore": _gguf(accuracy_level=4, rescore_top_k=TOP_K),
+    "gguf-int4head-rescore": _gguf(accuracy_level=4, head="int4", rescore_top_k=TOP_K),
+    **{
+        f"gguf-int4head-rescore-{o}": _gguf(head="int4", rescore_top_k=TOP_K, offsets=o)
+        for o in ("centered", "digits2", "digits3", "int8")
+    },
 }
 
 
@@ -97,6 +115,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--chunk-tokens", type=int, default=32)
     ap.add_argument("--accuracy", action="store_true", help="also measure accuracy (SmolLM2)")
+    ap.add_argument(
+        "--rotary", choices=("ops", "fused", "both"), default="ops", help="see the module doc"
+    )
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     logging.disable(logging.INFO)
@@ -106,6 +127,11 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown variants {unknown}: {sorted(VARIANTS)}")
     models = {"fp32": fp32, **{v: VARIANTS[v](fp32, path) for v in names}}
+    if args.rotary != "ops":
+        from edgesplit.model.decoder_fusion import fuse_rotary
+
+        fused = {f"{k}+rotary": fuse_rotary(m)[0] for k, m in models.items()}
+        models = {**models, **fused} if args.rotary == "both" else fused
     config = config_of(fp32)
     prompt = np.random.default_rng(0).integers(0, config.vocab_size, args.prompt_tokens)
     gens = {k: Generator(m, chunk_tokens=args.chunk_tokens) for k, m in models.items()}
@@ -118,11 +144,14 @@ def main() -> None:
             list(gen.generate(prompt, args.new_tokens))
             rates[name].append(gen.last_stats.decode_tokens_per_s)
             ttft[name].append(gen.last_stats.ttft_ms)
-    base = statistics.median(rates["fp32"])
+
+    def base(k: str) -> float:  # each model against fp32 with its own rotary form
+        return statistics.median(rates["fp32+rotary" if k.endswith("+rotary") else "fp32"])
+
     rows = {
         k: {
             "decode_tokens_per_s": round(statistics.median(rates[k]), 2),
-            "decode_vs_fp32": round(statistics.median(rates[k]) / base, 3),
+            "decode_vs_fp32": round(statistics.median(rates[k]) / base(k), 3),
             "ttft_ms": round(statistics.median(ttft[k]), 1),
             "rounds_tokens_per_s": [round(r, 2) for r in rates[k]],
         }
@@ -133,25 +162,26 @@ def main() -> None:
         from edgesplit.generate.text import encode
 
         prompts = [encode(t, tokens) for t in HELD_OUT_PROMPTS]
-        for k in names:
+        for k in [k for k in models if not k.startswith("fp32")]:
             acc = decoder_accuracy(fp32, models[k], prompts)
             rows[k]["snr_db"] = round(acc.snr_db, 1)
             rows[k]["top1_agreement"] = round(acc.top1_agreement or 0.0, 4)
             rows[k]["positions"] = acc.samples
     print(f"{args.model}: {config.parameters / 1e6:.0f}M parameters, prompt {args.prompt_tokens}, "
           f"{args.new_tokens} new tokens, chunk {args.chunk_tokens}, {args.rounds} rounds "
-          f"alternating, {time.strftime('%Y-%m-%d')}")  # fmt: skip
-    print(f"{'variant':<18}{'decode tok/s':>13}{'x fp32':>8}{'TTFT ms':>9}{'SNR dB':>8}"
+          f"alternating, rotary {args.rotary}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
+    print(f"{'variant':<24}{'decode tok/s':>13}{'x fp32':>8}{'TTFT ms':>9}{'SNR dB':>8}"
           f"{'top-1':>8}   per round")  # fmt: skip
     for k, r in rows.items():
         snr = f"{r['snr_db']:>8.1f}" if "snr_db" in r else f"{'':>8}"
         top1 = f"{r['top1_agreement']:>8.3f}" if "top1_agreement" in r else f"{'':>8}"
-        print(f"{k:<18}{r['decode_tokens_per_s']:>13.1f}{r['decode_vs_fp32']:>8.2f}"
+        print(f"{k:<24}{r['decode_tokens_per_s']:>13.1f}{r['decode_vs_fp32']:>8.2f}"
               f"{r['ttft_ms']:>9.1f}{snr}{top1}   {r['rounds_tokens_per_s']}")  # fmt: skip
     print("baseline: fp32, same runtime and threads")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "rows": rows}, f, indent=1)
+            json.dump({"model": args.model, "rotary": args.rotary, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from edgesplit.model import zoo
 from edgesplit.model.gguf_decoder import smollm2_path
 from edgesplit.model.zoo_decoder import config_of
 from edgesplit.precision.blocks import BlockWeights, quantize_blocks
+from edgesplit.precision.head_rescore import head_rows, rescore_head
 from edgesplit.precision.int4 import (
     fold_transposed_weights,
     int4_matmuls,
@@ -215,3 +216,112 @@ def test_trained_decoder_answers_and_its_int4_accuracy_is_measured(smollm2):
     acc = decoder_accuracy(model, quantize_int4(model), prompts)
     assert acc.samples == sum(map(len, prompts))
     assert 0.0 < acc.top1_agreement < 1.0 and acc.snr_db < SNR_CAP_DB
+
+
+@pytest.mark.parametrize("top_k", [1, 4])
+def test_rescored_head_gives_the_fp32_heads_logits_to_its_candidates(top_k):
+    """The cheap head's top-k tokens get the float32 head's logits; the others keep the cheap
+    head's; greedy picks what the float32 head picks whenever its best is a candidate."""
+    model = _model("decoder_tiny")
+    cheap, fp32_head = quantize_int4(model, head="int4"), quantize_int4(model, head="fp32")
+    rescored = rescore_head(cheap, head_rows(model), top_k)
+    assert {n.op_type for n in rescored.graph.node} >= {"TopK", "ScatterElements"}
+    ids = np.random.default_rng(0).integers(0, config_of(model).vocab_size, (1, 32))
+    approx, want, got = (forward(*plain_setup(m), ids)[0] for m in (cheap, fp32_head, rescored))
+    idx = np.argsort(-approx, axis=-1, kind="stable")[:, :top_k]
+    np.testing.assert_allclose(
+        np.take_along_axis(got, idx, -1), np.take_along_axis(want, idx, -1), rtol=1e-5, atol=1e-5
+    )
+    others = np.ones(got.shape, bool)
+    np.put_along_axis(others, idx, False, -1)
+    np.testing.assert_array_equal(got[others], approx[others])
+    covered = (idx == want.argmax(-1)[:, None]).any(-1)
+    assert covered.sum() >= len(covered) // 2
+    assert (got.argmax(-1) == want.argmax(-1))[covered].all()
+
+
+def test_rescored_head_refuses_what_does_not_fit():
+    from edgesplit.errors import CompileError
+
+    model = _model("decoder_tiny")
+    vocab = config_of(model).vocab_size
+    with pytest.raises(CompileError, match="no initializer 'nowhere'.*top_k 0 not in"):
+        rescore_head(model, "nowhere", 0)
+    with pytest.raises(CompileError, match=r"rows \(3, 4\) are not \(vocab"):
+        rescore_head(model, np.zeros((3, 4), np.float32))
+    with pytest.raises(CompileError, match=f"top_k {vocab + 1} not in"):
+        rescore_head(model, top_k=vocab + 1)
+
+
+def _q4_1_blocks(rng, k: int, n: int) -> BlockWeights:
+    """Blocks as llama.cpp's Q4_1 makes them: zero point 0, each block's minimum as its offset,
+    every block straddling zero."""
+    blocks = (n, k // 32)
+    scales = rng.uniform(0.01, 0.1, blocks).astype(np.float32)
+    offsets = (-rng.uniform(1.0, 14.0, blocks) * scales).astype(np.float32)
+    q = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    return BlockWeights(q, scales, np.zeros(blocks, np.uint8), offsets, 4, 32)
+
+
+def test_offset_forms_keep_the_weights_within_their_bounds():
+    rng = np.random.default_rng(3)
+    bw = _q4_1_blocks(rng, 96, 24)
+    w, step = bw.dequantize(), bw.scales.max()
+    centered = bw.centered()
+    np.testing.assert_allclose(centered.dequantize(), w, atol=1e-6)
+    assert np.abs(centered.offsets).max() <= 0.5 * step + 1e-6  # within half a step
+    assert np.abs(bw.as_8bit().dequantize() - w).max() <= step / 32 + 1e-6
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    sums = np.zeros((5, 32), np.float32)
+    sums[:, :3] = x.reshape(5, 3, 32).sum(-1)
+    for digits, bound in ((2, 1e-2), (3, 1e-3)):
+        folded, width = centered.offset_digits(digits)
+        assert width == 32 and folded.shape == (96 + digits * 32, 24)
+        got = np.concatenate([x] + [sums] * digits, axis=1) @ folded.dequantize()
+        err = np.abs(got - x @ w).max() / np.abs(x @ w).max()
+        assert 0 < err < bound
+
+
+@pytest.mark.parametrize("offsets", ["matmul", "centered", "digits2", "digits3", "int8"])
+def test_each_offset_form_computes_the_blocks_at_accuracy_level_0(offsets):
+    """Every form of the offsets computes x @ dequantize() in the graph, to the rounding of its
+    digits (int8 against the weights it stands for, whose bound is checked above): a block sum,
+    digit or zero point misplaced by one would miss by far more."""
+    model = _model("decoder_small")
+    rng = np.random.default_rng(0)
+    dense = fold_transposed_weights(model)
+    inits = {t.name: t for t in dense.graph.initializer}
+    names = [n for n in dense.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    blocks = {n.name: _q4_1_blocks(rng, *inits[n.input[1]].dims) for n in names}
+    q = with_block_weights(model, blocks, accuracy_level=0, offsets=offsets)
+    for n in names:
+        bw = blocks[n.name].as_8bit() if offsets == "int8" else blocks[n.name]
+        inits[n.input[1]].CopyFrom(onnx.numpy_helper.from_array(bw.dequantize(), n.input[1]))
+    ids = np.arange(24)[None] % config_of(model).vocab_size
+    want, got = (forward(*plain_setup(m), ids) for m in (dense, q))
+    tolerance = {"matmul": 1e-4, "centered": 1e-4, "digits3": 3e-3, "digits2": 3e-2, "int8": 1e-4}
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < tolerance[offsets], err
+
+
+@needs_smollm2
+@pytest.mark.slow  # 50 s: two int4 builds and a k_quant search over the 49,152-token head
+def test_rescored_4bit_head_picks_what_a_float32_head_picks_on_smollm2(smollm2):
+    from edgesplit.generate.accuracy import next_token_logits
+    from edgesplit.generate.text import encode
+    from edgesplit.model.gguf_decoder import load_gguf_int4
+
+    model, tokens = smollm2
+    kw = {"offsets": "digits3", "accuracy_level": 4}
+    rescored, _ = load_gguf_int4(smollm2_path(), "smollm2", head="int4", rescore_top_k=16, **kw)
+    fp32_head, _ = load_gguf_int4(smollm2_path(), "smollm2", head="fp32", **kw)
+    assert int4_matmuls(rescored) == int4_matmuls(fp32_head) + 1  # the 4-bit head
+    prompts = [encode(t, tokens) for t in HELD_OUT_PROMPTS[:3]]
+    got = np.concatenate(next_token_logits(rescored, prompts))
+    want = np.concatenate(next_token_logits(fp32_head, prompts))
+    np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+    best = want.argmax(-1)[:, None]
+    np.testing.assert_allclose(
+        np.take_along_axis(got, best, -1), np.take_along_axis(want, best, -1), rtol=1e-4
+    )
+    assert decoder_accuracy(model, rescored, prompts).snr_db < 30.0  # the 4-bit head's own error

@@ -204,12 +204,19 @@ def read_gguf_blocks(path: str | os.PathLike) -> dict[str, BlockWeights]:
     return out
 
 
+HEADS = ("file", "fp32", "int4")
+"""What :func:`load_gguf_int4` does with the output head: its own blocks (SmolLM2's Q8_0 gives
+8-bit ``MatMulNBits``), float32, or its weights requantized to 4-bit (``k_quant``)."""
+
+
 def load_gguf_int4(
     path: str | os.PathLike,
     name: str = "decoder",
     accuracy_level: int = 4,
     head: str = "file",
     head_accuracy_level: int | None = None,
+    rescore_top_k: int = 0,
+    offsets: str = "matmul",
 ) -> tuple[onnx.ModelProto, list[str]]:
     """The zoo decoder graph with the file's own 4-bit blocks in ``MatMulNBits`` (the published
     4-bit weights, not a requantization), and its token strings.
@@ -217,23 +224,36 @@ def load_gguf_int4(
     Args:
         accuracy_level: ORT's ``accuracy_level`` (4: int8 activations; 0: float32, which
             reproduces :func:`load_gguf`'s model).
-        head: ``file`` (the head's, or the tied embedding's, own blocks: SmolLM2's Q8_0 gives
-            8-bit ``MatMulNBits``) or ``fp32`` (the dequantized head in a float32 MatMul).
+        head: One of :data:`HEADS`.
         head_accuracy_level: The head's ``accuracy_level`` when it differs.
+        rescore_top_k: When above 0, the head's best ``rescore_top_k`` tokens per position are
+            scored again in float32 against the file's (dequantized) head weights
+            (:func:`~edgesplit.precision.head_rescore.rescore_head`).
+        offsets: How the Q4_1 minimums are computed, one of
+            :data:`~edgesplit.precision.int4.OFFSETS`.
 
     Raises:
-        InputError: when the file is no llama GGUF, or ``head`` is neither.
+        InputError: when the file is no llama GGUF, or ``head`` is none of :data:`HEADS`.
+        CompileError: for an unknown ``offsets``.
     """
-    from edgesplit.precision.int4 import with_block_weights
+    from edgesplit.precision.blocks import quantize_blocks
+    from edgesplit.precision.head_rescore import head_rows, rescore_head
+    from edgesplit.precision.int4 import HEAD_NODE, with_block_weights
 
-    if head not in ("file", "fp32"):
-        raise InputError(f"head '{head}': file or fp32")
+    if head not in HEADS:
+        raise InputError(f"head '{head}': one of {HEADS}")
     model, tokens = load_gguf(path, name)
     blocks = read_gguf_blocks(path)
     if head == "fp32":
-        blocks.pop("lm_head", None)
-    levels = {} if head_accuracy_level is None else {"lm_head": head_accuracy_level}
-    return with_block_weights(model, blocks, accuracy_level, levels), tokens
+        blocks.pop(HEAD_NODE, None)
+    elif head == "int4" and HEAD_NODE in blocks:
+        blocks[HEAD_NODE] = quantize_blocks(blocks[HEAD_NODE].dequantize(), "k_quant")
+    levels = {} if head_accuracy_level is None else {HEAD_NODE: head_accuracy_level}
+    rows = head_rows(model) if rescore_top_k else None
+    model = with_block_weights(model, blocks, accuracy_level, levels, offsets)
+    if rows is not None:
+        model = rescore_head(model, rows, rescore_top_k)
+    return model, tokens
 
 
 def smollm2(seed: int = 0) -> onnx.ModelProto:

@@ -69,6 +69,88 @@ class BlockWeights:
             self.bits, self.block_size,
         )  # fmt: skip
 
+    def centered(self) -> BlockWeights:
+        """The same weights with each block's integer zero point moved to the one nearest
+        ``-offset / scale`` (within ``0 .. 2**bits - 1``), the offsets reduced to match.
+
+        Exact: ``scale * (q - z) + offset == scale * (q - z') + (offset + (z' - z) * scale)``.
+        The remaining offsets lie within half a step for a block that straddles zero, and the
+        ``q - z'`` that an int8-activation kernel multiplies are centred on zero, which halves
+        their rounding error.
+        """
+        if self.offsets is None:
+            return self
+        zp = self._zero_points()
+        u = np.divide(self.offsets, self.scales, out=np.zeros_like(self.offsets),
+                      where=self.scales != 0)  # fmt: skip
+        z = np.clip(np.rint(zp - u), 0, 2**self.bits - 1)
+        offsets = self.offsets + (z - zp) * self.scales
+        return BlockWeights(self.q, self.scales, z.astype(np.uint8), offsets.astype(np.float32),
+                            self.bits, self.block_size)  # fmt: skip
+
+    def offset_digits(self, digits: int = 2, ratio: float = 14.0) -> tuple[BlockWeights, int]:
+        """Weights without offsets for the input ``[x, S, S, ...]``: ``x``'s ``K`` values, then
+        ``digits`` copies of its block sums ``S`` (``K / block_size`` values padded to whole
+        blocks, ``P`` in all), and the padded width ``P``.
+
+        The offsets become ``digits`` extra 4-bit blocks per output in base ``ratio``
+        (symmetric, zero point 8): the first has scale ``s = max|offset| / 7`` of its block of
+        offsets, the next ``s / ratio`` and so on, each digit rounding what the ones before
+        left. The error in an offset is at most ``s / (2 * ratio ** (digits - 1))``.
+
+        Raises:
+            ValueError: without offsets, or with 8-bit weights.
+        """
+        if self.offsets is None or self.bits != 4:
+            raise ValueError("offset digits need 4-bit blocks with offsets")
+        n, k = self.q.shape
+        per = self.block_size
+        width = -(-self.offsets.shape[1] // per) * per
+        off = np.zeros((n, width), np.float64)
+        off[:, : self.offsets.shape[1]] = self.offsets
+        off = off.reshape(n, -1, per)
+        scale = np.abs(off).max(axis=-1) / 7.0
+        scale = np.where(scale > 0, scale, 1.0)
+        q, scales, zp = [self.q], [self.scales], [self._zero_points().astype(np.uint8)]
+        left = off
+        for j in range(digits):
+            step = scale / ratio**j
+            digit = np.clip(np.rint(left / step[..., None]), -8, 7)
+            left = left - digit * step[..., None]
+            q.append((digit + 8).astype(np.uint8).reshape(n, width))
+            scales.append(step.astype(np.float32))
+            zp.append(np.full(step.shape, 8, np.uint8))
+        cat = lambda a: np.ascontiguousarray(np.concatenate(a, axis=1))  # noqa: E731
+        return BlockWeights(cat(q), cat(scales), cat(zp), None, 4, per), width
+
+    def as_8bit(self) -> BlockWeights:
+        """4-bit blocks with offsets as 8-bit blocks without: scale ``scale / 16``, integer zero
+        point, each offset rounded to ``scale / 16`` (an error of at most ``scale / 32`` per
+        weight, a sixteenth of the 4-bit rounding).
+
+        Raises:
+            ValueError: when a block's offset lies outside what an 8-bit zero point reaches
+                (``-offset / scale`` beyond ``-1 .. 16`` for zero points of 0).
+        """
+        if self.bits != 4:
+            raise ValueError("8-bit blocks from 4-bit blocks only")
+        n, k = self.q.shape
+        zp = self._zero_points()
+        off = self.offsets if self.offsets is not None else np.zeros(self.scales.shape)
+        u = np.divide(off, self.scales, out=np.zeros_like(off), where=self.scales != 0)
+        r = np.floor(16 * (u - zp) + 0.5)  # w = scale / 16 * (16 q + r)
+        z8 = np.clip(-r, 0, 255)
+        q8 = 16 * self.q.reshape(n, -1, self.block_size).astype(np.int64) + (r + z8)[..., None]
+        if q8.min() < 0 or q8.max() > 255 or z8.max() > 255:
+            raise ValueError("offsets beyond an 8-bit zero point's reach")
+        return BlockWeights(q8.reshape(n, k).astype(np.uint8), self.scales / 16,
+                            z8.astype(np.uint8), None, 8, self.block_size)  # fmt: skip
+
+    def _zero_points(self) -> np.ndarray:
+        """The zero points as floats, ORT's default filled in."""
+        zp = self.zero_points if self.zero_points is not None else 2 ** (self.bits - 1)
+        return np.broadcast_to(np.asarray(zp, np.float64), self.scales.shape).copy()
+
     def dequantize(self) -> np.ndarray:
         """The float32 weight ``(K, N)``."""
         n, k = self.q.shape

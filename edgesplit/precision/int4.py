@@ -14,11 +14,16 @@ Weights reach ``MatMulNBits`` in one of two ways:
 
 A block is ``w = scale * (q - zero_point) + offset``. ORT's CPU kernel is fast only with integer
 zero points (float zero points run about 10x slower per MatMul and ignore ``accuracy_level`` in
-onnxruntime 1.32), so a float per-block offset (a Q4_1 block's minimum) is added by a small
-float32 MatMul of the input's block sums: ``x @ W = MatMulNBits(x) + blocksum(x) @ offsets.T``.
+onnxruntime 1.32), so a float per-block offset (a Q4_1 block's minimum) is computed from the
+input's block sums, ``x @ W = MatMulNBits(x) + blocksum(x) @ offsets.T``, in one of the ways of
+:data:`OFFSETS`: by a small float32 MatMul, or inside the same ``MatMulNBits`` as extra blocks.
 
 ``accuracy_level`` 4 lets ORT's CPU kernel quantize the activations to int8 per block and run the
-dot products in integers (VNNI here); 0 keeps them in float32.
+dot products in integers (AVX2 on this host); 0 keeps them in float32.
+
+Projections with offsets that read the same input (q, k and v; gate and up) share one
+``MatMulNBits``; q, k and v then go into heads together
+(:func:`~edgesplit.model.decoder_fusion.fuse_head_split`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from edgesplit.errors import CompileError
+from edgesplit.model.decoder_fusion import fuse_head_split
 from edgesplit.precision.blocks import BlockWeights, quantize_blocks
 from edgesplit.precision.convert import _quiet
 
@@ -45,6 +51,19 @@ HEADS = ("int4", "int8", "fp32")
 blocks, or float32 kept."""
 DEFAULT_METHOD = "rtn_sym"
 DEFAULT_HEAD = "int8"
+OFFSETS = ("matmul", "centered", "digits2", "digits3", "int8")
+"""How :func:`with_block_weights` computes blocks with float offsets:
+
+- ``matmul``: a float32 MatMul of the input's block sums by the offsets, added to the
+  ``MatMulNBits`` output (exact);
+- ``centered``: the same after moving each block's zero point next to its offset
+  (:meth:`BlockWeights.centered`, exact; the int8 activations then cost less accuracy);
+- ``digits2``, ``digits3``: centred, then the offsets inside the same ``MatMulNBits``: its input
+  gets its block sums appended 2 or 3 times and the offsets become as many extra 4-bit blocks,
+  one base-14 digit each (:meth:`BlockWeights.offset_digits`);
+- ``int8``: 8-bit blocks with integer zero points, each offset rounded to a sixteenth of its
+  block's step (:meth:`BlockWeights.as_8bit`).
+"""
 HEAD_NODE = "lm_head"
 """The zoo decoders' output head MatMul."""
 
@@ -106,14 +125,24 @@ def with_block_weights(
     weights: Mapping[str, BlockWeights],
     accuracy_level: int = ACCURACY_LEVEL,
     accuracy_levels: Mapping[str, int] | None = None,
+    offsets: str = "matmul",
 ) -> onnx.ModelProto:
     """``model`` with the MatMul of each node named in ``weights`` turned into ``MatMulNBits``
     over those blocks (a tied head's ``Transpose`` folded first), with ``accuracy_level``, or
     the node's entry in ``accuracy_levels``.
 
+    Args:
+        offsets: How blocks with float offsets are computed, one of :data:`OFFSETS`.
+
     Raises:
-        CompileError: naming every node that is missing or whose sizes do not match.
+        CompileError: naming every node that is missing or whose sizes do not match, or an
+            unknown ``offsets``.
     """
+    if offsets not in OFFSETS:
+        raise CompileError(f"int4 offsets '{offsets}': one of {OFFSETS}")
+    if offsets != "matmul":
+        change = BlockWeights.as_8bit if offsets == "int8" else BlockWeights.centered
+        weights = {k: bw if bw.offsets is None else change(bw) for k, bw in weights.items()}
     model = fold_transposed_weights(model)
     graph = model.graph
     matmuls = _weight_matmuls(model)
@@ -127,7 +156,7 @@ def with_block_weights(
             problems.append(f"{name}: weight {tuple(inits[node.input[1]].dims)}, blocks {bw.shape}")
     if problems:
         raise CompileError("int4 blocks do not fit: " + "; ".join(problems))
-    block_sums: dict[tuple[str, int], str] = {}
+    block_sums: dict[tuple, str] = {}
     levels = accuracy_levels or {}
     groups = _offset_groups(graph, weights, levels, accuracy_level)
     new_nodes: list[onnx.NodeProto] = []
@@ -142,7 +171,7 @@ def with_block_weights(
             if node.name != group[0].name:
                 continue  # made with the group's first node
             node, bw, split = _fused(group, weights)
-        nodes, tensors = _nbits_nodes(node, bw, level, block_sums)
+        nodes, tensors = _nbits_nodes(node, bw, level, block_sums, offsets)
         new_nodes.extend(nodes)
         graph.initializer.extend(tensors)
         if group is not None:
@@ -159,7 +188,8 @@ def with_block_weights(
     _prune(graph)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return model
+    # q, k and v out of one MatMulNBits: into heads once, then split (4 operators fewer a layer).
+    return fuse_head_split(model)[0] if groups else model
 
 
 def _offset_groups(
@@ -208,17 +238,31 @@ def _nbits_nodes(
     node: onnx.NodeProto,
     bw: BlockWeights,
     accuracy_level: int,
-    block_sums: dict[tuple[str, int], str],
+    block_sums: dict[tuple, str],
+    offsets: str = "matmul",
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """The MatMulNBits (and, for offsets, the block-sum correction) that replace ``node``."""
     x, name = node.input[0], node.name
+    nodes: list[onnx.NodeProto] = []
+    tensors: list[onnx.TensorProto] = []
+    if bw.offsets is not None and offsets.startswith("digits"):
+        digits = int(offsets.removeprefix("digits"))
+        bw, width = bw.offset_digits(digits)
+        sums = _block_sums(x, bw.shape[0] - digits * width, bw.block_size, width, block_sums,
+                           name, nodes, tensors)  # fmt: skip
+        key = (x, bw.block_size, "digits", digits)
+        if key not in block_sums:
+            block_sums[key] = f"{name}.with_sums"
+            nodes.append(helper.make_node("Concat", [x] + [sums] * digits, [block_sums[key]],
+                                          block_sums[key], axis=-1))  # fmt: skip
+        x = block_sums[key]
     k, n = bw.shape
     packed, scales, zero_points = bw.packed()
-    tensors = [
+    tensors += [
         numpy_helper.from_array(packed, f"{name}.q{bw.bits}"),
         numpy_helper.from_array(scales, f"{name}.scales"),
     ]
-    inputs = [x, tensors[0].name, tensors[1].name]
+    inputs = [x, f"{name}.q{bw.bits}", f"{name}.scales"]
     if zero_points is not None:
         tensors.append(numpy_helper.from_array(zero_points, f"{name}.zero_points"))
         inputs.append(tensors[-1].name)
@@ -226,28 +270,44 @@ def _nbits_nodes(
     if accuracy_level:
         attrs["accuracy_level"] = accuracy_level
     out = node.output[0] if bw.offsets is None else f"{name}.nbits"
-    nodes = [
+    nodes.append(
         helper.make_node(
             "MatMulNBits", inputs, [out], f"{name}.nbits", domain="com.microsoft", **attrs
         )
-    ]
+    )
     if bw.offsets is None:
         return nodes, tensors
-    sums = block_sums.get((x, bw.block_size))
-    if sums is None:
-        # One 0/1 MatMul sums each block of the input: any rank, shared by the input's users.
-        ones = np.kron(np.eye(k // bw.block_size, dtype=np.float32), np.ones((bw.block_size, 1)))
-        sums = f"{name}.block_sums"
-        tensors.append(numpy_helper.from_array(ones.astype(np.float32), f"{sums}.ones"))
-        nodes.append(helper.make_node("MatMul", [x, f"{sums}.ones"], [sums], sums))
-        block_sums[(x, bw.block_size)] = sums
-    offsets = np.ascontiguousarray(bw.offsets.T.astype(np.float32))
-    tensors.append(numpy_helper.from_array(offsets, f"{name}.offsets"))
+    sums = _block_sums(x, k, bw.block_size, k // bw.block_size, block_sums, name, nodes, tensors)
+    offsets_t = np.ascontiguousarray(bw.offsets.T.astype(np.float32))
+    tensors.append(numpy_helper.from_array(offsets_t, f"{name}.offsets"))
     nodes.append(
         helper.make_node("MatMul", [sums, f"{name}.offsets"], [f"{name}.shift"], f"{name}.shift")
     )
     nodes.append(helper.make_node("Add", [out, f"{name}.shift"], [node.output[0]], name))
     return nodes, tensors
+
+
+def _block_sums(
+    x: str,
+    k: int,
+    block_size: int,
+    width: int,
+    made: dict[tuple, str],
+    name: str,
+    nodes: list[onnx.NodeProto],
+    tensors: list[onnx.TensorProto],
+) -> str:
+    """``x``'s sums over each block of ``block_size`` along its last axis, zero-padded to
+    ``width`` values: one 0/1 MatMul (any rank), made once per input and shared by its users."""
+    key = (x, block_size, width)
+    if key not in made:
+        ones = np.zeros((k, width), np.float32)
+        blocks = np.arange(k) // block_size
+        ones[np.arange(k), blocks] = 1.0
+        made[key] = f"{name}.block_sums"
+        tensors.append(numpy_helper.from_array(ones, f"{made[key]}.ones"))
+        nodes.append(helper.make_node("MatMul", [x, f"{made[key]}.ones"], [made[key]], made[key]))
+    return made[key]
 
 
 def quantize_int4(
