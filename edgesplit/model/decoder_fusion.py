@@ -57,7 +57,7 @@ def fuse_rotary(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     nodes = [replaced.get(n.name, n) for n in graph.node]
     del graph.node[:]
     graph.node.extend(nodes)
-    _prune(graph)
+    prune_unused(graph)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model, len(replaced)
@@ -71,10 +71,7 @@ def fuse_head_split(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    users: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for i in n.input:
-            users.setdefault(i, []).append(n)
+    users = consumers(graph)
     outputs = {o.name for o in graph.output}
     replace: dict[str, list[onnx.NodeProto]] = {}  # the Split's name -> its nodes
     gone: set[str] = set()
@@ -109,7 +106,7 @@ def fuse_head_split(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             nodes.append(n)
     del graph.node[:]
     graph.node.extend(nodes)
-    _prune(graph)
+    prune_unused(graph)
     return model, len(replace)
 
 
@@ -191,7 +188,16 @@ def _const(inits, name: str) -> int | None:
     return int(value[0]) if value.size == 1 else None
 
 
-def _prune(graph: onnx.GraphProto) -> None:
+def consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Each tensor's name -> the nodes that read it."""
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+    return users
+
+
+def prune_unused(graph: onnx.GraphProto) -> None:
     """Drop nodes and initializers that nothing reads any more."""
     while True:
         needed = {o.name for o in graph.output} | {i for n in graph.node for i in n.input}

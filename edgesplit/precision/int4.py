@@ -36,7 +36,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from edgesplit.errors import CompileError
-from edgesplit.model.decoder_fusion import fuse_head_split
+from edgesplit.model.decoder_fusion import consumers, fuse_head_split, prune_unused
 from edgesplit.precision.blocks import BlockWeights, quantize_blocks
 from edgesplit.precision.convert import _quiet
 
@@ -74,10 +74,7 @@ def fold_transposed_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    users: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for i in n.input:
-            users.setdefault(i, []).append(n)
+    users = consumers(graph)
     kept = []
     for n in graph.node:
         out = n.output[0] if n.output else ""
@@ -103,21 +100,6 @@ def _weight_matmuls(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
         for n in model.graph.node
         if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2
     }
-
-
-def _prune(graph: onnx.GraphProto) -> None:
-    """Drop nodes and initializers that nothing reads (a folded head's Transpose)."""
-    while True:
-        needed = {o.name for o in graph.output} | {i for n in graph.node for i in n.input}
-        dead = [n for n in graph.node if not any(o in needed for o in n.output)]
-        if not dead:
-            break
-        for n in dead:
-            graph.node.remove(n)
-    needed = {i for n in graph.node for i in n.input}
-    kept = [t for t in graph.initializer if t.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
 
 
 def with_block_weights(
@@ -185,7 +167,7 @@ def with_block_weights(
             )
     del graph.node[:]
     graph.node.extend(new_nodes)
-    _prune(graph)
+    prune_unused(graph)  # a folded head's Transpose
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     # q, k and v out of one MatMulNBits: into heads once, then split (4 operators fewer a layer).
