@@ -619,7 +619,9 @@ def test_a_server_call_is_fitted_from_calls_to_a_real_server(conv_chain, tmp_pat
     no_call = replace(home, remote_call_ms=0.0, remote_call_ms_per_mb=0.0)
     entries = [replace(e, terms=no_call) if e.terms == home else e for e in result.profile.entries]
     before = _call_ms(plan_costs(plan, replace(result.profile, entries=tuple(entries))), 1)
-    assert _call_ms(costs, 1) - before == pytest.approx(fitted, abs=1e-3)  # hand-offs move a little
+    # the hand-offs around the call are priced by the idle gap before them, which the call's
+    # length moves: a few microseconds (2.8 us in one CI dry run)
+    assert _call_ms(costs, 1) - before == pytest.approx(fitted, abs=0.01)
     # and again from the profile file, as partition --profile reads it
     result.profile.save(tmp_path / "cal.json")
     assert load_profile(tmp_path / "cal.json").entries == result.profile.entries
