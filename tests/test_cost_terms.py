@@ -451,7 +451,8 @@ def _median_latency(
     bundles: dict[str, object], rounds: int = 6, block: int = 10, q: float = 0.5
 ) -> dict[str, float]:
     """The ``q`` quantile (median by default) of each bundle's latency, in alternating blocks (drift
-    on a shared machine cancels; a low ``q`` keeps the runs the machine's other load left alone)."""
+    on a shared machine cancels; a low ``q`` keeps the runs the machine's other load left alone),
+    each block after a pause and an untimed run."""
     sessions = {k: load(v) for k, v in bundles.items()}
     times: dict[str, list[float]] = {k: [] for k in bundles}
     try:
@@ -461,6 +462,10 @@ def _median_latency(
                 s.run(feeds)
         for _ in range(rounds):
             for k, s in sessions.items():
+                # the other bundle's ORT threads go quiet first: a block straight after another
+                # session's ran 1.3-2x slower throughout here (benchmarks/honest_baselines.py)
+                time.sleep(0.2)
+                s.run(feeds)
                 for _ in range(block):
                     t0 = time.perf_counter()
                     s.run(feeds)
