@@ -18,13 +18,15 @@ and the bytes each way beyond the cache.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
+from edgesplit.errors import RemoteError, RemoteHostError
 from edgesplit.generate.kv import KVCache
 from edgesplit.generate.phases import ServerPrefill
 from edgesplit.generate.reference import cache_names
@@ -141,3 +143,25 @@ def measure_server_prefill(
         last.received_nbytes - cache_nbytes,
         cache_nbytes,
     )
+
+
+@contextlib.contextmanager
+def served_prefill(
+    url: str,
+    model: str,
+    config: DecoderConfig,
+    token: str | None = None,
+    timeout_s: float = 600.0,
+) -> Iterator[RemotePrefill]:
+    """A :class:`RemotePrefill` of ``model`` on the server at ``url`` that the user named, its
+    client closed after. A server that fails a prefill in the block is bad input: the failure is
+    raised as :class:`~edgesplit.errors.RemoteHostError` (one line, exit code 2)."""
+    client = OipClient(url, token=token, timeout_s=timeout_s)
+    try:
+        yield RemotePrefill(client, model, config, timeout_s=timeout_s)
+    except RemoteError as e:
+        if isinstance(e, RemoteHostError):
+            raise
+        raise RemoteHostError(f"server {url} could not prefill with '{model}': {e}") from e
+    finally:
+        client.close()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import onnx
 
 from edgesplit.device.spec import NetworkLink, network_link
-from edgesplit.errors import InputError, RemoteError, RemoteHostError
+from edgesplit.errors import InputError
 from edgesplit.generate.phase_measure import MeasureOptions, measure_phases, random_prompt
 from edgesplit.generate.phases import PhasePlan, ServerPrefill, choose_phases
 from edgesplit.util import write_json
@@ -125,24 +125,18 @@ def server_prefill(
     proto: onnx.ModelProto, prompt_tokens: int, server: PrefillServer
 ) -> ServerPrefill:
     """The server's prefill of a ``prompt_tokens`` prompt, measured from here and priced on
-    ``server.link``."""
-    from edgesplit.generate.offload import RemotePrefill, measure_server_prefill
+    ``server.link``.
+
+    Raises:
+        RemoteHostError: the server could not prefill it (one line).
+    """
+    from edgesplit.generate.offload import measure_server_prefill, served_prefill
     from edgesplit.model.zoo_decoder import config_of
-    from edgesplit.runtime.client import OipClient
 
     config = config_of(proto)
     link = server.link or network_link(None)
-    client = OipClient(server.url, token=server.token, timeout_s=600.0)
-    try:
-        remote = RemotePrefill(client, server.model, config, timeout_s=600.0)
-        prompt = random_prompt(config.vocab_size, prompt_tokens, seed=7)
+    prompt = random_prompt(config.vocab_size, prompt_tokens, seed=7)
+    with served_prefill(server.url, server.model, config, server.token) as remote:
         figures = measure_server_prefill(remote, prompt, repeats=server.repeats)
-    except RemoteError as e:  # the user named it for planning: it cannot be used
-        raise RemoteHostError(
-            f"server {server.url} could not prefill a {prompt_tokens}-token prompt of "
-            f"'{server.model}': {e}"
-        ) from e
-    finally:
-        client.close()
     priced = figures.pricing(server.name, (link.up_mbps, link.down_mbps, link.rtt_ms))
     return dataclasses.replace(priced, tx_power_w=link.tx_power_w, rx_power_w=link.rx_power_w)

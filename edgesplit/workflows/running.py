@@ -193,23 +193,15 @@ def generate_bundle(bundle: str | os.PathLike, request: GenerateRequest) -> Gene
 
 @contextlib.contextmanager
 def _server_prefill(server: Mapping[str, Any] | None, part: str, gen: Any) -> Iterator[Any]:
-    """A server's prefill of the bundle's decoder part (None without a server); a server that
-    fails it is an error of the user's input (:class:`~edgesplit.errors.RemoteHostError`)."""
+    """A server's prefill of the bundle's decoder part (None without a server; see
+    :func:`edgesplit.generate.offload.served_prefill`)."""
     if server is None:
         yield None
         return
-    from edgesplit.errors import RemoteError, RemoteHostError
-    from edgesplit.generate.offload import RemotePrefill
-    from edgesplit.runtime.client import OipClient
+    from edgesplit.generate.offload import served_prefill
     from edgesplit.runtime.oip import served_name
 
-    url, model = server["url"], served_name(part, server.get("model_prefix", ""))
-    client = OipClient(url, token=server.get("token"), timeout_s=server.get("timeout_s", 600.0))
-    try:
-        yield RemotePrefill(client, model, gen.config, timeout_s=client.timeout_s)
-    except RemoteError as e:
-        if isinstance(e, RemoteHostError):
-            raise
-        raise RemoteHostError(f"server {url} could not prefill the prompt ({model}): {e}") from e
-    finally:
-        client.close()
+    model = served_name(part, server.get("model_prefix", ""))
+    timeout_s = server.get("timeout_s", 600.0)
+    with served_prefill(server["url"], model, gen.config, server.get("token"), timeout_s) as p:
+        yield p

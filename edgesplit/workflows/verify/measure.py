@@ -18,7 +18,7 @@ measured: after ``min_rounds`` rounds, one slower than the fastest by more than 
 every round so far, paired by round, takes no more turns. The time it would have taken goes to
 more rounds of the bundles still in the running (up to ``max_rounds``), so that two close
 candidates (plain ONNX Runtime and its replicas, often within 5%) are told apart on more rounds.
-Only bundles named in ``leaders`` can set the pace (those that meet the accuracy budget).
+Only the bundles named in ``race`` can set the pace (those that meet the accuracy budget).
 """
 
 from __future__ import annotations
