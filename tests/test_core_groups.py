@@ -206,6 +206,38 @@ def test_a_single_part_bundle_runs_on_the_callers_thread_and_restores_it(tmp_pat
         assert len(seen) == 4 and seen[-1] != threading.get_ident()
 
 
+def test_the_plain_one_part_path_keeps_the_records_and_the_checks_of_the_general_one(tmp_path):
+    """A one-part bundle on the whole machine (plain ONNX Runtime's configuration) runs on the
+    caller's thread without a request object; its runs still count in the statistics, the trace
+    and the breakdown as the general path's do, its outputs are the worker's, and a wrong input is
+    still refused by name."""
+    from edgesplit.errors import RunInputError
+
+    model = _conv_model(tmp_path / "m.onnx", ch=8, hw=16, n=2)
+    graph = edgesplit.load_model(model)
+    plan = contiguous_plan(graph, "host-2core", [("core0+core1", "ort")])
+    compile_bundle(graph, plan, tmp_path / "b")
+    x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    with edgesplit.load(tmp_path / "b") as sess:
+        assert sess._solo is not None and sess._solo.cores is None  # the plain path's case
+        got = [sess.run({"x": x}) for _ in range(3)]
+        stats = sess.stats()
+        assert stats.runs == 3 and stats.parts[0].runs == 3
+        trace = sess.trace_records()
+        assert len(trace.requests) == 3 and len(trace.parts) == 3
+        assert len(sess.breakdown().requests) == 3 and sess.breakdown().parts[0].runs == 3
+        (streamed,) = list(sess.run_stream([{"x": x}]))  # through the worker
+        out = graph.outputs[0]
+        np.testing.assert_array_equal(streamed[out], got[0][out])
+        with pytest.raises(RunInputError, match="input 'x'"):
+            sess.run({"x": x.astype(np.float64)})
+        with pytest.raises(RunInputError, match="input 'x'"):
+            sess.run({"x": x[:, :4]})
+        with pytest.raises(RunInputError, match="missing x"):
+            sess.run({})
+        assert sess.stats().runs == 4
+
+
 @pytest.mark.slow
 @pytest.mark.measures
 def test_a_core_group_is_priced_by_its_own_measurement(tmp_path):

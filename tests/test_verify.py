@@ -209,8 +209,9 @@ def test_rounds_and_turns_fit_the_budget():
                 assert k == 1 and 3 * sum(b.turn_cost_ms(1) for b in benches) / 1e3 > budget_s
         else:
             assert sum(b.turn_cost_ms(1) for b in benches) / 1e3 > budget_s
-    assert _choose(benches, 0.1, "latency", 3, 9) == (0, 0)
-    assert _choose(benches, 0.2, "latency", 3, 9) == (1, 1)
+    # a turn of one request: its pause (0.1 s) and two requests
+    assert _choose(benches, 0.3, "latency", 3, 9) == (0, 0)
+    assert _choose(benches, 0.4, "latency", 3, 9) == (1, 1)
     assert _choose(benches, 30.0, "latency", 3, 9)[0] == 9
 
 
@@ -500,6 +501,7 @@ def test_a_race_stops_the_clearly_slower_and_gives_its_time_to_the_close_ones(
     monkeypatch.setattr(
         vm, "load", lambda path, executor_options=None: Sleeper(took[Path(path).name])
     )
+    monkeypatch.setattr(vm, "TURN_PAUSE_S", 0.0)  # sleepers have no threads to quieten
     monkeypatch.setattr(vm, "random_feeds", lambda session: {})
     bundles = {n: tmp_path / n for n in took}
     m = vm.measure(bundles, "latency", 0.8, max_rounds=40, race={"plan", "near", "slow"})
@@ -513,6 +515,37 @@ def test_a_race_stops_the_clearly_slower_and_gives_its_time_to_the_close_ones(
     # unraced, every bundle takes every round
     plain = vm.measure(bundles, "latency", 0.3, max_rounds=40)
     assert not plain.stopped and len({len(v) for v in plain.rounds_ms.values()}) == 1
+
+
+def test_each_turn_starts_after_the_pause(monkeypatch, tmp_path):
+    """Between the last request of one bundle's turn and the first of the next bundle's there is
+    at least ``TURN_PAUSE_S`` (the threads of the one before go quiet)."""
+    import edgesplit.workflows.verify.measure as vm
+
+    runs: list[tuple[str, float, float]] = []
+
+    class Stamper:
+        def __init__(self, name: str):
+            self.name = name
+
+        def run(self, feeds):
+            t0 = time.perf_counter()
+            time.sleep(0.001)
+            runs.append((self.name, t0, time.perf_counter()))
+            return {}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vm, "load", lambda path, executor_options=None: Stamper(Path(path).name))
+    monkeypatch.setattr(vm, "random_feeds", lambda session: {})
+    m = vm.measure({n: tmp_path / n for n in ("a", "b")}, "latency", 2.0, max_rounds=4)
+    assert m.rounds >= 3
+    timed = runs[4:]  # after the warm-up's two requests each
+    pairs = list(zip(timed, timed[1:]))
+    paused = [y[1] - x[2] >= vm.TURN_PAUSE_S * 0.95 for x, y in pairs]
+    assert sum(paused) == 2 * m.rounds - 1  # every turn but the first
+    assert all(p for (x, y), p in zip(pairs, paused) if x[0] != y[0])
 
 
 def test_the_verdict_pairs_a_plan_with_fewer_rounds_by_round():

@@ -219,10 +219,34 @@ class Session:
             self._executors[p.name] = worker.pool.submit(
                 make_executor, p, self.bundle, **extra
             ).result()
+        self._solo = self._solo_worker()
+        # name -> (shape, dtype) of every fixed-shape tensor input, for the quick check
+        self._plain_inputs = {
+            t.name: (tuple(t.shape), np.dtype(t.dtype))
+            for t in self.manifest.inputs
+            if t.kind == "tensor" and not getattr(t, "dynamic_axes", ())
+        }
+        if len(self._plain_inputs) != len(self.manifest.inputs):
+            self._plain_inputs = {}
 
     # ---- inputs
 
     def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        plain = self._plain_inputs
+        if plain and len(inputs) == len(plain):  # arrays exactly as expected: nothing to convert
+            ok = True
+            for name, value in inputs.items():
+                want = plain.get(name)
+                if (
+                    want is None
+                    or type(value) is not np.ndarray
+                    or value.shape != want[0]
+                    or value.dtype != want[1]
+                ):
+                    ok = False
+                    break
+            if ok:
+                return dict(inputs)
         expected = {t.name: t for t in self.manifest.inputs}
         unknown = [k for k in inputs if k not in expected]
         missing = [k for k in expected if k not in inputs]
@@ -300,30 +324,11 @@ class Session:
     def _run_part(
         self, part: PartArtifact, req: _Request, ready_ns: int, submit_ns: int, start_ns: int
     ) -> None:
-        ex = self._executors[part.name]
-        call = getattr(ex, "call", None)
-        cpu = self._cpu_clock_ns
-        cpu_ns = cpu() if cpu else 0  # read outside the run call, so it does not lengthen it
-        if call is None:  # an executor without phases: its whole run is the run call
-            run_start_ns = _clock_ns()
-            out = ex.run(req.tensors)
-            run_end_ns = _clock_ns()
-            cpu_ns = cpu() - cpu_ns if cpu else None
-            collected_ns = _clock_ns()
-        else:
-            args = ex.gather(req.tensors)
-            run_start_ns = _clock_ns()
-            raw = call(args)
-            run_end_ns = _clock_ns()
-            cpu_ns = cpu() - cpu_ns if cpu else None
-            out = ex.collect(raw)
-            collected_ns = _clock_ns()
-        run_index = self._run_counts[part.name]
-        self._run_counts[part.name] = run_index + 1  # only this part's worker writes it
+        out, stamps = self._execute(part, req.tensors)
+        run_index = self._next_run(part.name)
         ready = []
         with req.lock:
             req.tensors.update(out)
-            self._times[part.name].append((collected_ns - start_ns) / 1e6)
             req.left -= 1
             for user in self._users[part.name]:
                 req.waiting[user] -= 1
@@ -331,10 +336,64 @@ class Session:
                     ready.append(self._parts[user])
             finished = req.left == 0
             done_ns = _clock_ns()
+        self._record(
+            part.name, req.number, run_index, (ready_ns, submit_ns, start_ns), stamps, done_ns
+        )
+        for p in ready:
+            self._launch(p, req, done_ns)
+        if finished:
+            result = {t.name: req.tensors[t.name] for t in self.manifest.outputs}
+            self._finish(req.number, req.start_ns)
+            req.done.set_result(result)
+
+    def _execute(
+        self, part: PartArtifact, tensors: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], tuple[int, int, int, int | None]]:
+        """Run ``part``'s executor on ``tensors``: its outputs, and (run start, run end,
+        collected, thread CPU time of the run or None) in ns."""
+        ex = self._executors[part.name]
+        call = getattr(ex, "call", None)
+        cpu = self._cpu_clock_ns
+        cpu_ns = cpu() if cpu else 0  # read outside the run call, so it does not lengthen it
+        if call is None:  # an executor without phases: its whole run is the run call
+            run_start_ns = _clock_ns()
+            out = ex.run(tensors)
+            run_end_ns = _clock_ns()
+            cpu_ns = cpu() - cpu_ns if cpu else None
+            return out, (run_start_ns, run_end_ns, _clock_ns(), cpu_ns)
+        args = ex.gather(tensors)
+        run_start_ns = _clock_ns()
+        raw = call(args)
+        run_end_ns = _clock_ns()
+        cpu_ns = cpu() - cpu_ns if cpu else None
+        out = ex.collect(raw)
+        return out, (run_start_ns, run_end_ns, _clock_ns(), cpu_ns)
+
+    def _next_run(self, name: str) -> int:
+        """This part's run index (runs since load, for ORT profile matching); only the part's
+        worker (or the caller standing in for it) counts it."""
+        run_index = self._run_counts[name]
+        self._run_counts[name] = run_index + 1
+        return run_index
+
+    def _record(
+        self,
+        name: str,
+        number: int,
+        run_index: int,
+        queued: tuple[int, int, int],
+        stamps: tuple[int, int, int, int | None],
+        done_ns: int,
+    ) -> None:
+        """Keep one part run's timings: ``queued`` (ready, submitted, started) and ``stamps``
+        (see :meth:`_execute`), in ns (see trace.build_trace)."""
+        ready_ns, submit_ns, start_ns = queued
+        run_start_ns, run_end_ns, collected_ns, cpu_ns = stamps
+        self._times[name].append((collected_ns - start_ns) / 1e6)
         self._part_records.append(
             (
-                req.number,
-                part.name,
+                number,
+                name,
                 run_index,
                 ready_ns,
                 submit_ns,
@@ -346,14 +405,11 @@ class Session:
                 cpu_ns,
             )
         )
-        for p in ready:
-            self._launch(p, req, done_ns)
-        if finished:
-            result = {t.name: req.tensors[t.name] for t in self.manifest.outputs}
-            end_ns = _clock_ns()
-            self._e2e.append((end_ns - req.start_ns) / 1e6)
-            self._request_records.append((req.number, req.start_ns, end_ns))
-            req.done.set_result(result)
+
+    def _finish(self, number: int, start_ns: int) -> None:
+        end_ns = _clock_ns()
+        self._e2e.append((end_ns - start_ns) / 1e6)
+        self._request_records.append((number, start_ns, end_ns))
 
     # ---- public API
 
@@ -370,14 +426,32 @@ class Session:
         solo = self._solo
         if solo is not None and timeout_s is None and solo.idle.acquire(blocking=False):
             try:
+                if solo.cores is None and not solo.cycles and not solo.locks:
+                    return self._run_plain(feeds)
                 with solo.in_caller():
                     return self._run_here(feeds)
             finally:
                 solo.idle.release()
         return self._submit(feeds).result(timeout=timeout_s)
 
-    @property
-    def _solo(self) -> _Worker | None:
+    def _run_plain(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The only part, on the calling thread, when its worker is neither pinned nor throttled
+        nor holding cores: no request object, no future, no context managers. After an idle
+        pause, the general path's Python cost 0.37 ms a request here (squeezenet over both
+        cores: 4% of plain ONNX Runtime's time); this one costs about a third of it."""
+        number = next(self._request_numbers)
+        start_ns = _clock_ns()
+        part = self._parts[self._copies[0][0]]
+        out, stamps = self._execute(part, feeds)
+        self._record(
+            part.name, number, self._next_run(part.name), (start_ns,) * 3, stamps, stamps[2]
+        )
+        result = {t.name: out[t.name] if t.name in out else feeds[t.name]
+                  for t in self.manifest.outputs}  # fmt: skip
+        self._finish(number, start_ns)
+        return result
+
+    def _solo_worker(self) -> _Worker | None:
         """The worker of a bundle's only part, when it is local (None otherwise)."""
         if len(self._copies) != 1 or len(self._copies[0]) != 1:
             return None

@@ -1,9 +1,9 @@
 """Measure bundles against each other on this device, alternating between them to cancel drift.
 
 Every bundle is loaded once into a real :class:`~edgesplit.runtime.session.Session` and warmed
-up. Then, in rounds, each bundle takes one *turn*: one untimed request (it also lets the previous
+up. Then, in rounds, each bundle takes one *turn*: a pause of ``TURN_PAUSE_S`` (the previous
 bundle's runtime threads go quiet: an idle ONNX Runtime or TVM pool spins for a while after a
-call), then ``k`` timed requests, whose median is the turn's figure. The order rotates from round
+call), one untimed request, then ``k`` timed requests, whose median is the turn's figure. The order rotates from round
 to round (ABC, BCA, CAB ...), so no bundle always follows the same other one. For ``throughput`` a
 turn is a pipelined stream of ``k`` timed requests after the stream has filled, and its figure is
 the period (ms per request).
@@ -38,6 +38,10 @@ MIN_ROUNDS = 3
 MAX_ROUNDS = 9
 # A raced bundle slower than the fastest by more than this in every round so far stops.
 RACE_MARGIN = 0.10
+# Before each turn. Measured here (squeezenet on host-2core, sessions of two ORT threads each): a
+# request straight after another session's, or 20 ms after it, took 1.3-1.7x as long; after 0.1 s,
+# two identical sessions measured within 1%. One untimed request was not enough.
+TURN_PAUSE_S = 0.1
 # Timed requests per turn: latency (single requests), throughput (a stream, after it has filled).
 TURN_REQUESTS = {"latency": (1, 5, 10), "throughput": (4, 10, 20)}
 
@@ -99,10 +103,10 @@ class _Bench:
         return stream_period_ms(self.session, feeds, k)
 
     def turn_cost_ms(self, k: int) -> float:
-        """What one turn should take, from the warm-up."""
+        """What one turn should take, from the warm-up (its pause included)."""
         if self.metric == "throughput":
-            return self.warm_ms * stream_requests(self.session, k)
-        return self.warm_ms * (k + 1)
+            return TURN_PAUSE_S * 1e3 + self.warm_ms * stream_requests(self.session, k)
+        return TURN_PAUSE_S * 1e3 + self.warm_ms * (k + 1)
 
 
 def _load(
@@ -256,6 +260,7 @@ class _Rounds:
                 break
             shift = r % max(1, len(live))
             for b in live[shift:] + live[:shift]:
+                time.sleep(TURN_PAUSE_S)
                 try:
                     b.rounds_ms.append(b.turn(feeds, self.k))
                 except Exception as e:  # noqa: BLE001
