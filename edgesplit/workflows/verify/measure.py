@@ -3,10 +3,10 @@
 Every bundle is loaded once into a real :class:`~edgesplit.runtime.session.Session` and warmed
 up. Then, in rounds, each bundle takes one *turn*: a pause of ``TURN_PAUSE_S`` (the previous
 bundle's runtime threads go quiet: an idle ONNX Runtime or TVM pool spins for a while after a
-call), one untimed request, then ``k`` timed requests, whose median is the turn's figure. The order rotates from round
-to round (ABC, BCA, CAB ...), so no bundle always follows the same other one. For ``throughput`` a
-turn is a pipelined stream of ``k`` timed requests after the stream has filled, and its figure is
-the period (ms per request).
+call), one untimed request, then ``k`` timed requests, whose median is the turn's figure. The
+order rotates from round to round (ABC, BCA, CAB ...), so no bundle always follows the same other
+one. For ``throughput`` a turn is a pipelined stream of ``k`` timed requests after the stream has
+filled, and its figure is the period (ms per request).
 
 The budget covers the warm-up and the rounds (loading the bundles comes before, like compiling
 them: a bundle of hundreds of parts takes a while to load, and a budget spent on loading would keep
