@@ -238,6 +238,33 @@ def test_the_plain_one_part_path_keeps_the_records_and_the_checks_of_the_general
         assert sess.stats().runs == 4
 
 
+def test_the_plain_path_pins_the_caller_to_a_single_cores_part_for_the_call(tmp_path):
+    """A one-part bundle on one core: the caller runs it pinned to that core, and gets its own
+    affinity back after, also when the run fails."""
+    model = _conv_model(tmp_path / "m.onnx", ch=8, hw=16, n=2)
+    graph = edgesplit.load_model(model)
+    compile_bundle(graph, contiguous_plan(graph, "host-2core", [("core1", "ort")]), tmp_path / "b")
+    x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    before = os.sched_getaffinity(0)
+    seen: list[set[int]] = []
+    with edgesplit.load(tmp_path / "b") as sess:
+        if sess._solo.cores is None:
+            pytest.skip("core 1 is not a core of its own here")
+        ex = next(iter(sess._executors.values()))
+        call = ex.call
+        ex.call = lambda args: (seen.append(os.sched_getaffinity(0)), call(args))[1]  # type: ignore[method-assign]
+        sess.run({"x": x})
+        assert seen == [{1}] and os.sched_getaffinity(0) == before
+
+        def fail(args):
+            raise RuntimeError("the part failed")
+
+        ex.call = fail  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="the part failed"):
+            sess.run({"x": x})
+        assert os.sched_getaffinity(0) == before
+
+
 @pytest.mark.slow
 @pytest.mark.measures
 def test_a_core_group_is_priced_by_its_own_measurement(tmp_path):
