@@ -233,20 +233,16 @@ class Session:
 
     def _check_inputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         plain = self._plain_inputs
-        if plain and len(inputs) == len(plain):  # arrays exactly as expected: nothing to convert
-            ok = True
+        if plain and type(inputs) is dict and len(inputs) == len(plain):
+            # arrays exactly as expected (the usual case): nothing to convert, nothing to copy
             for name, value in inputs.items():
                 want = plain.get(name)
-                if (
-                    want is None
-                    or type(value) is not np.ndarray
-                    or value.shape != want[0]
-                    or value.dtype != want[1]
-                ):
-                    ok = False
+                if want is None or type(value) is not np.ndarray or value.shape != want[0]:
                     break
-            if ok:
-                return dict(inputs)
+                if value.dtype != want[1]:
+                    break
+            else:
+                return inputs
         expected = {t.name: t for t in self.manifest.inputs}
         unknown = [k for k in inputs if k not in expected]
         missing = [k for k in expected if k not in inputs]
