@@ -72,8 +72,7 @@ def fuse_rotary(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     del graph.node[:]
     graph.node.extend(nodes)
     prune_unused(graph)
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    _ms_domain(model)
     return model, len(replaced)
 
 
@@ -183,7 +182,83 @@ def fuse_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     del graph.node[:]
     graph.node.extend(nodes)
     prune_unused(graph)
+    _ms_domain(model)
     return model, sum(1 for n in replaced.values() if n is not None)
+
+
+def fuse_skip_norm(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """``model`` with each RMSNorm of a residual sum (``Add``, then ``x / sqrt(mean(x^2) + eps)
+    * w`` in the pattern of :mod:`edgesplit.model.zoo_decoder`) as one
+    ``SkipSimplifiedLayerNormalization`` (``com.microsoft``), which also returns the sum for the
+    next residual; and how many were fused.
+
+    ORT fuses a lone RMSNorm into ``SimplifiedLayerNormalization`` by itself; the residual ``Add``
+    before it stays a kernel of its own, one per norm, which this fusion removes.
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    made_by = {o: n for n in graph.node for o in n.output}
+    users = consumers(graph)
+    inits = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    replaced: dict[str, onnx.NodeProto | None] = {}  # the Add -> the fused node; the Mul -> None
+    for mul in graph.node:
+        match = _skip_norm(mul, made_by, users, inits, outputs) if mul.op_type == "Mul" else None
+        if match is None:
+            continue
+        add, weight, eps = match
+        replaced[add.name] = helper.make_node(
+            "SkipSimplifiedLayerNormalization",
+            [add.input[0], add.input[1], weight],
+            [mul.output[0], "", "", add.output[0]],
+            f"{mul.name}.skip",
+            domain="com.microsoft",
+            epsilon=eps,
+        )
+        replaced[mul.name] = None
+    if not replaced:
+        return model, 0
+    nodes = [replaced.get(n.name, n) for n in graph.node]
+    del graph.node[:]
+    graph.node.extend(n for n in nodes if n is not None)
+    prune_unused(graph)
+    _ms_domain(model)
+    return model, len(replaced) // 2
+
+
+def _skip_norm(mul, made_by, users, inits, outputs) -> tuple[onnx.NodeProto, str, float] | None:
+    """(the residual Add, the norm's weight, its epsilon) when ``mul`` ends an RMSNorm of an
+    ``Add`` of two computed tensors, else None."""
+    div, weight = made_by.get(mul.input[0]), mul.input[1]
+    if not (div and div.op_type == "Div" and weight in inits):
+        return None
+    x = div.input[0]
+    chain, name = [], div.input[1]
+    for op in ("Sqrt", "Add", "ReduceMean", "Pow"):
+        node = made_by.get(name)
+        if not node or node.op_type != op:
+            return None
+        chain.append(node)
+        name = node.input[0]
+    sqrt, eps_add, mean, pow_ = chain
+    if pow_.input[0] != x or _const_float(inits, pow_.input[1]) != 2.0:
+        return None
+    eps = _const_float(inits, eps_add.input[1])
+    axes = _attr(mean, "axes") if len(mean.input) < 2 else None
+    if eps is None or axes not in ([-1], [2]) or _attr(mean, "keepdims") == 0:
+        return None
+    inner = [div, sqrt, eps_add, mean, pow_]
+    if any(len(users.get(n.output[0], [])) != 1 or n.output[0] in outputs for n in inner[1:]):
+        return None
+    add = made_by.get(x)
+    if not add or add.op_type != "Add" or any(i in inits for i in add.input):
+        return None
+    return add, weight, eps
+
+
+def _ms_domain(model: onnx.ModelProto) -> None:
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
 def _cache_lengths(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
