@@ -31,7 +31,9 @@ each fusion of :mod:`edgesplit.model.decoder_fusion` named, as ``NAME+FUSION``:
 - ``attention+norm``: that, and each residual ``Add`` with the RMSNorm after it as one
   ``SkipSimplifiedLayerNormalization`` (``fuse_skip_norm``).
 
-Each model is compared with fp32 in the same form (``x fp32``) and with plain fp32 (``x plain``).
+Each model is compared with fp32 in the same form (``x fp32``: the ratio of the medians;
+``paired``: the median of each round's ratio, which follows load that drifts between rounds) and
+with plain fp32 (``x plain``).
 ``--no-plain`` leaves out the unfused models; ``--rotary fused`` is ``--fuse rotary --no-plain``
 and ``--rotary both`` is ``--fuse rotary``.
 
@@ -174,9 +176,14 @@ def main() -> None:
             rates[name].append(gen.last_stats.decode_tokens_per_s)
             ttft[name].append(gen.last_stats.ttft_ms)
 
-    def base(k: str) -> float:  # fp32 in the same form as model k
-        form = k[len(k.split("+")[0]) :]
-        return statistics.median(rates[f"fp32{form}"])
+    def base_name(k: str) -> str:  # fp32 in the same form as model k
+        return "fp32" + k[len(k.split("+")[0]) :]
+
+    def base(k: str) -> float:
+        return statistics.median(rates[base_name(k)])
+
+    def paired(k: str) -> float:  # the median of each round's ratio, the rounds side by side
+        return statistics.median(r / b for r, b in zip(rates[k], rates[base_name(k)], strict=True))
 
     def vs_plain(k: str) -> float | None:
         return (
@@ -189,6 +196,7 @@ def main() -> None:
         k: {
             "decode_tokens_per_s": round(statistics.median(rates[k]), 2),
             "decode_vs_fp32": round(statistics.median(rates[k]) / base(k), 3),
+            "decode_vs_fp32_paired": round(paired(k), 3),
             "decode_vs_fp32_plain": round(vs_plain(k) or 0.0, 3),
             "ttft_ms": round(statistics.median(ttft[k]), 1),
             "rounds_tokens_per_s": [round(r, 2) for r in rates[k]],
@@ -209,13 +217,14 @@ def main() -> None:
           f"{args.new_tokens} new tokens, chunk {args.chunk_tokens}, {args.rounds} rounds "
           f"alternating, fusions {fusions or 'none'}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
-    print(f"{'variant':<46}{'decode tok/s':>13}{'x fp32':>8}{'x plain':>8}{'TTFT ms':>9}"
-          f"{'SNR dB':>8}{'top-1':>8}   per round")  # fmt: skip
+    print(f"{'variant':<46}{'decode tok/s':>13}{'x fp32':>8}{'paired':>8}{'x plain':>8}"
+          f"{'TTFT ms':>9}{'SNR dB':>8}{'top-1':>8}   per round")  # fmt: skip
     for k, r in rows.items():
         snr = f"{r['snr_db']:>8.1f}" if "snr_db" in r else f"{'':>8}"
         top1 = f"{r['top1_agreement']:>8.3f}" if "top1_agreement" in r else f"{'':>8}"
         print(f"{k:<46}{r['decode_tokens_per_s']:>13.1f}{r['decode_vs_fp32']:>8.2f}"
-              f"{r['decode_vs_fp32_plain']:>8.2f}{r['ttft_ms']:>9.1f}{snr}{top1}   "
+              f"{r['decode_vs_fp32_paired']:>8.2f}{r['decode_vs_fp32_plain']:>8.2f}"
+              f"{r['ttft_ms']:>9.1f}{snr}{top1}   "
               f"{r['rounds_tokens_per_s']}")  # fmt: skip
     print("baseline: fp32, same runtime and threads (x fp32: in the same form; x plain: unfused)")
     if args.json:
