@@ -168,9 +168,11 @@ def test_fused_skip_norm_keeps_the_logits_and_tokens():
     )
 
 
-def test_fusing_attention_or_norms_twice_changes_nothing():
+def test_fusing_attention_or_norms_twice_or_in_a_cnn_changes_nothing():
     once = fuse_skip_norm(fuse_attention(zoo.build("decoder_tiny", 0))[0])[0]
+    cnn = zoo.build("squeezenet", 0)
     for fuse in (fuse_attention, fuse_skip_norm):
-        again, count = fuse(once)
-        assert count == 0
-        assert again.SerializeToString() == once.SerializeToString()
+        for model in (once, cnn):
+            again, count = fuse(model)
+            assert count == 0
+            assert again.SerializeToString() == model.SerializeToString()
