@@ -23,9 +23,19 @@ Variants (``--variants``, comma-separated):
 - ``gguf-int4head-rescore-OFFSETS`` for OFFSETS ``centered``, ``digits2``, ``digits3``, ``int8``:
   the same with the Q4_1 minimums computed that way (``edgesplit.precision.int4.OFFSETS``).
 
-``--rotary fused`` runs every model, fp32 included, with its rotary embeddings fused into ORT's
-``RotaryEmbedding`` (:func:`edgesplit.model.decoder_fusion.fuse_rotary`); ``--rotary both`` runs
-each model both ways (the fused ones named ``NAME+rotary``, each compared with ``fp32+rotary``).
+``--fuse`` (comma-separated, from :data:`FUSIONS`) runs every model, fp32 included, once more for
+each fusion of :mod:`edgesplit.model.decoder_fusion` named, as ``NAME+FUSION``:
+
+- ``rotary``: rotary embeddings as ORT's ``RotaryEmbedding`` (``fuse_rotary``);
+- ``attention``: each layer's attention as one ``GroupQueryAttention`` (``fuse_attention``);
+- ``attention+norm``: that, and each residual ``Add`` with the RMSNorm after it as one
+  ``SkipSimplifiedLayerNormalization`` (``fuse_skip_norm``).
+
+Each model is compared with fp32 in the same form (``x fp32``: the ratio of the medians;
+``paired``: the median of each round's ratio, which follows load that drifts between rounds) and
+with plain fp32 (``x plain``).
+``--no-plain`` leaves out the unfused models; ``--rotary fused`` is ``--fuse rotary --no-plain``
+and ``--rotary both`` is ``--fuse rotary``.
 
 On a shared machine, run it under ``flock /tmp/edgesplit-timing.lock`` so that one timing run
 at a time uses the cores:
@@ -65,6 +75,24 @@ def _gguf(**kwargs) -> Build:
 
     return build
 
+
+def _fusions(*names: str) -> Callable[[onnx.ModelProto], onnx.ModelProto]:
+    def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
+        from edgesplit.model import decoder_fusion
+
+        for name in names:
+            model = getattr(decoder_fusion, name)(model)[0]
+        return model
+
+    return fuse
+
+
+FUSIONS = {
+    "rotary": _fusions("fuse_rotary"),
+    "attention": _fusions("fuse_attention"),
+    "attention+norm": _fusions("fuse_attention", "fuse_skip_norm"),
+}
+"""``--fuse`` choices: the transforms applied to every model, in order."""
 
 TOP_K = 16
 """Candidates the rescoring variants score again (``rescore_top_k``)."""
@@ -118,6 +146,8 @@ def main() -> None:
     ap.add_argument(
         "--rotary", choices=("ops", "fused", "both"), default="ops", help="see the module doc"
     )
+    ap.add_argument("--fuse", default="", help=f"comma-separated, of {sorted(FUSIONS)}")
+    ap.add_argument("--no-plain", action="store_true", help="only the fused models")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     logging.disable(logging.INFO)
@@ -126,12 +156,13 @@ def main() -> None:
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}: {sorted(VARIANTS)}")
-    models = {"fp32": fp32, **{v: VARIANTS[v](fp32, path) for v in names}}
-    if args.rotary != "ops":
-        from edgesplit.model.decoder_fusion import fuse_rotary
-
-        fused = {f"{k}+rotary": fuse_rotary(m)[0] for k, m in models.items()}
-        models = {**models, **fused} if args.rotary == "both" else fused
+    fusions = [f for f in args.fuse.split(",") if f] + (["rotary"] if args.rotary != "ops" else [])
+    if any(f not in FUSIONS for f in fusions):
+        ap.error(f"unknown fusions in {fusions}: {sorted(FUSIONS)}")
+    plain = {"fp32": fp32, **{v: VARIANTS[v](fp32, path) for v in names}}
+    models = {} if args.no_plain or args.rotary == "fused" else dict(plain)
+    for f in fusions:
+        models.update({f"{k}+{f}": FUSIONS[f](m) for k, m in plain.items()})
     config = config_of(fp32)
     prompt = np.random.default_rng(0).integers(0, config.vocab_size, args.prompt_tokens)
     gens = {k: Generator(m, chunk_tokens=args.chunk_tokens) for k, m in models.items()}
@@ -145,13 +176,28 @@ def main() -> None:
             rates[name].append(gen.last_stats.decode_tokens_per_s)
             ttft[name].append(gen.last_stats.ttft_ms)
 
-    def base(k: str) -> float:  # each model against fp32 with its own rotary form
-        return statistics.median(rates["fp32+rotary" if k.endswith("+rotary") else "fp32"])
+    def base_name(k: str) -> str:  # fp32 in the same form as model k
+        return "fp32" + k[len(k.split("+")[0]) :]
+
+    def base(k: str) -> float:
+        return statistics.median(rates[base_name(k)])
+
+    def paired(k: str) -> float:  # the median of each round's ratio, the rounds side by side
+        return statistics.median(r / b for r, b in zip(rates[k], rates[base_name(k)], strict=True))
+
+    def vs_plain(k: str) -> float | None:
+        return (
+            statistics.median(rates[k]) / statistics.median(rates["fp32"])
+            if "fp32" in rates
+            else None
+        )
 
     rows = {
         k: {
             "decode_tokens_per_s": round(statistics.median(rates[k]), 2),
             "decode_vs_fp32": round(statistics.median(rates[k]) / base(k), 3),
+            "decode_vs_fp32_paired": round(paired(k), 3),
+            "decode_vs_fp32_plain": round(vs_plain(k) or 0.0, 3),
             "ttft_ms": round(statistics.median(ttft[k]), 1),
             "rounds_tokens_per_s": [round(r, 2) for r in rates[k]],
         }
@@ -162,26 +208,28 @@ def main() -> None:
         from edgesplit.generate.text import encode
 
         prompts = [encode(t, tokens) for t in HELD_OUT_PROMPTS]
-        for k in [k for k in models if not k.startswith("fp32")]:
+        for k in [k for k in models if k != "fp32"]:
             acc = decoder_accuracy(fp32, models[k], prompts)
             rows[k]["snr_db"] = round(acc.snr_db, 1)
             rows[k]["top1_agreement"] = round(acc.top1_agreement or 0.0, 4)
             rows[k]["positions"] = acc.samples
     print(f"{args.model}: {config.parameters / 1e6:.0f}M parameters, prompt {args.prompt_tokens}, "
           f"{args.new_tokens} new tokens, chunk {args.chunk_tokens}, {args.rounds} rounds "
-          f"alternating, rotary {args.rotary}, "
+          f"alternating, fusions {fusions or 'none'}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")  # fmt: skip
-    print(f"{'variant':<24}{'decode tok/s':>13}{'x fp32':>8}{'TTFT ms':>9}{'SNR dB':>8}"
-          f"{'top-1':>8}   per round")  # fmt: skip
+    print(f"{'variant':<46}{'decode tok/s':>13}{'x fp32':>8}{'paired':>8}{'x plain':>8}"
+          f"{'TTFT ms':>9}{'SNR dB':>8}{'top-1':>8}   per round")  # fmt: skip
     for k, r in rows.items():
         snr = f"{r['snr_db']:>8.1f}" if "snr_db" in r else f"{'':>8}"
         top1 = f"{r['top1_agreement']:>8.3f}" if "top1_agreement" in r else f"{'':>8}"
-        print(f"{k:<24}{r['decode_tokens_per_s']:>13.1f}{r['decode_vs_fp32']:>8.2f}"
-              f"{r['ttft_ms']:>9.1f}{snr}{top1}   {r['rounds_tokens_per_s']}")  # fmt: skip
-    print("baseline: fp32, same runtime and threads")
+        print(f"{k:<46}{r['decode_tokens_per_s']:>13.1f}{r['decode_vs_fp32']:>8.2f}"
+              f"{r['decode_vs_fp32_paired']:>8.2f}{r['decode_vs_fp32_plain']:>8.2f}"
+              f"{r['ttft_ms']:>9.1f}{snr}{top1}   "
+              f"{r['rounds_tokens_per_s']}")  # fmt: skip
+    print("baseline: fp32, same runtime and threads (x fp32: in the same form; x plain: unfused)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "rotary": args.rotary, "rows": rows}, f, indent=1)
+            json.dump({"model": args.model, "fusions": fusions, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
