@@ -248,44 +248,46 @@ def throughput_runners(
     }
 
 
-def alternate(runners: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Throughput: per candidate, one stream's period per round; rounds rotate the order. Each turn
-    starts after a pause of ``TURN_PAUSE_S``: measured here (squeezenet, host-2core, two ORT
-    sessions of two threads), a turn that came straight after the other candidate's ran 1.3-2x
-    slower for all of its requests, one untimed request notwithstanding, so the per-round ratios
-    alternated between about 0.6 and 1.9 with the order; after a 0.3 s pause both candidates
-    measured within 3% in every round."""
+def rotate(
+    runners: dict[str, Callable[[], float]], rounds: int, pause_s: float, *, untimed: bool
+) -> dict[str, list[float]]:
+    """Per candidate, one figure per round; the order rotates from round to round, and each turn
+    starts after a pause of ``pause_s`` (and, with ``untimed``, one untimed call).
+
+    Latency (:func:`interleave`): a turn is one single request, after ``REQUEST_PAUSE_S``. Measured
+    here (squeezenet, host-2core, three ORT sessions of two threads, 150 requests each): straight
+    after another session's request, or 20 ms after it, a request took 1.3-1.7x as long (that
+    session's threads still spinning); 0.1 s after it, two identical sessions measured within 1%
+    (bootstrap 90% interval +-1.5%). Blocks of back-to-back requests, a turn each, had let the
+    per-round ratio of two identical sessions range over 0.84-1.14 (sd 0.05-0.08), so a median of
+    7-11 rounds could not tell 1.02 from 1.00.
+
+    Throughput (:func:`alternate`): a turn is one stream, after ``TURN_PAUSE_S`` and one untimed
+    stream. A turn that came straight after the other candidate's ran 1.3-2x slower for all of
+    its requests, one untimed request notwithstanding, so the per-round ratios alternated between
+    about 0.6 and 1.9 with the order; after a 0.3 s pause both measured within 3% in every round.
+    """
     names = list(runners)
     for fn in runners.values():  # warm up
         fn()
     per: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         for k in names[r % len(names) :] + names[: r % len(names)]:
-            time.sleep(TURN_PAUSE_S)  # the other candidate's threads go quiet
-            runners[k]()  # untimed: the first request after another candidate's
+            time.sleep(pause_s)  # the other candidate's threads go quiet
+            if untimed:
+                runners[k]()
             per[k].append(runners[k]())
     return per
+
+
+def alternate(runners: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Throughput: per candidate, one stream's period per round (see :func:`rotate`)."""
+    return rotate(runners, rounds, TURN_PAUSE_S, untimed=True)
 
 
 def interleave(runners: dict[str, Callable[[], float]], requests: int) -> dict[str, list[float]]:
-    """Latency: per candidate, ``requests`` single requests, one of each candidate after another in
-    a rotating order, each after a pause of ``REQUEST_PAUSE_S``.
-
-    Measured here (squeezenet, host-2core, three ORT sessions of two threads, 150 requests each):
-    straight after another session's request, or 20 ms after it, a request took 1.3-1.7x as long
-    (that session's threads still spinning); 0.1 s after it, two identical sessions measured within
-    1% (bootstrap 90% interval +-1.5%). Blocks of back-to-back requests, a turn each, had let
-    the per-round ratio of two identical sessions range over 0.84-1.14 (sd 0.05-0.08), so a
-    median of 7-11 rounds could not tell 1.02 from 1.00."""
-    names = list(runners)
-    for fn in runners.values():  # warm up
-        fn()
-    per: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(requests):
-        for k in names[r % len(names) :] + names[: r % len(names)]:
-            time.sleep(REQUEST_PAUSE_S)
-            per[k].append(runners[k]())
-    return per
+    """Latency: per candidate, ``requests`` single requests, interleaved (see :func:`rotate`)."""
+    return rotate(runners, requests, REQUEST_PAUSE_S, untimed=False)
 
 
 def ratio_interval(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float]:
