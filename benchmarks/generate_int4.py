@@ -24,7 +24,8 @@ Variants (``--variants``, comma-separated):
   the same with the Q4_1 minimums computed that way (``edgesplit.precision.int4.OFFSETS``).
 
 ``--fuse`` (comma-separated, from :data:`FUSIONS`) runs every model, fp32 included, once more for
-each fusion of :mod:`edgesplit.model.decoder_fusion` named, as ``NAME+FUSION``:
+each fusion of :mod:`edgesplit.model.decoder_fusion` and
+:mod:`edgesplit.model.attention_fusion` named, as ``NAME+FUSION``:
 
 - ``rotary``: rotary embeddings as ORT's ``RotaryEmbedding`` (``fuse_rotary``);
 - ``attention``: each layer's attention as one ``GroupQueryAttention`` (``fuse_attention``);
@@ -78,10 +79,11 @@ def _gguf(**kwargs) -> Build:
 
 def _fusions(*names: str) -> Callable[[onnx.ModelProto], onnx.ModelProto]:
     def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
-        from edgesplit.model import decoder_fusion
+        from edgesplit.model import attention_fusion, decoder_fusion
 
         for name in names:
-            model = getattr(decoder_fusion, name)(model)[0]
+            module = attention_fusion if hasattr(attention_fusion, name) else decoder_fusion
+            model = getattr(module, name)(model)[0]
         return model
 
     return fuse

@@ -8,12 +8,8 @@ import pytest
 from edgesplit.generate import Generator
 from edgesplit.generate.reference import forward, greedy_plain, plain_setup
 from edgesplit.model import zoo
-from edgesplit.model.decoder_fusion import (
-    fuse_attention,
-    fuse_head_split,
-    fuse_rotary,
-    fuse_skip_norm,
-)
+from edgesplit.model.attention_fusion import fuse_attention, fuse_skip_norm
+from edgesplit.model.decoder_fusion import fuse_head_split, fuse_rotary
 from edgesplit.model.zoo_decoder import config_of
 
 
