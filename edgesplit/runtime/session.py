@@ -128,9 +128,7 @@ class _Worker:
     def in_caller(self) -> Iterator[None]:
         """Make the calling thread this worker for the block: pinned to its cores and served by
         its duty cycles (its affinity restored after)."""
-        before = os.sched_getaffinity(0) if self.cores is not None else None
-        if self.cores is not None:
-            os.sched_setaffinity(0, self.cores)
+        before = _pin_caller(self.cores)
         try:
             with borrowed(self.cycles):
                 yield
@@ -444,13 +442,11 @@ class Session:
         number = next(self._request_numbers)
         start_ns = _clock_ns()
         part = self._parts[self._copies[0][0]]
-        before = os.sched_getaffinity(0) if cores is not None else None
-        if before is not None and before != cores:
-            os.sched_setaffinity(0, cores)
+        before = _pin_caller(cores)
         try:
             out, stamps = self._execute(part, feeds)
         finally:
-            if before is not None and before != cores:
+            if before is not None:
                 os.sched_setaffinity(0, before)
         self._record(
             part.name, number, self._next_run(part.name), (start_ns,) * 3, stamps, stamps[2]
@@ -697,6 +693,19 @@ def _plan_view(manifest: Manifest, band_plan: int | None) -> Manifest:
         return manifest
     plan = manifest.plan if band_plan is None else manifest.bands.plans[band_plan].plan  # type: ignore[union-attr]
     return replace(manifest, parts=manifest.plan_parts(band_plan), plan=plan)
+
+
+def _pin_caller(cores: frozenset[int] | None) -> set[int] | None:
+    """Pin the calling thread to ``cores``; the affinity to restore after, or None when there is
+    nothing to restore (no cores, or the thread is pinned there already: a caller pinned by its
+    owner pays no syscall and no move)."""
+    if cores is None:
+        return None
+    before = os.sched_getaffinity(0)
+    if before == cores:
+        return None
+    os.sched_setaffinity(0, cores)
+    return before
 
 
 def _core_locks(parts) -> dict[int, threading.Lock]:
