@@ -21,8 +21,10 @@ big
   one 1-thread session per core, each pinned to its core, taking requests from one queue.
 
 Latency: every candidate serves ``--requests`` single requests, one of each after another in a
-rotating order, each after a pause of 0.1 s (see :func:`interleave`); the ratio of the shipped
-bundle to the best baseline is the ratio of their medians, with a bootstrap 90% interval.
+rotating order, each after a pause of 0.1 s (see :func:`interleave`), each candidate from a thread
+of its own; the ratio of the shipped bundle to the best baseline is the ratio of their medians,
+with a bootstrap 90% interval. Where that interval holds the 1.02 limit, the candidates serve
+another ``--requests`` each, up to ``--most-requests`` (see :func:`interleave_until_clear`).
 Throughput: in ``--rounds`` rounds, each candidate serves a stream of ``--stream`` requests after
 one untimed one; the ratio is taken per round (drift cancels) and reported as a median with its
 range. The plan the optimiser made, when it was not shipped, is reported from the verification's
@@ -30,8 +32,8 @@ own table (its measured median and ratio there), so a plan with split operators 
 measured.
 
 Run: .venv/bin/python benchmarks/honest_baselines.py [--devices host-2core,host-biglittle]
-     [--models resnet18,googlenet] [--requests 120] [--rounds 9] [--split-operators]
-     [--throughput] [--json out.json]
+     [--models resnet18,googlenet] [--requests 120] [--most-requests 480] [--rounds 9]
+     [--split-operators] [--throughput] [--json out.json]
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ from edgesplit.workflows.verify.candidates import ORT_GREEDY, PLAIN_ORT
 TURN_PAUSE_S = 0.3  # between stream turns (see alternate)
 REQUEST_PAUSE_S = 0.1  # before each single request (see interleave)
 DEVICES = ("host", "host-2core", "host-biglittle", "host-npu")
-MODELS = (*zoo.names(), "ppocr-det")
+# the zoo but its generative decoders (dynamic lengths; benchmarks/generate_*.py measure them)
+MODELS = (*(n for n in zoo.names() if not n.startswith("decoder")), "ppocr-det")
 LIMIT = 1.02
 
 
@@ -180,9 +183,13 @@ def latency_runners(
         fn()
         return (time.perf_counter() - t0) * 1e3
 
-    out["shipped"] = lambda: timed(lambda: sess.run(feeds))
+    # each candidate called from a thread of its own, as a user's script (the bundle and plain ORT
+    # unpinned, ORT on the big cores pinned there by hand): the harness's own thread, busy between
+    # requests with handing them out, would stand out against the others
+    user = Pinned(None)
+    out["shipped"] = lambda: user.call(lambda: timed(lambda: sess.run(feeds)))
     plain = plain_session(path, emu)
-    caller = Pinned(None)  # plain ORT from an unpinned thread, as a user's script
+    caller = Pinned(None)
 
     def plain_run():
         with emu.busy():
@@ -290,6 +297,34 @@ def interleave(runners: dict[str, Callable[[], float]], requests: int) -> dict[s
     return rotate(runners, requests, REQUEST_PAUSE_S, untimed=False)
 
 
+def interleave_until_clear(
+    runners: dict[str, Callable[[], float]], requests: int, most: int
+) -> dict[str, list[float]]:
+    """:func:`interleave` in batches of ``requests``, until the shipped bundle's ratio to the best
+    baseline is clearly on one side of :data:`LIMIT` (its bootstrap 90% interval leaves it out) or
+    each candidate has served ``most``.
+
+    A single request's time varies a lot here: after the 0.1 s pause, squeezenet on one core took
+    8.9-12.0 ms (5th-95th percentile, sd 11% of the median), so the ratio of two medians of 120
+    requests is only good to about +-2%. Five identical sessions, 60 interleaved requests each,
+    measured 0.97-1.03 of one another, and in a second run in another order; which one was fast did
+    not persist. A case whose ratio is near the limit gets more requests instead of a verdict
+    decided by that noise, either way."""
+    per = interleave(runners, requests)
+    while len(per["shipped"]) < most:
+        lo, hi = ratio_interval(per["shipped"], per[_best(per)])
+        if hi < LIMIT or lo > LIMIT:
+            break
+        for k, v in interleave(runners, requests).items():
+            per[k].extend(v)
+    return per
+
+
+def _best(per: dict[str, list[float]]) -> str:
+    """The baseline with the lowest median."""
+    return min((k for k in per if k != "shipped"), key=lambda k: float(np.median(per[k])))
+
+
 def ratio_interval(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float]:
     """A bootstrap 90% interval of median(a) / median(b)."""
     rng = np.random.default_rng(seed)
@@ -327,12 +362,11 @@ def one_case(device: str, model: str, args, work: Path) -> dict:
         if args.throughput:
             per = alternate(runners, args.rounds)
         else:
-            per = interleave(runners, args.requests)
+            per = interleave_until_clear(runners, args.requests, args.most_requests)
     finally:
         emu.close()
     med = {k: float(np.median(v)) for k, v in per.items()}
-    baselines = [k for k in per if k != "shipped"]
-    best = min(baselines, key=lambda k: med[k])
+    best = _best(per)
     if args.throughput:  # paired by round: drift cancels
         ratios = np.array(per["shipped"]) / np.array(per[best])
         ratio = float(np.median(ratios))
@@ -363,7 +397,7 @@ def one_case(device: str, model: str, args, work: Path) -> dict:
         "plan_verified_ratio": plan_row.ratio_to_best if plan_row is not None else None,
         "splits": len(manifest.plan.splits),
         "rounds": args.rounds if args.throughput else None,
-        "requests": None if args.throughput else args.requests,
+        "requests": None if args.throughput else len(per["shipped"]),
         "deploy_s": round(deploy_s, 1),
     }
 
@@ -430,6 +464,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9, help="stream turns each (throughput)")
     ap.add_argument(
         "--requests", type=int, default=120, help="single requests each, interleaved (latency)"
+    )
+    ap.add_argument(
+        "--most-requests",
+        type=int,
+        default=480,
+        help="single requests each at most, where the ratio is near the limit (latency)",
     )
     ap.add_argument("--stream", type=int, default=30, help="requests per stream turn (throughput)")
     ap.add_argument("--runs", type=int, default=10, help="profiling runs")
