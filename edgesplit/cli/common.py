@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from edgesplit.model.graph import ModelGraph
     from edgesplit.util import Progress
+    from edgesplit.workflows.feedback import Feedback
 
 _WIDTH = None if sys.stdout.isatty() else 160
 console = Console(highlight=False, width=_WIDTH)
@@ -310,3 +311,13 @@ def progress_bar(enabled: bool = True) -> Iterator[Progress]:
     finally:
         if bars:
             bars[0].stop()
+
+
+@contextlib.contextmanager
+def feedback(enabled: bool = True) -> Iterator[Feedback]:
+    """A workflow's :class:`~edgesplit.workflows.feedback.Feedback`: the :func:`progress_bar`
+    (when ``enabled``) and its notes on stderr as they come (:func:`print_note`)."""
+    from edgesplit.workflows.feedback import Feedback
+
+    with progress_bar(enabled) as update:
+        yield Feedback(update, print_note)

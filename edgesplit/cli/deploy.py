@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgesplit.cli.common import console, print_note, progress_bar
+from edgesplit.cli.common import console, feedback
 from edgesplit.cli.compile import bundle_request
 from edgesplit.cli.options import (
     BuildOptions,
@@ -51,10 +51,8 @@ def command(
 
     choices = plan.choices(inputs)
     request = bundle_request(bundle, build, not no_verify)
-    with progress_bar(not verbosity.quiet) as update:
-        manifest = deploy_model(
-            model, device, choices, request, progress=update, on_note=print_note
-        )
+    with feedback(not verbosity.quiet) as told:
+        manifest = deploy_model(model, device, choices, request, feedback=told)
     if not verbosity.quiet:
         _report(manifest, no_verify)
     kept = f" and its profile {profile_beside(bundle.output)}" if choices.profile is None else ""

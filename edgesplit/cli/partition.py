@@ -8,9 +8,9 @@ import click
 
 from edgesplit.cli.common import (
     console,
+    feedback,
     file_option,
     print_note,
-    progress_bar,
 )
 from edgesplit.cli.options import (
     ModelInputs,
@@ -118,15 +118,8 @@ def command(
 
     where = PlanFiles(files.output, files.onnx_out, files.plot_path)
     # profiling here and measuring accuracy can take minutes on a big model
-    with progress_bar(not verbosity.quiet) as update:
-        written = write_plan(
-            model,
-            device,
-            plan.choices(inputs),
-            where,
-            progress=update,
-            on_note=print_note,
-        )
+    with feedback(not verbosity.quiet) as told:
+        written = write_plan(model, device, plan.choices(inputs), where, feedback=told)
     if not verbosity.quiet:
         print_plan(written.plan)
     plot = f" and {written.plot_path}" if written.plot_path else ""

@@ -11,9 +11,9 @@ from edgesplit.cli.common import (
     backend_option,
     console,
     err_console,
+    feedback,
     file_option,
     print_note,
-    progress_bar,
 )
 from edgesplit.cli.options import (
     ModelInputs,
@@ -114,8 +114,8 @@ def command(
     request = profile_request(inputs, measure, target, remote)
     if target.fleet_file:
         return run_fleet(model, target.fleet_file, request, jobs=target.jobs, quiet=verbosity.quiet)
-    with progress_bar(not verbosity.quiet) as update:
-        done = profile_to_file(model, device, request, progress=update, on_note=print_note)
+    with feedback(not verbosity.quiet) as told:
+        done = profile_to_file(model, device, request, feedback=told)
     print_profiled(done, top, verbosity.quiet)
 
 

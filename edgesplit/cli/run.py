@@ -14,6 +14,7 @@ from edgesplit.cli.options import (
     verbosity_options,
     warmup_option,
 )
+from edgesplit.workflows.running import RunFiles
 
 
 def check_token(token: str | None) -> str | None:
@@ -120,16 +121,6 @@ def parse_ids(ctx, param, value: str | None) -> tuple[int, ...] | None:
     return ids
 
 
-@dataclass(frozen=True)
-class RunFiles:
-    """``-o DIR`` for the outputs, and the Chrome trace."""
-
-    output: str | None = None
-    trace_path: str | None = None
-    trace_detail: bool = False
-    trace_request: int = 0
-
-
 timing_options = option_group(
     Timing,
     "timing",
@@ -208,7 +199,6 @@ file_options = option_group(
     ),
     file_option(
         "--trace",
-        "trace_path",
         help="Write a Chrome trace (Perfetto) here.",
     ),
     click.option(
@@ -260,10 +250,10 @@ def command(
             param_hint="--trace-request",
         )
     request = RunRequest(
-        **known_fields(RunRequest, vars(timing) | vars(offload) | vars(files)),
+        **known_fields(RunRequest, vars(timing) | vars(offload)),
         inputs=inputs,
         executor_options=offload.executor_options(),
-        trace=files.trace_path,
+        files=files,
     )
     result = run_bundle(bundle, request)
     if isinstance(result, BandRun):
@@ -272,10 +262,8 @@ def command(
         return
     if not verbosity.quiet:
         print_report(result)
-    if files.trace_path:
-        console.print(
-            f"trace: {files.trace_path} (open in https://ui.perfetto.dev or chrome://tracing)"
-        )
+    if files.trace:
+        console.print(f"trace: {files.trace} (open in https://ui.perfetto.dev or chrome://tracing)")
 
 
 def print_generation(run) -> None:

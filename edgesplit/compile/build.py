@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import onnx
 
@@ -30,7 +30,7 @@ from edgesplit.bundle.signing import load_private_key
 from edgesplit.compile.backends import COMPILERS
 from edgesplit.compile.bands import bundle_bands, compile_band_parts, part_key
 from edgesplit.compile.dynamic import DynamicPart, dynamic_part
-from edgesplit.compile.job import CompileJob
+from edgesplit.compile.job import BuildSettings, CompileJob
 from edgesplit.compile.precision_check import check_precision, plan_budget, require
 from edgesplit.compile.split import PartModel, check_parts, extract_parts
 from edgesplit.device.spec import DeviceSpec, Processor
@@ -192,20 +192,15 @@ def build_bundle(
     )
     with stage_limit("compile", graph.path), atomic_dir(out) as tmp:  # edgesplit.limits
         (tmp / "parts").mkdir()
-        tuning = {
-            "tune_trials": tune_trials,
-            "tune": tune,
-            "progress": progress,
-        }  # CompileJob fields
+        data, method = recorded_calibration(plan.accuracy)
+        settings = BuildSettings(tune_trials, tune, data, method, progress)
         dynamic = dynamic_part(graph, plan)
-        artifacts = _compile_plan_parts(
-            graph, tmp, plan, spec, local_cpu, tuning, progress, notes, dynamic
-        )
+        artifacts = _compile_plan_parts(graph, tmp, plan, spec, local_cpu, settings, notes, dynamic)
         replicas = _replicas(plan, spec, artifacts)
         band_set = None
         if analysis is not None and analysis.table is not None:
             band_set = _compile_bands(
-                graph, tmp, plan, analysis, spec, local_cpu, tuning, artifacts, notes
+                graph, tmp, plan, analysis, spec, local_cpu, settings, artifacts, notes
             )
         notes += _check_precision(
             graph, tmp, plan, band_set, artifacts, accuracy_budget, check_accuracy
@@ -236,8 +231,7 @@ def _compile_plan_parts(
     plan: Plan,
     spec: DeviceSpec,
     local_cpu: Processor | None,
-    tuning: dict[str, Any],
-    progress: Progress | None,
+    settings: BuildSettings,
     notes: list[str],
     dynamic: DynamicPart | None = None,
 ) -> list[PartArtifact]:
@@ -259,17 +253,9 @@ def _compile_plan_parts(
     producer = {t: p.name for p in plan.parts for t in p.outputs}
     artifacts: list[PartArtifact] = []
     for k, (p, pm) in enumerate(zip(plan.parts, extracted)):
-        if progress:
-            progress("compile", k, len(plan.parts))
-        job = CompileJob(
-            pm,
-            graph,
-            tmp,
-            f"parts/{p.name}.onnx",
-            errors[p.name],
-            **tuning,
-            **_calibration(plan),
-        )
+        if settings.progress:
+            settings.progress("compile", k, len(plan.parts))
+        job = CompileJob(pm, graph, tmp, f"parts/{p.name}.onnx", errors[p.name], settings)
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(
             job, p, spec.processor(p.processor), local_cpu, producer, dynamic
@@ -325,7 +311,7 @@ def _compile_bands(
     analysis: BandAnalysis,
     spec: DeviceSpec,
     local_cpu: Processor | None,
-    tuning: dict[str, Any],
+    settings: BuildSettings,
     artifacts: list[PartArtifact],
     notes: list[str],
 ) -> BundleBands:
@@ -334,9 +320,7 @@ def _compile_bands(
 
     def one(part: Part, pm: PartModel, error: float, producer: dict[str, str]) -> PartArtifact:
         name = pm.name
-        job = CompileJob(
-            pm, graph, tmp, f"parts/{name}.onnx", error, **tuning, **_calibration(plan)
-        )
+        job = CompileJob(pm, graph, tmp, f"parts/{name}.onnx", error, settings)
         onnx.save(pm.model, tmp / job.onnx_file)
         art, warning = _compile_part(
             job, replace(part, name=name), spec.processor(part.processor), local_cpu, producer
@@ -379,18 +363,11 @@ def _check_precision(
     notes = []
     for label, each, arts in plans:
         budget, source = plan_budget(each, given)
-        data = _calibration(each)["calibration_data"]
+        data, _ = recorded_calibration(each.accuracy)
         check = check_precision(graph, each.parts, arts, tmp, budget, source, data)
         require(check, label)
         notes.extend([check.note(label)] if check else [])
     return notes
-
-
-def _calibration(plan: Plan) -> dict[str, str | None]:
-    """The calibration data (None: the default data) and method the plan's accuracy was measured
-    with, as keyword arguments."""
-    data, method = recorded_calibration(plan.accuracy)
-    return {"calibration_data": data, "calibration_method": method}
 
 
 def _compile_part(

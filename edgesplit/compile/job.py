@@ -1,5 +1,6 @@
-"""What a backend's compiler is handed (:class:`CompileJob`), what it returns (:class:`Compiled`),
-and the contract it keeps (:class:`Compiler`). The table of compilers is
+"""What a backend's compiler is handed (:class:`CompileJob`, with the :class:`BuildSettings` every
+part of a build shares), what it returns (:class:`Compiled`), and the contract it keeps
+(:class:`Compiler`). The table of compilers is
 :data:`edgesplit.compile.backends.COMPILERS`."""
 
 from __future__ import annotations
@@ -17,6 +18,27 @@ from edgesplit.precision import DEFAULT_CALIBRATION_METHOD
 
 
 @dataclass(frozen=True)
+class BuildSettings:
+    """How every part of one bundle is compiled.
+
+    Attributes:
+        tune_trials, tune: Tuning asked for (a total budget, or per-kernel options); TVM parts
+            are tuned on their processor (its thread count and cores) before they are built.
+        calibration_data: What reduced-precision parts are calibrated on (the plan's
+            ``--calibration-data``; None: photographs or synthetic, see ``calibration_data``).
+        calibration_method: How their activation ranges are found (the plan's
+            ``--calibration-method``).
+        progress: Told how tuning goes.
+    """
+
+    tune_trials: int = 0
+    tune: TuneOptions | None = None
+    calibration_data: str | None = None
+    calibration_method: str = DEFAULT_CALIBRATION_METHOD
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
 class CompileJob:
     """One part to compile.
 
@@ -24,12 +46,7 @@ class CompileJob:
         bundle_dir: The bundle being written (artifacts go under ``parts/``).
         onnx_file: The part's ONNX model, already written, relative to ``bundle_dir``.
         max_error: The part's largest relative error against the whole model (ORT, checked).
-        calibration_data: What reduced-precision parts are calibrated on (the plan's
-            ``--calibration-data``; None: photographs or synthetic, see ``calibration_data``).
-        calibration_method: How their activation ranges are found (the plan's
-            ``--calibration-method``).
-        tune_trials, tune: Tuning asked for (a total budget, or per-kernel options); TVM parts
-            are tuned on their processor (its thread count and cores) before they are built.
+        settings: What every part of the bundle is compiled with (tuning, calibration).
     """
 
     part: PartModel
@@ -37,11 +54,7 @@ class CompileJob:
     bundle_dir: Path
     onnx_file: str
     max_error: float
-    tune_trials: int = 0
-    calibration_data: str | None = None
-    calibration_method: str = DEFAULT_CALIBRATION_METHOD
-    tune: TuneOptions | None = None
-    progress: Progress | None = None
+    settings: BuildSettings
 
 
 @dataclass(frozen=True)

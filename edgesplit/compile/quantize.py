@@ -22,9 +22,10 @@ class ReducedPrecisionCompiler:
     """Converts the part to ``backend.precision``; the fp32 ONNX file stays for fallbacks."""
 
     def compile(self, job: CompileJob, processor: Processor, backend: Backend) -> Compiled:
-        data = calibration_set(job.graph, job.calibration_data)
+        method = job.settings.calibration_method
+        data = calibration_set(job.graph, job.settings.calibration_data)
         int8 = backend.precision == "int8"
-        ranges = calibrate(job.graph, data, job.calibration_method) if int8 else None
+        ranges = calibrate(job.graph, data, method) if int8 else None
         model = convert(job.part.model, backend.precision, ranges)
         file_rel = f"parts/{job.part.name}.{backend.precision}.onnx"
         onnx.save(model, job.bundle_dir / file_rel)
@@ -34,5 +35,5 @@ class ReducedPrecisionCompiler:
             backend.provider,
             dict(backend.options),
             note=f"{backend.precision}, calibrated on {data.source} data ({data.sha256[:12]})"
-            + (f" with {job.calibration_method}" if int8 else ""),
+            + (f" with {method}" if int8 else ""),
         )

@@ -238,18 +238,26 @@ class _Builder:
         stride: int = 1,
         pad: int | None = None,
         group: int = 1,
-        bias: bool = True,
+        bias: bool | None = None,
+        *,
+        bn_gamma: float | None = None,
+        act: str | None = None,
     ) -> str:
-        """Conv with He-normal weights; ``pad`` defaults to 'same' for odd kernels."""
+        """Conv with He-normal weights; ``pad`` defaults to 'same' for odd kernels.
+
+        With ``bn_gamma``, a BatchNormalization of that scale (``NAME.bn``) follows; ``act``
+        (``relu`` or ``relu6``) then ends the block (``NAME.relu``, ``NAME.relu6``). The conv has
+        a bias unless ``bias`` is False or a BatchNormalization follows. Returns the last output.
+        """
         pad = k // 2 if pad is None else pad
         fan_in = cin // group * k * k
         inputs = [
             x,
             self.normal(f"{name}.weight", (cout, cin // group, k, k), math.sqrt(2.0 / fan_in)),
         ]
-        if bias:
+        if bias if bias is not None else bn_gamma is None:
             inputs.append(self.normal(f"{name}.bias", (cout,), 0.01))
-        return self.node(
+        y = self.node(
             "Conv",
             inputs,
             name,
@@ -258,6 +266,11 @@ class _Builder:
             pads=[pad] * 4,
             group=group,
         )
+        if bn_gamma is not None:
+            y = self.bn(y, f"{name}.bn", cout, gamma=bn_gamma)
+        if act is not None:
+            y = {"relu": self.relu, "relu6": self.relu6}[act](y, f"{name}.{act}")
+        return y
 
     def bn(self, x: str, name: str, c: int, gamma: float = 1.0) -> str:
         """BatchNormalization with random but realistic running statistics.

@@ -14,28 +14,6 @@ from edgesplit.model.zoo import _Builder
 _IMAGE = (1, 3, 224, 224)
 
 
-def _conv_bn(
-    b: _Builder,
-    x: str,
-    name: str,
-    cin: int,
-    cout: int,
-    k: int,
-    stride: int = 1,
-    group: int = 1,
-    act: str | None = "relu",
-    gamma: float = 1.0,
-) -> str:
-    """Conv (no bias) + BatchNormalization + optional activation (``relu`` or ``relu6``)."""
-    y = b.conv(x, name, cin, cout, k, stride, group=group, bias=False)
-    y = b.bn(y, f"{name}.bn", cout, gamma=gamma)
-    if act == "relu":
-        y = b.relu(y, f"{name}.relu")
-    elif act == "relu6":
-        y = b.relu6(y, f"{name}.relu6")
-    return y
-
-
 def _classifier(b: _Builder, x: str, c: int, classes: int = 1000) -> str:
     y = b.global_avgpool(x, "avgpool")
     y = b.flatten(y, "flatten")
@@ -60,24 +38,26 @@ def mobilenetv2(seed: int = 0) -> onnx.ModelProto:
     About 300 M multiply-adds; input ``input`` 1x3x224x224, output ``logits`` 1x1000.
     """
     b = _Builder("mobilenetv2", seed)
-    x = _conv_bn(b, "input", "features.0", 3, 32, 3, 2, act="relu6")
+    x = b.conv("input", "features.0", 3, 32, 3, 2, bn_gamma=1.0, act="relu6")
     cin, i = 32, 1
     for t, c, n, s in _MBV2_SETTINGS:
         for r in range(n):
             stride = s if r == 0 else 1
             hidden = cin * t
             name = f"features.{i}"
-            y = _conv_bn(b, x, f"{name}.expand", cin, hidden, 1, act="relu6") if t != 1 else x
-            y = _conv_bn(b, y, f"{name}.dw", hidden, hidden, 3, stride, group=hidden, act="relu6")
+            y = x  # t == 1: no expansion
+            if t != 1:
+                y = b.conv(x, f"{name}.expand", cin, hidden, 1, bn_gamma=1.0, act="relu6")
+            y = b.conv(
+                y, f"{name}.dw", hidden, hidden, 3, stride, group=hidden, bn_gamma=1.0, act="relu6"
+            )
             residual = stride == 1 and cin == c
             # A smaller last-BN scale on residual blocks keeps the running sum from growing (as
             # "zero-init residual" training recipes do, but not all the way to zero).
-            y = _conv_bn(
-                b, y, f"{name}.project", hidden, c, 1, act=None, gamma=0.5 if residual else 1.0
-            )
+            y = b.conv(y, f"{name}.project", hidden, c, 1, bn_gamma=0.5 if residual else 1.0)
             x = b.add(x, y, f"{name}.add") if residual else y
             cin, i = c, i + 1
-    x = _conv_bn(b, x, f"features.{i}", cin, 1280, 1, act="relu6")
+    x = b.conv(x, f"features.{i}", cin, 1280, 1, bn_gamma=1.0, act="relu6")
     _classifier(b, x, 1280)
     return b.model({"input": _IMAGE}, {"logits": (1, 1000)}, "MobileNetV2 1.0, random weights")
 
@@ -126,11 +106,11 @@ def resnet50(seed: int = 0) -> onnx.ModelProto:
         for block in range(blocks):
             stride = 2 if stage > 1 and block == 0 else 1
             name = f"layer{stage}.{block}"
-            y = _conv_bn(b, x, f"{name}.conv1", cin, width, 1)
-            y = _conv_bn(b, y, f"{name}.conv2", width, width, 3, stride)
-            y = _conv_bn(b, y, f"{name}.conv3", width, cout, 1, act=None, gamma=0.5)
+            y = b.conv(x, f"{name}.conv1", cin, width, 1, bn_gamma=1.0, act="relu")
+            y = b.conv(y, f"{name}.conv2", width, width, 3, stride, bn_gamma=1.0, act="relu")
+            y = b.conv(y, f"{name}.conv3", width, cout, 1, bn_gamma=0.5)
             if block == 0:
-                x = _conv_bn(b, x, f"{name}.downsample", cin, cout, 1, stride, act=None)
+                x = b.conv(x, f"{name}.downsample", cin, cout, 1, stride, bn_gamma=1.0)
             x = b.relu(b.add(x, y, f"{name}.add"), f"{name}.relu")
             cin = cout
     _classifier(b, x, 2048)
@@ -154,11 +134,11 @@ def mobilenetv1(seed: int = 0) -> onnx.ModelProto:
     About 569 M multiply-adds; input ``input`` 1x3x224x224, output ``logits`` 1x1000.
     """
     b = _Builder("mobilenetv1", seed)
-    x = _conv_bn(b, "input", "features.0", 3, 32, 3, 2)
+    x = b.conv("input", "features.0", 3, 32, 3, 2, bn_gamma=1.0, act="relu")
     cin = 32
     for i, (cout, stride) in enumerate(_MBV1_BLOCKS, start=1):
-        x = _conv_bn(b, x, f"features.{i}.dw", cin, cin, 3, stride, group=cin)
-        x = _conv_bn(b, x, f"features.{i}.pw", cin, cout, 1)
+        x = b.conv(x, f"features.{i}.dw", cin, cin, 3, stride, group=cin, bn_gamma=1.0, act="relu")
+        x = b.conv(x, f"features.{i}.pw", cin, cout, 1, bn_gamma=1.0, act="relu")
         cin = cout
     _classifier(b, x, 1024)
     return b.model({"input": _IMAGE}, {"logits": (1, 1000)}, "MobileNetV1 1.0, random weights")

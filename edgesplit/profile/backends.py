@@ -8,6 +8,7 @@ A new backend adds one line (and one in ``device/schema.py: BACKENDS``, ``compil
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from edgesplit.backends.ort.profile import OrtProfiler
@@ -22,6 +23,25 @@ if TYPE_CHECKING:
     from edgesplit.profile.store import ProcessorProfile
 
 
+@dataclass(frozen=True)
+class ProfileTask:
+    """One (processor, backend) pair of a local device to measure: what a :class:`Profiler` is
+    handed.
+
+    Attributes:
+        graph: The model, its nodes named as the profile keys them.
+        processor, backend: The pair.
+        options: How many timed and untimed runs (a profiler may scale them to its cost).
+        progress: Told ``(label, done, total)`` as the pair's nodes are measured.
+    """
+
+    graph: ModelGraph
+    processor: Processor
+    backend: Backend
+    options: ProfileOptions
+    progress: Progress | None = None
+
+
 class Profiler(Protocol):
     """Measures one (processor, backend) pair of a local device.
 
@@ -31,24 +51,17 @@ class Profiler(Protocol):
     with the reason), keyed by the ModelGraph's node names, and where it can, the part terms
     (``terms``, :mod:`edgesplit.profile.terms`).
 
-    A profiler may also offer ``contention(graph, processor, backend, others, options) ->
-    {processor name: slowdown}``: this pair's slowdown while each of ``others`` (processor,
-    backend) runs the whole model; :func:`edgesplit.profile.run.profile_pair` calls it where the
-    device has other local processors.
+    A profiler may also offer ``contention(task, others) -> {processor name: slowdown}``: the
+    task's pair's slowdown while each of ``others`` (processor, backend) runs the whole model;
+    :func:`edgesplit.profile.run.profile_pair` calls it where the device has other local
+    processors.
     """
 
     def unavailable(self, backend: Backend) -> str | None:
         """None when this machine can measure ``backend``, else why not (one line)."""
         ...
 
-    def profile(
-        self,
-        graph: ModelGraph,
-        processor: Processor,
-        backend: Backend,
-        options: ProfileOptions,
-        progress: Progress | None,
-    ) -> ProcessorProfile: ...
+    def profile(self, task: ProfileTask) -> ProcessorProfile: ...
 
 
 PROFILERS: dict[str, Profiler] = {

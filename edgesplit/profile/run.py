@@ -14,6 +14,7 @@ import dataclasses
 import datetime as _dt
 import platform
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from edgesplit.device.spec import Backend, DeviceSpec, Processor, shares_cores
 from edgesplit.errors import EdgesplitError, InputError
@@ -25,6 +26,9 @@ from edgesplit.profile.options import ProfileOptions
 from edgesplit.profile.predict import predict
 from edgesplit.profile.store import ProcessorProfile, Profile
 from edgesplit.util import Progress
+
+if TYPE_CHECKING:
+    from edgesplit.profile.backends import ProfileTask
 
 
 def versions() -> dict[str, str]:
@@ -86,27 +90,22 @@ def profile_pair(
     progress: Progress | None = None,
 ) -> ProcessorProfile:
     """Measure one pair with its backend's profiler, or predict it where it cannot be measured."""
-    from edgesplit.profile.backends import PROFILERS
+    from edgesplit.profile.backends import PROFILERS, ProfileTask
 
     if unavailable(device, processor, backend) is not None:
         return predict(graph, processor, backend, device=device.name)
     profiler = PROFILERS[backend.key]
-    entry = profiler.profile(graph, processor, backend, options, progress)
-    return with_contention(graph, device, processor, backend, entry, profiler, options)
+    task = ProfileTask(graph, processor, backend, options, progress)
+    return with_contention(task, device, profiler.profile(task), profiler)
 
 
 def with_contention(
-    graph: ModelGraph,
-    device: DeviceSpec,
-    processor: Processor,
-    backend: Backend,
-    entry: ProcessorProfile,
-    profiler,
-    options: ProfileOptions,
+    task: ProfileTask, device: DeviceSpec, entry: ProcessorProfile, profiler
 ) -> ProcessorProfile:
     """``entry`` with its pairwise contention measured, where its profiler can measure it: how much
-    this pair slows down while each other local processor runs the whole model (on the same
+    the task's pair slows down while each other local processor runs the whole model (on the same
     backend, where that processor has it and the model runs there whole)."""
+    graph, processor, backend = task.graph, task.processor, task.backend
     measure = getattr(profiler, "contention", None)
     if measure is None or entry.terms is None or entry.whole_model_ms is None:
         return entry
@@ -121,7 +120,7 @@ def with_contention(
     ]
     if not others:
         return entry
-    factors = measure(graph, processor, backend, others, options)
+    factors = measure(task, others)
     return dataclasses.replace(entry, terms=dataclasses.replace(entry.terms, contention=factors))
 
 

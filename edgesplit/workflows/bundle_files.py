@@ -8,9 +8,11 @@ read (that can take seconds) and before anything is measured or built (minutes).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
+
+from edgesplit.workflows.feedback import SILENT, Feedback
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,12 +68,11 @@ def deploy_model(
     choices: Choices,
     request: BundleRequest,
     *,
-    progress: Progress | None = None,
-    on_note: Callable[[str], None] | None = None,
+    feedback: Feedback = SILENT,
 ) -> Manifest:
     """Profile, partition and compile ``model`` for ``device`` (:func:`edgesplit.deploy`), after
-    checking the choices, the output folder and the device spec; ``on_note`` is told what loading
-    the model changed.
+    checking the choices, the output folder and the device spec; ``feedback`` is told the progress
+    and what loading the model changed.
 
     Raises:
         PlanError, DeviceSpecError, ModelLoadError, ProfileError, CompileError: as
@@ -84,13 +85,13 @@ def deploy_model(
     check_choices(choices)  # bad flags fail before the model is read
     check_output(request.out, request.force, [os.fspath(model)])  # and an output kept from harm
     spec = load_spec(device)  # and a bad device spec (reading a model can take seconds)
-    graph = load_graph(model, choices.input_shapes, choices.input_values, on_note=on_note)
+    graph = load_graph(model, choices.input_shapes, choices.input_values, on_note=feedback.on_note)
     given: dict[str, Any] = {f.name: getattr(choices, f.name) for f in fields(choices)}
     return deploy(
         graph,
         spec,
         request.out,
-        progress=progress,
+        progress=feedback.progress,
         **request.build_options(),
         verify=request.verify is not None,
         verify_options=request.verify,

@@ -8,14 +8,14 @@ measured one) and, if asked, a Gantt chart.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgesplit.workflows.feedback import SILENT, Feedback
+
 if TYPE_CHECKING:
     from edgesplit.optimize.plan import Plan
-    from edgesplit.util import Progress
     from edgesplit.workflows.resolve import Choices, ModelLike, SpecLike
 
 __all__ = ["PlanFiles", "WrittenPlan", "annotated_path", "write_plan"]
@@ -71,13 +71,12 @@ def write_plan(
     choices: Choices,
     files: PlanFiles,
     *,
-    progress: Progress | None = None,
-    on_note: Callable[[str], None] | None = None,
+    feedback: Feedback = SILENT,
 ) -> WrittenPlan:
     """Plan ``model`` on ``device`` and write the plan and its companions to ``files``.
 
     Everything cheap is checked before the model is read (the choices, the output paths, the
-    device spec); ``on_note`` is told what loading the model changed, before anything long starts.
+    device spec); ``feedback`` is told what loading the model changed, before anything long starts.
     Without a profile in ``choices``, the device's local processors are measured and the profile
     is written beside the plan once there is a plan to go with it.
 
@@ -91,8 +90,8 @@ def write_plan(
     onnx_path = annotated_path(out, files.onnx, getattr(model, "path", None) or os.fspath(model))
     check_choices(choices)  # bad flags fail before the model is read
     spec = load_spec(device)  # and so does a bad device spec (reading a model can take seconds)
-    graph = load_graph(model, choices.input_shapes, choices.input_values, on_note=on_note)
-    problem = resolve(graph, spec, choices, progress=progress)
+    graph = load_graph(model, choices.input_shapes, choices.input_values, on_note=feedback.on_note)
+    problem = resolve(graph, spec, choices, progress=feedback.progress)
     measured = problem.profile_path is None
     if measured:  # measured here: kept beside the plan, for explain and compile
         problem = replace(problem, profile_path=str(out.with_suffix(".profile.json")))

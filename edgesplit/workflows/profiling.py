@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgesplit.errors import InputError
+from edgesplit.workflows.feedback import SILENT, Feedback
 
 if TYPE_CHECKING:
     from edgesplit.device.spec import DeviceSpec
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from edgesplit.profile.run import ProfileOptions
     from edgesplit.profile.ssh import SshOptions
     from edgesplit.profile.store import Profile
-    from edgesplit.util import Progress
 
 __all__ = ["ProfileRequest", "ProfiledModel", "profile_hosts", "profile_to_file"]
 
@@ -75,8 +75,7 @@ def profile_to_file(
     device: str,
     request: ProfileRequest,
     *,
-    progress: Progress | None = None,
-    on_note: Callable[[str], None] | None = None,
+    feedback: Feedback = SILENT,
 ) -> ProfiledModel:
     """Profile ``model`` on ``device`` (here, or on ``request.remote``) and write the profile.
 
@@ -91,11 +90,11 @@ def profile_to_file(
     # a bad device spec fails before the model is read (that can take seconds)
     here = True if request.here else None
     spec = None if request.remote else read_spec(device).load(local=here)
-    graph = _graph(model, request, on_note)  # validated here first: a bad model never travels
+    graph = _graph(model, request, feedback.on_note)  # validated first: a bad model never travels
     if request.remote:
-        prof, out, skipped = _remote(model, graph, device, request, progress)
+        prof, out, skipped = _remote(model, graph, device, request, feedback.progress)
     else:
-        prof, out, skipped = _local(graph, spec, request, progress)
+        prof, out, skipped = _local(graph, spec, request, feedback.progress)
     return ProfiledModel(graph, prof, out, spec, tuple(skipped))
 
 

@@ -20,10 +20,27 @@ __all__ = [
     "BandRun",
     "GenerateRequest",
     "GenerateRun",
+    "RunFiles",
     "RunRequest",
     "generate_bundle",
     "run_bundle",
 ]
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What a run writes besides its report (each optional).
+
+    Attributes:
+        output: A folder to write the outputs to, as ``NAME.npy``.
+        trace: A Chrome trace file to write, aligned to the timed request ``trace_request``;
+            ``trace_detail`` adds CPU time per run call and ORT kernels.
+    """
+
+    output: str | os.PathLike | None = None
+    trace: str | os.PathLike | None = None
+    trace_detail: bool = False
+    trace_request: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,9 +55,7 @@ class RunRequest:
         adaptive: Switch band plans by the measured uplink, or choose server or local fallback
             per remote part by measurement.
         trust_key: Load the bundle only if signed by this ed25519 public key.
-        output: A folder to write the outputs to, as ``NAME.npy``.
-        trace: A Chrome trace file to write, aligned to the timed request ``trace_request``;
-            ``trace_detail`` adds CPU time per run call and ORT kernels.
+        files: The outputs and the trace to write.
     """
 
     inputs: Sequence[str] = ()
@@ -50,10 +65,7 @@ class RunRequest:
     executor_options: Mapping[str, Any] | None = None
     adaptive: bool = False
     trust_key: str | os.PathLike | None = None
-    output: str | os.PathLike | None = None
-    trace: str | os.PathLike | None = None
-    trace_detail: bool = False
-    trace_request: int = 0
+    files: RunFiles = RunFiles()
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,7 @@ def run_bundle(bundle: str | os.PathLike, request: RunRequest) -> RunReport | Ba
     from edgesplit.bundle.format import open_bundle
     from edgesplit.runtime.harness import benchmark, load, read_inputs
 
-    r = request
+    r, files = request, request.files
     if r.adaptive and open_bundle(bundle, verify=False).bands is not None:
         return _run_bands(bundle, r)
     options = dict(r.executor_options) if r.executor_options is not None else None
@@ -84,18 +96,18 @@ def run_bundle(bundle: str | os.PathLike, request: RunRequest) -> RunReport | Ba
         bundle,
         executor_options=options,
         adaptive=r.adaptive,
-        detailed=r.trace_detail,
+        detailed=files.trace_detail,
         trust_key=r.trust_key,
     ) as sess:
         feeds = read_inputs(sess, r.inputs)
         report = benchmark(sess, feeds, repeat=r.repeat, warmup=r.warmup, stream=r.stream)
-        if r.output:
-            report.save_outputs(r.output)
-        if r.trace:
+        if files.output:
+            report.save_outputs(files.output)
+        if files.trace:
             from edgesplit.runtime.chrome import write_chrome_trace
 
-            align = sorted(q.request for q in report.trace.requests)[r.trace_request]
-            write_chrome_trace(r.trace, report.trace, sess.manifest, align_request=align)
+            align = sorted(q.request for q in report.trace.requests)[files.trace_request]
+            write_chrome_trace(files.trace, report.trace, sess.manifest, align_request=align)
     return report
 
 
@@ -118,10 +130,10 @@ def _run_bands(bundle: str | os.PathLike, r: RunRequest) -> BandRun:
             out = bs.run(feeds)
             lat.append((time.perf_counter() - t0) * 1e3)
         stats = bs.stats()
-        if r.output:
+        if r.files.output:
             from edgesplit.runtime.harness import save_arrays
 
-            save_arrays(out, r.output)
+            save_arrays(out, r.files.output)
     return BandRun(stats, float(np.median(lat)), float(np.percentile(lat, 90)), r.repeat)
 
 

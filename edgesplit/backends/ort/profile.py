@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -35,6 +36,9 @@ from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
 from edgesplit.profile.terms import CONTENTION_S_PER_RUN, build_terms
 from edgesplit.util import Progress
+
+if TYPE_CHECKING:
+    from edgesplit.profile.backends import ProfileTask
 
 __all__ = ["OrtProfiler", "make_session", "map_regions", "profile_ort", "time_runs"]
 
@@ -300,21 +304,14 @@ class OrtProfiler:
     def unavailable(self, backend: Backend) -> str | None:
         return provider_missing(backend)
 
-    def profile(
-        self,
-        graph: ModelGraph,
-        processor: Processor,
-        backend: Backend,
-        options,
-        progress: Progress | None,
-    ) -> ProcessorProfile:
+    def profile(self, task: ProfileTask) -> ProcessorProfile:
         return profile_ort(
-            graph,
-            processor,
-            backend,
-            runs=options.runs,
-            warmup=options.warmup,
-            progress=progress,
+            task.graph,
+            task.processor,
+            task.backend,
+            runs=task.options.runs,
+            warmup=task.options.warmup,
+            progress=task.progress,
             session_attrs=self.session_attrs,
         )
 
@@ -324,15 +321,12 @@ class OrtProfiler:
         return whole_model_timer(graph, processor, backend, self.session_attrs)
 
     def contention(
-        self,
-        graph: ModelGraph,
-        processor: Processor,
-        backend: Backend,
-        others: list[tuple[Processor, Backend]],
-        options,
+        self, task: ProfileTask, others: list[tuple[Processor, Backend]]
     ) -> dict[str, float]:
-        """This pair's slowdown while each of ``others`` runs the whole model
+        """The task's pair's slowdown while each of ``others`` runs the whole model
         (:func:`ort_contention`)."""
-        rounds = max(2, min(4, options.runs // 5))
-        min_s = CONTENTION_S_PER_RUN * options.runs
-        return ort_contention(graph, processor, backend, others, self.session_attrs, rounds, min_s)
+        runs = task.options.runs
+        rounds, min_s = max(2, min(4, runs // 5)), CONTENTION_S_PER_RUN * runs
+        return ort_contention(
+            task.graph, task.processor, task.backend, others, self.session_attrs, rounds, min_s
+        )

@@ -32,6 +32,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -54,6 +55,9 @@ from edgesplit.model.feeds import random_inputs
 from edgesplit.model.graph import ModelGraph
 from edgesplit.precision.convert import calibrate, convert
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile
+
+if TYPE_CHECKING:
+    from edgesplit.profile.backends import ProfileTask
 
 MB = 1e6
 EDGE_CHANNELS, EDGE_SIDE = 48, 160  # 4.9 MB of float32 at each edge, shaped like a detector neck
@@ -295,9 +299,6 @@ class OrtQuantizedProfiler:
             return "ORT's CPU provider runs fp16 through casts to fp32: not a measurement of fp16"
         return None
 
-    def profile(
-        self, graph: ModelGraph, processor: Processor, backend: Backend, options, progress=None
-    ):
-        return profile_quantized(
-            graph, processor, backend, runs=options.runs, warmup=options.warmup
-        )
+    def profile(self, task: ProfileTask) -> ProcessorProfile:
+        runs, warmup = task.options.runs, task.options.warmup
+        return profile_quantized(task.graph, task.processor, task.backend, runs=runs, warmup=warmup)

@@ -27,18 +27,19 @@ class TvmCompiler:
         name = job.part.name
         file_rel = f"parts/{name}.so"
         lib = job.bundle_dir / file_rel
+        settings = job.settings
         try:
             t0 = time.perf_counter()
             info = build_library(
                 job.part.model,
                 target,
                 lib,
-                tune_trials=job.tune_trials,
-                tune=replace(job.tune, threads=processor.threads, cores=processor.cores)
-                if job.tune
+                tune_trials=settings.tune_trials,
+                tune=replace(settings.tune, threads=processor.threads, cores=processor.cores)
+                if settings.tune
                 else None,
                 threads=processor.threads,
-                progress=job.progress,
+                progress=settings.progress,
             )
             note = f"tvm build {time.perf_counter() - t0:.1f}s" + (
                 "" if "kept" not in info else " (kept from a build before)"

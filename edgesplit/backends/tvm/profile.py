@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -46,6 +46,9 @@ from edgesplit.profile.predict import roofline_ms
 from edgesplit.profile.store import MEASURED, NodeCost, ProcessorProfile, RunTerms
 from edgesplit.profile.terms import MicroRun, MicroRunner, build_terms, neg_model
 from edgesplit.util import Progress
+
+if TYPE_CHECKING:
+    from edgesplit.profile.backends import ProfileTask
 
 RUNNABLE_HERE = ("llvm", "c")  # target kinds whose code runs on this CPU
 GPU_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")  # target kinds with a device of their own
@@ -465,14 +468,8 @@ class TvmProfiler:
         target = dict(backend.target or {"kind": "llvm"})
         return None if runs_on_this_machine(target) else f"TVM target {target} does not run here"
 
-    def profile(
-        self,
-        graph: ModelGraph,
-        processor: Processor,
-        backend: Backend,
-        options,
-        progress: Progress | None,
-    ) -> ProcessorProfile:
+    def profile(self, task: ProfileTask) -> ProcessorProfile:
+        runs = max(3, task.options.runs // 2)
         return profile_tvm(
-            graph, processor, backend, runs=max(3, options.runs // 2), progress=progress
+            task.graph, task.processor, task.backend, runs=runs, progress=task.progress
         )
