@@ -1,12 +1,17 @@
 """Measure bundles against each other on this device, alternating between them to cancel drift.
 
 Every bundle is loaded once into a real :class:`~edgesplit.runtime.session.Session` and warmed
-up. Then, in rounds, each bundle takes one *turn*: a pause of ``TURN_PAUSE_S`` (the previous
-bundle's runtime threads go quiet: an idle ONNX Runtime or TVM pool spins for a while after a
-call), one untimed request, then ``k`` timed requests, whose median is the turn's figure. The
-order rotates from round to round (ABC, BCA, CAB ...), so no bundle always follows the same other
-one. For ``throughput`` a turn is a pipelined stream of ``k`` timed requests after the stream has
-filled, and its figure is the period (ms per request).
+up. Then, in rounds, each bundle takes one *turn*. For ``latency`` a turn is ``k`` single
+requests, each after a pause of ``TURN_PAUSE_S`` (the runtime threads of whatever ran before go
+quiet: an idle ONNX Runtime or TVM pool spins for a while after a call), and its figure is their
+median: the latency of a request that comes alone, as an app's do, and as
+``benchmarks/honest_baselines.py`` measures the shipped bundle against plain ONNX Runtime. Requests
+back to back told another story: there plain ORT's two threads over a big and a throttled little
+core measured 1-4% faster than the big core alone (alexnet, PP-OCRv4 det on ``host-biglittle``),
+and shipped, while each request alone took 4-7% longer than on the big core. For ``throughput`` a
+turn is the pause, then a pipelined stream of ``k`` timed requests after the stream has filled,
+and its figure is the period (ms per request). The order rotates from round to round (ABC, BCA,
+CAB ...), so no bundle always follows the same other one.
 
 The budget covers the warm-up and the rounds (loading the bundles comes before, like compiling
 them: a bundle of hundreds of parts takes a while to load, and a budget spent on loading would keep
@@ -38,9 +43,10 @@ MIN_ROUNDS = 3
 MAX_ROUNDS = 9
 # A raced bundle slower than the fastest by more than this in every round so far stops.
 RACE_MARGIN = 0.10
-# Before each turn. Measured here (squeezenet on host-2core, sessions of two ORT threads each): a
-# request straight after another session's, or 20 ms after it, took 1.3-1.7x as long; after 0.1 s,
-# two identical sessions measured within 1%. One untimed request was not enough.
+# Before each single request (latency) and each stream (throughput). Measured here (squeezenet on
+# host-2core, sessions of two ORT threads each): a request straight after another session's, or
+# 20 ms after it, took 1.3-1.7x as long; after 0.1 s, two identical sessions measured within 1%.
+# One untimed request was not enough.
 TURN_PAUSE_S = 0.1
 # Timed requests per turn: latency (single requests), throughput (a stream, after it has filled).
 TURN_REQUESTS = {"latency": (1, 5, 10), "throughput": (4, 10, 20)}
@@ -88,12 +94,14 @@ class _Bench:
     stopped: bool = False
 
     def turn(self, feeds: dict[str, Any], k: int) -> float:
-        """One turn: the median of ``k`` timed requests, or a stream's period (ms per request)."""
+        """One turn, after its pause: the median of ``k`` single requests (each but the first after
+        a pause of its own), or a stream's period (ms per request)."""
         if self.metric == "throughput":
             return self._stream(feeds, k)
-        self.session.run(feeds)
         times = []
-        for _ in range(k):
+        for i in range(k):
+            if i:
+                time.sleep(TURN_PAUSE_S)
             t0 = time.perf_counter()
             self.session.run(feeds)
             times.append((time.perf_counter() - t0) * 1e3)
@@ -106,7 +114,7 @@ class _Bench:
         """What one turn should take, from the warm-up (its pause included)."""
         if self.metric == "throughput":
             return TURN_PAUSE_S * 1e3 + self.warm_ms * stream_requests(self.session, k)
-        return TURN_PAUSE_S * 1e3 + self.warm_ms * (k + 1)
+        return (TURN_PAUSE_S * 1e3 + self.warm_ms) * k
 
 
 def _load(
