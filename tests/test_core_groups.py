@@ -238,31 +238,113 @@ def test_the_plain_one_part_path_keeps_the_records_and_the_checks_of_the_general
         assert sess.stats().runs == 4
 
 
-def test_the_plain_path_pins_the_caller_to_a_single_cores_part_for_the_call(tmp_path):
-    """A one-part bundle on one core: the caller runs it pinned to that core, and gets its own
-    affinity back after, also when the run fails."""
+def test_the_plain_path_leaves_the_caller_on_a_single_cores_part(tmp_path, monkeypatch):
+    """A one-part bundle on one core: the caller runs it pinned to that core and stays there, so
+    that its next call makes no system call; a one-part bundle on every core, called next from the
+    same thread, gives it its old affinity back; a failing run still fails."""
     model = _conv_model(tmp_path / "m.onnx", ch=8, hw=16, n=2)
     graph = edgesplit.load_model(model)
     compile_bundle(graph, contiguous_plan(graph, "host-2core", [("core1", "ort")]), tmp_path / "b")
+    compile_bundle(
+        graph, contiguous_plan(graph, "host-2core", [("core0+core1", "ort")]), tmp_path / "all"
+    )
     x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
-    before = os.sched_getaffinity(0)
+    pins: list[set[int]] = []
+    set_affinity = os.sched_setaffinity
+
+    def counted(pid: int, cores) -> None:
+        pins.append(set(cores))
+        set_affinity(pid, cores)
+
+    monkeypatch.setattr(os, "sched_setaffinity", counted)
     seen: list[set[int]] = []
-    with edgesplit.load(tmp_path / "b") as sess:
+    after: list[set[int]] = []
+    with edgesplit.load(tmp_path / "b") as sess, edgesplit.load(tmp_path / "all") as whole:
         if sess._solo.cores is None:
             pytest.skip("core 1 is not a core of its own here")
+        pins.clear()
         ex = next(iter(sess._executors.values()))
         call = ex.call
         ex.call = lambda args: (seen.append(os.sched_getaffinity(0)), call(args))[1]  # type: ignore[method-assign]
-        sess.run({"x": x})
-        assert seen == [{1}] and os.sched_getaffinity(0) == before
+
+        def caller() -> None:  # a thread of the test's own: the suite's thread is left alone
+            before = os.sched_getaffinity(0)
+            for _ in range(3):
+                sess.run({"x": x})
+                after.append(os.sched_getaffinity(0))
+            whole.run({"x": x})
+            after.append(os.sched_getaffinity(0))
+            after.append(before)
+
+        t = threading.Thread(target=caller)
+        t.start()
+        t.join()
+        assert seen == [{1}] * 3 and after[:3] == [{1}] * 3
+        assert pins == [{1}, after[4]] and after[3] == after[4]  # one pin, then the old affinity
 
         def fail(args):
             raise RuntimeError("the part failed")
 
         ex.call = fail  # type: ignore[method-assign]
-        with pytest.raises(RuntimeError, match="the part failed"):
-            sess.run({"x": x})
-        assert os.sched_getaffinity(0) == before
+        failed: list[BaseException] = []
+
+        def failing() -> None:
+            try:
+                sess.run({"x": x})
+            except RuntimeError as e:
+                failed.append(e)
+
+        t = threading.Thread(target=failing)
+        t.start()
+        t.join()
+        assert [str(e) for e in failed] == ["the part failed"]
+
+
+def test_the_plain_path_checks_a_request_after_ort_refused_or_ran_it(tmp_path):
+    """A one-part ORT bundle with fixed shapes hands the request to ORT unchecked and checks it
+    after: a good request runs the part once; every bad one (another dtype or shape, a name too
+    many or too few, a list, not a mapping of arrays) gets the same RunInputError as the general
+    path's check, and no run is recorded; a Mapping that is not a dict is converted and run."""
+    from types import MappingProxyType
+
+    from edgesplit.errors import RunInputError
+
+    model = _conv_model(tmp_path / "m.onnx", ch=8, hw=16, n=2)
+    graph = edgesplit.load_model(model)
+    compile_bundle(
+        graph, contiguous_plan(graph, "host-2core", [("core0+core1", "ort")]), tmp_path / "b"
+    )
+    x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    with edgesplit.load(tmp_path / "b") as sess, edgesplit.load(tmp_path / "b") as ref:
+        assert sess._late_check  # the case under test
+        ex = next(iter(sess._executors.values()))
+        call = ex.call
+        calls: list[int] = []
+        ex.call = lambda args: (calls.append(1), call(args))[1]  # type: ignore[method-assign]
+        out = graph.outputs[0]
+        ref_out = ref.run_stream([{"x": x}])  # the worker's path checks first
+        np.testing.assert_array_equal(sess.run({"x": x})[out], next(ref_out)[out])
+        assert len(calls) == 1
+        bad = [
+            {"x": x.astype(np.float64)},
+            {"x": x[:, :4]},
+            {"x": x[0]},
+            {},
+            {"x": x, "y": x},
+            {"y": x},
+            {"x": x.tolist()},
+            {"x": "a string"},
+        ]
+        for feeds in bad:
+            with pytest.raises(RunInputError) as mine:
+                sess.run(feeds)
+            with pytest.raises(RunInputError) as general:
+                ref._check_inputs(feeds)
+            assert str(mine.value) == str(general.value)
+        assert sess.stats().runs == 1
+        got = sess.run(MappingProxyType({"x": np.asfortranarray(x)}))
+        np.testing.assert_array_equal(got[out], sess.run({"x": x})[out])
+        assert sess.stats().runs == 3
 
 
 @pytest.mark.slow

@@ -226,6 +226,15 @@ class Session:
         }
         if len(self._plain_inputs) != len(self.manifest.inputs):
             self._plain_inputs = {}
+        # the solo part's inputs may be checked after its run (see _run_unchecked)
+        self._solo_executor = self._executors[self._copies[0][0]] if self._solo else None
+        self._output_names = [t.name for t in self.manifest.outputs]
+        self._late_check = (
+            bool(self._plain_inputs)
+            and self._kernels is None
+            and getattr(self._solo_executor, "checks_inputs", False)
+            and hasattr(self._solo_executor, "call")
+        )
 
     # ---- inputs
 
@@ -413,41 +422,40 @@ class Session:
         """Run one request; returns the model's outputs by name.
 
         A bundle of one local part (plain ONNX Runtime, a whole model on one processor) is run on
-        the calling thread itself, pinned and throttled as that part's worker for the call, when
-        the worker is free and no ``timeout_s`` is asked for: the hand-off to the worker and back
-        cost 0.1-0.2 ms a request here, 4-5% of squeezenet over both cores. A part pinned to some
-        cores pins the calling thread there for the call (about 50 us here, and the thread's cache
-        moves with it: 2-3% of squeezenet on one core); a caller already pinned there pays
-        nothing for it."""
-        feeds = self._check_inputs(inputs)
+        the calling thread itself, as that part's worker, when the worker is free and no
+        ``timeout_s`` is asked for: the hand-off to the worker and back cost 0.1-0.2 ms a request
+        here, 4-5% of squeezenet over both cores. A part pinned to some cores (``only:big``)
+        pins the calling thread there and leaves it pinned after the call, so that the next call
+        pays no system call (a thread its owner pinned there is left alone; a later call of a
+        part on every core gives it its old affinity back). A caller that wants its affinity
+        restored after each call sets it itself (``os.sched_setaffinity``). A throttled part
+        (its duty cycles) or one on shared cores pins the caller for the call only."""
         solo = self._solo
         if solo is not None and timeout_s is None and solo.idle.acquire(blocking=False):
             try:
                 if not solo.cycles and not solo.locks:
-                    return self._run_plain(feeds, solo.cores)
+                    return self._run_plain(inputs, solo.cores)
+                feeds = self._check_inputs(inputs)
                 with solo.in_caller():
                     return self._run_here(feeds)
             finally:
                 solo.idle.release()
-        return self._submit(feeds).result(timeout=timeout_s)
+        return self._submit(self._check_inputs(inputs)).result(timeout=timeout_s)
 
     def _run_plain(
-        self, feeds: dict[str, np.ndarray], cores: frozenset[int] | None
+        self, inputs: Mapping[str, np.ndarray], cores: frozenset[int] | None
     ) -> dict[str, np.ndarray]:
-        """The only part, on the calling thread (pinned to the worker's ``cores`` for the call),
-        when its worker is neither throttled nor holding cores: no request object, no future, no
-        context managers. After an idle pause, the general path's Python cost 0.37 ms a request
-        here (squeezenet over both cores: 4% of plain ONNX Runtime's time); this one costs about a
-        third of it."""
+        """The only part, on the calling thread (pinned to the worker's ``cores``, and left there:
+        see :func:`_keep_caller_on`), when its worker is neither throttled nor holding cores: no
+        request object, no future, no context managers."""
+        if self._late_check:
+            return self._run_unchecked(inputs, cores)
         number = next(self._request_numbers)
         start_ns = _clock_ns()
+        _keep_caller_on(cores)
+        feeds = self._check_inputs(inputs)
         part = self._parts[self._copies[0][0]]
-        before = _pin_caller(cores)
-        try:
-            out, stamps = self._execute(part, feeds)
-        finally:
-            if before is not None:
-                os.sched_setaffinity(0, before)
+        out, stamps = self._execute(part, feeds)
         self._record(
             part.name, number, self._next_run(part.name), (start_ns,) * 3, stamps, stamps[2]
         )
@@ -455,6 +463,47 @@ class Session:
                   for t in self.manifest.outputs}  # fmt: skip
         self._finish(number, start_ns)
         return result
+
+    def _run_unchecked(
+        self, inputs: Mapping[str, np.ndarray], cores: frozenset[int] | None
+    ) -> dict[str, np.ndarray]:
+        """:meth:`_run_plain` where the part's executor refuses another dtype or fixed dimension
+        itself before computing anything (ONNX Runtime's: ``checks_inputs``) and every input has a
+        fixed shape: the inputs go to it unchecked and are checked after, so that a request that
+        fails the check gets its ``RunInputError`` all the same (its outputs dropped).
+
+        After an idle pause the first instructions of a request run slowly here (an empty Python
+        call took 11 us, against 0.1 us warm), so what runs around the backend's call is kept to a
+        few lines: checking first, and the general path's helpers, cost 40-60 us a request, 20%
+        of a 0.25 ms model."""
+        start_ns = _clock_ns()
+        if getattr(_CALLER, "cores", None) != cores:
+            _keep_caller_on(cores)
+        ex = self._solo_executor
+        try:
+            run_start_ns = _clock_ns()
+            raw = ex.call(ex.gather(inputs))
+            run_end_ns = _clock_ns()
+        except Exception:  # noqa: BLE001 - unchecked inputs: the check says what was wrong
+            raw = None
+        checked = self._check_inputs(inputs)  # a bad request raises RunInputError here
+        if raw is None or checked is not inputs:  # converted, or another error: run it again
+            run_start_ns = _clock_ns()
+            raw = ex.call(ex.gather(checked))
+            run_end_ns = _clock_ns()
+        out = ex.collect(raw)
+        end_ns = _clock_ns()
+        name = ex.part.name
+        number = next(self._request_numbers)
+        self._times[name].append((end_ns - start_ns) / 1e6)
+        ready_ns = start_ns  # ready, submitted and started as the call began
+        stamps = (run_start_ns, run_end_ns, end_ns, end_ns, None)
+        self._part_records.append(
+            (number, name, self._next_run(name), ready_ns, ready_ns, ready_ns, *stamps)
+        )
+        self._e2e.append((end_ns - start_ns) / 1e6)
+        self._request_records.append((number, start_ns, end_ns))
+        return {t: out[t] if t in out else checked[t] for t in self._output_names}
 
     def _solo_worker(self) -> _Worker | None:
         """The worker of a bundle's only part, when it is local (None otherwise)."""
@@ -706,6 +755,30 @@ def _pin_caller(cores: frozenset[int] | None) -> set[int] | None:
         return None
     os.sched_setaffinity(0, cores)
     return before
+
+
+# What edgesplit pinned each calling thread to (``cores``), and its affinity before (``before``).
+_CALLER = threading.local()
+
+
+def _keep_caller_on(cores: frozenset[int] | None) -> None:
+    """Pin the calling thread to ``cores`` and leave it there, as ncnn's ``set_cpu_powersave``
+    binds its caller: the next call from it pays nothing (a pin and a restore cost about 50 us a
+    request here, 20% of a 0.25 ms model). ``cores`` None (a part on every core) gives a thread
+    pinned here before its old affinity back. A thread its owner pinned to ``cores`` is left as
+    it is."""
+    if getattr(_CALLER, "cores", None) == cores:
+        return
+    if cores is None:
+        os.sched_setaffinity(0, _CALLER.before)
+        _CALLER.cores = None
+        return
+    now = os.sched_getaffinity(0)
+    if getattr(_CALLER, "cores", None) is None:
+        _CALLER.before = now
+    if now != cores:
+        os.sched_setaffinity(0, cores)
+    _CALLER.cores = cores
 
 
 def _core_locks(parts) -> dict[int, threading.Lock]:

@@ -21,6 +21,9 @@ class OrtExecutor:
     """
 
     thread_safe = True  # ORT's InferenceSession.run may be called concurrently
+    # ORT's run refuses an input of another dtype or fixed dimension, or a missing one, before it
+    # computes anything (InferenceSession::ValidateInputs), so a caller may check after it
+    checks_inputs = True
 
     def __init__(
         self,
