@@ -300,6 +300,44 @@ def test_the_plain_path_leaves_the_caller_on_a_single_cores_part(tmp_path, monke
         assert [str(e) for e in failed] == ["the part failed"]
 
 
+def test_closing_the_session_gives_the_threads_it_pinned_their_affinity_back(tmp_path):
+    """A thread left pinned by a one-part bundle on one core is unpinned when the Session closes,
+    while the thread lives on (the suite's own thread among them: deploy's verification runs its
+    candidates from the caller's thread and must not leave it on one core)."""
+    model = _conv_model(tmp_path / "m.onnx", ch=8, hw=16, n=2)
+    graph = edgesplit.load_model(model)
+    compile_bundle(graph, contiguous_plan(graph, "host-2core", [("core1", "ort")]), tmp_path / "b")
+    x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    before = os.sched_getaffinity(0)
+    ran, closed = threading.Event(), threading.Event()
+    seen: list[set[int]] = []
+
+    def caller() -> None:
+        sess.run({"x": x})
+        seen.append(os.sched_getaffinity(0))
+        ran.set()
+        closed.wait(10)
+        seen.append(os.sched_getaffinity(0))
+
+    sess = edgesplit.load(tmp_path / "b")
+    if sess._solo.cores is None:
+        sess.close()
+        pytest.skip("core 1 is not a core of its own here")
+    t = threading.Thread(target=caller)
+    t.start()
+    sess2 = edgesplit.load(tmp_path / "b")
+    sess2.run({"x": x})
+    assert os.sched_getaffinity(0) == {1}
+    ran.wait(10)
+    sess.close()
+    closed.set()
+    t.join()
+    assert seen == [{1}, before]
+    assert os.sched_getaffinity(0) == {1}  # sess2's, still open
+    sess2.close()
+    assert os.sched_getaffinity(0) == before
+
+
 def test_the_plain_path_checks_a_request_after_ort_refused_or_ran_it(tmp_path):
     """A one-part ORT bundle with fixed shapes hands the request to ORT unchecked and checks it
     after: a good request runs the part once; every bad one (another dtype or shape, a name too
@@ -316,7 +354,7 @@ def test_the_plain_path_checks_a_request_after_ort_refused_or_ran_it(tmp_path):
     )
     x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
     with edgesplit.load(tmp_path / "b") as sess, edgesplit.load(tmp_path / "b") as ref:
-        assert sess._late_check  # the case under test
+        assert sess._unchecked  # the case under test
         ex = next(iter(sess._executors.values()))
         call = ex.call
         calls: list[int] = []
@@ -334,6 +372,7 @@ def test_the_plain_path_checks_a_request_after_ort_refused_or_ran_it(tmp_path):
             {"y": x},
             {"x": x.tolist()},
             {"x": "a string"},
+            {"x": x.astype(">f4")},  # ORT reads it as if little-endian
         ]
         for feeds in bad:
             with pytest.raises(RunInputError) as mine:

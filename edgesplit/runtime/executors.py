@@ -27,9 +27,9 @@ class Executor(Protocol):
     """Runs one part. Built and called on the processor's worker thread. An executor whose ``run``
     may be called from several threads at once (the offload server's compute threads) says so with
     ``thread_safe = True``; one that does not is called one request at a time there. One whose
-    ``run`` raises, before it computes anything, on an input of another dtype or fixed dimension
-    or a missing one says so with ``checks_inputs = True``: the Session may then check a request
-    after running it (see ``Session._run_plain``)."""
+    ``run`` raises, before it computes anything, on an input of another element type or shape, or
+    a missing one, says so with ``checks_inputs = True``: the Session may then check a request
+    after running it (see ``Session._run_unchecked``)."""
 
     part: PartArtifact
 

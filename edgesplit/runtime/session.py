@@ -22,6 +22,7 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -184,6 +185,7 @@ class Session:
         # Raw timing tuples (see trace.build_trace); deque appends are atomic, so no lock.
         self._part_records: deque[tuple] = deque(maxlen=max_records)
         self._request_records: deque[tuple[int, int, int]] = deque(maxlen=max_records)
+        self._solo_runs: deque[tuple[int, int, int, int]] = deque(maxlen=max_records)
         self._run_counts = dict.fromkeys(
             self._parts, 0
         )  # runs since load, for ORT profile matching
@@ -218,6 +220,7 @@ class Session:
                 make_executor, p, self.bundle, **extra
             ).result()
         self._solo = self._solo_worker()
+        self._pinned_callers: dict[int, tuple] = {}  # see _keep_caller_on
         # name -> (shape, dtype) of every fixed-shape tensor input, for the quick check
         self._plain_inputs = {
             t.name: (tuple(t.shape), np.dtype(t.dtype))
@@ -226,11 +229,15 @@ class Session:
         }
         if len(self._plain_inputs) != len(self.manifest.inputs):
             self._plain_inputs = {}
-        # the solo part's inputs may be checked after its run (see _run_unchecked)
+        # a solo part on the calling thread, its request checked after its run (_run_unchecked)
         self._solo_executor = self._executors[self._copies[0][0]] if self._solo else None
         self._output_names = [t.name for t in self.manifest.outputs]
-        self._late_check = (
-            bool(self._plain_inputs)
+        self._dtypes = [(name, dtype) for name, (_, dtype) in self._plain_inputs.items()]
+        self._unchecked = bool(
+            self._solo is not None
+            and not self._solo.cycles
+            and not self._solo.locks
+            and self._plain_inputs
             and self._kernels is None
             and getattr(self._solo_executor, "checks_inputs", False)
             and hasattr(self._solo_executor, "call")
@@ -425,12 +432,16 @@ class Session:
         the calling thread itself, as that part's worker, when the worker is free and no
         ``timeout_s`` is asked for: the hand-off to the worker and back cost 0.1-0.2 ms a request
         here, 4-5% of squeezenet over both cores. A part pinned to some cores (``only:big``)
-        pins the calling thread there and leaves it pinned after the call, so that the next call
-        pays no system call (a thread its owner pinned there is left alone; a later call of a
-        part on every core gives it its old affinity back). A caller that wants its affinity
-        restored after each call sets it itself (``os.sched_setaffinity``). A throttled part
-        (its duty cycles) or one on shared cores pins the caller for the call only."""
+        pins the calling thread there and leaves it pinned after the call, until this Session
+        closes, so that the next call pays no system call (a thread its owner pinned there is left
+        alone; a call of a part on every core gives it its old affinity back at once). A throttled
+        part (its duty cycles) or one on shared cores pins the caller for the call only."""
         solo = self._solo
+        if self._unchecked and timeout_s is None and solo.idle.acquire(blocking=False):
+            try:
+                return self._run_unchecked(inputs, solo.cores)
+            finally:
+                solo.idle.release()
         if solo is not None and timeout_s is None and solo.idle.acquire(blocking=False):
             try:
                 if not solo.cycles and not solo.locks:
@@ -448,11 +459,9 @@ class Session:
         """The only part, on the calling thread (pinned to the worker's ``cores``, and left there:
         see :func:`_keep_caller_on`), when its worker is neither throttled nor holding cores: no
         request object, no future, no context managers."""
-        if self._late_check:
-            return self._run_unchecked(inputs, cores)
         number = next(self._request_numbers)
         start_ns = _clock_ns()
-        _keep_caller_on(cores)
+        _keep_caller_on(cores, self._pinned_callers)
         feeds = self._check_inputs(inputs)
         part = self._parts[self._copies[0][0]]
         out, stamps = self._execute(part, feeds)
@@ -467,18 +476,24 @@ class Session:
     def _run_unchecked(
         self, inputs: Mapping[str, np.ndarray], cores: frozenset[int] | None
     ) -> dict[str, np.ndarray]:
-        """:meth:`_run_plain` where the part's executor refuses another dtype or fixed dimension
-        itself before computing anything (ONNX Runtime's: ``checks_inputs``) and every input has a
-        fixed shape: the inputs go to it unchecked and are checked after, so that a request that
-        fails the check gets its ``RunInputError`` all the same (its outputs dropped).
+        """:meth:`_run_plain` where the part's executor refuses another dtype or dimension itself
+        before computing anything (ONNX Runtime's on a model with fixed input shapes:
+        ``checks_inputs``): the inputs go to it unchecked. After the run, a request of exactly the
+        expected names, each a numpy array of exactly the expected dtype (its byte order too,
+        which ORT takes without a look), is what the check first would have passed; anything else
+        (ORT refused it, or it ran something the check refuses) gets the full check, which raises
+        the same ``RunInputError`` for a bad request (its outputs dropped) and runs a converted
+        one again.
 
         After an idle pause the first instructions of a request run slowly here (an empty Python
-        call took 11 us, against 0.1 us warm), so what runs around the backend's call is kept to a
-        few lines: checking first, and the general path's helpers, cost 40-60 us a request, 20%
-        of a 0.25 ms model."""
+        call took 11 us, against 0.1 us warm; reading an array's ``shape`` 10 us), so what runs
+        around the backend's call is kept to a few lines: the general path's check, helpers and
+        affinity restore cost 60-80 us a request, 25-30% of a 0.25 ms model. Its timings are
+        kept as one tuple, made into the records every path keeps when they are read
+        (:meth:`_fold_solo_runs`): writing those here cost 10 us more."""
         start_ns = _clock_ns()
-        if getattr(_CALLER, "cores", None) != cores:
-            _keep_caller_on(cores)
+        if getattr(_CALLER, "pin", _NOT_PINNED)[0] != cores:
+            _keep_caller_on(cores, self._pinned_callers)
         ex = self._solo_executor
         try:
             run_start_ns = _clock_ns()
@@ -486,24 +501,42 @@ class Session:
             run_end_ns = _clock_ns()
         except Exception:  # noqa: BLE001 - unchecked inputs: the check says what was wrong
             raw = None
-        checked = self._check_inputs(inputs)  # a bad request raises RunInputError here
-        if raw is None or checked is not inputs:  # converted, or another error: run it again
+        checked = inputs
+        plain = raw is not None and type(inputs) is dict and len(inputs) == len(self._dtypes)
+        if plain:  # gather found every name: no other, no fewer
+            for name, dtype in self._dtypes:
+                value = inputs[name]
+                if type(value) is not np.ndarray or value.dtype is not dtype:
+                    plain = False
+                    break
+        if not plain:
+            checked = self._check_inputs(inputs)  # a bad request raises RunInputError here
             run_start_ns = _clock_ns()
             raw = ex.call(ex.gather(checked))
             run_end_ns = _clock_ns()
         out = ex.collect(raw)
-        end_ns = _clock_ns()
-        name = ex.part.name
-        number = next(self._request_numbers)
-        self._times[name].append((end_ns - start_ns) / 1e6)
-        ready_ns = start_ns  # ready, submitted and started as the call began
-        stamps = (run_start_ns, run_end_ns, end_ns, end_ns, None)
-        self._part_records.append(
-            (number, name, self._next_run(name), ready_ns, ready_ns, ready_ns, *stamps)
-        )
-        self._e2e.append((end_ns - start_ns) / 1e6)
-        self._request_records.append((number, start_ns, end_ns))
+        self._solo_runs.append((start_ns, run_start_ns, run_end_ns, _clock_ns()))
         return {t: out[t] if t in out else checked[t] for t in self._output_names}
+
+    def _fold_solo_runs(self) -> None:
+        """The runs :meth:`_run_unchecked` kept as (start, run start, run end, end) tuples, as the
+        records, statistics and numbers every other run gets (numbered as they are folded)."""
+        runs = self._solo_runs
+        name = self._solo_executor.part.name if runs else ""
+        while runs:
+            try:
+                start_ns, run_start_ns, run_end_ns, end_ns = runs.popleft()
+            except IndexError:  # another reader took the last one
+                break
+            number = next(self._request_numbers)
+            self._times[name].append((end_ns - start_ns) / 1e6)
+            ready_ns = start_ns  # ready, submitted and started as the call began
+            stamps = (run_start_ns, run_end_ns, end_ns, end_ns, None)
+            self._part_records.append(
+                (number, name, self._next_run(name), ready_ns, ready_ns, ready_ns, *stamps)
+            )
+            self._e2e.append((end_ns - start_ns) / 1e6)
+            self._request_records.append((number, start_ns, end_ns))
 
     def _solo_worker(self) -> _Worker | None:
         """The worker of a bundle's only part, when it is local (None otherwise)."""
@@ -623,6 +656,7 @@ class Session:
 
     def stats(self) -> SessionStats:
         """Per-part and end-to-end latency statistics over the runs so far."""
+        self._fold_solo_runs()
         parts = []
         for p in self.manifest.parts:
             t = self._times[p.name] or [float("nan")]
@@ -668,6 +702,7 @@ class Session:
         Kernel records (ORT engine runs and kernels) are there once :meth:`end_detailed_trace`
         has been called on a Session loaded with ``detailed=True``.
         """
+        self._fold_solo_runs()
         trace = build_trace(
             self._part_records.copy(),
             self._request_records.copy(),
@@ -711,6 +746,7 @@ class Session:
 
     def reset_stats(self) -> None:
         """Forget the timings so far (statistics and timing records)."""
+        self._solo_runs.clear()
         for v in self._times.values():
             v.clear()
         self._e2e.clear()
@@ -722,6 +758,9 @@ class Session:
         return self.manifest.inputs
 
     def close(self) -> None:
+        """Close the executors and workers, and give the threads this Session left pinned (see
+        :meth:`run`) their affinity back."""
+        _release_callers(self._pinned_callers)
         for ex in self._executors.values():
             ex.close()
         for w in self._workers.values():
@@ -757,28 +796,46 @@ def _pin_caller(cores: frozenset[int] | None) -> set[int] | None:
     return before
 
 
-# What edgesplit pinned each calling thread to (``cores``), and its affinity before (``before``).
+# While edgesplit holds a calling thread pinned: ``pin`` = [the cores, its affinity before].
 _CALLER = threading.local()
+_NOT_PINNED = (None, None)
 
 
-def _keep_caller_on(cores: frozenset[int] | None) -> None:
-    """Pin the calling thread to ``cores`` and leave it there, as ncnn's ``set_cpu_powersave``
-    binds its caller: the next call from it pays nothing (a pin and a restore cost about 50 us a
-    request here, 20% of a 0.25 ms model). ``cores`` None (a part on every core) gives a thread
-    pinned here before its old affinity back. A thread its owner pinned to ``cores`` is left as
-    it is."""
-    if getattr(_CALLER, "cores", None) == cores:
+def _keep_caller_on(cores: frozenset[int] | None, owned: dict[int, tuple]) -> None:
+    """Pin the calling thread to ``cores`` and leave it there until the Session that pinned it
+    closes (``owned``: that Session's record, see :func:`_release_callers`), as ncnn's
+    ``set_cpu_powersave`` binds its caller: the next call from it pays nothing (a pin and a
+    restore cost about 50 us a request here, 20% of a 0.25 ms model). ``cores`` None (a part on
+    every core) gives a thread pinned here its old affinity back at once. A thread its owner
+    pinned to ``cores`` is left as it is."""
+    pin = getattr(_CALLER, "pin", None)
+    if pin is None:
+        pin = _CALLER.pin = [None, None]
+    if pin[0] == cores:
         return
     if cores is None:
-        os.sched_setaffinity(0, _CALLER.before)
-        _CALLER.cores = None
+        os.sched_setaffinity(0, pin[1])
+        pin[0] = None
         return
     now = os.sched_getaffinity(0)
-    if getattr(_CALLER, "cores", None) is None:
-        _CALLER.before = now
+    if pin[0] is None:
+        pin[1] = now
     if now != cores:
         os.sched_setaffinity(0, cores)
-    _CALLER.cores = cores
+    pin[0] = cores
+    owned[id(pin)] = (weakref.ref(threading.current_thread()), pin, cores)
+
+
+def _release_callers(owned: dict[int, tuple]) -> None:
+    """Give every live thread a Session still holds pinned (see :func:`_keep_caller_on`) its
+    affinity from before."""
+    for ref, pin, cores in owned.values():
+        thread = ref()
+        if pin[0] == cores and thread is not None and thread.is_alive():
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                os.sched_setaffinity(thread.native_id or 0, pin[1])
+            pin[0] = None
+    owned.clear()
 
 
 def _core_locks(parts) -> dict[int, threading.Lock]:

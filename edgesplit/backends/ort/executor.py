@@ -21,9 +21,6 @@ class OrtExecutor:
     """
 
     thread_safe = True  # ORT's InferenceSession.run may be called concurrently
-    # ORT's run refuses an input of another dtype or fixed dimension, or a missing one, before it
-    # computes anything (InferenceSession::ValidateInputs), so a caller may check after it
-    checks_inputs = True
 
     def __init__(
         self,
@@ -77,6 +74,13 @@ class OrtExecutor:
                 f"{bundle / rel}: ONNX Runtime cannot load it ({short(str(e), 200)})"
             ) from e
         check_io(part, bundle / rel, self._sess.get_inputs(), self._sess.get_outputs())
+        # ORT's run refuses an input of another element type, rank or fixed dimension before it
+        # computes anything (InferenceSession::ValidateInputs), and gather a missing one (the
+        # binding's own run would start the graph without it): with every input dimension fixed
+        # in the model, a caller may check a request after its run
+        self.checks_inputs = all(
+            isinstance(d, int) for a in self._sess.get_inputs() for d in a.shape
+        )
         self._outputs = [o.name for o in part.outputs]
         self._inputs = [i.name for i in part.inputs]
         # The binding's own run, past the Python wrapper's checks, on the CPU provider (which has
