@@ -410,6 +410,35 @@ def test_the_rule_keeps_the_plan_only_when_faster_in_every_round():
     assert shipped == "only:big" and "fewer than the 3 needed" in reason
 
 
+def test_a_latency_tie_goes_to_the_plan_only_when_it_spends_clearly_less_energy():
+    """Level within the noise (neither faster in every round, the plan's median per-round ratio
+    at most 1.02): the plan is kept when its modelled energy is at least 10% lower than the best
+    other's, and named as such; a costlier or barely cheaper plan, a plan slower by median, or
+    another metric, leaves the baseline shipped."""
+    from edgesplit.workflows.verify.decide import decide
+
+    def row(name, rounds, mj, **kw):
+        return MeasuredCandidate(
+            name, "", 1, None, sorted(rounds)[1], rounds_ms=tuple(rounds), energy_mj=mj,
+            **kw,
+        )  # fmt: skip
+
+    plain = row("plain-ort", [10.0, 12.0, 11.0], 2.0)
+    shipped, reason, low, high = decide(
+        [row("plan", [11.0, 11.0, 10.5], 1.2), plain], "latency", None
+    )
+    assert shipped == "plan" and low < 1 < high
+    assert "level with plain-ort within the noise" in reason and "40% lower" in reason
+    for plan in (
+        row("plan", [11.0, 11.0, 10.5], 1.9),  # 5% less: not clearly
+        row("plan", [9.5, 13.0, 12.0], 1.2),  # slower by median (1.08), faster in one round
+        row("plan", [11.0, 11.0, 10.5], None),  # nothing modelled
+    ):
+        assert decide([plan, plain], "latency", None)[0] == "plain-ort"
+    tput = decide([row("plan", [11.0, 11.0, 10.5], 1.2), plain], "throughput", None)
+    assert tput[0] == "plain-ort"
+
+
 @pytest.mark.slow  # measures candidates for seconds (the verification budget)
 def test_a_verified_bundle_is_signed_with_its_verdict_and_refuses_a_foreign_output(setup, tmp_path):
     """Main's hardening holds with verification: ``-o`` onto a folder of other files is refused

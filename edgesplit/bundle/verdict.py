@@ -37,7 +37,8 @@ class MeasuredCandidate:
         measured_ms: Median of the metric over every round (None when not measured).
         spread_pct: Spread of the per-round medians, ``(max - min) / median`` in percent.
         ratio_to_best: The metric over the best measured candidate's (energy for ``energy``).
-        energy_mj: Modelled energy per request from the measured latency (``energy`` metric only).
+        energy_mj: Modelled energy per request from the measured latency (``energy`` and
+            ``latency`` metrics).
         rounds_ms: The per-round medians, in the order of the rounds.
         same_as: The candidate whose bundle this one is identical to (measured once, under that
         name).
