@@ -624,7 +624,10 @@ def test_a_trivial_bundle_costs_the_session_and_its_wake_ups(tmp_path):
     predicted = schedule(cm, np.zeros(1, dtype=np.int64)).makespan_ms
     kernel = prof.entry("core0", "ort").nodes["neg"].latency_ms
     assert kernel < 0.5 * predicted
-    assert 0.25 <= got / predicted <= 4.0, (got, predicted)  # without those terms: 20x and more
+    # without those terms: 20x and more. The low end is loose: the Session runs a one-part
+    # bundle in 10-18 us here, while the part's cost from four profiles of this 7 us kernel ranged
+    # 0.021-0.062 ms (its whole-model calibration), so predicted/measured spans 1.5-8x
+    assert 0.1 <= got / predicted <= 4.0, (got, predicted)
 
 
 def _twin_backends(chain_profile):

@@ -305,7 +305,7 @@ def _timed(
         return lay, dur, run, 0.0
     if len(lay.parts) == 1 and not cm.remote[int(lay.proc[0])]:
         # one local part runs on the caller's own thread (Session.run): no hand-off, no wake-up
-        return lay, dur, run, float(ov.session_ms + run.parts_end_ms - run.handoffs_ms)
+        return lay, dur, run, float(ov.caller_session_ms + run.parts_end_ms - run.handoffs_ms)
     return lay, dur, run, float(ov.session_ms + run.parts_end_ms + ov.wake(run.parts_end_ms))
 
 
@@ -402,4 +402,5 @@ def makespan_lower_bound(cm: CostModel) -> float:
             path = max(path, float((est[f.src] + xfer[i][:, cm.home]).min()))
     work = float(ms.min(axis=1).sum()) / max(n_procs, 1)
     ov = cm.ov
-    return max(path, work) + ov.session_ms  # a plan of one local part has no wake-up
+    # a plan of one local part has no wake-up, and the caller's lighter path
+    return max(path, work) + min(ov.session_ms, ov.caller_session_ms)

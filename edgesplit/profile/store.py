@@ -80,6 +80,8 @@ class RunTerms:
             gap).
         return_ms: The caller's wake-up when a request ends, after it waited each of the same gaps.
         session_ms: Per request, the rest of the Session's own work (inputs checked, bookkeeping).
+        solo_session_ms: The same for a bundle of one local part, which the Session runs on the
+            caller's thread and checks after the run (None, in older profiles: ``session_ms``).
         stream_gap_ms: In a stream, from one part's outputs collected to the start of the next part
             already queued on this worker, as ``calibrate`` measured it; None (as profiled): the
             hand-off at zero idle gap stands for it.
@@ -109,6 +111,7 @@ class RunTerms:
     handoff_ms: tuple[float, ...] = ()
     return_ms: tuple[float, ...] = ()
     session_ms: float = 0.0
+    solo_session_ms: float | None = None
     contention: Mapping[str, float] = field(default_factory=dict)
     stream_gap_ms: float | None = None
     node_scale: float = 1.0

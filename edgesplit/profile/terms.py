@@ -27,6 +27,7 @@ import math
 import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -244,6 +245,30 @@ def session_ms(
     return max(statistics.median(samples) - handoff0_ms - return0_ms, 0.0)
 
 
+def solo_session_ms(call: Callable[[], object], repeats: int = 30) -> float:
+    """Per request of a bundle of one local part, the Session's own work beyond the part run,
+    measured through a mirror of that path on the calling thread (see
+    ``Session._run_unchecked``): the run, then the request's names and dtypes checked, one timing
+    tuple kept and the outputs gathered."""
+    x = np.ones(1, np.float32)
+    inputs, dtypes, kept = {"x": x}, [("x", x.dtype)], deque(maxlen=repeats + 3)
+    samples, plain = [], True
+    for _ in range(repeats + 3):
+        t0 = _clock()
+        s = _clock()
+        out = {"y": call()}
+        span = _clock() - s
+        plain = plain and type(inputs) is dict and len(inputs) == len(dtypes)
+        for name, dtype in dtypes:
+            value = inputs[name]
+            plain = plain and type(value) is np.ndarray and value.dtype is dtype
+        kept.append((t0, s, s + span, _clock()))
+        out = {k: out[k] for k in ("y",)}
+        samples.append((_clock() - t0 - span) / 1e6)
+    assert plain  # the mirror's request is the plain one it prices
+    return max(statistics.median(samples[3:]), 0.0)
+
+
 CONTENTION_S_PER_RUN = 0.1  # alternate 0.1 s per timed run asked for (2 s at the default 20 runs)
 CONTENTION_MIN_S = 2.0  # CONTENTION_S_PER_RUN at ProfileOptions' default of 20 runs
 CONTENTION_MAX_ROUNDS = 40
@@ -362,6 +387,7 @@ def build_terms(
         handoff_ms=handoff,
         return_ms=back,
         session_ms=round(session_ms(worker, trivial_call, handoff[0], back[0], 2 * repeats), 6),
+        solo_session_ms=round(solo_session_ms(trivial_call, 2 * repeats), 6),
     )
 
 
