@@ -24,16 +24,16 @@ settings.load_profile("full")
 @pytest.fixture(autouse=True)
 def _caller_affinity():
     """The suite's thread on the cores it had before each test: a one-part bundle on some cores
-    leaves the thread that ran it pinned there (edgesplit.runtime.session._keep_caller_on)."""
+    leaves the thread that ran it pinned there (edgesplit.runtime.affinity.keep_caller_on)."""
     import os
 
-    from edgesplit.runtime import session
+    from edgesplit.runtime import affinity
 
     before = os.sched_getaffinity(0)
     yield
     if os.sched_getaffinity(0) != before:
         os.sched_setaffinity(0, before)
-    session._CALLER.__dict__.clear()
+    affinity.CALLER.__dict__.clear()
 
 
 def max_examples(n: int) -> int:

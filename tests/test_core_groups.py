@@ -19,7 +19,7 @@ from edgesplit.errors import DeviceSpecError
 from edgesplit.optimize.costs import CostModel, Flow
 from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.schedule import schedule
-from edgesplit.runtime.session import _core_locks
+from edgesplit.runtime.affinity import core_locks
 from edgesplit.workflows.compile import compile_bundle
 
 
@@ -170,9 +170,9 @@ def test_the_runtime_holds_the_cores_a_group_shares():
         edgesplit.bundle.format.PartArtifact("p1", "a+b", "ort", "f", "f", (), (), cores=(0, 1)),
         edgesplit.bundle.format.PartArtifact("p2", "c", "ort", "f", "f", (), (), cores=(2,)),
     ]
-    locks = _core_locks(parts)
+    locks = core_locks(parts)
     assert set(locks) == {0}  # core 1 is the group's alone here; core 2 is c's alone
-    assert _core_locks(parts[:1] + parts[2:]) == {}
+    assert core_locks(parts[:1] + parts[2:]) == {}
 
 
 def _conv_model(path, ch: int = 32, hw: int = 56, n: int = 4) -> str:

@@ -22,7 +22,6 @@ import itertools
 import os
 import threading
 import time
-import weakref
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +38,7 @@ from edgesplit.device.throttle import borrowed, busy
 from edgesplit.device.throttle import cycles as throttle_cycles
 from edgesplit.errors import BundleError, RunInputError
 from edgesplit.model.values import check_value
+from edgesplit.runtime import affinity
 from edgesplit.runtime.backends import make_executor
 from edgesplit.runtime.breakdown import Breakdown, breakdown
 from edgesplit.runtime.executors import Executor
@@ -129,7 +129,7 @@ class _Worker:
     def in_caller(self) -> Iterator[None]:
         """Make the calling thread this worker for the block: pinned to its cores and served by
         its duty cycles (its affinity restored after)."""
-        before = _pin_caller(self.cores)
+        before = affinity.pin_for_call(self.cores)
         try:
             with borrowed(self.cycles):
                 yield
@@ -196,11 +196,11 @@ class Session:
         if adaptive:  # per remote part: server or local fallback, whichever is measured faster
             opts["remote"] = {**opts.get("remote", {}), "adaptive": True}
         per_proc = Counter(p.processor for p in self.manifest.parts if not p.remote)
-        core_locks = _core_locks(self.manifest.parts)
+        shared = affinity.core_locks(self.manifest.parts)
         for p in self.manifest.parts:
             key = _worker_key(p)
             extra = dict(opts.get("remote" if p.remote else p.backend, {}))
-            shares_cores = bool(core_locks) and bool(set(p.cores or ()) & set(core_locks))
+            shares_cores = bool(shared) and bool(set(p.cores or ()) & set(shared))
             extra.setdefault(
                 "shares_processor", not p.remote and (per_proc[p.processor] > 1 or shares_cores)
             )
@@ -212,7 +212,7 @@ class Session:
                 locks = (
                     []
                     if p.remote
-                    else [core_locks[c] for c in sorted(set(p.cores or ())) if c in core_locks]
+                    else [shared[c] for c in sorted(set(p.cores or ())) if c in shared]
                 )
                 self._workers[key] = _Worker(key, None if p.remote else p, self.notes, locks)
             worker = self._workers[key]
@@ -220,7 +220,7 @@ class Session:
                 make_executor, p, self.bundle, **extra
             ).result()
         self._solo = self._solo_worker()
-        self._pinned_callers: dict[int, tuple] = {}  # see _keep_caller_on
+        self._pinned_callers: dict[int, tuple] = {}  # see affinity.keep_caller_on
         # name -> (shape, dtype) of every fixed-shape tensor input, for the quick check
         self._plain_inputs = {
             t.name: (tuple(t.shape), np.dtype(t.dtype))
@@ -416,8 +416,8 @@ class Session:
             )
         )
 
-    def _finish(self, number: int, start_ns: int) -> None:
-        end_ns = _clock_ns()
+    def _finish(self, number: int, start_ns: int, end_ns: int | None = None) -> None:
+        end_ns = _clock_ns() if end_ns is None else end_ns
         self._e2e.append((end_ns - start_ns) / 1e6)
         self._request_records.append((number, start_ns, end_ns))
 
@@ -456,12 +456,12 @@ class Session:
     def _run_plain(
         self, inputs: Mapping[str, np.ndarray], cores: frozenset[int] | None
     ) -> dict[str, np.ndarray]:
-        """The only part, on the calling thread (pinned to the worker's ``cores``, and left there:
-        see :func:`_keep_caller_on`), when its worker is neither throttled nor holding cores: no
-        request object, no future, no context managers."""
+        """The only part, on the calling thread (pinned to the worker's ``cores`` and left there:
+        :func:`~edgesplit.runtime.affinity.keep_caller_on`), when its worker is neither throttled
+        nor holding cores: no request object, no future, no context managers."""
         number = next(self._request_numbers)
         start_ns = _clock_ns()
-        _keep_caller_on(cores, self._pinned_callers)
+        affinity.keep_caller_on(cores, self._pinned_callers)
         feeds = self._check_inputs(inputs)
         part = self._parts[self._copies[0][0]]
         out, stamps = self._execute(part, feeds)
@@ -486,14 +486,12 @@ class Session:
         one again.
 
         After an idle pause the first instructions of a request run slowly here (an empty Python
-        call took 11 us, against 0.1 us warm; reading an array's ``shape`` 10 us), so what runs
-        around the backend's call is kept to a few lines: the general path's check, helpers and
-        affinity restore cost 60-80 us a request, 25-30% of a 0.25 ms model. Its timings are
-        kept as one tuple, made into the records every path keeps when they are read
-        (:meth:`_fold_solo_runs`): writing those here cost 10 us more."""
+        call took 11 us, against 0.1 us warm), so little runs around the call: the general
+        path's check, helpers and affinity restore cost 60-80 us, 25-30% of a 0.25 ms model. Its
+        timings are one tuple, made records when read (:meth:`_fold_solo_runs`)."""
         start_ns = _clock_ns()
-        if getattr(_CALLER, "pin", _NOT_PINNED)[0] != cores:
-            _keep_caller_on(cores, self._pinned_callers)
+        if getattr(affinity.CALLER, "pin", affinity.NOT_PINNED)[0] != cores:
+            affinity.keep_caller_on(cores, self._pinned_callers)
         ex = self._solo_executor
         try:
             run_start_ns = _clock_ns()
@@ -529,14 +527,10 @@ class Session:
             except IndexError:  # another reader took the last one
                 break
             number = next(self._request_numbers)
-            self._times[name].append((end_ns - start_ns) / 1e6)
-            ready_ns = start_ns  # ready, submitted and started as the call began
-            stamps = (run_start_ns, run_end_ns, end_ns, end_ns, None)
-            self._part_records.append(
-                (number, name, self._next_run(name), ready_ns, ready_ns, ready_ns, *stamps)
-            )
-            self._e2e.append((end_ns - start_ns) / 1e6)
-            self._request_records.append((number, start_ns, end_ns))
+            stamps = (run_start_ns, run_end_ns, end_ns, None)  # collected as it ended
+            # ready, submitted and started as the call began
+            self._record(name, number, self._next_run(name), (start_ns,) * 3, stamps, end_ns)
+            self._finish(number, start_ns, end_ns)
 
     def _solo_worker(self) -> _Worker | None:
         """The worker of a bundle's only part, when it is local (None otherwise)."""
@@ -760,7 +754,7 @@ class Session:
     def close(self) -> None:
         """Close the executors and workers, and give the threads this Session left pinned (see
         :meth:`run`) their affinity back."""
-        _release_callers(self._pinned_callers)
+        affinity.release_callers(self._pinned_callers)
         for ex in self._executors.values():
             ex.close()
         for w in self._workers.values():
@@ -781,76 +775,6 @@ def _plan_view(manifest: Manifest, band_plan: int | None) -> Manifest:
         return manifest
     plan = manifest.plan if band_plan is None else manifest.bands.plans[band_plan].plan  # type: ignore[union-attr]
     return replace(manifest, parts=manifest.plan_parts(band_plan), plan=plan)
-
-
-def _pin_caller(cores: frozenset[int] | None) -> set[int] | None:
-    """Pin the calling thread to ``cores``; the affinity to restore after, or None when there is
-    nothing to restore (no cores, or the thread is pinned there already: a caller pinned by its
-    owner pays no syscall and no move)."""
-    if cores is None:
-        return None
-    before = os.sched_getaffinity(0)
-    if before == cores:
-        return None
-    os.sched_setaffinity(0, cores)
-    return before
-
-
-# While edgesplit holds a calling thread pinned: ``pin`` = [the cores, its affinity before].
-_CALLER = threading.local()
-_NOT_PINNED = (None, None)
-
-
-def _keep_caller_on(cores: frozenset[int] | None, owned: dict[int, tuple]) -> None:
-    """Pin the calling thread to ``cores`` and leave it there until the Session that pinned it
-    closes (``owned``: that Session's record, see :func:`_release_callers`), as ncnn's
-    ``set_cpu_powersave`` binds its caller: the next call from it pays nothing (a pin and a
-    restore cost about 50 us a request here, 20% of a 0.25 ms model). ``cores`` None (a part on
-    every core) gives a thread pinned here its old affinity back at once. A thread its owner
-    pinned to ``cores`` is left as it is."""
-    pin = getattr(_CALLER, "pin", None)
-    if pin is None:
-        pin = _CALLER.pin = [None, None]
-    if pin[0] == cores:
-        return
-    if cores is None:
-        os.sched_setaffinity(0, pin[1])
-        pin[0] = None
-        return
-    now = os.sched_getaffinity(0)
-    if pin[0] is None:
-        pin[1] = now
-    if now != cores:
-        os.sched_setaffinity(0, cores)
-    pin[0] = cores
-    owned[id(pin)] = (weakref.ref(threading.current_thread()), pin, cores)
-
-
-def _release_callers(owned: dict[int, tuple]) -> None:
-    """Give every live thread a Session still holds pinned (see :func:`_keep_caller_on`) its
-    affinity from before."""
-    for ref, pin, cores in owned.values():
-        thread = ref()
-        if pin[0] == cores and thread is not None and thread.is_alive():
-            with contextlib.suppress(OSError):  # it ended meanwhile
-                os.sched_setaffinity(thread.native_id or 0, pin[1])
-            pin[0] = None
-    owned.clear()
-
-
-def _core_locks(parts) -> dict[int, threading.Lock]:
-    """A lock for each core that two of the bundle's local processors share (a core group and its
-    members)."""
-    cores_of: dict[str, set[int]] = {}
-    for p in parts:
-        if not p.remote and p.cores:
-            cores_of.setdefault(p.processor, set()).update(p.cores)
-    shared: set[int] = set()
-    names = sorted(cores_of)
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            shared |= cores_of[a] & cores_of[b]
-    return {c: threading.Lock() for c in sorted(shared)}
 
 
 def _worker_key(part: PartArtifact) -> str:

@@ -243,9 +243,9 @@ def _cheaper_at_a_tie(
     """Why the plan is shipped at a latency tie with ``best`` (``q``: plan / best per round), or
     None. Level within the noise, the candidate that spends less energy wins: on unequal cores
     that is the big cores alone against plain ORT's threads over big and little ones, which a
-    20 s verification measured level (per-round ratios 0.76-1.20) where 120-480 single requests
-    each put the big core 4-10% ahead (resnet18, alexnet, PP-OCRv4 det on ``host-biglittle``);
-    and the little core left idle is free for the rest of the phone."""
+    20 s verification measured level (alexnet and PP-OCRv4 det on ``host-biglittle``, median
+    per-round ratio 1.00, range 0.76-1.20) where 120 single requests each put the big core 6-10%
+    ahead; and the little core left idle is free for the rest of the phone."""
     if metric != "latency" or float(np.median(q)) > TIE_RATIO:
         return None
     mine, theirs = plan.energy_mj, best.energy_mj
