@@ -179,6 +179,21 @@ def _conv_model(path, ch: int = 32, hw: int = 56, n: int = 4) -> str:
     return conv_chain(path, ch, hw, n)
 
 
+def _watch_part(sess, hook) -> None:
+    """Calls ``hook()`` before each ORT run of a one-part bundle's part, on the caller's path
+    (``Session._fast``) and the worker's (the executor's ``call``) alike."""
+    ex = next(iter(sess._executors.values()))
+    run = ex.run_binding
+
+    def watched(*args):
+        hook()
+        return run(*args)
+
+    ex.run_binding = watched
+    if sess._fast is not None:
+        sess._fast = (watched, *sess._fast[1:])
+
+
 @pytest.mark.slow
 def test_a_single_part_bundle_runs_on_the_callers_thread_and_restores_it(tmp_path):
     """``Session.run`` of a one-part bundle runs it on the calling thread (no hand-off), pinned as
@@ -190,9 +205,7 @@ def test_a_single_part_bundle_runs_on_the_callers_thread_and_restores_it(tmp_pat
     before = os.sched_getaffinity(0)
     seen: list[int] = []
     with edgesplit.load(tmp_path / "b") as sess:
-        ex = next(iter(sess._executors.values()))
-        call = ex.call  # the ORT executor's run call (gather and collect around it)
-        ex.call = lambda args: (seen.append(threading.get_ident()), call(args))[1]  # type: ignore[method-assign]
+        _watch_part(sess, lambda: seen.append(threading.get_ident()))
         x = np.random.default_rng(0).standard_normal((1, 32, 56, 56)).astype(np.float32)
         got = sess.run({"x": x})
         assert seen == [threading.get_ident()] and os.sched_getaffinity(0) == before
@@ -263,9 +276,7 @@ def test_the_plain_path_leaves_the_caller_on_a_single_cores_part(tmp_path, monke
         if sess._solo.cores is None:
             pytest.skip("core 1 is not a core of its own here")
         pins.clear()
-        ex = next(iter(sess._executors.values()))
-        call = ex.call
-        ex.call = lambda args: (seen.append(os.sched_getaffinity(0)), call(args))[1]  # type: ignore[method-assign]
+        _watch_part(sess, lambda: seen.append(os.sched_getaffinity(0)))
 
         def caller() -> None:  # a thread of the test's own: the suite's thread is left alone
             before = os.sched_getaffinity(0)
@@ -282,10 +293,10 @@ def test_the_plain_path_leaves_the_caller_on_a_single_cores_part(tmp_path, monke
         assert seen == [{1}] * 3 and after[:3] == [{1}] * 3
         assert pins == [{1}, after[4]] and after[3] == after[4]  # one pin, then the old affinity
 
-        def fail(args):
+        def fail():
             raise RuntimeError("the part failed")
 
-        ex.call = fail  # type: ignore[method-assign]
+        _watch_part(sess, fail)
         failed: list[BaseException] = []
 
         def failing() -> None:
@@ -354,11 +365,10 @@ def test_the_plain_path_checks_a_request_after_ort_refused_or_ran_it(tmp_path):
     )
     x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
     with edgesplit.load(tmp_path / "b") as sess, edgesplit.load(tmp_path / "b") as ref:
-        assert sess._unchecked  # the case under test
-        ex = next(iter(sess._executors.values()))
-        call = ex.call
+        assert sess._fast is not None  # the case under test
+        run_binding, names, dtypes = sess._fast
         calls: list[int] = []
-        ex.call = lambda args: (calls.append(1), call(args))[1]  # type: ignore[method-assign]
+        sess._fast = (lambda *a: (calls.append(1), run_binding(*a))[1], names, dtypes)
         out = graph.outputs[0]
         ref_out = ref.run_stream([{"x": x}])  # the worker's path checks first
         np.testing.assert_array_equal(sess.run({"x": x})[out], next(ref_out)[out])

@@ -247,25 +247,29 @@ def session_ms(
 
 def solo_session_ms(call: Callable[[], object], repeats: int = 30) -> float:
     """Per request of a bundle of one local part, the Session's own work beyond the part run,
-    measured through a mirror of that path on the calling thread (see
-    ``Session._run_unchecked``): the run, then the request's names and dtypes checked, one timing
-    tuple kept and the outputs gathered."""
+    measured through a mirror of that path on the calling thread (see ``Session.run``): the
+    request's type and size looked at, the run, its names and dtypes checked, one timing tuple
+    kept and the outputs named."""
     x = np.ones(1, np.float32)
     inputs, dtypes, kept = {"x": x}, [("x", x.dtype)], deque(maxlen=repeats + 3)
     samples, plain = [], True
     for _ in range(repeats + 3):
         t0 = _clock()
-        s = _clock()
-        out = {"y": call()}
-        span = _clock() - s
-        plain = plain and type(inputs) is dict and len(inputs) == len(dtypes)
-        for name, dtype in dtypes:
-            value = inputs[name]
-            plain = plain and type(value) is np.ndarray and value.dtype is dtype
-        kept.append((t0, s, s + span, _clock()))
-        out = {k: out[k] for k in ("y",)}
+        raw = None
+        if type(inputs) is dict and len(inputs) == len(dtypes):
+            s = _clock()
+            raw = (call(),)
+            span = _clock() - s
+            for name, dtype in dtypes:
+                value = inputs[name]
+                if type(value) is not np.ndarray or value.dtype is not dtype:
+                    raw = None
+                    break
+        plain = plain and raw is not None
+        kept.append((t0, s, _clock()))
+        out = dict(zip(("y",), raw or ()))
         samples.append((_clock() - t0 - span) / 1e6)
-    assert plain  # the mirror's request is the plain one it prices
+    assert plain and out  # the mirror's request is the plain one it prices
     return max(statistics.median(samples[3:]), 0.0)
 
 

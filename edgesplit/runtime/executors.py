@@ -29,7 +29,7 @@ class Executor(Protocol):
     ``thread_safe = True``; one that does not is called one request at a time there. One whose
     ``run`` raises, before it computes anything, on an input of another element type or shape, or
     a missing one, says so with ``checks_inputs = True``: the Session may then check a request
-    after running it (see ``Session._run_unchecked``)."""
+    after running it (see ``Session.run``)."""
 
     part: PartArtifact
 

@@ -185,7 +185,7 @@ class Session:
         # Raw timing tuples (see trace.build_trace); deque appends are atomic, so no lock.
         self._part_records: deque[tuple] = deque(maxlen=max_records)
         self._request_records: deque[tuple[int, int, int]] = deque(maxlen=max_records)
-        self._solo_runs: deque[tuple[int, int, int, int]] = deque(maxlen=max_records)
+        self._solo_runs: deque[tuple[int, int, int]] = deque(maxlen=max_records)
         self._run_counts = dict.fromkeys(
             self._parts, 0
         )  # runs since load, for ORT profile matching
@@ -229,19 +229,25 @@ class Session:
         }
         if len(self._plain_inputs) != len(self.manifest.inputs):
             self._plain_inputs = {}
-        # a solo part on the calling thread, its request checked after its run (_run_unchecked)
-        self._solo_executor = self._executors[self._copies[0][0]] if self._solo else None
+        # a solo part on the calling thread, its request checked after its run (see run): the
+        # binding's run, the model's output names (the part makes every one) and the inputs' dtypes
+        ex = self._executors[self._copies[0][0]] if self._solo else None
         self._output_names = [t.name for t in self.manifest.outputs]
         self._dtypes = [(name, dtype) for name, (_, dtype) in self._plain_inputs.items()]
-        self._unchecked = bool(
-            self._solo is not None
+        self._fast = None
+        if (
+            ex is not None
             and not self._solo.cycles
             and not self._solo.locks
             and self._plain_inputs
             and self._kernels is None
-            and getattr(self._solo_executor, "checks_inputs", False)
-            and hasattr(self._solo_executor, "call")
-        )
+            and getattr(ex, "checks_inputs", False)
+            and hasattr(ex, "run_binding")
+            and set(ex.input_names) == set(self._plain_inputs)
+            and set(self._output_names) <= set(ex.output_names)
+        ):
+            self._fast = (ex.run_binding, self._output_names, self._dtypes)
+        self._solo_name = ex.part.name if ex is not None else ""
 
     # ---- inputs
 
@@ -436,10 +442,44 @@ class Session:
         closes, so that the next call pays no system call (a thread its owner pinned there is left
         alone; a call of a part on every core gives it its old affinity back at once). A throttled
         part (its duty cycles) or one on shared cores pins the caller for the call only."""
-        solo = self._solo
-        if self._unchecked and timeout_s is None and solo.idle.acquire(blocking=False):
+        solo, fast = self._solo, self._fast
+        if fast is not None and timeout_s is None and solo.idle.acquire(blocking=False):
+            # The only part's binding run on this thread, its request checked after the run. ORT
+            # refuses another element type, rank or dimension before it computes (the model's
+            # input shapes are fixed: checks_inputs) and an unknown name (so a dict of as many
+            # names as the model's has them all); then a request of exactly the expected names,
+            # each a numpy array of exactly the expected dtype (its byte order too, which ORT
+            # takes without a look), is one the check first would have passed. Anything else gets
+            # the full check, which raises the same RunInputError for a bad request (its outputs
+            # dropped) and runs a converted one again. Written out in this one frame: after an
+            # idle pause every Python frame costs microseconds here (an empty call took 11 us,
+            # against 0.1 us warm), and the helpers this path went through cost 15-20 us, 6% of
+            # a 0.27 ms model. Its timings are one tuple, made records when read.
             try:
-                return self._run_unchecked(inputs, solo.cores)
+                start_ns = _clock_ns()
+                if getattr(affinity.CALLER, "pin", affinity.NOT_PINNED)[0] != solo.cores:
+                    affinity.keep_caller_on(solo.cores, self._pinned_callers)
+                run_binding, names, dtypes = fast
+                raw = None
+                if type(inputs) is dict and len(inputs) == len(dtypes):
+                    run_start_ns = _clock_ns()
+                    try:
+                        raw = run_binding(names, inputs, None)
+                    except Exception:  # noqa: BLE001, S110 - unchecked: the check says what was wrong
+                        pass
+                    else:
+                        for name, dtype in dtypes:
+                            value = inputs[name]
+                            if type(value) is not np.ndarray or value.dtype is not dtype:
+                                raw = None
+                                break
+                if raw is None:
+                    checked = self._check_inputs(inputs)  # a bad request raises RunInputError
+                    run_start_ns = _clock_ns()
+                    raw = run_binding(names, checked, None)
+                end_ns = _clock_ns()
+                self._solo_runs.append((start_ns, run_start_ns, end_ns))
+                return dict(zip(names, raw))
             finally:
                 solo.idle.release()
         if solo is not None and timeout_s is None and solo.idle.acquire(blocking=False):
@@ -473,61 +513,17 @@ class Session:
         self._finish(number, start_ns)
         return result
 
-    def _run_unchecked(
-        self, inputs: Mapping[str, np.ndarray], cores: frozenset[int] | None
-    ) -> dict[str, np.ndarray]:
-        """:meth:`_run_plain` where the part's executor refuses another dtype or dimension itself
-        before computing anything (ONNX Runtime's on a model with fixed input shapes:
-        ``checks_inputs``): the inputs go to it unchecked. After the run, a request of exactly the
-        expected names, each a numpy array of exactly the expected dtype (its byte order too,
-        which ORT takes without a look), is what the check first would have passed; anything else
-        (ORT refused it, or it ran something the check refuses) gets the full check, which raises
-        the same ``RunInputError`` for a bad request (its outputs dropped) and runs a converted
-        one again.
-
-        After an idle pause the first instructions of a request run slowly here (an empty Python
-        call took 11 us, against 0.1 us warm), so little runs around the call: the general
-        path's check, helpers and affinity restore cost 60-80 us, 25-30% of a 0.25 ms model. Its
-        timings are one tuple, made records when read (:meth:`_fold_solo_runs`)."""
-        start_ns = _clock_ns()
-        if getattr(affinity.CALLER, "pin", affinity.NOT_PINNED)[0] != cores:
-            affinity.keep_caller_on(cores, self._pinned_callers)
-        ex = self._solo_executor
-        try:
-            run_start_ns = _clock_ns()
-            raw = ex.call(ex.gather(inputs))
-            run_end_ns = _clock_ns()
-        except Exception:  # noqa: BLE001 - unchecked inputs: the check says what was wrong
-            raw = None
-        checked = inputs
-        plain = raw is not None and type(inputs) is dict and len(inputs) == len(self._dtypes)
-        if plain:  # gather found every name: no other, no fewer
-            for name, dtype in self._dtypes:
-                value = inputs[name]
-                if type(value) is not np.ndarray or value.dtype is not dtype:
-                    plain = False
-                    break
-        if not plain:
-            checked = self._check_inputs(inputs)  # a bad request raises RunInputError here
-            run_start_ns = _clock_ns()
-            raw = ex.call(ex.gather(checked))
-            run_end_ns = _clock_ns()
-        out = ex.collect(raw)
-        self._solo_runs.append((start_ns, run_start_ns, run_end_ns, _clock_ns()))
-        return {t: out[t] if t in out else checked[t] for t in self._output_names}
-
     def _fold_solo_runs(self) -> None:
-        """The runs :meth:`_run_unchecked` kept as (start, run start, run end, end) tuples, as the
-        records, statistics and numbers every other run gets (numbered as they are folded)."""
-        runs = self._solo_runs
-        name = self._solo_executor.part.name if runs else ""
+        """The runs :meth:`run` kept as (start, run start, end) tuples for a one-part bundle, as
+        the records, statistics and numbers every other run gets (numbered as they are folded)."""
+        runs, name = self._solo_runs, self._solo_name
         while runs:
             try:
-                start_ns, run_start_ns, run_end_ns, end_ns = runs.popleft()
+                start_ns, run_start_ns, end_ns = runs.popleft()
             except IndexError:  # another reader took the last one
                 break
             number = next(self._request_numbers)
-            stamps = (run_start_ns, run_end_ns, end_ns, None)  # collected as it ended
+            stamps = (run_start_ns, end_ns, end_ns, None)  # collected as it ended
             # ready, submitted and started as the call began
             self._record(name, number, self._next_run(name), (start_ns,) * 3, stamps, end_ns)
             self._finish(number, start_ns, end_ns)

@@ -81,26 +81,27 @@ class OrtExecutor:
         self.checks_inputs = all(
             isinstance(d, int) for a in self._sess.get_inputs() for d in a.shape
         )
-        self._outputs = [o.name for o in part.outputs]
-        self._inputs = [i.name for i in part.inputs]
-        # The binding's own run, past the Python wrapper's checks, on the CPU provider (which has
-        # no provider to fall back from): gather passes every input the part has, as arrays.
-        # 20-30 us a request here after an idle pause (the wrapper's three checks).
+        self.output_names = [o.name for o in part.outputs]
+        self.input_names = [i.name for i in part.inputs]
+        # run_binding(output names, feeds, None) -> arrays: the binding's own run, past the Python
+        # wrapper's checks, on the CPU provider (which has no provider to fall back from); 20-30 us
+        # a request here after an idle pause (the wrapper's three checks). It refuses an unknown
+        # input name up front but runs the graph without a missing one (gather passes them all).
         binding = getattr(self._sess, "_sess", None)
         cpu_only = provider == "CPUExecutionProvider"
-        self._run = binding.run if cpu_only and hasattr(binding, "run") else self._sess.run
+        self.run_binding = binding.run if cpu_only and hasattr(binding, "run") else self._sess.run
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.collect(self.call(self.gather(feeds)))
 
     def gather(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: feeds[k] for k in self._inputs}
+        return {k: feeds[k] for k in self.input_names}
 
     def call(self, args: dict[str, np.ndarray]) -> list:
-        return self._run(self._outputs, args, None)
+        return self.run_binding(self.output_names, args, None)
 
     def collect(self, raw: list) -> dict[str, np.ndarray]:
-        return dict(zip(self._outputs, raw))
+        return dict(zip(self.output_names, raw))
 
     @property
     def ort_session(self):
