@@ -20,6 +20,7 @@ from edgesplit.optimize.costs import CostModel, Flow
 from edgesplit.optimize.pipeline import period_ms
 from edgesplit.optimize.schedule import schedule
 from edgesplit.runtime.affinity import core_locks
+from edgesplit.runtime.caller import caller_run
 from edgesplit.workflows.compile import compile_bundle
 
 
@@ -192,6 +193,7 @@ def _watch_part(sess, hook) -> None:
     ex.run_binding = watched
     if sess._fast is not None:
         sess._fast = (watched, *sess._fast[1:])
+        sess.run = caller_run(sess)
 
 
 @pytest.mark.slow
@@ -369,6 +371,7 @@ def test_the_plain_path_checks_a_request_after_ort_refused_or_ran_it(tmp_path):
         run_binding, names, dtypes = sess._fast
         calls: list[int] = []
         sess._fast = (lambda *a: (calls.append(1), run_binding(*a))[1], names, dtypes)
+        sess.run = caller_run(sess)
         out = graph.outputs[0]
         ref_out = ref.run_stream([{"x": x}])  # the worker's path checks first
         np.testing.assert_array_equal(sess.run({"x": x})[out], next(ref_out)[out])

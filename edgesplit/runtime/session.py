@@ -41,6 +41,7 @@ from edgesplit.model.values import check_value
 from edgesplit.runtime import affinity
 from edgesplit.runtime.backends import make_executor
 from edgesplit.runtime.breakdown import Breakdown, breakdown
+from edgesplit.runtime.caller import caller_run
 from edgesplit.runtime.executors import Executor
 from edgesplit.runtime.kernels import KernelTracer
 from edgesplit.runtime.trace import Trace, build_trace
@@ -248,6 +249,8 @@ class Session:
         ):
             self._fast = (ex.run_binding, self._output_names, self._dtypes)
         self._solo_name = ex.part.name if ex is not None else ""
+        if self._fast is not None:
+            self.run = caller_run(self)  # type: ignore[method-assign]  # see caller_run
 
     # ---- inputs
 
@@ -441,47 +444,11 @@ class Session:
         pins the calling thread there and leaves it pinned after the call, until this Session
         closes, so that the next call pays no system call (a thread its owner pinned there is left
         alone; a call of a part on every core gives it its old affinity back at once). A throttled
-        part (its duty cycles) or one on shared cores pins the caller for the call only."""
-        solo, fast = self._solo, self._fast
-        if fast is not None and timeout_s is None and solo.idle.acquire(blocking=False):
-            # The only part's binding run on this thread, its request checked after the run. ORT
-            # refuses another element type, rank or dimension before it computes (the model's
-            # input shapes are fixed: checks_inputs) and an unknown name (so a dict of as many
-            # names as the model's has them all); then a request of exactly the expected names,
-            # each a numpy array of exactly the expected dtype (its byte order too, which ORT
-            # takes without a look), is one the check first would have passed. Anything else gets
-            # the full check, which raises the same RunInputError for a bad request (its outputs
-            # dropped) and runs a converted one again. Written out in this one frame: after an
-            # idle pause every Python frame costs microseconds here (an empty call took 11 us,
-            # against 0.1 us warm), and the helpers this path went through cost 15-20 us, 6% of
-            # a 0.27 ms model. Its timings are one tuple, made records when read.
-            try:
-                start_ns = _clock_ns()
-                if getattr(affinity.CALLER, "pin", affinity.NOT_PINNED)[0] != solo.cores:
-                    affinity.keep_caller_on(solo.cores, self._pinned_callers)
-                run_binding, names, dtypes = fast
-                raw = None
-                if type(inputs) is dict and len(inputs) == len(dtypes):
-                    run_start_ns = _clock_ns()
-                    try:
-                        raw = run_binding(names, inputs, None)
-                    except Exception:  # noqa: BLE001, S110 - unchecked: the check says what was wrong
-                        pass
-                    else:
-                        for name, dtype in dtypes:
-                            value = inputs[name]
-                            if type(value) is not np.ndarray or value.dtype is not dtype:
-                                raw = None
-                                break
-                if raw is None:
-                    checked = self._check_inputs(inputs)  # a bad request raises RunInputError
-                    run_start_ns = _clock_ns()
-                    raw = run_binding(names, checked, None)
-                end_ns = _clock_ns()
-                self._solo_runs.append((start_ns, run_start_ns, end_ns))
-                return dict(zip(names, raw))
-            finally:
-                solo.idle.release()
+        part (its duty cycles) or one on shared cores pins the caller for the call only.
+
+        A one-part ONNX Runtime bundle with fixed input shapes checks the request after its run
+        instead of before (see :func:`edgesplit.runtime.caller.caller_run`)."""
+        solo = self._solo
         if solo is not None and timeout_s is None and solo.idle.acquire(blocking=False):
             try:
                 if not solo.cycles and not solo.locks:
