@@ -275,6 +275,18 @@ def test_reset_stats_forgets_the_records(bundle):
             sess.end_detailed_trace()
 
 
+def test_statistics_and_records_keep_the_last_max_records_runs(bundle):
+    """A long-lived Session keeps no more than ``max_records`` timings per part and per request
+    (the statistics cover those), so serving millions of requests does not grow its memory."""
+    with load(bundle, max_records=3) as sess:
+        feeds = random_feeds(sess)
+        for _ in range(5):
+            sess.run(feeds)
+        stats = sess.stats()
+        assert stats.runs == 3 and {p.runs for p in stats.parts} == {3}
+        assert [r.request for r in sess.trace_records().requests] == [2, 3, 4]
+
+
 def test_a_stream_keeps_every_worker_s_queue_full(bundle):
     """A stream submits ``STREAM_WINDOW_PER_PART`` requests per part, plus as many, before it waits
     for the first result: with one request per part in flight, parts that alternate between two

@@ -54,7 +54,8 @@ _clock_ns = time.perf_counter_ns
 
 @dataclass(frozen=True)
 class PartStats:
-    """Timings of one part over the runs so far (ms)."""
+    """Timings of one part over its runs so far (ms): the last ``max_records`` of them (see
+    :func:`load`), ``runs`` counting those."""
 
     name: str
     processor: str
@@ -162,7 +163,8 @@ class Session:
         band_plan: int | None = None,
         verify: bool = True,
     ):
-        """See :func:`load`. ``max_records`` bounds the part-run records kept (oldest dropped)."""
+        """See :func:`load`. ``max_records`` bounds the records and timings kept, per part and of
+        whole requests (oldest dropped; :meth:`stats` covers those kept)."""
         self.path = Path(bundle)
         # The signature (with a trusted key) and every checksum before any library loads; the
         # executors then load from bytes checked again as they are read.
@@ -181,8 +183,11 @@ class Session:
         self._copies_lock = threading.Lock()
         self._workers: dict[str, _Worker] = {}
         self._executors: dict[str, Executor] = {}
-        self._times: dict[str, list[float]] = {p.name: [] for p in self.manifest.parts}
-        self._e2e: list[float] = []
+        # the statistics' timings (ms), as the records: the last max_records of each
+        self._times: dict[str, deque[float]] = {
+            p.name: deque(maxlen=max_records) for p in self.manifest.parts
+        }
+        self._e2e: deque[float] = deque(maxlen=max_records)
         # Raw timing tuples (see trace.build_trace); deque appends are atomic, so no lock.
         self._part_records: deque[tuple] = deque(maxlen=max_records)
         self._request_records: deque[tuple[int, int, int]] = deque(maxlen=max_records)
@@ -612,7 +617,8 @@ class Session:
             yield pending.popleft().result()
 
     def stats(self) -> SessionStats:
-        """Per-part and end-to-end latency statistics over the runs so far."""
+        """Per-part and end-to-end latency statistics over the runs so far (the last
+        ``max_records``)."""
         self._fold_solo_runs()
         parts = []
         for p in self.manifest.parts:
