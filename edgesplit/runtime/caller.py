@@ -5,20 +5,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from edgesplit.runtime import affinity
 
-if TYPE_CHECKING:
-    from edgesplit.runtime.session import Session
 
-
-def caller_run(session: Session) -> Callable[..., dict[str, np.ndarray]]:
+def caller_run(session: Any) -> Callable[..., dict[str, np.ndarray]]:
     """``Session.run`` for a one-part ONNX Runtime bundle with fixed input shapes (``_fast``),
-    made the Session's ``run``: the binding's run on the calling thread, the request checked
-    after the run.
+    made that ``session``'s ``run`` (typed Any: the Session imports this module): the binding's
+    run on the calling thread, the request checked after the run.
 
     ORT refuses another element type, rank or dimension before it computes (the model's input
     shapes are fixed: ``checks_inputs``) and an unknown name (so a dict of as many names as the

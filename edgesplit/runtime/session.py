@@ -248,7 +248,7 @@ class Session:
             and self._plain_inputs
             and self._kernels is None
             and getattr(ex, "checks_inputs", False)
-            and hasattr(ex, "run_binding")
+            and getattr(ex, "direct_binding", False)
             and set(ex.input_names) == set(self._plain_inputs)
             and set(self._output_names) <= set(ex.output_names)
         ):

@@ -90,6 +90,12 @@ class OrtExecutor:
         binding = getattr(self._sess, "_sess", None)
         cpu_only = provider == "CPUExecutionProvider"
         self.run_binding = binding.run if cpu_only and hasattr(binding, "run") else self._sess.run
+        # a caller may run run_binding itself in place of run (gather, call, collect), as the
+        # Session's one-part path does, unless a subclass changed one of them
+        self.direct_binding = all(
+            getattr(type(self), m) is getattr(OrtExecutor, m)
+            for m in ("run", "gather", "call", "collect")
+        )
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.collect(self.call(self.gather(feeds)))
