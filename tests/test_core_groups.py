@@ -351,6 +351,30 @@ def test_closing_the_session_gives_the_threads_it_pinned_their_affinity_back(tmp
     assert os.sched_getaffinity(0) == before
 
 
+def test_a_closed_one_part_session_refuses_to_run_and_lets_ort_go(tmp_path):
+    """After ``close()`` a one-part ORT bundle's Session neither runs (nor pins the caller again)
+    through the closure that was its ``run``: it says the session is closed."""
+    import weakref
+
+    from edgesplit.errors import BundleError
+
+    model = _conv_model(tmp_path / "m.onnx", ch=8, hw=16, n=2)
+    graph = edgesplit.load_model(model)
+    compile_bundle(
+        graph, contiguous_plan(graph, "host-2core", [("core0+core1", "ort")]), tmp_path / "b"
+    )
+    x = np.random.default_rng(0).standard_normal((1, 8, 16, 16)).astype(np.float32)
+    sess = edgesplit.load(tmp_path / "b")
+    assert sess._fast is not None and "run" in vars(sess)  # the case under test
+    sess.run({"x": x})
+    binding = weakref.ref(next(iter(sess._executors.values())).ort_session._sess)
+    sess.close()
+    assert "run" not in vars(sess)
+    assert binding() is None  # nothing holds ONNX Runtime's session any more
+    with pytest.raises(BundleError, match="closed"):
+        sess.run({"x": x})
+
+
 def test_the_plain_path_checks_a_request_after_ort_refused_or_ran_it(tmp_path):
     """A one-part ORT bundle with fixed shapes hands the request to ORT unchecked and checks it
     after: a good request runs the part once; every bad one (another dtype or shape, a name too

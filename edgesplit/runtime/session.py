@@ -724,6 +724,8 @@ class Session:
         """Close the executors and workers, and give the threads this Session left pinned (see
         :meth:`run`) their affinity back."""
         affinity.release_callers(self._pinned_callers)
+        self.__dict__.pop("run", None)  # the one-part closure (caller_run) and what it holds
+        self._fast = None
         for ex in self._executors.values():
             ex.close()
         for w in self._workers.values():

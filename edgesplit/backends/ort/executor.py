@@ -123,4 +123,10 @@ class OrtExecutor:
         return self._sess.end_profiling(), start_ns
 
     def close(self) -> None:
+        """Let ONNX Runtime's session go (the binding's run held it too)."""
         self._sess = None
+        self.run_binding = _closed
+
+
+def _closed(*_args) -> list:
+    raise BundleError("the part's ONNX Runtime session is closed")
