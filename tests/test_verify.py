@@ -580,6 +580,37 @@ def test_each_timed_request_starts_after_the_pause(monkeypatch, tmp_path):
     assert runs[4][1] - runs[3][2] >= vm.TURN_PAUSE_S * 0.95  # the first too
 
 
+def test_each_candidate_is_called_from_a_thread_of_its_own(monkeypatch, tmp_path):
+    """Every request of a candidate, warm-up and rounds, comes from that candidate's own thread,
+    never the verifying thread or another candidate's (a candidate on the big core keeps its
+    caller pinned there: from one shared thread, the next candidate started on the big core)."""
+    import threading
+
+    import edgesplit.workflows.verify.measure as vm
+
+    threads: dict[str, set[int]] = {}
+
+    class Recorder:
+        def __init__(self, name: str):
+            self.name = name
+
+        def run(self, feeds):
+            threads.setdefault(self.name, set()).add(threading.get_ident())
+            return {}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(vm, "load", lambda path, executor_options=None: Recorder(Path(path).name))
+    monkeypatch.setattr(vm, "random_feeds", lambda session: {})
+    monkeypatch.setattr(vm, "TURN_PAUSE_S", 0.0)
+    m = vm.measure({n: tmp_path / n for n in ("a", "b", "c")}, "latency", 0.5, max_rounds=3)
+    assert m.rounds == 3 and not m.errors, m
+    assert all(len(t) == 1 for t in threads.values()), threads
+    ids = [next(iter(t)) for t in threads.values()]
+    assert len(set(ids)) == 3 and threading.get_ident() not in ids
+
+
 def test_the_verdict_pairs_a_plan_with_fewer_rounds_by_round():
     """A raced plan stopped after 3 rounds (slower in each); the best baseline took 9: the plan is
     compared with the baseline's first 3 rounds, and the baseline is shipped."""
