@@ -88,12 +88,13 @@ class _Bench:
     """One loaded bundle, the thread that calls it and its turn.
 
     Each bundle is called from a thread of its own, as an app's thread would call it and as
-    ``benchmarks/honest_baselines.py`` calls each candidate, not from the verifying thread. From
-    that one thread, a candidate on the big core left it there between its turns (the Session
-    keeps its caller pinned), and plain ORT over big and little cores then started its requests
-    from the big core each time: on ``host-biglittle`` the verification measured plain ORT level
-    with the big core alone or ahead of it (resnet50: 98 ms against 111 ms in the benchmark's
-    480 requests, where the big core alone took 106 ms; PP-OCRv4 det, resnet18, alexnet alike)."""
+    ``benchmarks/honest_baselines.py`` calls each candidate, not from the verifying thread: from
+    that one thread, a candidate on the big core left the thread there between its turns (the
+    Session keeps its caller pinned), and every other candidate started from there. Whether that
+    is what made ``host-biglittle``'s verification measure plain ORT over big and little cores
+    level with the big core alone (resnet50: 98 ms there, 111 ms in the benchmark's 480 requests,
+    106 ms for the big core) is not settled: after the change resnet50 and PP-OCRv4 det shipped
+    the big core, alexnet did not, and 20 s of rounds here vary by 10-20% from run to run."""
 
     name: str
     session: Session
