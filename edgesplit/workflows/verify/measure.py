@@ -1,17 +1,18 @@
 """Measure bundles against each other on this device, alternating between them to cancel drift.
 
-Every bundle is loaded once into a real :class:`~edgesplit.runtime.session.Session` and warmed
-up. Then, in rounds, each bundle takes one *turn*. For ``latency`` a turn is ``k`` single
-requests, each after a pause of ``TURN_PAUSE_S`` (the runtime threads of whatever ran before go
-quiet: an idle ONNX Runtime or TVM pool spins for a while after a call), and its figure is their
-median: the latency of a request that comes alone, as an app's do, and as
-``benchmarks/honest_baselines.py`` measures the shipped bundle against plain ONNX Runtime. Requests
-back to back told another story: there plain ORT's two threads over a big and a throttled little
-core measured 1-4% faster than the big core alone (alexnet, PP-OCRv4 det on ``host-biglittle``),
-and shipped, while each request alone took 4-7% longer than on the big core. For ``throughput`` a
-turn is the pause, then a pipelined stream of ``k`` timed requests after the stream has filled,
-and its figure is the period (ms per request). The order rotates from round to round (ABC, BCA,
-CAB ...), so no bundle always follows the same other one.
+Every bundle is loaded once into a real :class:`~edgesplit.runtime.session.Session`, called from
+a thread of its own, and warmed up. Then, in rounds, each bundle is measured. For ``latency`` a
+round is ``k`` single requests of each bundle, one of each bundle in turn, each after a pause of
+``TURN_PAUSE_S`` (the runtime threads of whatever ran before go quiet: an idle ONNX Runtime or TVM
+pool spins for a while after a call), and a bundle's figure is the median of its ``k``: the latency
+of a request that comes alone, as an app's do, and as ``benchmarks/honest_baselines.py`` measures
+the shipped bundle against plain ONNX Runtime. Requests back to back told another story: there
+plain ORT's two threads over a big and a throttled little core measured 1-4% faster than the big
+core alone (alexnet, PP-OCRv4 det on ``host-biglittle``), and shipped, while each request alone
+took 4-7% longer than on the big core. For ``throughput`` a bundle's turn is the pause, then a
+pipelined stream of ``k`` timed requests after the stream has filled, and its figure is the period
+(ms per request). The order rotates from round to round (ABC, BCA, CAB ...), so no bundle always
+follows the same other one.
 
 The budget covers the warm-up and the rounds (loading the bundles comes before, like compiling
 them: a bundle of hundreds of parts takes a while to load, and a budget spent on loading would keep
@@ -286,17 +287,50 @@ class _Rounds:
             if time.perf_counter() + round_s > self.deadline:
                 break
             shift = r % max(1, len(live))
-            for b in live[shift:] + live[:shift]:
-                time.sleep(TURN_PAUSE_S)
-                try:
-                    b.rounds_ms.append(b.turn(feeds, self.k))
-                except Exception as e:  # noqa: BLE001
-                    errors[b.name] = f"failed in round {r + 1}: {e}"
+            order = live[shift:] + live[:shift]
+            if order and order[0].metric == "latency":
+                self._interleaved(order, feeds, errors, r)
+            else:
+                for b in order:
+                    time.sleep(TURN_PAUSE_S)
+                    try:
+                        b.rounds_ms.append(b.turn(feeds, self.k))
+                    except Exception as e:  # noqa: BLE001
+                        errors[b.name] = f"failed in round {r + 1}: {e}"
             r += 1
             if self.race is not None and r >= self.min_rounds and self._stop(live, errors):
                 self._more(r, [b for b in live if not b.stopped and b.name not in errors])
             if progress:
                 progress("verify: measure", r, self.planned)
+
+    def _interleaved(
+        self, order: list[_Bench], feeds: dict[str, Any], errors: dict[str, str], r: int
+    ) -> None:
+        """A latency round: ``k`` single requests of each bundle, one of each in ``order`` at a
+        time, each after the pause; each bundle's figure is the median of its ``k``. Turns of
+        ``k`` requests one bundle after another let a phase of the machine that lasted a second
+        fall on one bundle's turn: mobilenetv1 on ``host-biglittle``, turns of 10 requests,
+        measured per-round ratios of 0.75-1.28 between the big core alone and plain ORT, where
+        the benchmark's one request of each in turn put the big core 4-6% ahead (+-2%)."""
+        times: dict[str, list[float]] = {b.name: [] for b in order}
+
+        def one(b: _Bench) -> float:
+            t0 = time.perf_counter()
+            b.session.run(feeds)
+            return (time.perf_counter() - t0) * 1e3
+
+        for _ in range(self.k):
+            for b in order:
+                if b.name in errors:
+                    continue
+                time.sleep(TURN_PAUSE_S)
+                try:
+                    times[b.name].append(b.call(lambda b=b: one(b)))
+                except Exception as e:  # noqa: BLE001
+                    errors[b.name] = f"failed in round {r + 1}: {e}"
+        for b in order:
+            if b.name not in errors:
+                b.rounds_ms.append(float(np.median(times[b.name])))
 
     def _stop(self, live: list[_Bench], errors: Mapping[str, str]) -> bool:
         """Stop the bundles out of the running; whether any stopped."""
