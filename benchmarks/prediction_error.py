@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from edgesplit.device.spec import load_device
 from edgesplit.model import zoo
 from edgesplit.model.load import load_model
 from edgesplit.profile.run import ProfileOptions, profile_model
-from edgesplit.runtime.harness import random_feeds
+from edgesplit.runtime.harness import random_feeds, single_requests_ms
 from edgesplit.runtime.session import load
 from edgesplit.workflows.compile import compile_bundle
 from edgesplit.workflows.resolve import partition
@@ -29,13 +28,8 @@ from edgesplit.workflows.resolve import partition
 def measure(bundle: Path, repeat: int) -> float:
     with load(bundle) as sess:
         feeds = random_feeds(sess)
-        for _ in range(3):
-            sess.run(feeds)
-        t = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            sess.run(feeds)
-            t.append((time.perf_counter() - t0) * 1e3)
+        single_requests_ms(sess, feeds, 3)  # warm-up
+        t = single_requests_ms(sess, feeds, repeat)
     return float(np.median(t))
 
 

@@ -125,14 +125,11 @@ def plan_and_run(graph, prof, work: Path, run: bool, runs: int) -> None:
     bundle = work / f"{graph.name}.bundle"
     compile_bundle(graph, plan, bundle)
     feeds = random_inputs(graph)
+    from edgesplit.runtime.harness import single_requests_ms
+
     with edgesplit.load(bundle) as sess:
-        for _ in range(3):
-            sess.run(feeds)
-        t = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            sess.run(feeds)
-            t.append((time.perf_counter() - t0) * 1e3)
+        single_requests_ms(sess, feeds, 3)  # warm-up
+        t = single_requests_ms(sess, feeds, runs)
     print(
         f"  measured: the plan's bundle {np.median(t):.3f} ms (whole-model ORT in the profile: see "
         "above)"

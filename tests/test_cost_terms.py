@@ -457,18 +457,15 @@ def _median_latency(
     and another bundle called from that thread would then share the core with its own caller."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from edgesplit.runtime.harness import single_requests_ms
+
     sessions = {k: load(v) for k, v in bundles.items()}
     callers = {k: ThreadPoolExecutor(1) for k in bundles}
     times: dict[str, list[float]] = {k: [] for k in bundles}
 
     def block_of(s, feeds, n: int) -> list[float]:
         s.run(feeds)
-        out = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            s.run(feeds)
-            out.append((time.perf_counter() - t0) * 1e3)
-        return out
+        return single_requests_ms(s, feeds, n)
 
     try:
         feeds = random_feeds(next(iter(sessions.values())))

@@ -185,6 +185,16 @@ def save_arrays(arrays: dict[str, np.ndarray], folder: str | os.PathLike) -> Non
         atomic_write_bytes(Path(folder) / f"{name.replace('/', '_')}.npy", buf.getvalue())
 
 
+def single_requests_ms(sess: Session, feeds: dict[str, np.ndarray], n: int) -> list[float]:
+    """``n`` requests one after another, each timed alone (ms)."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sess.run(feeds)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
 def benchmark(
     sess: Session,
     feeds: dict[str, np.ndarray],
@@ -202,11 +212,7 @@ def benchmark(
     for _ in range(max(0, warmup - 1)):
         sess.run(feeds)
     sess.reset_stats()
-    lat = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        outputs = sess.run(feeds)
-        lat.append((time.perf_counter() - t0) * 1e3)
+    lat = single_requests_ms(sess, feeds, repeat)
     stats = sess.stats()
     singles = {r.request for r in sess.trace_records().requests}
     per_s = None
